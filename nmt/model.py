@@ -1,0 +1,369 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Encoder-decoder with multi-head attention through `F.scaled_dot_product_attention`,
+pre-norm (default, with a final LayerNorm per stack) or post-norm (the paper),
+sinusoidal or learned positions, shared or separate vocabularies, and cached
+step-by-step decoding (`init_cache` + `decode_step`, see nmt/cache.py).
+
+Shapes: B batch, S source length, T target length, D d_model, H heads,
+Dh head dim (D / H), V vocabulary. Masks follow nmt/masks.py: True = may attend.
+
+Parameter names are kept flat and stable (they are mapped to other toolkits):
+`src_embed`, `tgt_embed`, `src_positions`/`tgt_positions` (learned only),
+`encoder.layers.N.{self_attn.qkv_proj, self_attn.out_proj, ffn.fc1, ffn.fc2, norm1, norm2}`,
+`decoder.layers.N.{self_attn.*, cross_attn.q_proj, cross_attn.kv_proj,
+cross_attn.out_proj, ffn.*, norm1, norm2, norm3}`, `encoder.final_norm`,
+`decoder.final_norm` (pre-norm only), `output_proj` (no bias).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.cache import DecoderCache
+from nmt.config import ModelConfig
+from nmt.masks import attention_mask
+
+PAD_ID = 0  # same as nmt.tokenizer.PAD_ID; kept here so the model does not import the tokenizer
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+    """The paper's table [n_positions, D]: PE(p, 2i) = sin(p / 10000^(2i/D)), PE(p, 2i+1) = cos(...)."""
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # [P, 1]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    return table.float()
+
+
+def _xavier_chunks(weight: Tensor, n_chunks: int) -> None:
+    """Xavier-uniform init of a fused [n*D, D] projection as n separate [D, D] matrices."""
+    for chunk in weight.data.chunk(n_chunks, dim=0):
+        nn.init.xavier_uniform_(chunk)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused Q/K/V projection."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.head_dim, self.dropout = n_heads, d_model // n_heads, dropout
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def reset_parameters(self) -> None:
+        _xavier_chunks(self.qkv_proj.weight, 3)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.qkv_proj.bias)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """x [B,T,D], mask [B,1,1,T] or None -> [B,T,D]."""
+        B, T, D = x.shape
+        q, k, v = self.qkv_proj(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [B,H,T,Dh]
+        dropout_p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def step(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, pos: int) -> Tensor:
+        """One new position per row. x [B,D]; writes its K/V at `pos` of k/v_cache [B,H,Tmax,Dh]
+        and attends to positions 0..pos (all earlier positions are real: no mask). -> [B,D]."""
+        B, D = x.shape
+        q, k, v = self.qkv_proj(x).view(B, 3, self.n_heads, self.head_dim).unbind(1)  # 3 x [B,H,Dh]
+        k_cache[:, :, pos] = k
+        v_cache[:, :, pos] = v
+        y = F.scaled_dot_product_attention(q[:, :, None], k_cache[:, :, : pos + 1], v_cache[:, :, : pos + 1])  # [B,H,1,Dh]
+        return self.out_proj(y.view(B, D))
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from the decoder to the encoder memory; fused K/V projection."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.head_dim, self.dropout = n_heads, d_model // n_heads, dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.q_proj.weight)
+        _xavier_chunks(self.kv_proj.weight, 2)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for lin in (self.q_proj, self.kv_proj, self.out_proj):
+            nn.init.zeros_(lin.bias)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """memory [B,S,D] -> keys, values, each [B,H,S,Dh] (views of one projection)."""
+        B, S, _ = memory.shape
+        k, v = self.kv_proj(memory).view(B, S, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """x [B,T,D] attends to k, v [B,H,S,Dh] under mask [B,1,1,S] -> [B,T,D]."""
+        B, T, D = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B,H,T,Dh]
+        dropout_p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+        """x [B,T,D], memory [B,S,D], mask [B,1,1,S] -> [B,T,D]."""
+        return self.attend(x, *self.project_kv(memory), mask)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: fc2(dropout(act(fc1(x))))."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, activation_dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.activation = F.gelu if activation == "gelu" else F.relu
+        self.activation_dropout = nn.Dropout(activation_dropout)
+
+    def reset_parameters(self) -> None:
+        for lin in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [..., D] -> [..., D]."""
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
+
+
+class _Sublayers(nn.Module):
+    """Residual wiring shared by both layer types: pre-norm or post-norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def residual(self, x: Tensor, norm: nn.LayerNorm, fn, *args) -> Tensor:
+        """pre: x + drop(fn(norm(x))); post (paper): norm(x + drop(fn(x)))."""
+        if self.pre_norm:
+            return x + self.dropout(fn(norm(x), *args))
+        return norm(x + self.dropout(fn(x, *args)))
+
+
+class EncoderLayer(_Sublayers):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        D = cfg.d_model
+        self.self_attn = SelfAttention(D, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(D, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x [B,S,D], mask [B,1,1,S] -> [B,S,D]."""
+        x = self.residual(x, self.norm1, self.self_attn, mask)
+        return self.residual(x, self.norm2, self.ffn)
+
+
+class DecoderLayer(_Sublayers):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        D = cfg.d_model
+        self.self_attn = SelfAttention(D, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(D, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(D, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(D), nn.LayerNorm(D), nn.LayerNorm(D)
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+        """Teacher forcing. x [B,T,D], memory [B,S,D], mask [B,1,1,S] -> [B,T,D].
+
+        Self-attention is causal and has no target padding mask: targets are padded on
+        the right, so a real position t only sees positions <= t, which are all real.
+        Padded positions see real ones and padding; their outputs are garbage that the
+        loss ignores (their targets are PAD) and that never flows back into a real position.
+        """
+        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, is_causal=True))
+        x = self.residual(x, self.norm2, self.cross_attn, memory, mask)
+        return self.residual(x, self.norm3, self.ffn)
+
+    def step(self, x: Tensor, cache: DecoderCache, i: int) -> Tensor:
+        """One position per row, layer i of `cache`. x [B,D] -> [B,D].
+
+        Cross-attention runs per source group: the `cache.group` rows of one source sentence
+        (its beams) are that sentence's `group` queries against its single K/V copy.
+        """
+        B, D = x.shape
+        pos, mask = cache.length, cache.cross_mask
+        x = self.residual(x, self.norm1, self.self_attn.step, cache.self_k[i], cache.self_v[i], pos)
+        cross = lambda h: self.cross_attn.attend(h.view(-1, cache.group, D), cache.cross_k[i], cache.cross_v[i], mask).view(B, D)
+        x = self.residual(x, self.norm2, cross)
+        return self.residual(x, self.norm3, self.ffn)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x [B,S,D] (embedded), mask [B,1,1,S] -> [B,S,D]."""
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+        """x [B,T,D] (embedded), memory [B,S,D], mask [B,1,1,S] -> [B,T,D]."""
+        for layer in self.layers:
+            x = layer(x, memory, mask)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def step(self, x: Tensor, cache: DecoderCache) -> Tensor:
+        """x [B,D] (embedded token at position cache.length) -> [B,D]."""
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache, i)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer returning logits (no softmax, no loss)."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"n_heads={cfg.n_heads} must divide d_model={cfg.d_model}")
+        if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"share_embeddings needs equal vocabularies, got source {src_vocab_size} "
+                             f"and target {tgt_vocab_size}")
+        self.cfg = cfg
+        self.max_positions = cfg.max_positions
+        self.embed_scale = math.sqrt(cfg.d_model)
+        D = cfg.d_model
+        self.src_embed = nn.Embedding(src_vocab_size, D, padding_idx=PAD_ID)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(tgt_vocab_size, D, padding_idx=PAD_ID)
+        if cfg.positions == "learned":
+            self.src_positions = nn.Embedding(cfg.max_positions, D)
+            self.tgt_positions = nn.Embedding(cfg.max_positions, D)
+        else:
+            self.register_buffer("sinusoids", sinusoidal_positions(cfg.max_positions, D), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.output_proj = nn.Linear(D, tgt_vocab_size, bias=False)
+        if cfg.tie_output:
+            self.output_proj.weight = self.tgt_embed.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections, zero biases, N(0, D^-0.5) embeddings with the pad row zeroed."""
+        std = self.cfg.d_model ** -0.5
+        for module in self.modules():
+            if isinstance(module, (SelfAttention, CrossAttention, FeedForward)):
+                module.reset_parameters()
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        for embed in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(embed.weight, 0.0, std)
+            with torch.no_grad():
+                embed.weight[PAD_ID].zero_()
+        if self.cfg.positions == "learned":
+            nn.init.normal_(self.src_positions.weight, 0.0, std)
+            nn.init.normal_(self.tgt_positions.weight, 0.0, std)
+        if not self.cfg.tie_output:
+            nn.init.normal_(self.output_proj.weight, 0.0, std)
+
+    def num_parameters(self) -> int:
+        """Distinct trainable parameters (shared/tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------ embedding
+
+    def _positions(self, side: str, start: int, length: int) -> Tensor:
+        """Position vectors [length, D] for positions start .. start+length-1."""
+        if start + length > self.max_positions:
+            raise ValueError(f"sequence of {start + length} positions exceeds model.max_positions={self.max_positions}")
+        if self.cfg.positions == "learned":
+            table = (self.src_positions if side == "src" else self.tgt_positions).weight
+        else:
+            table = self.sinusoids
+        return table[start : start + length]
+
+    def _embed(self, tokens: Tensor, side: str) -> Tensor:
+        """tokens [B,L] -> dropout(embed * sqrt(D) + positions) [B,L,D]."""
+        embed = self.src_embed if side == "src" else self.tgt_embed
+        x = embed(tokens) * self.embed_scale + self._positions(side, 0, tokens.shape[1])
+        return self.dropout(x)
+
+    # ------------------------------------------------------------------ full sequences
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        """src [B,S] ids, src_mask [B,S] (True = token) -> memory [B,S,D]."""
+        return self.encoder(self._embed(src, "src"), attention_mask(src_mask))
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher forcing. tgt_in [B,T] (BOS + y), memory [B,S,D], src_mask [B,S] -> logits [B,T,V]."""
+        h = self.decoder(self._embed(tgt_in, "tgt"), memory, attention_mask(src_mask))
+        return self.output_proj(h)
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """src [B,S], src_mask [B,S], tgt_in [B,T] -> logits [B,T,V]."""
+        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+    # ------------------------------------------------------------------ cached decoding
+
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int) -> DecoderCache:
+        """Cache for decoding up to `max_len` target positions (BOS included) of B rows.
+
+        memory [B,S,D], src_mask [B,S]. Cross-attention K/V are computed here, once per layer.
+        Expand to beams with `cache.reorder(torch.arange(B).repeat_interleave(K))`.
+        """
+        if max_len > self.max_positions:
+            raise ValueError(f"max_len={max_len} exceeds model.max_positions={self.max_positions}")
+        cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
+        B, S, D = memory.shape
+        H = self.cfg.n_heads
+        dtype = cross[0][0].dtype  # the projection's output dtype (autocast aware)
+        shape = (B, H, max_len, D // H)
+        new = lambda: torch.empty(shape, dtype=dtype, device=memory.device)
+        n = len(cross)
+        return DecoderCache(
+            self_k=[new() for _ in range(n)], self_v=[new() for _ in range(n)],
+            cross_k=[k for k, _ in cross], cross_v=[v for _, v in cross],
+            src_mask=src_mask, length=0)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+        """tokens [B] at position cache.length -> (logits [B,V] for the next token, cache).
+
+        Writes this position's self-attention K/V into the cache in place; use the
+        returned cache (its length is one more).
+        """
+        pos = cache.length
+        if pos >= cache.max_len:
+            raise ValueError(f"decoder cache is full: it holds max_len={cache.max_len} positions "
+                             f"(pass a larger max_len to init_cache)")
+        x = self.tgt_embed(tokens) * self.embed_scale + self._positions("tgt", pos, 1)  # [B,D]
+        h = self.decoder.step(self.dropout(x), cache)
+        return self.output_proj(h), cache.advanced()
+
+
+def parameter_count_formula(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:
+    """Closed-form number of distinct parameters of `Transformer(cfg, src_vocab_size, tgt_vocab_size)`."""
+    D, F_ = cfg.d_model, cfg.ffn_dim
+    attn = 4 * D * D + 4 * D  # Q, K, V, out: weights + biases (self- and cross-attention alike)
+    ffn = 2 * D * F_ + F_ + D
+    norm = 2 * D
+    encoder = cfg.n_encoder_layers * (attn + ffn + 2 * norm)
+    decoder = cfg.n_decoder_layers * (2 * attn + ffn + 3 * norm)
+    finals = 2 * norm if cfg.norm == "pre" else 0
+    embeddings = src_vocab_size * D + (0 if cfg.share_embeddings else tgt_vocab_size * D)
+    positions = 2 * cfg.max_positions * D if cfg.positions == "learned" else 0
+    output = 0 if cfg.tie_output else tgt_vocab_size * D
+    return encoder + decoder + finals + embeddings + positions + output

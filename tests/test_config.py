@@ -1,0 +1,176 @@
+"""Config loading: defaults, every error kind, overrides, round trip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from nmt.config import (Config, ConfigError, DecodeConfig, ModelConfig, TrainConfig, apply_overrides,
+                        dump_config, load_config)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def files(tmp_path):
+    for name in ("train.src", "train.tgt", "valid.src", "valid.tgt"):
+        (tmp_path / name).write_text("a b c\n", encoding="utf-8")
+    return tmp_path
+
+
+def write(tmp_path, raw: dict, name="cfg.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return str(path)
+
+
+def minimal(d) -> dict:
+    return {"data": {"src_lang": "de", "tgt_lang": "en",
+                     "train": {"src": str(d / "train.src"), "tgt": str(d / "train.tgt")},
+                     "valid": {"src": str(d / "valid.src"), "tgt": str(d / "valid.tgt")}}}
+
+
+def errors_of(tmp_path, raw, overrides=None) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, raw), overrides)
+    return e.value.errors
+
+
+def test_defaults_filled_in(files):
+    cfg = load_config(write(files, minimal(files), "myrun.yaml"))
+    assert isinstance(cfg, Config)
+    assert cfg.model == ModelConfig() and cfg.train == TrainConfig() and cfg.decode == DecodeConfig()
+    assert cfg.name == "myrun"  # named after the file when `name` is absent
+    assert cfg.run_dir == os.path.join("runs", "myrun")
+    assert cfg.data.train.kind == "text" and cfg.data.test is None
+    assert cfg.model.n_encoder_layers == cfg.model.layers == 6
+    assert cfg.train.betas == (0.9, 0.98)
+
+
+def test_unknown_key_suggests_closest(files):
+    raw = minimal(files)
+    raw["train"] = {"warmup": 100}
+    (err,) = errors_of(files, raw)
+    assert err == "unknown key 'train.warmup' - did you mean 'train.warmup_steps'?"
+
+
+def test_unknown_key_without_close_match_lists_valid_keys(files):
+    raw = minimal(files)
+    raw["decode"] = {"zzzzzz": 1}
+    (err,) = errors_of(files, raw)
+    assert "unknown key 'decode.zzzzzz'" in err and "beam_size" in err
+
+
+def test_unknown_section(files):
+    raw = minimal(files)
+    raw["trian"] = {}
+    (err,) = errors_of(files, raw)
+    assert err == "unknown key 'trian' - did you mean 'train'?"
+
+
+@pytest.mark.parametrize("key,value,expect", [
+    ("lr", "fast", "invalid value for 'train.lr': 'fast' (expected a number)"),
+    ("lr", 0, "invalid value for 'train.lr': 0.0 (must be > 0)"),
+    ("warmup_steps", -5, "invalid value for 'train.warmup_steps': -5 (must be >= 0)"),
+    ("warmup_steps", 1.5, "invalid value for 'train.warmup_steps': 1.5 (expected an integer)"),
+    ("compile", "yes", "invalid value for 'train.compile': 'yes' (expected true or false)"),
+    ("precision", "fp8", "invalid value for 'train.precision': 'fp8' (choose from auto, fp32, bf16, fp16)"),
+    ("label_smoothing", 1.5, "invalid value for 'train.label_smoothing': 1.5 (must be <= 1)"),
+    ("betas", [0.9], "invalid value for 'train.betas': [0.9] (expected a list of 2 numbers)"),
+])
+def test_wrong_type_or_range_names_key_and_value(files, key, value, expect):
+    raw = minimal(files)
+    raw["train"] = {key: value}
+    assert errors_of(files, raw) == [expect]
+
+
+def test_missing_required_keys(files):
+    raw = minimal(files)
+    del raw["data"]["src_lang"]
+    del raw["data"]["valid"]
+    errs = errors_of(files, raw)
+    assert "missing required key 'data.src_lang'" in errs
+    assert "missing required key 'data.valid'" in errs
+
+
+def test_missing_data_file(files):
+    raw = minimal(files)
+    raw["data"]["train"]["tgt"] = str(files / "nope.tgt")
+    (err,) = errors_of(files, raw)
+    assert err == f"data file not found: 'data.train.tgt': {files / 'nope.tgt'}"
+
+
+def test_all_errors_reported_together(files):
+    raw = minimal(files)
+    raw["model"] = {"d_modle": 3, "layers": 0}
+    raw["train"] = {"lr": -1}
+    errs = errors_of(files, raw)
+    assert len(errs) == 3
+    assert any("model.d_model" in e for e in errs) and any("model.layers" in e for e in errs)
+
+
+def test_cross_field_checks(files):
+    raw = minimal(files)
+    raw["model"] = {"d_model": 100, "n_heads": 8}
+    raw["data"]["tokenizer"] = {"joint": False, "model": "x.model"}
+    errs = errors_of(files, raw)
+    assert any("'model.n_heads': 8 (must divide model.d_model=100)" in e for e in errs)
+    assert any("share_embeddings" in e for e in errs)
+
+
+def test_hf_source_and_requirements(files):
+    raw = minimal(files)
+    raw["data"]["train"] = {"hf_path": "wmt14", "hf_name": "de-en"}
+    cfg = load_config(write(files, raw))
+    assert cfg.data.train.kind == "hf" and cfg.data.train.hf_split == "train"
+    raw["data"]["train"] = {"hf_path": "json"}
+    assert errors_of(files, raw) == ["'data.train.hf_path: json' needs 'data.train.hf_data_files'"]
+
+
+def test_overrides_apply_and_validate(files):
+    path = write(files, minimal(files))
+    cfg = load_config(path, ["train.lr=5e-4", "model.layers=4", "data.tokenizer.vocab_size=1000", "name=x"])
+    assert cfg.train.lr == 5e-4 and cfg.model.layers == 4 and cfg.data.tokenizer.vocab_size == 1000 and cfg.name == "x"
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["train.warmup=3"])
+    assert e.value.errors == ["unknown key 'train.warmup' - did you mean 'train.warmup_steps'?"]
+    with pytest.raises(ConfigError):
+        load_config(path, ["train.lr"])  # no '='
+    # overrides never modify the caller's dict
+    raw = minimal(files)
+    apply_overrides(raw, ["data.src_lang=fr"])
+    assert raw["data"]["src_lang"] == "de"
+
+
+def test_round_trip_of_resolved_config(files):
+    cfg = load_config(write(files, minimal(files)), ["train.betas=[0.9, 0.997]", "decode.beam_size=4"])
+    again = load_config(write(files, yaml.safe_load(dump_config(cfg)), "resolved.yaml"))
+    assert again == cfg
+
+
+def test_bad_yaml_and_missing_config(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(bad))
+    assert "invalid YAML at line" in e.value.errors[0]
+    with pytest.raises(ConfigError) as e:
+        load_config(str(tmp_path / "none.yaml"))
+    assert e.value.errors == [f"config file not found: {tmp_path / 'none.yaml'}"]
+
+
+def test_config_docs_are_current():
+    """configs/README.md's key table is generated from the dataclasses; it must not drift."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_config_docs.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_every_field_is_documented():
+    from nmt.config import iter_fields
+    for key, _, _, help in iter_fields():
+        assert help.strip(), f"{key} has no help text"
