@@ -1,0 +1,268 @@
+"""Greedy and beam search over the model's step protocol.
+
+The search sees only `model.encode`, `model.init_cache`, `model.decode_step`,
+`cache.reorder`, `model.max_positions` and, for the uncached path,
+`model.decode`. Sentences are decoded together: beam rows are laid out
+sentence-major (`row = sentence * K + beam`, B*K rows), and a sentence leaves
+the batch as soon as it is finished, so the work shrinks as decoding goes on.
+
+Shapes: B sentences, S source length, K beam, V target vocabulary,
+N active sentences, t the current step (1-based).
+
+Conventions (shared by both searches):
+- Step t generates token t. PAD and BOS are never generated (log-prob -inf);
+  EOS is forbidden while t <= min_len, so an output has >= min_len tokens.
+- Maximum output length per sentence: `min(floor(a * src_len + b), model.max_positions - 1)`
+  tokens (at least 1), src_len = `src_mask.sum(1)` (real source tokens, EOS included).
+- A hypothesis ends when it generates EOS (`tokens` excludes it, `log_prob`
+  includes it) or when it reaches the maximum length without EOS (truncated:
+  no EOS, nothing added). Either way its **length for the penalty is the
+  number of generated tokens including EOS**, i.e. the step t at which it ended.
+- `log_prob` is the sum of fp32 `log_softmax` values (over the full
+  vocabulary, not renormalised after masking); `score = log_prob / lp(length)`.
+  Greedy search applies no length penalty: its `score == log_prob`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+PENALTY_TYPES = ("gnmt", "average", "none")
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Hypothesis:
+    """One output. tokens: generated ids without BOS/EOS; log_prob: summed token
+    log-probabilities (EOS included when it was generated); score: log_prob after the length penalty."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+def length_penalty_factor(length: int | Tensor, alpha: float, kind: str) -> float | Tensor:
+    """Divisor of a hypothesis' log_prob; length = generated tokens including EOS.
+
+    gnmt: ((5 + length) / 6) ** alpha (Wu et al., 2016); average: length ** alpha; none: 1.
+    Non-decreasing in length for alpha >= 0 (beam search's early stop relies on it).
+    """
+    if kind == "none" or alpha == 0:
+        return torch.ones_like(length, dtype=torch.float) if isinstance(length, Tensor) else 1.0
+    if kind == "gnmt":
+        return ((5 + length) / 6) ** alpha
+    if kind == "average":
+        return length ** alpha
+    raise ValueError(f"unknown length_penalty_type {kind!r} (expected one of {', '.join(PENALTY_TYPES)})")
+
+
+# --------------------------------------------------------------------------- step protocol
+
+class _CachedDecoder:
+    """Incremental decoding through the model's DecoderCache: one position per step."""
+
+    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int):
+        self.model = model
+        self.cache = model.init_cache(memory, src_mask, max_len)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens [R] (position t-1) -> logits [R,V] for token t."""
+        logits, self.cache = self.model.decode_step(tokens, self.cache)
+        return logits
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep rows `indices` [R'] (beam reordering, expansion, dropping sentences)."""
+        self.cache = self.cache.reorder(indices)
+
+
+class _UncachedDecoder:
+    """Same protocol without a cache: keeps the prefix and re-runs `model.decode` on it every
+    step, taking the last position (reference path for tests and benchmarks)."""
+
+    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int):
+        self.model, self.memory, self.src_mask = model, memory, src_mask
+        self.prefix = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)  # [R, t-1]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)  # [R, t]
+        return self.model.decode(self.prefix, self.memory, self.src_mask)[:, -1]  # [R, V]
+
+    def reorder(self, indices: Tensor) -> None:
+        self.memory = self.memory.index_select(0, indices)
+        self.src_mask = self.src_mask.index_select(0, indices)
+        self.prefix = self.prefix.index_select(0, indices)
+
+
+def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int, use_cache: bool):
+    """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long)."""
+    src_len = src_mask.sum(dim=1).double()  # [B]
+    limit = (max_len_a * src_len + max_len_b).floor().long()
+    max_lens = limit.clamp(min=1, max=max(model.max_positions - 1, 1))  # [B]
+    memory = model.encode(src, src_mask)  # [B,S,D]
+    cls = _CachedDecoder if use_cache else _UncachedDecoder
+    return cls(model, memory, src_mask, int(max_lens.max())), max_lens
+
+
+def _log_probs(logits: Tensor, t: int, min_len: int) -> Tensor:
+    """logits [R,V] -> fp32 log-probabilities [R,V] with PAD, BOS (and EOS while t <= min_len) at -inf."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    logp[:, PAD_ID] = NEG_INF
+    logp[:, BOS_ID] = NEG_INF
+    if t <= min_len:
+        logp[:, EOS_ID] = NEG_INF
+    return logp
+
+
+# --------------------------------------------------------------------------- greedy
+
+@torch.inference_mode()
+def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int,
+                  min_len: int = 0, use_cache: bool = True) -> list[Hypothesis]:
+    """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
+    (score == log_prob: no length penalty). Finished sentences leave the batch."""
+    if min_len < 0:
+        raise ValueError(f"min_len must be >= 0, got {min_len}")
+    if src.shape[0] == 0:
+        return []
+    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache)
+    B, device = src.shape[0], src.device
+    sent = torch.arange(B, device=device)  # [N] original index of each active sentence
+    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)  # [N] input of this step
+    log_prob = torch.zeros(B, device=device)  # [N]
+    history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N, t]
+    out: list[Hypothesis | None] = [None] * B
+    for t in range(1, int(max_lens.max()) + 1):
+        best, tokens = _log_probs(decoder.step(tokens), t, min_len).max(dim=1)  # [N], [N]
+        log_prob = log_prob + best
+        history = torch.cat([history, tokens[:, None]], dim=1)
+        ends = (tokens == EOS_ID) | (max_lens <= t)  # [N]
+        if not bool(ends.any()):
+            continue
+        idx = ends.nonzero().squeeze(1)
+        for s, toks, lp in zip(sent[idx].tolist(), history[idx].tolist(), log_prob[idx].tolist()):
+            if toks[-1] == EOS_ID:
+                toks.pop()
+            out[s] = Hypothesis(toks, lp, lp)
+        keep = (~ends).nonzero().squeeze(1)  # [N']
+        if keep.numel() == 0:
+            break
+        decoder.reorder(keep)
+        sent, tokens, log_prob, history, max_lens = (x[keep] for x in (sent, tokens, log_prob, history, max_lens))
+    return out  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- beam
+
+@torch.inference_mode()
+def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: int = 1,
+                length_penalty: float = 1.0, length_penalty_type: str = "gnmt",
+                max_len_a: float, max_len_b: int, min_len: int = 0,
+                use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
+
+    Each step extends the K live beams of a sentence, ranks the K*V candidates by summed
+    log-probability and keeps the top K. Candidates among them that end (EOS or maximum
+    length) go to the sentence's finished list, ranked by penalised score; the others are
+    the next live beams (a slot whose candidate ended stays empty for that step). With K = 1
+    this is exactly greedy search, whatever the length penalty (fairseq instead keeps K live
+    beams out of the top 2K, so its beam 1 is greedy only because it stops at the first
+    finished hypothesis, which is wrong with a length penalty). Early stop: see `_stopped`.
+    """
+    _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type, min_len)
+    alpha, kind, K = length_penalty, length_penalty_type, beam_size
+    if src.shape[0] == 0:
+        return []
+    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache)
+    B, device = src.shape[0], src.device
+    best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
+    sent = torch.arange(B, device=device)  # [N] original index of each active sentence
+    scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty
+    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)  # [N*k] input of this step
+    history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N*k, t-1] generated tokens
+    kth_best = torch.full((B, nbest), NEG_INF, device=device)  # [N, nbest] best finished scores, sorted
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for t in range(1, int(max_lens.max()) + 1):
+        N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
+        logp = _log_probs(decoder.step(tokens), t, min_len)  # [N*k, V]
+        V = logp.shape[1]
+        top, idx = _topk((scores.view(-1, 1) + logp).view(N, k * V), K)  # [N, K] each
+        word = idx % V  # [N, K] token of each candidate
+        rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, K] row of its parent beam
+        alive = top > NEG_INF
+        ends = (word == EOS_ID) | (max_lens <= t)[:, None]  # [N, K]
+        ended = ends & alive
+        score = top / length_penalty_factor(t, alpha, kind)  # [N, K] penalised score if the candidate ends now
+        enters = ended & (score > kth_best[:, -1:])  # can still be in the n-best
+        if bool(enters.any()):
+            _collect(finished, enters, sent, history, rows, word, top, score)
+            new = score.masked_fill(~ended, NEG_INF)
+            kth_best = torch.cat([kth_best, new], dim=1).topk(nbest, dim=1).values
+        scores = top.masked_fill(ends | ~alive, NEG_INF)  # [N, K] live beams only
+        keep = ~_stopped(scores, kth_best, best_possible_lp)  # [N]
+        if not bool(keep.all()):
+            if not bool(keep.any()):
+                break
+            sent, max_lens, best_possible_lp, kth_best, scores, rows, word = (
+                x[keep] for x in (sent, max_lens, best_possible_lp, kth_best, scores, rows, word))
+        flat = rows.reshape(-1)  # [N'*K] parent rows of the next step's beams
+        decoder.reorder(flat)
+        history = torch.cat([history.index_select(0, flat), word.reshape(-1, 1)], dim=1)
+        tokens = word.reshape(-1)
+    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor) -> Tensor:
+    """Which sentences are done: no live beam can ever beat their n-best finished hypotheses.
+
+    scores [N,K] summed log-probs of the live beams (-inf = none), kth_best [N,nbest],
+    best_possible_lp [N] = lp(max_len). A live beam with log-prob L (<= 0) that ends later,
+    at length l <= max_len, has log-prob L' <= L (every token adds a log-prob <= 0) and a
+    penalty lp(l) <= lp(max_len) (lp does not decrease with length), so its score is
+    L' / lp(l) <= L / lp(l) <= L / lp(max_len): dividing a non-positive number by a larger
+    positive one can only raise it. Hence L / lp(max_len) bounds everything the beam can
+    still produce, and once the nbest-th finished score reaches the best bound the sentence's
+    result is final, the same as decoding on to max_len. (Stopping at K finished
+    hypotheses, as fairseq does, is not safe: with a length penalty a longer hypothesis can
+    still overtake the finished ones.) No live beam gives a bound of -inf: done.
+    """
+    bound = scores.max(dim=1).values / best_possible_lp  # [N]
+    return kth_best[:, -1] >= bound
+
+
+def _topk(cand: Tensor, K: int) -> tuple[Tensor, Tensor]:
+    """Top K of cand [N, C] along dim 1, padded with -inf when C < K (tiny vocabularies)."""
+    top, idx = cand.topk(min(K, cand.shape[1]), dim=1)
+    if top.shape[1] < K:
+        pad = K - top.shape[1]
+        top = F.pad(top, (0, pad), value=NEG_INF)
+        idx = F.pad(idx, (0, pad), value=0)
+    return top, idx
+
+
+def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, history: Tensor,
+             rows: Tensor, word: Tensor, log_prob: Tensor, score: Tensor) -> None:
+    """Append the candidates marked in enters [N,K] to `finished` (one host transfer per tensor)."""
+    s, j = enters.nonzero(as_tuple=True)
+    prefixes = history.index_select(0, rows[s, j]).tolist()  # each t-1 tokens
+    for sid, prefix, w, lp, sc in zip(sent[s].tolist(), prefixes, word[s, j].tolist(),
+                                      log_prob[s, j].tolist(), score[s, j].tolist()):
+        finished[sid].append(Hypothesis(prefix if w == EOS_ID else prefix + [w], sc, lp))
+
+
+def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, min_len: int) -> None:
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
+    if kind not in PENALTY_TYPES:
+        raise ValueError(f"unknown length_penalty_type {kind!r} (expected one of {', '.join(PENALTY_TYPES)})")
+    if alpha < 0:
+        raise ValueError(f"length_penalty must be >= 0, got {alpha}")
+    if min_len < 0:
+        raise ValueError(f"min_len must be >= 0, got {min_len}")

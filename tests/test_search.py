@@ -1,0 +1,370 @@
+"""Greedy and beam search against independent references.
+
+- A scripted fake model (next-token logits = a fixed pseudo-random table of (source, prefix))
+  checks beam hypotheses and scores exactly against brute-force enumeration and against a
+  simple one-sentence reference beam search written here (no batching, no cache, no early stop).
+- A tiny random Transformer checks the same against enumeration scored by `model.decode`
+  (full teacher forcing), plus beam 1 == greedy, batch independence, cached == uncached,
+  n-best order, and the min/max length rules.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.config import ModelConfig
+from nmt.model import Transformer
+from nmt.search import beam_search, greedy_search
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+V = 8  # 4 specials + 4 real tokens
+ALLOWED = [t for t in range(V) if t not in (PAD_ID, BOS_ID, EOS_ID)]  # UNK may be generated
+
+
+def penalty(length: int, alpha: float, kind: str) -> float:
+    """Independent copy of the length penalty (length = generated tokens incl. EOS)."""
+    if kind == "gnmt":
+        return ((5 + length) / 6) ** alpha
+    if kind == "average":
+        return length ** alpha
+    return 1.0
+
+
+# --------------------------------------------------------------------------- scripted fake model
+
+class FakeCache:
+    """Rows' sources and prefixes (BOS first); reorder selects rows."""
+
+    def __init__(self, src: torch.Tensor, prefix: torch.Tensor):
+        self.src, self.prefix = src, prefix  # [R,S], [R,t]
+
+    @property
+    def length(self) -> int:
+        return self.prefix.shape[1]
+
+    def reorder(self, indices: torch.Tensor) -> FakeCache:
+        assert indices.dtype == torch.long and int(indices.max()) < self.src.shape[0]
+        return FakeCache(self.src.index_select(0, indices), self.prefix.index_select(0, indices))
+
+
+class FakeModel:
+    """Next-token logits are a fixed function of (source tokens, prefix): a seeded table.
+
+    EOS gets more likely as the prefix grows, so hypotheses end at different lengths.
+    Records the rows of every decode_step call and counts full `decode` calls.
+    """
+
+    max_positions = 64
+
+    def __init__(self, seed: int = 0, scale: float = 2.0):
+        self.seed, self.scale = seed, scale
+        self.step_rows: list[int] = []
+        self.n_decode = 0
+        self._table: dict = {}
+
+    def logits(self, src: tuple, prefix: tuple) -> torch.Tensor:
+        key = (src, prefix)
+        if key not in self._table:
+            g = torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
+            row = torch.randn(V, generator=g) * self.scale
+            row[EOS_ID] += 0.7 * len(prefix) - 1.5
+            self._table[key] = row
+        return self._table[key]
+
+    def log_probs(self, src: tuple, prefix: tuple) -> torch.Tensor:
+        return F.log_softmax(self.logits(src, prefix), dim=-1)
+
+    @staticmethod
+    def _src(src_row: torch.Tensor) -> tuple:
+        return tuple(t for t in src_row.tolist() if t != PAD_ID)
+
+    def encode(self, src, src_mask):
+        return src.float()[..., None]  # [B,S,1]: the source itself
+
+    def init_cache(self, memory, src_mask, max_len):
+        assert max_len <= self.max_positions
+        return FakeCache(memory[..., 0].long(), torch.empty(memory.shape[0], 0, dtype=torch.long))
+
+    def decode_step(self, tokens, cache):
+        self.step_rows.append(tokens.shape[0])
+        prefix = torch.cat([cache.prefix, tokens[:, None]], dim=1)
+        logits = torch.stack([self.logits(self._src(s), tuple(p.tolist())) for s, p in zip(cache.src, prefix)])
+        return logits, FakeCache(cache.src, prefix)
+
+    def decode(self, tgt_in, memory, src_mask):
+        self.n_decode += 1
+        src = memory[..., 0].long()
+        return torch.stack([torch.stack([self.logits(self._src(s), tuple(p[: i + 1].tolist())) for i in range(len(p))])
+                            for s, p in zip(src, tgt_in)])
+
+
+def fake_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded random sources ending in EOS: src, src_mask [B,S]."""
+    g = torch.Generator().manual_seed(seed)
+    S = max(lengths)
+    src = torch.zeros(len(lengths), S, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(4, V, (n - 1,), generator=g)
+        src[i, n - 1] = EOS_ID
+    return src, src != PAD_ID
+
+
+def enumerate_outputs(max_len: int, min_len: int):
+    """Every possible output: (tokens, ends_with_eos). EOS after >= min_len tokens; truncated at max_len."""
+    for n in range(min_len, max_len):
+        for toks in itertools.product(ALLOWED, repeat=n):
+            yield list(toks), True
+    for toks in itertools.product(ALLOWED, repeat=max_len):
+        yield list(toks), False
+
+
+def fake_score(model: FakeModel, src: tuple, tokens: list[int], eos: bool, alpha: float, kind: str):
+    """(score, log_prob) of one output from the table directly."""
+    seq = [BOS_ID] + tokens + ([EOS_ID] if eos else [])
+    lp = sum(float(model.log_probs(src, tuple(seq[: i + 1]))[seq[i + 1]]) for i in range(len(seq) - 1))
+    return lp / penalty(len(seq) - 1, alpha, kind), lp
+
+
+def reference_beam(model: FakeModel, src: tuple, K: int, max_len: int, min_len: int, alpha: float, kind: str):
+    """Plain one-sentence beam search with the documented semantics, run to max_len (no early stop):
+    top K of all extensions of the live beams; ended candidates (EOS / max length) are finished,
+    the rest are the live beams. Returns finished [(score, log_prob, tokens)] best first."""
+    beams, finished = [((BOS_ID,), 0.0)], []
+    for t in range(1, max_len + 1):
+        cands = []
+        for prefix, lp in beams:
+            logp = model.log_probs(src, prefix)
+            for w in range(V):
+                if w in (PAD_ID, BOS_ID) or (w == EOS_ID and t <= min_len):
+                    continue
+                cands.append((lp + float(logp[w]), prefix + (w,)))
+        cands.sort(key=lambda c: -c[0])
+        beams = []
+        for lp, seq in cands[:K]:
+            if seq[-1] == EOS_ID or t == max_len:
+                toks = list(seq[1:-1]) if seq[-1] == EOS_ID else list(seq[1:])
+                finished.append((lp / penalty(t, alpha, kind), lp, toks))
+            else:
+                beams.append((seq, lp))
+        if not beams:
+            break
+    return sorted(finished, key=lambda f: -f[0])
+
+
+PENALTIES = [("gnmt", 1.0), ("gnmt", 2.0), ("average", 1.0), ("none", 0.0)]
+
+
+@pytest.mark.parametrize("kind,alpha", PENALTIES)
+def test_fake_exhaustive_beam_equals_brute_force(kind, alpha):
+    # K >= (#live prefixes) * (#tokens) at every step: nothing is pruned, so the beam's n-best
+    # must be the exact n-best; only a wrong early stop (or bookkeeping) could lose one.
+    max_len, min_len, nbest = 4, 1, 3
+    model = FakeModel(seed=1)
+    src, src_mask = fake_batch([3, 5, 2], seed=1)
+    K = len(ALLOWED) ** (max_len - 2) * (len(ALLOWED) + 1)
+    out = beam_search(model, src, src_mask, beam_size=K, nbest=nbest, length_penalty=alpha,
+                      length_penalty_type=kind, max_len_a=0.0, max_len_b=max_len, min_len=min_len)
+    for i, hyps in enumerate(out):
+        s = FakeModel._src(src[i])
+        ref = sorted((fake_score(model, s, toks, eos, alpha, kind)[0] for toks, eos in enumerate_outputs(max_len, min_len)),
+                     reverse=True)
+        assert len(hyps) == nbest
+        for rank, h in enumerate(hyps):
+            assert h.score == pytest.approx(ref[rank], abs=1e-4)
+            eos = len(h.tokens) < max_len
+            assert (h.score, h.log_prob) == pytest.approx(fake_score(model, s, h.tokens, eos, alpha, kind), abs=1e-4)
+
+
+@pytest.mark.parametrize("kind,alpha", PENALTIES)
+@pytest.mark.parametrize("K,nbest", [(1, 1), (2, 2), (3, 1), (5, 3)])
+def test_fake_beam_equals_reference_beam(kind, alpha, K, nbest):
+    model = FakeModel(seed=2)
+    lengths = [4, 1, 6, 3, 2]
+    src, src_mask = fake_batch(lengths, seed=2)
+    a, b, min_len = 1.0, 2, 2
+    out = beam_search(model, src, src_mask, beam_size=K, nbest=nbest, length_penalty=alpha,
+                      length_penalty_type=kind, max_len_a=a, max_len_b=b, min_len=min_len)
+    for i, hyps in enumerate(out):
+        ref = reference_beam(model, FakeModel._src(src[i]), K, int(a * lengths[i] + b), min_len, alpha, kind)[:nbest]
+        assert [h.tokens for h in hyps] == [r[2] for r in ref]
+        assert [x for h in hyps for x in (h.score, h.log_prob)] == pytest.approx([x for r in ref for x in r[:2]], abs=1e-4)
+
+
+def test_fake_cached_path_steps_once_per_token_and_drops_finished_sentences():
+    model = FakeModel(seed=3)
+    src, src_mask = fake_batch([1, 6], seed=3)  # max lengths 1*1+1 = 2 and 6+1 = 7
+    K = 3
+    out = beam_search(model, src, src_mask, beam_size=K, max_len_a=1.0, max_len_b=1, min_len=7)
+    assert model.n_decode == 0  # never re-decodes a prefix
+    assert [len(h[0].tokens) for h in out] == [2, 7]  # min_len > max_len: truncated at max_len
+    # step 1 runs on one row per sentence, then K per sentence; sentence 0 leaves after step 2.
+    assert model.step_rows == [2, 2 * K] + [K] * 5
+
+
+def test_fake_uncached_equals_cached():
+    src, src_mask = fake_batch([4, 2, 5], seed=4)
+    cached, uncached = FakeModel(seed=4), FakeModel(seed=4)
+    kw = dict(beam_size=3, nbest=3, max_len_a=1.0, max_len_b=2)
+    a = beam_search(cached, src, src_mask, **kw)
+    b = beam_search(uncached, src, src_mask, use_cache=False, **kw)
+    assert uncached.n_decode > 0 and uncached.step_rows == []
+    assert a == b
+    g1 = greedy_search(cached, src, src_mask, max_len_a=1.0, max_len_b=2)
+    g2 = greedy_search(uncached, src, src_mask, max_len_a=1.0, max_len_b=2, use_cache=False)
+    assert g1 == g2
+
+
+def test_fake_greedy_is_argmax_chain():
+    model = FakeModel(seed=5)
+    src, src_mask = fake_batch([3, 1, 4], seed=5)
+    out = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=2, min_len=1)
+    for i, h in enumerate(out):
+        s, seq, lp = FakeModel._src(src[i]), [BOS_ID], 0.0
+        max_len = len(s) + 2
+        while len(seq) - 1 < max_len:
+            logp = model.log_probs(s, tuple(seq)).clone()
+            logp[[PAD_ID, BOS_ID]] = -math.inf
+            if len(seq) <= 1:  # step 1 <= min_len
+                logp[EOS_ID] = -math.inf
+            seq.append(int(logp.argmax()))
+            lp += float(logp[seq[-1]])
+            if seq[-1] == EOS_ID:
+                break
+        assert h.tokens == [t for t in seq[1:] if t != EOS_ID]
+        assert h.log_prob == pytest.approx(lp, abs=1e-5) and h.score == h.log_prob
+
+
+def test_bad_arguments():
+    model = FakeModel()
+    src, src_mask = fake_batch([2])
+    for kw in (dict(beam_size=0), dict(beam_size=2, nbest=3), dict(beam_size=2, length_penalty_type="x"),
+               dict(beam_size=2, length_penalty=-1.0)):
+        with pytest.raises(ValueError):
+            beam_search(model, src, src_mask, max_len_a=1.0, max_len_b=1, **kw)
+    with pytest.raises(ValueError):
+        greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=1, min_len=-1)
+    assert greedy_search(model, src[:0], src_mask[:0], max_len_a=1.0, max_len_b=1) == []
+    assert beam_search(model, src[:0], src_mask[:0], beam_size=2, max_len_a=1.0, max_len_b=1) == []
+
+
+# --------------------------------------------------------------------------- tiny Transformer
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=0.0, max_positions=32, tie_output=False)
+    m = Transformer(cfg, V, V).eval()
+    with torch.no_grad():  # flatter next-token distributions than the default init: more varied searches
+        m.output_proj.weight.normal_(0.0, 0.15)
+        m.output_proj.weight[EOS_ID] *= 0.3  # EOS neither always first nor never
+    return m
+
+
+def model_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return fake_batch(lengths, seed)
+
+
+def teacher_forced_scores(model, src_row, mask_row, outputs, alpha, kind):
+    """Score many (tokens, eos) outputs of one source with model.decode (full teacher forcing)."""
+    seqs = [[BOS_ID] + toks + ([EOS_ID] if eos else []) for toks, eos in outputs]
+    T = max(len(s) for s in seqs)
+    tgt = torch.tensor([s + [PAD_ID] * (T - len(s)) for s in seqs])
+    n = len(seqs)
+    with torch.no_grad():
+        memory = model.encode(src_row[None].expand(n, -1), mask_row[None].expand(n, -1))
+        logp = F.log_softmax(model.decode(tgt[:, :-1], memory, mask_row[None].expand(n, -1)).float(), -1)
+    tok_lp = logp.gather(2, tgt[:, 1:, None])[..., 0]  # [n, T-1]
+    res = []
+    for i, s in enumerate(seqs):
+        lp = float(tok_lp[i, : len(s) - 1].double().sum())
+        res.append((lp / penalty(len(s) - 1, alpha, kind), lp))
+    return res
+
+
+@pytest.mark.parametrize("kind,alpha", [("gnmt", 1.5), ("average", 1.0), ("none", 0.0)])
+def test_transformer_beam_vs_brute_force(model, kind, alpha):
+    max_len = 4
+    src, src_mask = model_batch([5, 3], seed=6)
+    outputs = list(enumerate_outputs(max_len, 0))
+    kw = dict(length_penalty=alpha, length_penalty_type=kind, max_len_a=0.0, max_len_b=max_len)
+    wide = len(ALLOWED) ** (max_len - 2) * (len(ALLOWED) + 1)  # no pruning at any step
+    exhaustive = beam_search(model, src, src_mask, beam_size=wide, nbest=2, **kw)
+    narrow = {K: beam_search(model, src, src_mask, beam_size=K, **kw) for K in (1, 2, V)}
+    for i in range(src.shape[0]):
+        ref = teacher_forced_scores(model, src[i], src_mask[i], outputs, alpha, kind)
+        order = sorted(range(len(outputs)), key=lambda j: -ref[j][0])
+        best = exhaustive[i]
+        assert best[0].tokens == outputs[order[0]][0]
+        assert [h.score for h in best] == pytest.approx([ref[j][0] for j in order[:2]], abs=1e-4)
+        assert best[0].log_prob == pytest.approx(ref[order[0]][1], abs=1e-4)
+        for K, out in narrow.items():
+            h = out[i][0]
+            j = outputs.index((h.tokens, len(h.tokens) < max_len))  # a valid output
+            assert (h.score, h.log_prob) == pytest.approx(ref[j], abs=1e-4)
+            assert h.score <= ref[order[0]][0] + 1e-5
+
+
+def test_transformer_beam1_equals_greedy(model):
+    src, src_mask = model_batch([7, 2, 5, 9, 4], seed=7)
+    kw = dict(max_len_a=1.5, max_len_b=3)
+    greedy = greedy_search(model, src, src_mask, **kw)
+    for kind in ("gnmt", "average", "none"):
+        beam = beam_search(model, src, src_mask, beam_size=1, length_penalty_type=kind, **kw)
+        assert [b[0].tokens for b in beam] == [g.tokens for g in greedy]
+        assert [b[0].log_prob for b in beam] == pytest.approx([g.log_prob for g in greedy], abs=1e-6)
+    assert len({len(g.tokens) for g in greedy}) > 1  # the batch really has sentences ending at different steps
+
+
+def test_transformer_batch_independence_and_cache(model):
+    lengths = [7, 2, 5, 9, 4, 1]
+    src, src_mask = model_batch(lengths, seed=8)
+    kw = dict(beam_size=4, nbest=3, max_len_a=1.2, max_len_b=3)
+    batched = beam_search(model, src, src_mask, **kw)
+    uncached = beam_search(model, src, src_mask, use_cache=False, **kw)
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.2, max_len_b=3)
+    greedy_uncached = greedy_search(model, src, src_mask, max_len_a=1.2, max_len_b=3, use_cache=False)
+    assert [g.tokens for g in greedy] == [g.tokens for g in greedy_uncached]
+    for i, n in enumerate(lengths):
+        alone = beam_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n], **kw)[0]
+        for other in (batched[i], uncached[i]):
+            assert [h.tokens for h in other] == [h.tokens for h in alone]
+            assert [h.score for h in other] == pytest.approx([h.score for h in alone], abs=1e-5)
+        g_alone = greedy_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n], max_len_a=1.2, max_len_b=3)[0]
+        assert g_alone.tokens == greedy[i].tokens
+
+
+def test_transformer_nbest_sorted_distinct_and_max_len(model):
+    lengths = [6, 3, 8]
+    src, src_mask = model_batch(lengths, seed=9)
+    out = beam_search(model, src, src_mask, beam_size=5, nbest=5, length_penalty=0.6, max_len_a=0.5, max_len_b=2)
+    for n, hyps in zip(lengths, out):
+        assert len(hyps) == 5
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 5
+        assert all(len(h.tokens) <= int(0.5 * n + 2) for h in hyps)
+        assert all(t not in (PAD_ID, BOS_ID, EOS_ID) for h in hyps for t in h.tokens)
+    # model.max_positions caps the output length: at most max_positions - 1 tokens.
+    capped = beam_search(model, src, src_mask, beam_size=2, max_len_a=0.0, max_len_b=100, min_len=100)
+    assert [len(h[0].tokens) for h in capped] == [model.max_positions - 1] * 3
+
+
+def test_min_len_and_forced_length(model):
+    src, src_mask = model_batch([3, 5, 2, 6], seed=10)
+    kw = dict(max_len_a=0.0, max_len_b=9)
+    for m in (model, FakeModel(seed=10, scale=0.5)):  # both end early when free to
+        free = beam_search(m, src, src_mask, beam_size=3, nbest=3, **kw)
+        assert min(len(h.tokens) for hyps in free for h in hyps) < 4
+        assert min(len(g.tokens) for g in greedy_search(m, src, src_mask, **kw)) < 4
+        for min_len in (4, 9):  # 9 == max_len: exactly 9 tokens
+            out = beam_search(m, src, src_mask, beam_size=3, nbest=3, min_len=min_len, **kw)
+            lens = [len(h.tokens) for hyps in out for h in hyps] + [
+                len(g.tokens) for g in greedy_search(m, src, src_mask, min_len=min_len, **kw)]
+            assert min(lens) >= min_len and max(lens) <= 9
+            assert min_len < 9 or set(lens) == {9}
