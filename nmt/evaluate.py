@@ -31,7 +31,11 @@ METRICS = ("bleu", "chrf", "ter")
 
 
 def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
-    """A sacreBLEU metric object with its defaults (`tokenize`/`lowercase` apply to BLEU)."""
+    """A sacreBLEU metric object with sacreBLEU's defaults.
+
+    `lowercase` applies to BLEU and chrF, `tokenize` to BLEU; TER keeps its
+    default (case-insensitive), as the `sacrebleu` command does.
+    """
     from sacrebleu.metrics import BLEU, CHRF, TER
 
     if name == "bleu":
@@ -39,7 +43,7 @@ def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
     if name == "chrf":
         return CHRF(lowercase=lowercase)
     if name == "ter":
-        return TER(case_sensitive=not lowercase)
+        return TER()
     raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
 
 
@@ -128,7 +132,8 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     optionally save the hypotheses, and score.
     Prints one line per metric, or one JSON object with `json_out`:
     `{"hyp": path, "ref": path, "n_sentences": N, "bleu": {...}, ...}` with the
-    fields of `score` (less `text`). Returns the exit code (0).
+    fields of `score` (less `text`); when translating, also `src` and
+    `checkpoint`, and `hyp` is `save_hyps` (or null). Returns the exit code (0).
     """
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
@@ -162,7 +167,9 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
         raise UserError(f"line counts differ: {len(hyps)} lines in {hyp_name} but {len(refs)} in {ref}")
     results = score(hyps, refs, names)
     if json_out:
-        obj: dict = {"hyp": hyp_name, "ref": ref, "n_sentences": len(refs)}
+        obj: dict = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs)}
+        if checkpoint is not None:
+            obj.update(src=src, checkpoint=checkpoint)
         for name, entry in results.items():
             obj[name] = {k: v for k, v in entry.items() if k != "text"}
         stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")

@@ -1,0 +1,136 @@
+"""nmt.evaluate: scores equal the `sacrebleu` command's on the same files; errors name both files."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nmt.errors import UserError
+from nmt.evaluate import evaluate_command, read_lines, score
+
+# Hand-made pairs: punctuation, casing, Unicode, an empty line, trailing spaces, a CRLF line.
+REF = ("The cat sat on the mat.\n"
+       "Hello, world! How are you today?\n"
+       "\n"
+       "Über den Wolken muss die Freiheit wohl grenzenlos sein.\n"
+       "It's 3.5% cheaper -- isn't it?   \n"
+       "A line ending in CRLF.\r\n"
+       "Numbers: 1,000,000 and 2.5e-3.\n")
+HYP = ("The cat sat on a mat .\n"
+       "hello world, how are you today\n"
+       "something\n"
+       "Über den Wolken muss die Freiheit grenzenlos sein.\n"
+       "It is 3.5 % cheaper, isn't it?\n"
+       "A line ending in CRLF.\n"
+       "Numbers : 1,000,000 and 2.5e-3\n")
+HYP2 = "x\ny\nz\nw\nv\nu\nt\n"  # nearly no overlap: BLEU 0, tiny chrF
+
+
+def _write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8"))
+    return str(path)
+
+
+def _sacrebleu_json(ref: str, hyp: str, metrics: list[str]) -> list[dict]:
+    """The `sacrebleu` command's JSON output, 4 decimals."""
+    cmd = [sys.executable, "-m", "sacrebleu", ref, "-i", hyp, "-m", *metrics, "-w", "4", "-f", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    return result if isinstance(result, list) else [result]
+
+
+@pytest.mark.parametrize("hyp_text", [HYP, HYP2], ids=["close", "far"])
+def test_scores_match_sacrebleu_command(tmp_path, hyp_text):
+    ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", hyp_text)
+    expected = {e["name"]: e for e in _sacrebleu_json(ref, hyp, ["bleu", "chrf", "ter"])}
+    ours = score(read_lines(hyp), read_lines(ref), ("bleu", "chrf", "ter"))
+    assert list(ours) == ["bleu", "chrf", "ter"]
+    assert {e["name"] for e in ours.values()} == set(expected) == {"BLEU", "chrF2", "TER"}
+    for entry in ours.values():
+        ref_entry = expected[entry["name"]]
+        assert float(f"{entry['score']:.4f}") == ref_entry["score"], entry["name"]
+        assert entry["signature"] == ref_entry["signature"]
+    assert ours["bleu"]["verbose"] == expected["BLEU"]["verbose_score"]
+    assert "tok:13a" in ours["bleu"]["signature"] and "nc:6" in ours["chrf"]["signature"]
+
+
+def test_default_metrics_and_text(tmp_path):
+    ours = score(["The cat sat on the mat."], ["The cat sat on the mat."])
+    assert list(ours) == ["bleu", "chrf"]
+    assert ours["bleu"]["score"] == pytest.approx(100.0) and ours["chrf"]["score"] == pytest.approx(100.0)
+    assert ours["bleu"]["text"].startswith("BLEU = 100.00 100.0/100.0/100.0/100.0 (BP = 1.000")
+    assert ours["bleu"]["text"].endswith(f"[{ours['bleu']['signature']}]")
+    assert ours["bleu"]["hyp_len"] == ours["bleu"]["ref_len"] == 7  # 13a splits off the period
+
+
+def test_evaluate_command_text_and_json(tmp_path):
+    ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", HYP)
+    expected = {e["name"]: e for e in _sacrebleu_json(ref, hyp, ["bleu", "chrf"])}
+
+    out = io.StringIO()
+    assert evaluate_command(hyp, ref, stdout=out) == 0
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"BLEU = {expected['BLEU']['score']:.2f} ")
+    assert lines[0].endswith(f"[{expected['BLEU']['signature']}]")
+    assert lines[1] == f"chrF2 = {expected['chrF2']['score']:.2f} [{expected['chrF2']['signature']}]"
+
+    out = io.StringIO()
+    assert evaluate_command(hyp, ref, json_out=True, metrics=("chrf", "bleu"), stdout=out) == 0
+    obj = json.loads(out.getvalue())
+    assert obj["n_sentences"] == 7 and obj["hyp"] == hyp and obj["ref"] == ref
+    assert float(f"{obj['bleu']['score']:.4f}") == expected["BLEU"]["score"]
+    assert float(f"{obj['chrf']['score']:.4f}") == expected["chrF2"]["score"]
+    assert obj["chrf"]["signature"] == expected["chrF2"]["signature"]
+
+
+def test_stdin_and_gzip_and_save(tmp_path):
+    ref = str(tmp_path / "ref.txt.gz")
+    with gzip.open(ref, "wt", encoding="utf-8") as f:
+        f.write(REF)
+    hyp = _write(tmp_path, "hyp.txt", HYP)
+    from_file, from_stdin = io.StringIO(), io.StringIO()
+    evaluate_command(hyp, ref, json_out=True, stdout=from_file)
+    saved = tmp_path / "saved.txt"
+    evaluate_command(None, ref, json_out=True, stdin=io.BytesIO(HYP.encode()), stdout=from_stdin,
+                     save_hyps=str(saved))
+    a, b = json.loads(from_file.getvalue()), json.loads(from_stdin.getvalue())
+    assert a["bleu"]["score"] == b["bleu"]["score"] and a["chrf"] == b["chrf"]
+    assert saved.read_text(encoding="utf-8").splitlines() == read_lines(hyp)
+
+
+def test_line_count_mismatch_names_counts_and_files(tmp_path):
+    ref = _write(tmp_path, "ref.txt", "a\nb\nc\n")
+    hyp = _write(tmp_path, "hyp.txt", "a\nb\n")
+    with pytest.raises(UserError) as e:
+        evaluate_command(hyp, ref, stdout=io.StringIO())
+    msg = str(e.value)
+    assert "2" in msg and "3" in msg and hyp in msg and ref in msg
+    with pytest.raises(UserError, match="2 hypotheses but 3 references"):
+        score(["a", "b"], ["a", "b", "c"])
+
+
+def test_missing_file_and_bad_input(tmp_path):
+    ref = _write(tmp_path, "ref.txt", "a\n")
+    with pytest.raises(UserError, match="file not found"):
+        evaluate_command(str(tmp_path / "nope.txt"), ref, stdout=io.StringIO())
+    with pytest.raises(UserError, match="file not found"):
+        evaluate_command(ref, str(tmp_path / "nope.txt"), stdout=io.StringIO())
+    with pytest.raises(UserError, match="unknown metric"):
+        score(["a"], ["a"], ("meteor",))
+    with pytest.raises(UserError, match="nothing to score"):
+        score([], [])
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(UserError, match="not valid UTF-8"):
+        read_lines(str(bad))
+    with pytest.raises(UserError, match="line 2 is not valid UTF-8"):
+        evaluate_command(None, ref, stdin=io.BytesIO(b"ok\n\xff\n"), stdout=io.StringIO())
+    with pytest.raises(UserError, match="--src"):
+        evaluate_command(None, ref, checkpoint="x.pt", stdout=io.StringIO())

@@ -1,0 +1,282 @@
+"""nmt.translate: batching never changes results, order and alignment are kept,
+truncation is counted once, n-best format, file/stdin/pipe modes, averaging.
+
+The model is an untrained tiny Transformer saved with a real tokenizer through
+checkpoint.py, so the whole load -> encode -> search -> decode path runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt import translate as tr
+from nmt.checkpoint import load_checkpoint, load_for_inference, save_checkpoint
+from nmt.config import TokenizerConfig, config_from_dict, to_dict
+from nmt.errors import UserError
+from nmt.evaluate import evaluate_command, read_lines, score
+from nmt.model import Transformer
+from nmt.tokenizer import Tokenizer, train_sentencepiece
+from synthetic import make_pairs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_POSITIONS = 24  # sources longer than 23 tokens are truncated
+NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is fastest, and the machine is shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_tiny_checkpoint(path: str, seed: int = 0) -> str:
+    """An untrained tiny model + word-level SentencePiece model saved as an nmt checkpoint."""
+    text = [s for pair in make_pairs(200, 0) for s in pair]
+    tok_cfg = TokenizerConfig(vocab_size=64, model_type="word", threads=1)
+    tokenizer = Tokenizer(train_sentencepiece(text, tok_cfg, seed=1, what="joint", log=lambda m: None))
+    raw = {"data": {"src_lang": "es", "tgt_lang": "en", "max_len": 20,
+                    "train": {"src": "train.es", "tgt": "train.en"}, "valid": {"src": "valid.es", "tgt": "valid.en"},
+                    "tokenizer": {"vocab_size": 64, "model_type": "word"}},
+           "model": {"d_model": 16, "n_heads": 2, "layers": 1, "ffn_dim": 32, "dropout": 0.0,
+                     "max_positions": MAX_POSITIONS, "tie_output": False},
+           "decode": {"beam_size": 2, "max_len_a": 0.5, "max_len_b": 4, "batch_tokens": 30, "max_batch_size": 3}}
+    cfg = config_from_dict(raw, check_files=False)
+    torch.manual_seed(seed)
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    with torch.no_grad():  # flatter next-token distributions: varied outputs from an untrained model
+        model.output_proj.weight.normal_(0.0, 0.3)
+    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
+                     "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
+                     "step": seed, "epoch": 0}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "tiny.pt"))
+
+
+@pytest.fixture(scope="module")
+def loaded(ckpt):
+    return load_for_inference(ckpt, "cpu")
+
+
+def long_line(n_words: int, seed: int) -> str:
+    words = " ".join(p[0] for p in make_pairs(20, seed)).split()
+    return " ".join(words[:n_words])
+
+
+def mixed_lines() -> list[str]:
+    """Shuffled lengths, empty and blank lines, lines over the model's maximum."""
+    rng = random.Random(3)
+    lines = [p[0] for p in make_pairs(14, 7)]
+    lines += ["", "   ", long_line(40, 1), long_line(30, 2), "el sol", "la luna"]
+    rng.shuffle(lines)
+    return lines
+
+
+def collect() -> tuple[list[str], callable]:
+    messages: list[str] = []
+    return messages, messages.append
+
+
+# --------------------------------------------------------------------------- library
+
+def test_make_batches_budget_cap_and_coverage():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 40) for _ in range(200)] + [100]
+    batches = tr.make_batches(lengths, batch_tokens=64, max_batch_size=5)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))  # every sentence exactly once
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)  # longest first
+    for b in batches:
+        width = max(lengths[i] for i in b)
+        assert len(b) <= 5
+        assert len(b) * width <= 64 or len(b) == 1  # only a lone over-long sentence may exceed
+    assert batches[0] == [len(lengths) - 1]
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_batching_and_order_do_not_change_results(loaded, beam):
+    model, tokenizer, cfg = loaded
+    lines = mixed_lines()
+    decode = tr.decode_settings(cfg.decode, beam=beam)
+    batched = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
+    one_batch = tr.translate_nbest(model, tokenizer, lines, tr.decode_settings(decode, batch_tokens=10**6),
+                                   "cpu", warn=lambda m: None)
+    alone = [tr.translate_nbest(model, tokenizer, [line], decode, "cpu", warn=lambda m: None)[0] for line in lines]
+    assert len(batched) == len(lines)
+    scores = [r[0][1] for r, line in zip(alone, lines) if line.strip()]
+    assert len(set(scores)) == len(scores)  # distinct per sentence: a misaligned output would show
+    for got in (batched, one_batch):
+        for line, g, a in zip(lines, got, alone):
+            assert [t for t, _ in g] == [t for t, _ in a], line
+            assert [s for _, s in g] == pytest.approx([s for _, s in a], abs=1e-4)
+    for line, r in zip(lines, batched):
+        if not line.strip():
+            assert r == [("", 0.0)]
+    assert tr.translate_lines(model, tokenizer, lines, decode, "cpu", warn=lambda m: None) == \
+        [r[0][0] for r in batched]
+
+
+def test_truncation_counted_once_and_equals_manual_truncation(loaded):
+    model, tokenizer, cfg = loaded
+    lines = mixed_lines()
+    limit = MAX_POSITIONS - 1
+    n_long = sum(len(ids) > limit for ids in tokenizer.encode_src(lines))
+    assert n_long == 2
+    messages, warn = collect()
+    out = tr.translate_lines(model, tokenizer, lines, cfg.decode, "cpu", warn=warn)
+    assert len(messages) == 1 and f"{n_long} input lines" in messages[0] and str(limit) in messages[0]
+    # A truncated line translates like its first `limit` tokens (word model: one token per word).
+    i = lines.index(long_line(40, 1))
+    head = " ".join(lines[i].split()[:limit])
+    assert len(tokenizer.encode_src([head])[0]) == limit
+    messages, warn = collect()
+    assert tr.translate_lines(model, tokenizer, [head], cfg.decode, "cpu", warn=warn) == [out[i]]
+    assert messages == []
+
+
+def test_decode_settings_overrides_and_errors(loaded):
+    cfg = loaded[2]
+    d = tr.decode_settings(cfg.decode, beam=4, nbest=3, batch_tokens=7, max_len_a=2.0, max_len_b=9, min_len=1,
+                           length_penalty=0.5)
+    assert (d.beam_size, d.nbest, d.batch_tokens, d.max_len_a, d.max_len_b, d.min_len, d.length_penalty) == \
+        (4, 3, 7, 2.0, 9, 1, 0.5)
+    assert tr.decode_settings(cfg.decode) == cfg.decode
+    with pytest.raises(UserError, match="nbest"):
+        tr.decode_settings(cfg.decode, beam=1, nbest=2)
+    with pytest.raises(UserError, match="beam size"):
+        tr.decode_settings(cfg.decode, beam=0)
+
+
+# --------------------------------------------------------------------------- command
+
+def test_command_files_progress_and_warning(ckpt, loaded, tmp_path):
+    model, tokenizer, cfg = loaded
+    lines = mixed_lines()
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    expected = tr.translate_lines(model, tokenizer, lines, cfg.decode, "cpu", warn=lambda m: None)
+    for quiet in (False, True):
+        out, err = tmp_path / f"out{quiet}.txt", io.StringIO()
+        assert tr.translate_command(ckpt, str(src), str(out), beam=None, nbest=None, batch_tokens=None,
+                                    device="cpu", quiet=quiet, stderr=err) == 0
+        assert out.read_bytes().decode("utf-8").split("\n") == expected + [""]
+        warnings = [x for x in err.getvalue().splitlines() if "truncated" in x]
+        if quiet:
+            assert err.getvalue() == ""
+        else:
+            assert len(warnings) == 1 and "2 input lines" in warnings[0]
+            assert "sent" in err.getvalue()  # the tqdm bar (unit "sent") went to stderr
+
+
+def test_command_stdin_chunks_and_nbest_format(ckpt, loaded):
+    model, tokenizer, cfg = loaded
+    lines = mixed_lines()
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    decode = tr.decode_settings(cfg.decode, beam=2, nbest=2)
+    expected = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
+    outputs = []
+    for chunk_lines in (3, tr.CHUNK_LINES):  # order and indices survive chunked streaming
+        out, err = io.BytesIO(), io.StringIO()
+        tr.translate_command(ckpt, None, None, beam=2, nbest=2, batch_tokens=None, device="cpu",
+                             stdin=io.BytesIO(data), stdout=out, stderr=err, chunk_lines=chunk_lines)
+        assert "sent" not in err.getvalue()  # no progress bar when reading stdin
+        assert err.getvalue().count("truncated") == 1
+        outputs.append(out.getvalue().decode("utf-8"))
+    assert outputs[0] == outputs[1]
+    rows = outputs[0].splitlines()
+    assert len(rows) == 2 * len(lines)
+    for k, row in enumerate(rows):
+        m = NBEST_LINE.match(row)
+        assert m, row
+        i, j = divmod(k, 2)
+        assert int(m.group(1)) == i
+        assert m.group(2) == expected[i][j][0]
+        assert float(m.group(3)) == pytest.approx(expected[i][j][1], abs=1e-4)
+    for i in range(len(lines)):
+        assert float(NBEST_LINE.match(rows[2 * i]).group(3)) >= float(NBEST_LINE.match(rows[2 * i + 1]).group(3))
+
+
+def test_command_errors(ckpt, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes("uno\ndos\n".encode() + b"tr\xe9s\n")
+    with pytest.raises(UserError, match="line 3 is not valid UTF-8"):
+        tr.translate_command(ckpt, str(bad), str(tmp_path / "o.txt"), beam=1, nbest=None, batch_tokens=None,
+                             device="cpu")
+    with pytest.raises(UserError, match="input file not found"):
+        tr.translate_command(ckpt, str(tmp_path / "nope.txt"), None, beam=1, nbest=None, batch_tokens=None)
+    with pytest.raises(UserError, match="checkpoint not found"):
+        tr.translate_command(str(tmp_path / "nope.pt"), None, None, beam=1, nbest=None, batch_tokens=None)
+    with pytest.raises(UserError, match="same file"):
+        tr.translate_command(ckpt, str(bad), str(bad), beam=1, nbest=None, batch_tokens=None)
+    assert bad.read_bytes().endswith(b"tr\xe9s\n")  # the input was not clobbered
+
+
+def test_cli_pipe_mode(ckpt, loaded):
+    model, tokenizer, cfg = loaded
+    lines = [p[0] for p in make_pairs(6, 11)] + ["", "el sol ve la luna"]
+    decode = tr.decode_settings(cfg.decode, beam=1)
+    expected = tr.translate_lines(model, tokenizer, lines, decode, "cpu")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "--checkpoint", ckpt, "--beam", "1",
+                           "--device", "cpu"], input="".join(x + "\n" for x in lines).encode(),
+                          capture_output=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode("utf-8").split("\n") == expected + [""]
+    assert b"sent" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- average, evaluate
+
+def test_average_command_equals_manual_average(tmp_path):
+    a = make_tiny_checkpoint(str(tmp_path / "a.pt"), seed=1)
+    b = make_tiny_checkpoint(str(tmp_path / "b.pt"), seed=2)
+    out = str(tmp_path / "avg.pt")
+    assert tr.average_command([a, b], out, quiet=True) == 0
+    sa, sb, avg = (load_checkpoint(p)["model"] for p in (a, b, out))
+    assert avg.keys() == sa.keys()
+    differing = 0
+    for k in sa:
+        if sa[k].is_floating_point():
+            expected = (sa[k].double() + sb[k].double()) / 2
+            assert torch.allclose(avg[k].double(), expected, atol=1e-7), k
+            differing += not torch.equal(sa[k], sb[k])
+    assert differing > 0  # the two checkpoints really differ
+    model, tokenizer, cfg = load_for_inference(out, "cpu")
+    assert len(tr.translate_lines(model, tokenizer, ["el sol", ""], cfg.decode, "cpu")) == 2
+    with pytest.raises(UserError, match="not found"):
+        tr.average_command([a, str(tmp_path / "missing.pt")], out, quiet=True)
+
+
+def test_evaluate_command_translates_then_scores(ckpt, loaded, tmp_path):
+    model, tokenizer, cfg = loaded
+    pairs = make_pairs(8, 21)
+    src, ref, saved = tmp_path / "src.es", tmp_path / "ref.en", tmp_path / "hyp.en"
+    src.write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+    ref.write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+    out = io.StringIO()
+    evaluate_command(None, str(ref), checkpoint=ckpt, src=str(src), save_hyps=str(saved), json_out=True,
+                     device="cpu", beam=1, quiet=True, stdout=out)
+    hyps = read_lines(str(saved))
+    assert hyps == tr.translate_lines(model, tokenizer, [p[0] for p in pairs], tr.decode_settings(cfg.decode, beam=1), "cpu")
+    obj = json.loads(out.getvalue())
+    assert (obj["hyp"], obj["src"], obj["checkpoint"], obj["n_sentences"]) == (str(saved), str(src), ckpt, 8)
+    expected = score(hyps, [p[1] for p in pairs])
+    assert obj["bleu"]["score"] == expected["bleu"]["score"] and obj["chrf"]["score"] == expected["chrf"]["score"]
+    ref.write_text("one line\n", encoding="utf-8")
+    with pytest.raises(UserError, match=f"8 lines in {src}.* 1 in {ref}"):
+        evaluate_command(None, str(ref), checkpoint=ckpt, src=str(src), device="cpu", quiet=True, stdout=out)
