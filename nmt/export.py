@@ -1,0 +1,388 @@
+"""Export a checkpoint to CTranslate2 (`nmt export`), and the entry point of its translate path.
+
+The exported directory holds everything needed to translate without nmt or PyTorch:
+
+    model.bin, config.json                 CTranslate2 weights and settings
+    shared_vocabulary.json                 (or source_/target_vocabulary.json) SentencePiece pieces in id order
+    spm.model | spm.src.model + spm.tgt.model
+    nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults), step
+    README.md                              how to load it
+
+Mapping (our names -> CTranslate2's TransformerSpec, cf. its fairseq/OpenNMT-py converters):
+
+- `src_embed` / `tgt_embed` -> `encoder.embeddings[0]` / `decoder.embeddings`, scaled by sqrt(D)
+  (`scale_embeddings`); `output_proj` -> `decoder.projection` (CTranslate2 aliases tied copies).
+- Positions are always written as an explicit table (`position_encodings.encodings`, row p =
+  position p, BOS at 0): CTranslate2's built-in sinusoids are the tensor2tensor variant
+  (concatenated sin|cos, timescale log(1e4)/(D/2-1), first position 1), not ours (interleaved
+  sin/cos of the paper, first position 0). Learned tables are copied as they are.
+- `self_attn.qkv_proj` (rows q|k|v) -> `self_attention.linear[0]`, `out_proj` -> `linear[1]`;
+  `cross_attn.q_proj` -> `attention.linear[0]`, `kv_proj` (rows k|v) -> `linear[1]`,
+  `out_proj` -> `linear[2]`; `ffn.fc1/fc2` -> `ffn.linear_0/linear_1`.
+- Layer norms: encoder `norm1, norm2` -> `self_attention.layer_norm, ffn.layer_norm`; decoder
+  `norm1, norm2, norm3` -> `self_attention`, `attention`, `ffn` `.layer_norm`; `final_norm` ->
+  `layer_norm` (pre-norm only, `pre_norm=True`); post-norm sets `pre_norm=False`. CTranslate2
+  applies each sublayer norm before (pre) or after the residual (post) as we do. Our
+  epsilon (PyTorch's 1e-5) is written to `config.layer_norm_epsilon` (CTranslate2's default differs).
+- Sequences: sources are `pieces + </s>` (`add_source_eos`), targets start with `<s>`
+  (`decoder_start_token`) and end with `</s>`.
+
+Every parameter of the model must be consumed by the mapping, else the export refuses (so a
+future architecture option cannot be silently dropped); options CTranslate2 cannot represent
+raise UserError naming the option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from nmt.errors import UserError
+
+FORMAT = "nmt-ctranslate2"
+VERSION = 1
+METADATA_FILE = "nmt_export.json"
+INSTALL_HINT = 'pip install -e ".[ct2]" (or: pip install "ctranslate2>=4.4")'
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+
+# ModelConfig fields the mapping below knows (dropouts do not matter at inference). A field added
+# later is refused unless it keeps its default value.
+KNOWN_FIELDS = frozenset({
+    "d_model", "n_heads", "layers", "encoder_layers", "decoder_layers", "ffn_dim", "activation", "norm",
+    "dropout", "attention_dropout", "activation_dropout", "positions", "max_positions",
+    "share_embeddings", "tie_output"})
+
+# Values of our ModelConfig fields that CTranslate2's TransformerSpec can represent.
+SUPPORTED_OPTIONS = {
+    "activation": ("relu", "gelu"),  # gelu = exact erf GELU (PyTorch's F.gelu default) = Activation.GELU
+    "norm": ("pre", "post"),
+    "positions": ("sinusoidal", "learned"),
+}
+
+
+def require_ctranslate2():
+    """The `ctranslate2` module, or UserError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError(f"CTranslate2 is not installed: {INSTALL_HINT}") from None
+    return ctranslate2
+
+
+def check_exportable(model_cfg) -> None:
+    """UserError naming every `model.*` option CTranslate2 cannot represent."""
+    problems = []
+    for f in dataclasses.fields(model_cfg):
+        value = getattr(model_cfg, f.name)
+        if f.name not in KNOWN_FIELDS and f.default is not dataclasses.MISSING and value != f.default:
+            problems.append(f"model.{f.name}={value!r} (an option the exporter does not know; default {f.default!r})")
+    for key, allowed in SUPPORTED_OPTIONS.items():
+        value = getattr(model_cfg, key)
+        if value not in allowed:
+            problems.append(f"model.{key}={value!r} (CTranslate2 supports {', '.join(allowed)})")
+    if problems:
+        raise UserError("cannot export to CTranslate2: unsupported " + "; ".join(problems))
+
+
+# --------------------------------------------------------------------------- weights -> spec
+
+class _Weights:
+    """The model's tensors as float32 numpy arrays; remembers which names were used."""
+
+    def __init__(self, model):
+        self.arrays = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+        self.used: set[str] = set()
+
+    def __call__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            raise UserError(f"cannot export to CTranslate2: the checkpoint has no parameter {name!r} "
+                            "(is it an nmt Transformer checkpoint?)")
+        self.used.add(name)
+        return self.arrays[name]
+
+    def check_all_used(self) -> None:
+        left = sorted(set(self.arrays) - self.used)
+        if left:
+            shown = ", ".join(left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            raise UserError(f"cannot export to CTranslate2: no mapping for parameter(s) {shown} "
+                            "(an architecture option the exporter does not know)")
+
+
+def _linear(spec, w: _Weights, name: str) -> None:
+    spec.weight = w(f"{name}.weight")
+    if f"{name}.bias" in w.arrays:
+        spec.bias = w(f"{name}.bias")
+
+
+def _norm(spec, w: _Weights, name: str) -> None:
+    spec.gamma = w(f"{name}.weight")
+    spec.beta = w(f"{name}.bias")
+
+
+def _layer_norm_epsilon(model) -> float:
+    """The one epsilon of all LayerNorms (CTranslate2 has a single setting)."""
+    import torch
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    eps = {m.eps for m in norms}
+    if len(eps) > 1:
+        raise UserError(f"cannot export to CTranslate2: layer norms use different epsilons {sorted(eps)}")
+    if any(not m.elementwise_affine or m.bias is None for m in norms):
+        raise UserError("cannot export to CTranslate2: layer norms without weight and bias are not supported")
+    return eps.pop() if eps else 1e-5
+
+
+def _position_table(model, w: _Weights, side: str) -> np.ndarray:
+    """[max_positions, D] rows added to the embeddings of positions 0, 1, ..."""
+    if model.cfg.positions == "learned":
+        return w(f"{side}_positions.weight")
+    return model.sinusoids.detach().float().cpu().numpy()
+
+
+def build_spec(model, tokenizer, cfg):
+    """A validated-to-be-complete CTranslate2 `TransformerSpec` for our Transformer.
+
+    model: nmt.model.Transformer (any device); tokenizer: nmt Tokenizer; cfg: Config.
+    """
+    require_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    m = cfg.model
+    check_exportable(m)
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[m.activation]
+    spec = transformer_spec.TransformerSpec.from_config(
+        (m.n_encoder_layers, m.n_decoder_layers), m.n_heads, pre_norm=m.norm == "pre", activation=activation)
+    w = _Weights(model)
+    scale = float(model.embed_scale)
+
+    enc = spec.encoder
+    enc.embeddings[0].weight = w("src_embed.weight")
+    enc.scale_embeddings = scale
+    enc.position_encodings.encodings = _position_table(model, w, "src")
+    for i, layer in enumerate(enc.layer):
+        p = f"encoder.layers.{i}"
+        _linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
+        _linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
+        _norm(layer.self_attention.layer_norm, w, f"{p}.norm1")
+        _linear(layer.ffn.linear_0, w, f"{p}.ffn.fc1")
+        _linear(layer.ffn.linear_1, w, f"{p}.ffn.fc2")
+        _norm(layer.ffn.layer_norm, w, f"{p}.norm2")
+
+    dec = spec.decoder
+    dec.embeddings.weight = w("tgt_embed.weight")
+    dec.scale_embeddings = scale
+    dec.position_encodings.encodings = _position_table(model, w, "tgt")
+    for i, layer in enumerate(dec.layer):
+        p = f"decoder.layers.{i}"
+        _linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
+        _linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
+        _norm(layer.self_attention.layer_norm, w, f"{p}.norm1")
+        _linear(layer.attention.linear[0], w, f"{p}.cross_attn.q_proj")
+        _linear(layer.attention.linear[1], w, f"{p}.cross_attn.kv_proj")
+        _linear(layer.attention.linear[2], w, f"{p}.cross_attn.out_proj")
+        _norm(layer.attention.layer_norm, w, f"{p}.norm2")
+        _linear(layer.ffn.linear_0, w, f"{p}.ffn.fc1")
+        _linear(layer.ffn.linear_1, w, f"{p}.ffn.fc2")
+        _norm(layer.ffn.layer_norm, w, f"{p}.norm3")
+    _linear(dec.projection, w, "output_proj")
+    if m.norm == "pre":
+        _norm(enc.layer_norm, w, "encoder.final_norm")
+        _norm(dec.layer_norm, w, "decoder.final_norm")
+    w.check_all_used()
+
+    src_pieces, tgt_pieces = vocabularies(tokenizer)
+    spec.register_source_vocabulary(src_pieces)
+    spec.register_target_vocabulary(tgt_pieces)
+    c = spec.config
+    c.unk_token, c.bos_token, c.eos_token = tgt_pieces[1], tgt_pieces[2], tgt_pieces[3]
+    c.decoder_start_token = tgt_pieces[2]
+    c.add_source_bos, c.add_source_eos = False, True
+    c.layer_norm_epsilon = _layer_norm_epsilon(model)
+    return spec
+
+
+def vocabularies(tokenizer) -> tuple[list[str], list[str]]:
+    """(source pieces, target pieces) in id order, from the tokenizer's SentencePiece model(s)."""
+    import sentencepiece as spm
+
+    d = tokenizer.to_bytes()
+    protos = (d["src"], d["src"] if d["joint"] else d["tgt"])
+    out = []
+    for proto in protos:
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        out.append([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
+    src, tgt = out
+    if src[1:4] != tgt[1:4]:
+        raise UserError(f"cannot export to CTranslate2: source and target special pieces differ ({src[1:4]} vs {tgt[1:4]})")
+    return src, tgt
+
+
+# --------------------------------------------------------------------------- writing
+
+def _converter_class():
+    """A ctranslate2 Converter whose `_load` returns a prepared spec (built on first use:
+    the base class lives in the optional package)."""
+    from ctranslate2.converters import Converter
+
+    class NmtConverter(Converter):
+        """Converts an nmt Transformer (already loaded) to a CTranslate2 model directory."""
+
+        def __init__(self, model, tokenizer, cfg):
+            self._args = (model, tokenizer, cfg)
+
+        def _load(self):
+            return build_spec(*self._args)
+
+    return NmtConverter
+
+
+README = """# CTranslate2 model exported by nmt
+
+Source checkpoint: `{checkpoint}` (step {step}); weights: {quantization}.
+Architecture: {layers} layers, d_model {d_model}, {heads} heads, {norm}-norm, {activation}, {positions} positions.
+
+With nmt:
+
+    nmt translate --engine ctranslate2 --model {name} -i input.txt -o output.txt
+
+With CTranslate2 and SentencePiece only (sources get `</s>` appended by the model config;
+pass the pieces, not ids):
+
+```python
+import ctranslate2, sentencepiece as spm
+sp_src = spm.SentencePieceProcessor(model_file="{name}/{src_spm}")
+sp_tgt = spm.SentencePieceProcessor(model_file="{name}/{tgt_spm}")
+translator = ctranslate2.Translator("{name}", device="cpu")
+pieces = sp_src.encode(["a source sentence"], out_type=str)
+results = translator.translate_batch(pieces, beam_size=5, max_decoding_length={max_len},
+                                     min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
+print(sp_tgt.decode(results[0].hypotheses[0]))
+```
+
+`max_decoding_length` must stay below the model's {max_positions} positions. `{meta}` keeps the
+checkpoint's config (its `decode` section gives nmt's default search settings; nmt ranks beam
+hypotheses with its own length penalty, see nmt/ct2.py).
+"""
+
+
+def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | None = None,
+                 force: bool = False, checkpoint: str = "", step: int | None = None) -> str:
+    """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`.
+
+    The directory is built next to `output_dir` and renamed into place, so an existing export
+    is replaced only once the new one is complete. With `force`, only an existing nmt export
+    (or empty directory) is replaced, never an arbitrary directory.
+    """
+    require_ctranslate2()
+    from nmt.config import to_dict
+
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise UserError(f"unknown quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
+    _check_output(output_dir, force)
+    check_exportable(cfg.model)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
+    try:
+        _converter_class()(model, tokenizer, cfg).convert(tmp, quantization=quantization, force=True)
+        tokenizer.save(tmp)
+        meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.abspath(checkpoint) if checkpoint else "",
+                "step": step, "quantization": quantization or "float32", "joint": tokenizer.joint,
+                "max_positions": cfg.model.max_positions, "config": to_dict(cfg)}
+        with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+        name = os.path.basename(os.path.normpath(output_dir))
+        m = cfg.model
+        with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+            f.write(README.format(
+                checkpoint=checkpoint or "(in memory)", step=step, quantization=quantization or "float32",
+                layers=f"{m.n_encoder_layers}+{m.n_decoder_layers}", d_model=m.d_model, heads=m.n_heads,
+                norm=m.norm, activation=m.activation, positions=m.positions, name=name, meta=METADATA_FILE,
+                max_len=min(256, m.max_positions - 1), max_positions=m.max_positions,
+                src_spm="spm.model" if tokenizer.joint else "spm.src.model",
+                tgt_spm="spm.model" if tokenizer.joint else "spm.tgt.model"))
+        _replace_dir(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output_dir
+
+
+def _check_output(output_dir: str, force: bool) -> None:
+    if not os.path.exists(output_dir):
+        return
+    if not os.path.isdir(output_dir):
+        raise UserError(f"output {output_dir} exists and is not a directory")
+    if not force:
+        raise UserError(f"output directory {output_dir} already exists (use --force to overwrite it)")
+    if os.listdir(output_dir) and not os.path.isfile(os.path.join(output_dir, METADATA_FILE)):
+        raise UserError(f"refusing to overwrite {output_dir}: it is not empty and not an nmt export "
+                        f"(no {METADATA_FILE}); choose another --output")
+
+
+def _replace_dir(new: str, target: str) -> None:
+    """Rename `new` to `target`, removing an existing `target` only after the swap."""
+    old = None
+    if os.path.exists(target):
+        old = tempfile.mkdtemp(prefix=".tmp-old-export-", dir=os.path.dirname(os.path.abspath(target)))
+        os.rmdir(old)
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslate2",
+                   quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
+    """`nmt export`: write a CTranslate2 model directory for `checkpoint`. Returns 0."""
+    if format != "ctranslate2":
+        raise UserError(f"unknown export format {format!r} (supported: ctranslate2)")
+    require_ctranslate2()
+    _check_output(output_dir, force)
+    from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
+
+    state = load_checkpoint(checkpoint)  # UserError if missing or not an nmt checkpoint
+    model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
+    model.eval()
+    step = state.get("step")
+    del state
+    write_export(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
+                 checkpoint=checkpoint, step=step)
+    if not quiet:
+        size = os.path.getsize(os.path.join(output_dir, "model.bin"))
+        print(f"exported {checkpoint} to {output_dir} (CTranslate2, {quantization or 'float32'}, "
+              f"model.bin {size / 2**20:.1f} MiB)", flush=True)
+    return 0
+
+
+def read_metadata(model_dir: str) -> dict[str, Any]:
+    """nmt's metadata of an exported directory; UserError if it is not one."""
+    path = os.path.join(model_dir, METADATA_FILE)
+    if not os.path.isdir(model_dir):
+        raise UserError(f"CTranslate2 model directory not found: {model_dir}")
+    if not os.path.isfile(os.path.join(model_dir, "model.bin")):
+        raise UserError(f"{model_dir} is not a CTranslate2 model directory (no model.bin)")
+    if not os.path.isfile(path):
+        raise UserError(f"{model_dir} was not written by `nmt export` (no {METADATA_FILE})")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if meta.get("format") != FORMAT or meta.get("version", 0) > VERSION:
+        raise UserError(f"{path}: unsupported export format {meta.get('format')!r} version {meta.get('version')}")
+    return meta
+
+
+def translate_ct2_command(model_dir: str, input: str | None, output: str | None, **kwargs) -> int:
+    """`nmt translate --engine ctranslate2`: see `nmt.ct2.translate_ct2_command`."""
+    from nmt.ct2 import translate_ct2_command as run
+
+    return run(model_dir, input, output, **kwargs)
+

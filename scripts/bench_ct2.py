@@ -1,0 +1,170 @@
+"""CPU translation speed: nmt (PyTorch) vs CTranslate2 float32 and int8, same model and input, one run.
+
+    python scripts/bench_ct2.py --checkpoint runs/NAME/checkpoints/best.pt \
+        --input data/bible-es-en/test.es.gz --sentences 200 --beam 5 --threads 2 --json out.json
+
+Without --checkpoint a base-sized model (d_model 512, 6+6 layers, FFN 2048, 8 heads) with random
+weights and a joint 8k SentencePiece model trained on data/bible-es-en/train is built in a
+temporary directory; its outputs are meaningless, so every sentence then decodes exactly
+--force-len tokens (default 32; minimum = maximum output length) and all engines do equal work.
+
+Each engine translates the same lines text-to-text (SentencePiece encoding, search, decoding)
+with the same search settings (beam, length limits, batches of --batch-tokens padded source
+tokens): nmt through nmt.translate.translate_nbest, CTranslate2 through nmt.ct2.Ct2Translator
+(float32: `nmt export`; int8: `nmt export --quantization int8`). Threads: torch.set_num_threads
+and CTranslate2's intra_threads. After a warm-up, the engines run round-robin --repeats times and
+each one's best time is reported (other processes' load then affects all engines alike).
+Target tokens are the SentencePiece pieces of the output text. `same` is the share of output
+lines identical to nmt's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+BIBLE = os.path.join(ROOT, "data", "bible-es-en")
+
+
+def read_lines(path: str, n: int) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    return lines[:n] if n else lines
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_random_checkpoint(directory: str, args) -> str:
+    """A random-weight model of the requested size + an 8k joint SentencePiece model, saved as a checkpoint."""
+    import torch
+
+    from nmt.checkpoint import save_checkpoint
+    from nmt.config import TokenizerConfig, config_from_dict, to_dict
+    from nmt.model import Transformer
+    from nmt.tokenizer import Tokenizer, train_sentencepiece
+
+    text = read_lines(os.path.join(BIBLE, "train.es.gz"), 20000) + read_lines(os.path.join(BIBLE, "train.en.gz"), 20000)
+    tok = TokenizerConfig(vocab_size=8000, model_type="unigram", threads=args.threads, max_sentences=40000)
+    tokenizer = Tokenizer(train_sentencepiece(text, tok, seed=1, what="joint", log=lambda m: None))
+    raw = {"data": {"src_lang": "es", "tgt_lang": "en", "train": {"src": "x.es", "tgt": "x.en"},
+                    "valid": {"src": "x.es", "tgt": "x.en"}, "tokenizer": {"vocab_size": 8000}},
+           "model": {"d_model": args.d_model, "n_heads": args.heads, "layers": args.layers, "ffn_dim": args.ffn_dim,
+                     "max_positions": 512}}
+    cfg = config_from_dict(raw, check_files=False)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    path = os.path.join(directory, "random.pt")
+    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
+                     "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
+                     "step": 0, "epoch": 0}, path)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", help="nmt checkpoint (default: a random base-sized model, see above)")
+    ap.add_argument("--input", default=os.path.join(BIBLE, "test.es.gz"), help="source sentences (plain or .gz)")
+    ap.add_argument("--sentences", type=int, default=200, help="first N non-blank lines (0 = all)")
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--force-len", type=int, default=None,
+                    help="decode exactly N tokens per sentence (default: 32 for the random model, else natural lengths)")
+    ap.add_argument("--batch-tokens", type=int, default=None, help="padded source tokens per batch (default: the checkpoint's)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads and CTranslate2 intra_threads")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per engine, round-robin (best is kept)")
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--ffn-dim", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import ctranslate2
+
+    from nmt.ct2 import Ct2Translator
+    from nmt.export import write_export
+    from nmt.translate import decode_settings, load_model, translate_nbest
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        checkpoint = args.checkpoint or build_random_checkpoint(tmp, args)
+        force_len = args.force_len if args.force_len is not None else (0 if args.checkpoint else 32)
+        model, tokenizer, cfg = load_model(checkpoint, "cpu")
+        dirs = {}
+        for quant in ("float32", "int8"):
+            dirs[quant] = write_export(model, tokenizer, cfg, os.path.join(tmp, quant), quantization=quant,
+                                       checkpoint=checkpoint)
+        setup_s = time.perf_counter() - t0
+        limits = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else {}
+        decode = decode_settings(cfg.decode, beam=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
+        lines = read_lines(args.input, args.sentences)
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"# {len(lines)} sentences from {args.input}; model {n_params / 1e6:.1f}M parameters "
+              f"({'random weights' if not args.checkpoint else checkpoint}); beam {decode.beam_size}, "
+              f"{'forced length ' + str(force_len) if force_len else 'natural lengths'}, batch_tokens {decode.batch_tokens}; "
+              f"{args.threads} threads on {cpu_name()}; torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}; "
+              f"setup {setup_s:.1f}s", flush=True)
+
+        def run_nmt(some):
+            return [r[0][0] for r in translate_nbest(model, tokenizer, some, decode, torch.device("cpu"), warn=lambda m: None)]
+
+        engines = [("nmt (PyTorch)", "float32", run_nmt, None)]
+        for quant in ("float32", "int8"):
+            ct2 = Ct2Translator(dirs[quant], "cpu", intra_threads=args.threads)
+            engines.append(("CTranslate2", quant, lambda some, e=ct2: e.translate_lines(some, decode), ct2))
+
+        for _, _, fn, _ in engines:
+            fn(lines[:8])  # warm-up
+        best, outputs = [float("inf")] * len(engines), [None] * len(engines)
+        for _ in range(args.repeats):  # round-robin, so that load from other processes hits every engine alike
+            for k, (_, _, fn, _) in enumerate(engines):
+                t0 = time.perf_counter()
+                outputs[k] = fn(lines)
+                best[k] = min(best[k], time.perf_counter() - t0)
+        results = []
+        print(f"{'engine':<14} {'weights':<8} {'time_s':>8} {'sent/s':>8} {'tok/s':>8} {'speedup':>8} {'same':>6}")
+        for (name, weights, _, ct2), secs, out in zip(engines, best, outputs):
+            tokens = sum(len(ids) for ids in tokenizer.encode_tgt(out))
+            r = dict(engine=name, weights=weights, seconds=secs, sentences=len(lines), target_tokens=tokens,
+                     sent_per_s=len(lines) / secs, tok_per_s=tokens / secs,
+                     same_as_nmt=sum(a == b for a, b in zip(out, outputs[0])) / len(lines))
+            r["speedup"] = r["sent_per_s"] / results[0]["sent_per_s"] if results else 1.0
+            if ct2 is not None:  # sentences CTranslate2 translated twice (PAD/BOS in the first result)
+                r["retranslated"] = ct2.n_retranslated
+            results.append(r)
+            print(f"{name:<14} {weights:<8} {secs:>8.2f} {r['sent_per_s']:>8.2f} {r['tok_per_s']:>8.0f} "
+                  f"{r['speedup']:>7.2f}x {100 * r['same_as_nmt']:>5.1f}%", flush=True)
+        if args.json:
+            meta = dict(checkpoint=args.checkpoint or "random", input=args.input, beam=decode.beam_size,
+                        force_len=force_len, batch_tokens=decode.batch_tokens, threads=args.threads, cpu=cpu_name(),
+                        parameters=n_params, torch=torch.__version__, ctranslate2=ctranslate2.__version__,
+                        decode=dataclasses.asdict(decode))
+            with open(args.json, "w") as f:
+                json.dump(dict(meta, results=results), f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

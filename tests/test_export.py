@@ -1,0 +1,375 @@
+"""nmt.export / nmt.ct2: CTranslate2 export and the CTranslate2 translate path.
+
+References are independent of the code under test: our PyTorch model's teacher-forced
+log-softmax (for the exported weights, through CTranslate2's `score_batch`) and nmt.search /
+nmt.translate (for search results and the command's output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.config import Config, CorpusConfig, DataConfig, ModelConfig, TokenizerConfig, config_from_dict
+from nmt.errors import UserError
+from nmt.model import Transformer
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from synthetic import make_pairs, tiny_config_dict
+
+CT2_REASON = 'ctranslate2 is an optional extra: pip install -e ".[ct2]"'
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is fastest, and the machine is shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ct2():
+    return pytest.importorskip("ctranslate2", reason=CT2_REASON)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return make_pairs(400, 7)
+
+
+@pytest.fixture(scope="module")
+def tokenizers(pairs):
+    """{"joint": Tokenizer, "separate": Tokenizer}, word-level SentencePiece models."""
+    tok = TokenizerConfig(vocab_size=64, model_type="word", threads=1)
+    train = lambda lines, what: train_sentencepiece(lines, tok, seed=1, what=what, log=lambda m: None)
+    src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
+    return {"joint": Tokenizer(train(src + tgt, "joint")), "separate": Tokenizer(train(src, "source"), train(tgt, "target"))}
+
+
+def make_config(**model) -> Config:
+    corpus = CorpusConfig(src="x.es", tgt="x.en")
+    m = dict(d_model=32, n_heads=4, layers=2, ffn_dim=64, dropout=0.0, max_positions=48)
+    m.update(model)
+    return Config(data=DataConfig(src_lang="es", tgt_lang="en", train=corpus, valid=corpus), model=ModelConfig(**m))
+
+
+def random_model(cfg: Config, tokenizer: Tokenizer, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).eval()
+    with torch.no_grad():  # non-trivial layer norms, so a swapped gamma/beta would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def teacher_forced_log_probs(model, src: list[int], tgt: list[int]) -> np.ndarray:
+    """Our model's log p(y_t | y_<t, x) for y = tgt + EOS (source = src + EOS)."""
+    s, t = torch.tensor([src + [EOS_ID]]), torch.tensor([[BOS_ID] + tgt])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(s, torch.ones_like(s, dtype=torch.bool), t).float(), -1)[0]
+    y = torch.tensor(tgt + [EOS_ID])
+    return logp[torch.arange(len(y)), y].numpy()
+
+
+def pieces(tokenizer: Tokenizer, ids: list[int], side: str) -> list[str]:
+    from nmt.export import vocabularies
+
+    vocab = vocabularies(tokenizer)[0 if side == "src" else 1]
+    return [vocab[i] for i in ids]
+
+
+# --------------------------------------------------------------------------- weight mapping
+
+ARCHITECTURES = [
+    dict(norm="pre", positions="sinusoidal", activation="relu"),
+    dict(norm="post", positions="sinusoidal", activation="gelu"),
+    dict(norm="pre", positions="learned", activation="gelu", encoder_layers=1, decoder_layers=3),
+    dict(norm="post", positions="learned", activation="relu", tie_output=False),
+    dict(norm="pre", positions="sinusoidal", activation="relu", share_embeddings=False, tie_output=False, tok="separate"),
+    dict(norm="post", positions="learned", activation="gelu", share_embeddings=False, tok="separate"),
+]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: "-".join(str(v) for v in a.values()))
+def test_exported_weights_give_our_log_probs(ct2, tokenizers, pairs, tmp_path, arch):
+    """CTranslate2's teacher-forced log-probabilities equal our model's, per token."""
+    from nmt.export import write_export
+
+    arch = dict(arch)
+    tokenizer = tokenizers[arch.pop("tok", "joint")]
+    cfg = make_config(**arch)
+    model = random_model(cfg, tokenizer)
+    out = write_export(model, tokenizer, cfg, str(tmp_path / "ct2"))
+    translator = ct2.Translator(out, device="cpu", intra_threads=1)
+    src = tokenizer.encode_src([p[0] for p in pairs[:8]])
+    tgt = tokenizer.encode_tgt([p[1] for p in pairs[:8]])
+    results = translator.score_batch([pieces(tokenizer, s, "src") for s in src], [pieces(tokenizer, t, "tgt") for t in tgt])
+    for s, t, r in zip(src, tgt, results):
+        ours = teacher_forced_log_probs(model, s, t)
+        assert len(r.log_probs) == len(ours)
+        np.testing.assert_allclose(r.log_probs, ours, atol=1e-4, rtol=0)
+
+
+def test_export_directory_contents(ct2, tokenizers, tmp_path):
+    from nmt.export import METADATA_FILE, write_export
+
+    for kind, files in (("joint", ["spm.model"]), ("separate", ["spm.src.model", "spm.tgt.model"])):
+        tokenizer = tokenizers[kind]
+        cfg = make_config(share_embeddings=kind == "joint")
+        out = write_export(random_model(cfg, tokenizer), tokenizer, cfg, str(tmp_path / kind))
+        names = set(os.listdir(out))
+        assert {"model.bin", "config.json", "README.md", METADATA_FILE, *files} <= names
+        config = json.load(open(os.path.join(out, "config.json")))
+        assert config["add_source_eos"] is True and config["add_source_bos"] is False
+        assert config["decoder_start_token"] == "<s>" and config["eos_token"] == "</s>"
+        assert config["layer_norm_epsilon"] == pytest.approx(1e-5)
+        assert Tokenizer.load(out).to_bytes() == tokenizer.to_bytes()
+        assert files[0] in open(os.path.join(out, "README.md")).read()
+        assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+
+
+# --------------------------------------------------------------------------- refusals
+
+def test_unsupported_option_is_refused_with_its_name(tokenizers, tmp_path):
+    from nmt.export import check_exportable
+
+    check_exportable(make_config().model)  # every option we have today is supported
+    bad = dataclasses.replace(make_config().model, activation="swish")
+    with pytest.raises(UserError, match=r"model\.activation='swish'.*relu, gelu"):
+        check_exportable(bad)
+    # an option added to ModelConfig later: refused unless it keeps its default
+    Future = dataclasses.make_dataclass("Future", [("qk_norm", bool, dataclasses.field(default=False))],
+                                        bases=(ModelConfig,), frozen=True)
+    check_exportable(Future())
+    with pytest.raises(UserError, match=r"model\.qk_norm=True"):
+        check_exportable(Future(qk_norm=True))
+
+
+def test_unknown_parameter_is_refused(ct2, tokenizers, tmp_path):
+    """A parameter the mapping does not know (a future architecture option) stops the export."""
+    from nmt.export import write_export
+
+    cfg, tokenizer = make_config(), tokenizers["joint"]
+    model = random_model(cfg, tokenizer)
+    model.decoder.layers[0].register_parameter("gate", torch.nn.Parameter(torch.ones(3)))
+    with pytest.raises(UserError, match=r"decoder\.layers\.0\.gate"):
+        write_export(model, tokenizer, cfg, str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
+    from nmt import export
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # makes `import ctranslate2` fail
+    with pytest.raises(UserError, match=r'pip install -e "\.\[ct2\]"'):
+        export.export_command(str(tmp_path / "x.pt"), str(tmp_path / "out"))
+    with pytest.raises(UserError, match="ctranslate2"):
+        export.translate_ct2_command(str(tmp_path), None, None)
+
+
+def test_overwrite_rules(ct2, tokenizers, tmp_path):
+    from nmt.export import write_export
+
+    cfg, tokenizer = make_config(), tokenizers["joint"]
+    model = random_model(cfg, tokenizer)
+    out = str(tmp_path / "out")
+    write_export(model, tokenizer, cfg, out)
+    with pytest.raises(UserError, match="already exists.*--force"):
+        write_export(model, tokenizer, cfg, out)
+    write_export(model, tokenizer, cfg, out, force=True)  # an earlier export may be replaced
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="not an nmt export"):
+        write_export(model, tokenizer, cfg, str(other), force=True)
+    assert (other / "keep.txt").read_text() == "mine"
+    with pytest.raises(UserError, match="quantization"):
+        write_export(model, tokenizer, cfg, str(tmp_path / "q"), quantization="int3")
+
+
+def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
+    """A model that always prefers PAD: nmt masks it; the CTranslate2 path retranslates with
+    PAD/BOS suppressed and gives the same (greedy) tokens as nmt."""
+    from nmt.ct2 import Ct2Translator
+    from nmt.export import write_export
+    from nmt.search import greedy_search
+
+    cfg, tokenizer = make_config(tie_output=False), tokenizers["joint"]
+    model = random_model(cfg, tokenizer)
+    with torch.no_grad():  # decoder output ~ constant v; PAD's row = 10 v dominates
+        v = torch.randn(cfg.model.d_model)
+        model.decoder.final_norm.weight.mul_(0.01)
+        model.decoder.final_norm.bias.copy_(v)
+        model.output_proj.weight[PAD_ID] = 10 * v
+    out = write_export(model, tokenizer, cfg, str(tmp_path / "ct2"))
+    engine = Ct2Translator(out, "cpu", intra_threads=1)
+    decode = dataclasses.replace(engine.decode, beam_size=1, max_len_a=0.0, max_len_b=6)
+    src = tokenizer.encode_src(["el perro ve la casa", "la luna come"])
+    theirs = engine.search(src, decode)
+    for s, hyps in zip(src, theirs):
+        ours = greedy_search(model, torch.tensor([s + [EOS_ID]]), torch.ones(1, len(s) + 1, dtype=torch.bool),
+                             max_len_a=0.0, max_len_b=6)[0]
+        assert hyps[0].tokens == ours.tokens
+        assert PAD_ID not in hyps[0].tokens and BOS_ID not in hyps[0].tokens
+
+
+# --------------------------------------------------------------------------- trained models
+
+@pytest.fixture(scope="module", params=["pre", "post"])
+def trained(request, tmp_path_factory):
+    """(checkpoint path, export dir) of the synthetic task trained briefly, pre- or post-norm.
+    post-norm also uses separate vocabularies, untied output, learned positions and GELU."""
+    pytest.importorskip("ctranslate2", reason=CT2_REASON)
+    from nmt.export import export_command
+    from nmt.train import train
+
+    d = tmp_path_factory.mktemp(f"trained-{request.param}")
+    raw = tiny_config_dict(str(d), max_steps=120, valid_every=1000, valid_bleu=False, metric="loss")
+    raw["model"]["norm"] = request.param
+    if request.param == "post":
+        raw["model"].update(positions="learned", activation="gelu", share_embeddings=False, tie_output=False)
+        raw["data"]["tokenizer"]["joint"] = False
+    cfg = config_from_dict(raw)
+    train(cfg, quiet=True)
+    checkpoint = os.path.join(cfg.run_dir, "checkpoints", "latest.pt")
+    out = str(d / "ct2")
+    assert export_command(checkpoint, out, quiet=True) == 0
+    return checkpoint, out
+
+
+@pytest.mark.parametrize("beam,penalty,min_agree", [(1, "gnmt", 0.99), (4, "gnmt", 0.99), (4, "average", 0.97)])
+def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty, min_agree):
+    """Same hypotheses as nmt.search on >= 99% of 300 sentences (greedy, beam 4 with our default
+    gnmt penalty), equal log-probabilities and scores. Where they differ, the difference is the
+    search's, not the conversion's: CTranslate2's hypothesis, rescored by our PyTorch model, has
+    the log-probability CTranslate2 reported. (The searches differ: CTranslate2 refills a beam
+    slot whose candidate ended, nmt leaves it empty for that step; either may then find the
+    better hypothesis. It shows most with the `average` penalty, which favours long outputs.)"""
+    from nmt.ct2 import Ct2Translator
+    from nmt.translate import _decode_batch, load_model
+
+    checkpoint, out = trained
+    model, tokenizer, cfg = load_model(checkpoint, "cpu")
+    engine = Ct2Translator(out, "cpu", intra_threads=1)
+    decode = dataclasses.replace(cfg.decode, beam_size=beam, length_penalty=1.0, length_penalty_type=penalty)
+    src = tokenizer.encode_src([p[0] for p in pairs[:300]])
+    ours = []
+    for i in range(0, len(src), 64):
+        ours += _decode_batch(model, [s + [EOS_ID] for s in src[i:i + 64]], decode, torch.device("cpu"))
+    theirs = engine.search(src, decode)
+    agree = [a[0].tokens == b[0].tokens for a, b in zip(ours, theirs)]
+    assert sum(agree) >= min_agree * len(src)
+    for s, a, b, same in zip(src, ours, theirs, agree):
+        a, b = a[0], b[0]
+        if same:
+            assert b.log_prob == pytest.approx(a.log_prob, abs=1e-4)
+            assert b.score == pytest.approx(a.score, abs=1e-4)
+            continue
+        limit = engine.max_output_length(len(s) + 1, decode)
+        ended = len(b.tokens) < limit  # else truncated at the limit: no EOS term
+        logp = teacher_forced_log_probs(model, s, b.tokens)
+        rescored = float(logp.sum() if ended else logp[:-1].sum())
+        assert b.log_prob == pytest.approx(rescored, abs=1e-4)
+
+
+def test_forced_length_as_benchmarks_use_it(trained, pairs):
+    """min_len >= max_len forces every output to exactly max_len tokens, in both engines."""
+    from nmt.ct2 import Ct2Translator
+    from nmt.translate import _decode_batch, load_model
+
+    checkpoint, out = trained
+    model, tokenizer, cfg = load_model(checkpoint, "cpu")
+    engine = Ct2Translator(out, "cpu", intra_threads=1)
+    decode = dataclasses.replace(cfg.decode, beam_size=1, max_len_a=0.0, max_len_b=7, min_len=9)
+    src = tokenizer.encode_src([p[0] for p in pairs[:20]])
+    ours = _decode_batch(model, [s + [EOS_ID] for s in src], decode, torch.device("cpu"))
+    theirs = engine.search(src, decode)
+    assert [len(h[0].tokens) for h in theirs] == [7] * len(src)
+    assert [h[0].tokens for h in theirs] == [h[0].tokens for h in ours]
+
+
+def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
+    """Same output file as `nmt translate` (PyTorch): order, empty lines, n-best format."""
+    from nmt.ct2 import translate_ct2_command
+    from nmt.translate import translate_command
+
+    checkpoint, out = trained
+    lines = [p[0] for p in pairs[:40]]
+    lines[3] = lines[17] = ""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for nbest in (1, 2):
+        kw = dict(beam=3, nbest=nbest, device="cpu", quiet=True)
+        translate_command(checkpoint, str(src), str(tmp_path / "torch.txt"), **kw)
+        translate_ct2_command(out, str(src), str(tmp_path / "ct2.txt"), **kw)
+        got = (tmp_path / "ct2.txt").read_text(encoding="utf-8").splitlines()
+        want = (tmp_path / "torch.txt").read_text(encoding="utf-8").splitlines()
+        assert len(got) == len(lines) * nbest
+        if nbest == 1:
+            assert got[3] == got[17] == ""
+            assert sum(g == w for g, w in zip(got, want)) >= len(lines) - 1
+        else:
+            assert [g.split(" ||| ")[0] for g in got] == [w.split(" ||| ")[0] for w in want]
+            assert sum(g == w for g, w in zip(got, want)) >= len(got) - 2
+
+
+def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
+    """stdin -> stdout; the checkpoint's decode section is the default; an over-long line is
+    truncated (max_positions - 1 = 63 tokens) and counted in one warning; not-an-export refused."""
+    from nmt.ct2 import Ct2Translator, translate_ct2_command
+
+    checkpoint, out = trained
+    engine = Ct2Translator(out, "cpu")
+    assert engine.decode.max_len_b == 5 and engine.decode.beam_size == 1  # tests/synthetic.py's decode section
+    stdout, stderr = io.BytesIO(), io.StringIO()
+    text = "el perro ve la casa\n\n" + " ".join(["el gato come"] * 30) + "\n"
+    translate_ct2_command(out, None, None, stdin=io.BytesIO(text.encode()), stdout=stdout, stderr=stderr, device="cpu")
+    lines = stdout.getvalue().decode().split("\n")
+    assert len(lines) == 4 and lines[0] and lines[1] == "" and lines[2] and lines[3] == ""
+    assert "1 input line longer than 63 tokens" in stderr.getvalue()
+    with pytest.raises(UserError, match="not a CTranslate2 model directory"):
+        translate_ct2_command(str(tmp_path), None, None, stdin=io.BytesIO(b"x\n"), stdout=io.BytesIO())
+
+
+def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
+    """int8 weights: a much smaller model.bin and about the same BLEU against the references
+    (the briefly trained model is not peaked enough for int8 to reproduce every line)."""
+    import sacrebleu
+
+    from nmt.ct2 import Ct2Translator
+    from nmt.export import export_command
+
+    checkpoint, out = trained
+    q = str(tmp_path / "int8")
+    export_command(checkpoint, q, quantization="int8", quiet=True)
+    assert os.path.getsize(os.path.join(q, "model.bin")) < 0.6 * os.path.getsize(os.path.join(out, "model.bin"))
+    f32, i8 = Ct2Translator(out, "cpu", intra_threads=1), Ct2Translator(q, "cpu", intra_threads=1)
+    lines, refs = [p[0] for p in pairs[:100]], [p[1] for p in pairs[:100]]
+    bleu = [sacrebleu.corpus_bleu(e.translate_lines(lines, e.decode), [refs]).score for e in (f32, i8)]
+    assert bleu[0] > 30 and bleu[1] > bleu[0] - 3
+
+
+def test_cli_export_and_translate(trained, tmp_path, capsys):
+    from nmt.cli import main
+
+    checkpoint, _ = trained
+    out = str(tmp_path / "cli")
+    assert main(["export", "-c", checkpoint, "-o", out]) == 0
+    assert main(["export", "-c", checkpoint, "-o", out]) == 2  # exists, no --force
+    assert "--force" in capsys.readouterr().err
+    src = tmp_path / "in.txt"
+    src.write_text("el gato come\nla flor ve el sol\n", encoding="utf-8")
+    assert main(["translate", "--engine", "ctranslate2", "--model", out, "-i", str(src), "-q", "--device", "cpu"]) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert len(first) == 2 and all(first)
+    assert main(["translate", "-c", out, "-i", str(src), "-q", "--device", "cpu"]) == 0  # an export dir as --checkpoint
+    assert capsys.readouterr().out.splitlines() == first
