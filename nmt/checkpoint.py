@@ -1,0 +1,215 @@
+"""Self-contained checkpoints: atomic save, safe load, inference loading, averaging.
+
+A checkpoint is `torch.save` of one dict (loaded with `weights_only=True`, so a
+file cannot run code):
+
+    format: "nmt-checkpoint", version: 1
+    model       state_dict of the unwrapped model (no DDP `module.` / compile `_orig_mod.` prefixes)
+    config      `nmt.config.to_dict(cfg)`, the resolved config
+    tokenizer   `Tokenizer.to_bytes()` (the SentencePiece model(s))
+    vocab       {"src": V_src, "tgt": V_tgt}
+    step, epoch
+    train_state (training checkpoints only; absent in averaged ones):
+        optimizer, scheduler, scaler (or None), rng (python, numpy, torch, cuda),
+        batch_offset (batches of `epoch` already consumed), best, bad_validations,
+        nan_steps, elapsed (seconds trained)
+
+Writes go to a temporary file in the same directory, are fsync'ed and renamed
+over the target (`os.replace`), so a crash or `kill -9` at any moment leaves
+either the old or the new file, never a truncated one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from nmt.errors import UserError
+
+FORMAT = "nmt-checkpoint"
+VERSION = 1
+
+
+# --------------------------------------------------------------------------- files
+
+def save_checkpoint(state: dict, path: str) -> None:
+    """Write `state` to `path` atomically (tmp file in the same dir, fsync, rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def link_checkpoint(src: str, dst: str) -> None:
+    """Make `dst` hold the same content as the finished file `src`, atomically.
+
+    A hard link when the file system allows it (no copy; later `os.replace` of
+    `src` does not touch `dst`), else a copy. Either way via a temporary name.
+    """
+    directory = os.path.dirname(os.path.abspath(dst))
+    tmp = os.path.join(directory, f".tmp-link-{os.getpid()}-{os.path.basename(dst)}")
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not possible on every platform
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint written by `save_checkpoint`; UserError naming `path` otherwise."""
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises RuntimeError, pickle errors, EOFError, KeyError...
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"cannot read checkpoint {path}: not an nmt checkpoint or corrupt ({reason})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UserError(f"{path} is not an nmt checkpoint")
+    if state.get("version", 0) > VERSION:
+        raise UserError(f"{path} was written by a newer nmt (checkpoint version {state['version']} > {VERSION})")
+    return state
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+# --------------------------------------------------------------------------- RNG
+
+def rng_state() -> dict:
+    """The process-wide RNG states (python, numpy, torch CPU, every CUDA device)."""
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` returned (CUDA states only where devices exist)."""
+    random.setstate(_as_tuple(state["python"]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]][: torch.cuda.device_count()])
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# --------------------------------------------------------------------------- inference
+
+def build_model_from_checkpoint(state: dict, path: str) -> tuple[nn.Module, Any, Any]:
+    """(model in train mode on CPU, tokenizer, Config) from a loaded checkpoint dict."""
+    from nmt.config import ConfigError, config_from_dict
+    from nmt.model import Transformer
+    from nmt.tokenizer import Tokenizer
+
+    try:
+        cfg = config_from_dict(state["config"], check_files=False)
+        tokenizer = Tokenizer.from_bytes(state["tokenizer"])
+        model = Transformer(cfg.model, state["vocab"]["src"], state["vocab"]["tgt"])
+        model.load_state_dict(state["model"])
+    except (KeyError, ConfigError, RuntimeError, ValueError) as e:
+        raise UserError(f"checkpoint {path} is incomplete or does not match its config: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return model, tokenizer, cfg
+
+
+def load_for_inference(path: str, device: str | torch.device = "cpu") -> tuple[nn.Module, Any, Any]:
+    """(model.eval() on `device`, Tokenizer, Config): everything needed to translate."""
+    state = load_checkpoint(path, "cpu")
+    model, tokenizer, cfg = build_model_from_checkpoint(state, path)
+    return model.to(device).eval(), tokenizer, cfg
+
+
+# --------------------------------------------------------------------------- averaging
+
+def average_checkpoints(paths: list[str], out_path: str) -> dict:
+    """Average the model parameters of `paths` (fairseq/Marian) into an inference checkpoint.
+
+    Floating-point tensors are summed in float64 and divided by N; the config,
+    tokenizer and vocab of the first file are kept (all files must have the same
+    architecture, vocabulary and tokenizer, else UserError). Optimizer state is
+    dropped: the output translates but cannot resume training. Returns the
+    written dict (without the model weights).
+    """
+    if not paths:
+        raise UserError("average: no checkpoints given")
+    first = load_checkpoint(paths[0])
+    sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
+    for path in paths[1:]:
+        state = load_checkpoint(path)
+        _check_same_architecture(first, paths[0], state, path)
+        for k, v in state["model"].items():
+            if v.is_floating_point():
+                sums[k] += v.double()
+        del state
+    n, model, done = len(paths), {}, {}
+    for k, s in sums.items():  # tied weights (one storage, several keys) stay one tensor
+        ptr = first["model"][k].data_ptr()
+        if ptr not in done:
+            done[ptr] = (s / n).to(first["model"][k].dtype) if s.is_floating_point() else s
+        model[k] = done[ptr]
+    meta = {k: first[k] for k in ("config", "tokenizer", "vocab", "step", "epoch") if k in first}
+    meta["averaged_from"] = [os.path.abspath(p) for p in paths]
+    save_checkpoint({**meta, "model": model}, out_path)
+    return meta
+
+
+def _check_same_architecture(a: dict, path_a: str, b: dict, path_b: str) -> None:
+    where = f"{path_b} differs from {path_a}"
+    if a["config"].get("model") != b["config"].get("model") or a.get("vocab") != b.get("vocab"):
+        raise UserError(f"cannot average: {where} in architecture (model config or vocabulary sizes)")
+    if a["model"].keys() != b["model"].keys():
+        raise UserError(f"cannot average: {where} in parameter names")
+    for k, v in a["model"].items():
+        if v.shape != b["model"][k].shape:
+            raise UserError(f"cannot average: {where} in the shape of {k}")
+    if a.get("tokenizer") != b.get("tokenizer"):
+        raise UserError(f"cannot average: {where} in the tokenizer (SentencePiece model)")

@@ -1,0 +1,79 @@
+"""Optimizer and learning-rate schedules.
+
+Step numbering: the k-th optimizer update (k = 1, 2, ...) uses `lr_at(k)`.
+`build_scheduler` wraps `lr_at` in a `LambdaLR` whose internal counter starts at
+0, hence `lambda i: lr_at(i + 1) / lr`; call `scheduler.step()` after each
+successful `optimizer.step()`. All schedules warm up linearly from lr/warmup at
+step 1 to their peak at step `warmup_steps`:
+
+- constant:      lr
+- inverse_sqrt:  lr * sqrt(warmup / step)                        (after warmup)
+- noam:          lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+                 (its own warmup; peak lr * (d_model * warmup)^-0.5 at step = warmup)
+- cosine:        min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
+- linear:        min_lr + (lr - min_lr) * (1 - p)
+  with p = (step - warmup) / (max_steps - warmup) clamped to [0, 1].
+
+Weight decay (only when `weight_decay > 0`): applied to matrices (dim >= 2:
+linear weights and embeddings, which double as the tied output projection),
+never to biases and norm gains (dim < 2), as in nanoGPT / GPT-2. `adamw` decays
+decoupled; `adam` adds the L2 term to the gradient (PyTorch's Adam).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from nmt.config import TrainConfig
+
+
+def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
+    """Learning rate of the `step`-th optimizer update (1-based); a pure function."""
+    step = max(step, 1)
+    lr, warmup = cfg.lr, max(cfg.warmup_steps, 1)
+    if cfg.schedule == "noam":
+        return lr * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    if step < warmup:
+        return lr * step / warmup
+    if cfg.schedule == "constant":
+        return lr
+    if cfg.schedule == "inverse_sqrt":
+        return lr * math.sqrt(warmup / step)
+    span = max(cfg.max_steps - warmup, 1)
+    p = min(max((step - warmup) / span, 0.0), 1.0)
+    if cfg.schedule == "cosine":
+        return cfg.min_lr + (lr - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
+    if cfg.schedule == "linear":
+        return cfg.min_lr + (lr - cfg.min_lr) * (1.0 - p)
+    raise ValueError(f"unknown schedule {cfg.schedule!r}")  # the config rejects it first
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decayed matrices (dim >= 2) and undecayed biases / norm gains (dim < 2)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """Adam or AdamW over `param_groups`; fused kernels on CUDA and CPU, foreach elsewhere.
+
+    The initial lr is a placeholder: `build_scheduler` sets the real one.
+    """
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    fast = {"fused": True} if device.type in ("cuda", "cpu") else {"foreach": True}
+    return cls(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
+               eps=cfg.eps, **fast)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig,
+                    d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR giving `lr_at(k)` for the k-th update; sets the lr of update 1 at once."""
+    base = cfg.lr
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(i + 1, cfg, d_model) / base)

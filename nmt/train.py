@@ -1,0 +1,478 @@
+"""`nmt train`: the training loop.
+
+    train(cfg, resume=False, device=None, quiet=False) -> dict of final metrics
+
+Run directory `cfg.output_dir/cfg.name/`: config.yaml (resolved), spm*.model,
+cache/ (encoded corpora), checkpoints/ (latest.pt, best.pt, step_N.pt keeping
+the last `keep_last`), tensorboard/ (event files), train.log.
+
+Starting a run in a directory that already has checkpoints is an error unless
+`resume=True`, which continues exactly from checkpoints/latest.pt: model,
+optimizer, schedule, GradScaler, RNG states, epoch and the position inside
+it, best metric and patience. The config passed in may change training
+options (e.g. a larger max_steps) but not the model architecture.
+
+One optimizer step (`train_step`) runs forward/backward over a list of
+micro-batches (`update_freq` of them) and normalises the summed loss by their
+total target-token count, so accumulation equals one big batch. Steps whose
+loss or gradient norm is not finite are skipped (not counted as steps); after
+`max_nan_steps` in a row training stops with a UserError.
+
+Precision: `auto` = bf16 autocast on CUDA GPUs that support it, else fp16 with
+a GradScaler (fp16 overflow steps are skipped by the scaler and not counted as
+NaN steps); fp32 on CPU. TF32 matmuls on CUDA. The loss is always fp32.
+
+Host syncs: one per step (the finiteness check that decides whether to apply
+the update, as fairseq does); loss/grad-norm sums stay on the device and are
+read only every `log_every` steps.
+
+DDP (to come): wrap `fwd` in DistributedDataParallel, pass rank/world_size to
+`epoch_batches` (batch_offset counts this rank's batches), give `train_step`
+`grad_denominator = all_reduce(n_tokens) / world_size`, and build the
+RunLogger with `enabled=(rank == 0)`; only rank 0 calls `save`.
+
+Returns {"step", "epoch", "best", "metric", "reason", "valid" (last validation
+metrics), "nan_steps", "signal" (None or the signal number), "run_dir", "elapsed"}.
+
+SIGINT/SIGTERM: the current step finishes, latest.pt is written, and `train`
+returns normally with `result["signal"]` set to the signal number (the CLI
+exits with 128 + signal: 130 for Ctrl-C, 143 for SIGTERM). A second signal
+raises KeyboardInterrupt at once. Previous handlers are restored on return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from nmt import checkpoint as ckpt
+from nmt.config import Config, save_config, to_dict
+from nmt.data import Batch, collate, epoch_batches, iter_batches, load_data, batch_indices
+from nmt.errors import UserError
+from nmt.logging_utils import RunLogger, format_stats
+from nmt.loss import label_smoothed_nll
+from nmt.model import Transformer
+from nmt.optim import build_optimizer, build_scheduler
+from nmt.tokenizer import Tokenizer, build_tokenizer
+
+HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False, "ppl": False}
+
+
+# --------------------------------------------------------------------------- precision
+
+@dataclass
+class Precision:
+    """Autocast settings for one device: dtype None = fp32; scaler only for fp16."""
+
+    name: str
+    device_type: str
+    dtype: torch.dtype | None
+    scaler: torch.amp.GradScaler | None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def setup_precision(name: str, device: torch.device) -> Precision:
+    """auto: bf16 on CUDA GPUs that support it, else fp16 (+ GradScaler); fp32 on CPU."""
+    if name == "auto":
+        if device.type == "cuda":
+            name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:
+            name = "fp32"
+    if device.type == "cuda":  # TF32 matmuls/convolutions for whatever still runs in fp32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+    return Precision(name, device.type, dtype, scaler)
+
+
+# --------------------------------------------------------------------------- one step
+
+@dataclass
+class StepResult:
+    """Sums over the step's target tokens (0-dim fp32 tensors, no sync) and the outcome."""
+
+    loss_sum: torch.Tensor  # label-smoothed loss
+    nll_sum: torch.Tensor  # plain negative log-likelihood
+    grad_norm: torch.Tensor  # before clipping
+    n_tokens: int
+    updated: bool  # False: skipped (non-finite loss or gradient)
+    nonfinite_loss: bool  # the loss itself was NaN/inf (counts towards max_nan_steps)
+
+
+def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.optim.Optimizer,
+               scheduler: Any, precision: Precision, *, label_smoothing: float, clip_norm: float,
+               grad_denominator: float | None = None) -> StepResult:
+    """One optimizer update over `batches` (micro-batches already on the device).
+
+    Each micro-batch's loss sum is divided by `grad_denominator` (default: the total
+    target tokens of `batches`) before backward, so the gradients equal those of one
+    batch holding all of them. DDP: pass the global token count / world size (DDP
+    averages gradients over ranks); gradient all-reduce runs only on the last
+    micro-batch (`model.no_sync()` on the others). One host sync per step: the
+    finiteness check that decides whether to apply the update.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    n_tokens = sum(b.n_tgt_tokens for b in batches)
+    denom = float(grad_denominator if grad_denominator is not None else n_tokens)
+    loss_acc = nll_acc = None
+    no_sync = getattr(model, "no_sync", None)  # DDP: skip the all-reduce until the last micro-batch
+    for i, batch in enumerate(batches):
+        sync_ctx = no_sync() if (no_sync is not None and i < len(batches) - 1) else contextlib.nullcontext()
+        with sync_ctx:
+            with precision.autocast():
+                logits = model(batch.src, batch.src_mask, batch.tgt_in)  # [B,T,V]
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing)
+            scaled = loss / denom
+            (precision.scaler.scale(scaled) if precision.scaler is not None else scaled).backward()
+        loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
+        nll_acc = nll.detach() if nll_acc is None else nll_acc + nll.detach()
+    if precision.scaler is not None:
+        precision.scaler.unscale_(optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if clip_norm > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm, foreach=True)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    loss_ok, grad_ok = torch.stack([loss_acc, grad_norm.float()]).isfinite().tolist()  # the one sync
+    updated = loss_ok and grad_ok
+    if precision.scaler is not None:
+        if updated:
+            precision.scaler.step(optimizer)
+        precision.scaler.update()  # lowers the scale after an overflow
+    elif updated:
+        optimizer.step()
+    if updated:
+        scheduler.step()
+    return StepResult(loss_acc, nll_acc, grad_norm.detach(), n_tokens, updated, not loss_ok)
+
+
+# --------------------------------------------------------------------------- state
+
+@dataclass
+class TrainState:
+    """Progress counters saved in every checkpoint (`train_state`)."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 1  # current epoch (1-based)
+    batch_offset: int = 0  # this rank's batches of `epoch` already consumed
+    best: float | None = None  # best validation value of cfg.train.metric
+    bad_validations: int = 0  # validations since the last improvement
+    nan_steps: int = 0  # skipped non-finite steps in a row
+    nan_total: int = 0  # skipped non-finite steps in total
+    elapsed: float = 0.0  # seconds trained, over all sessions
+    last_valid_step: int = -1
+
+
+class SignalStop:
+    """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers."""
+
+    def __init__(self, log=print):
+        self.requested: int | None = None
+        self._log = log
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "SignalStop":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested is not None:
+            raise KeyboardInterrupt
+        self.requested = signum
+        self._log(f"received {signal.Signals(signum).name}: finishing this step and saving checkpoints/latest.pt "
+                  f"(signal again to abort at once)")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# --------------------------------------------------------------------------- setup
+
+def _prepare_run_dir(cfg: Config, resume: bool) -> str:
+    run_dir = cfg.run_dir
+    latest = os.path.join(run_dir, "checkpoints", "latest.pt")
+    has_ckpt = os.path.isdir(os.path.join(run_dir, "checkpoints")) and any(
+        f.endswith(".pt") for f in os.listdir(os.path.join(run_dir, "checkpoints")))
+    if resume and not os.path.isfile(latest):
+        raise UserError(f"cannot resume: {latest} does not exist (start without --resume)")
+    if not resume and has_ckpt:
+        raise UserError(f"{run_dir} already holds checkpoints: pass --resume to continue that run, "
+                        f"or choose another name or output_dir")
+    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
+    return run_dir
+
+
+def _resolve_device(name: str | None) -> torch.device:
+    from nmt.translate import resolve_device
+
+    return resolve_device(name)
+
+
+def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
+    new = to_dict(cfg.model)
+    diff = [k for k in new if saved_model.get(k) != new[k]]
+    if diff:
+        raise UserError(f"cannot resume from {path}: the model config changed ({', '.join('model.' + k for k in diff)})")
+
+
+def _checkpoint_dict(model: nn.Module, cfg: Config, tokenizer: Tokenizer, optimizer, scheduler,
+                     precision: Precision, state: TrainState) -> dict:
+    return {
+        "model": ckpt.unwrap(model).state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
+        "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
+        "step": state.step, "epoch": state.epoch,
+        "train_state": {
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
+            "rng": ckpt.rng_state(), **dataclasses.asdict(state)},
+    }
+
+
+def _save(run_dir: str, payload: dict, step: int, *, improved: bool, keep_last: int, with_step: bool) -> None:
+    """latest.pt always; step_N.pt (pruned to keep_last) and best.pt as hard links of it."""
+    d = os.path.join(run_dir, "checkpoints")
+    latest = os.path.join(d, "latest.pt")
+    ckpt.save_checkpoint(payload, latest)
+    if with_step and keep_last > 0:
+        ckpt.link_checkpoint(latest, os.path.join(d, f"step_{step}.pt"))
+        steps = sorted((int(f[5:-3]), f) for f in os.listdir(d) if f.startswith("step_") and f[5:-3].isdigit())
+        for _, f in steps[:-keep_last]:
+            os.unlink(os.path.join(d, f))
+    if improved:
+        ckpt.link_checkpoint(latest, os.path.join(d, "best.pt"))
+
+
+# --------------------------------------------------------------------------- validation
+
+def validate(model: nn.Module, cfg: Config, tokenizer: Tokenizer, valid, valid_lines, device: torch.device,
+             precision: Precision, log: RunLogger, step: int) -> dict:
+    """Validation loss/ppl (teacher forcing) and greedy BLEU/chrF; logs samples. model: unwrapped."""
+    was_training = model.training
+    model.eval()
+    loss_sum = nll_sum = torch.zeros((), device=device)
+    n_tokens = 0
+    order = batch_indices(valid.src_lens, valid.tgt_lens, cfg.data.batch_tokens, cfg.seed, 0)
+    with torch.inference_mode(), precision.autocast():
+        for batch in iter_batches(valid, order):
+            batch = batch.to(device, non_blocking=True)
+            loss, nll = label_smoothed_nll(model(batch.src, batch.src_mask, batch.tgt_in), batch.tgt_out,
+                                           cfg.train.label_smoothing)
+            loss_sum, nll_sum, n_tokens = loss_sum + loss, nll_sum + nll, n_tokens + batch.n_tgt_tokens
+    loss_v, nll_v = (loss_sum / n_tokens).item(), (nll_sum / n_tokens).item()
+    metrics = {"loss": loss_v, "nll": nll_v, "ppl": math.exp(min(nll_v, 50.0))}
+    if cfg.train.valid_bleu:
+        metrics.update(_bleu(model, cfg, tokenizer, valid_lines, device, precision, log, step))
+    model.train(was_training)
+    return metrics
+
+
+def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precision, log: RunLogger, step: int) -> dict:
+    from nmt.evaluate import score
+    from nmt.translate import translate_lines
+
+    src, ref = valid_lines
+    n = cfg.train.valid_max_sentences or len(src)
+    src, ref = src[:n], ref[:n]
+    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1)
+    with precision.autocast():
+        hyps = translate_lines(model, tokenizer, src, decode, device, warn=log.info)
+    scores = score(hyps, ref, ("bleu", "chrf"))
+    k = min(cfg.train.num_samples, len(src))
+    picks = sorted({i * len(src) // k for i in range(k)}) if k else []
+    for j, i in enumerate(picks):
+        log.info(f"sample {j + 1}/{len(picks)} (line {i + 1})\n  src: {src[i]}\n  ref: {ref[i]}\n  hyp: {hyps[i]}")
+        log.text(f"valid/sample_{j + 1}", f"**src:** {src[i]}  \n**ref:** {ref[i]}  \n**hyp:** {hyps[i]}", step)
+    return {"bleu": scores["bleu"]["score"], "chrf": scores["chrf"]["score"]}
+
+
+# --------------------------------------------------------------------------- main entry
+
+def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet: bool = False) -> dict:
+    """Train `cfg` (see the module docstring); returns the final metrics and counters."""
+    if cfg.train.metric in ("bleu", "chrf") and not cfg.train.valid_bleu:
+        raise UserError(f"train.metric: {cfg.train.metric} needs train.valid_bleu: true (or use metric loss or ppl)")
+    run_dir = _prepare_run_dir(cfg, resume)
+    log = RunLogger(run_dir, quiet=quiet)
+    threads = torch.get_num_threads()
+    try:
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        with SignalStop(log.info) as stop:
+            return _train(cfg, run_dir, resume, _resolve_device(device or cfg.train.device), log, stop)
+    finally:
+        torch.set_num_threads(threads)
+        log.close()
+
+
+def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: RunLogger, stop: SignalStop) -> dict:
+    t, start = cfg.train, time.perf_counter()
+    saved = ckpt.load_checkpoint(os.path.join(run_dir, "checkpoints", "latest.pt")) if resume else None
+    if saved is not None:
+        _check_same_model(saved["config"].get("model", {}), cfg, run_dir)
+        if saved["config"].get("data") != to_dict(cfg.data) or saved["config"].get("seed") != cfg.seed:
+            log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
+                     "continue exactly")
+        tokenizer = Tokenizer.from_bytes(saved["tokenizer"], threads=cfg.data.tokenizer.threads)
+        log.info(f"resuming {run_dir} from step {saved['step']}")
+    else:
+        log.info(f"new run in {run_dir}")
+        tokenizer = build_tokenizer(cfg, run_dir, log.info)
+    save_config(cfg, os.path.join(run_dir, "config.yaml"))
+    train_data, valid_data, valid_lines = load_data(cfg, tokenizer, run_dir, log.info)
+
+    torch.manual_seed(cfg.seed)  # parameter init; dropout continues from this generator
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
+    optimizer = build_optimizer(model, t, device)
+    scheduler = build_scheduler(optimizer, t, cfg.model.d_model)
+    precision = setup_precision(t.precision, device)
+    state = TrainState()
+    if saved is not None:
+        ts = saved["train_state"]
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(ts["optimizer"])
+        scheduler.load_state_dict(ts["scheduler"])
+        if precision.scaler is not None and ts.get("scaler"):
+            precision.scaler.load_state_dict(ts["scaler"])
+        state = TrainState(**{f.name: ts[f.name] for f in dataclasses.fields(TrainState) if f.name in ts})
+        ckpt.set_rng_state(ts["rng"])
+        del saved
+    fwd = torch.compile(model) if t.compile else model
+    log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"
+             f"{', compiled' if t.compile else ''}")
+    log.start_progress(t.max_steps or None, state.step)
+
+    def save(improved: bool, with_step: bool) -> None:
+        payload = _checkpoint_dict(model, cfg, tokenizer, optimizer, scheduler, precision,
+                                   dataclasses.replace(state, elapsed=state.elapsed + time.perf_counter() - start))
+        _save(run_dir, payload, state.step, improved=improved, keep_last=t.keep_last, with_step=with_step)
+
+    last_valid: dict = {}
+
+    def run_validation() -> bool:
+        """Validate, save; True when early stopping says stop."""
+        metrics = validate(model, cfg, tokenizer, valid_data, valid_lines, device, precision, log, state.step)
+        last_valid.update(metrics)
+        value = metrics[t.metric]
+        better = HIGHER_IS_BETTER[t.metric]
+        improved = state.best is None or (value > state.best if better else value < state.best)
+        if improved:
+            state.best, state.bad_validations = value, 0
+        else:
+            state.bad_validations += 1
+        state.last_valid_step = state.step
+        log.scalars("valid", metrics, state.step)
+        log.info(f"valid step {state.step} | {format_stats(metrics)} | best {t.metric} {state.best:.4g}"
+                 f"{' (new best)' if improved else f' ({state.bad_validations} without improvement)'}")
+        save(improved, with_step=True)
+        log.flush()
+        return t.patience > 0 and state.bad_validations >= t.patience
+
+    meter = _Meter()
+    reason = None
+    while reason is None:
+        if t.max_epochs and state.epoch > t.max_epochs:
+            reason = f"max_epochs {t.max_epochs}"
+            break
+        batches = epoch_batches(train_data, cfg, state.epoch, offset=state.batch_offset)
+        for i in range(0, len(batches), t.update_freq):
+            if t.max_steps and state.step >= t.max_steps:
+                reason = f"max_steps {t.max_steps}"
+            elif t.max_time and state.elapsed + time.perf_counter() - start >= t.max_time:
+                reason = f"max_time {t.max_time:g}s"
+            elif stop.requested is not None:
+                reason = f"signal {signal.Signals(stop.requested).name}"
+            if reason is not None:
+                break
+            group = [collate(train_data, b).to(device, non_blocking=True) for b in batches[i:i + t.update_freq]]
+            res = train_step(fwd, group, optimizer, scheduler, precision,
+                             label_smoothing=t.label_smoothing, clip_norm=t.clip_norm)
+            state.batch_offset += len(group)
+            meter.add(res, group)
+            if not res.updated:
+                if res.nonfinite_loss or precision.scaler is None:
+                    state.nan_steps, state.nan_total = state.nan_steps + 1, state.nan_total + 1
+                    log.info(f"warning: non-finite loss/gradient at step {state.step + 1}: update skipped "
+                             f"({state.nan_steps} in a row, {state.nan_total} in total)")
+                    if state.nan_steps >= t.max_nan_steps:
+                        save(False, with_step=False)
+                        raise UserError(f"{state.nan_steps} non-finite losses in a row (train.max_nan_steps="
+                                        f"{t.max_nan_steps}); lower train.lr, raise warmup_steps or set clip_norm")
+                continue
+            state.step, state.nan_steps = state.step + 1, 0
+            log.progress(1)
+            if state.step % t.log_every == 0:
+                meter.report(log, state, scheduler.get_last_lr()[0])
+            if state.step % t.valid_every == 0:
+                t_valid = time.perf_counter()
+                if run_validation():
+                    reason = f"early stopping: no {t.metric} improvement in {t.patience} validations"
+                meter.t0 += time.perf_counter() - t_valid  # tokens/s counts training time only
+            elif t.save_every and state.step % t.save_every == 0:
+                save(False, with_step=False)
+        else:  # the epoch is exhausted
+            state.epoch, state.batch_offset = state.epoch + 1, 0
+    if stop.requested is not None:
+        save(False, with_step=False)  # no validation: the user wants out
+    elif state.last_valid_step != state.step:
+        run_validation()
+    log.info(f"stopped at step {state.step}, epoch {state.epoch}: {reason}; best {t.metric} "
+             f"{state.best if state.best is not None else float('nan'):.4g}")
+    return {"step": state.step, "epoch": state.epoch, "best": state.best, "metric": t.metric, "reason": reason,
+            "valid": last_valid,
+            "nan_steps": state.nan_total, "signal": stop.requested, "run_dir": run_dir,
+            "elapsed": state.elapsed + time.perf_counter() - start}
+
+
+class _Meter:
+    """Training statistics between two log lines; tensors summed on the device (no sync)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.nll = self.gnorm = None
+        self.tokens = self.real = self.padded = self.steps = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, res: StepResult, group: Sequence[Batch]) -> None:
+        if not res.updated:
+            return
+        acc = lambda a, b: b if a is None else a + b
+        self.loss, self.nll = acc(self.loss, res.loss_sum), acc(self.nll, res.nll_sum)
+        self.gnorm = acc(self.gnorm, res.grad_norm.float())
+        self.tokens += res.n_tokens
+        self.steps += 1
+        for b in group:
+            self.real += b.n_src_tokens + b.n_tgt_tokens
+            self.padded += b.src.numel() + b.tgt_out.numel()
+
+    def report(self, log: RunLogger, state: TrainState, lr: float) -> None:
+        if not self.steps:
+            return
+        loss, nll, gnorm = (torch.stack([self.loss, self.nll, self.gnorm]).cpu() / torch.tensor(
+            [self.tokens, self.tokens, self.steps])).tolist()
+        seconds = max(time.perf_counter() - self.t0, 1e-9)
+        stats = {"loss": loss, "ppl": math.exp(min(nll, 50.0)), "lr": lr, "grad_norm": gnorm,
+                 "tokens_per_s": self.tokens / seconds, "padding_efficiency": self.real / max(self.padded, 1)}
+        log.scalars("train", stats, state.step)
+        log.info(f"step {state.step} | epoch {state.epoch} | {format_stats(stats)}")
+        log.progress(0, {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{stats['tokens_per_s']:.0f}"})
+        self.reset()

@@ -1,0 +1,123 @@
+"""Atomic checkpoint files, safe loading, RNG round trips, averaging."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt.config import ModelConfig, to_dict
+from nmt.errors import UserError
+from nmt.model import Transformer
+
+TINY = ModelConfig(d_model=16, n_heads=2, layers=1, ffn_dim=32, max_positions=32)
+
+
+def _state(seed: int, model_cfg: ModelConfig = TINY, vocab: int = 20) -> dict:
+    torch.manual_seed(seed)
+    model = Transformer(model_cfg, vocab, vocab)
+    return {"model": model.state_dict(), "config": {"model": to_dict(model_cfg)},
+            "tokenizer": {"joint": True, "model": b"spm-bytes"}, "vocab": {"src": vocab, "tgt": vocab},
+            "step": seed, "epoch": 1}
+
+
+def test_save_load_round_trip_and_no_temp_left(tmp_path):
+    state = _state(0)
+    path = tmp_path / "c" / "latest.pt"
+    ckpt.save_checkpoint(state, str(path))
+    loaded = ckpt.load_checkpoint(str(path))
+    assert loaded["format"] == ckpt.FORMAT and loaded["step"] == 0
+    for k, v in state["model"].items():
+        assert torch.equal(loaded["model"][k], v)
+    assert os.listdir(path.parent) == ["latest.pt"]
+
+
+def test_failed_write_keeps_old_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "latest.pt")
+    ckpt.save_checkpoint(_state(1), path)
+    real_save = torch.save
+
+    def crash(obj, f):
+        real_save(obj, f)
+        f.truncate(100)  # half-written, then the process "dies"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(_state(2), path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert ckpt.load_checkpoint(path)["step"] == 1
+    assert os.listdir(tmp_path) == ["latest.pt"]
+
+
+def test_bad_files_raise_user_error_naming_the_file(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    good = tmp_path / "good.pt"
+    ckpt.save_checkpoint(_state(0), str(good))
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(good.read_bytes()[:500])
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, str(other))
+    for p in (text, cut, other, tmp_path / "missing.pt"):
+        with pytest.raises(UserError, match=str(p.name)):
+            ckpt.load_checkpoint(str(p))
+
+
+def test_rng_state_round_trip():
+    state = ckpt.rng_state()
+    a = (random.random(), np.random.rand(), torch.rand(3))
+    ckpt.set_rng_state(state)
+    b = (random.random(), np.random.rand(), torch.rand(3))
+    assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_link_checkpoint_survives_replacing_the_source(tmp_path):
+    latest, best = str(tmp_path / "latest.pt"), str(tmp_path / "best.pt")
+    ckpt.save_checkpoint(_state(3), latest)
+    ckpt.link_checkpoint(latest, best)
+    ckpt.save_checkpoint(_state(4), latest)
+    assert ckpt.load_checkpoint(best)["step"] == 3
+    assert ckpt.load_checkpoint(latest)["step"] == 4
+
+
+def test_average_is_the_mean_and_keeps_ties(tmp_path):
+    paths = []
+    for seed in (1, 2, 3):
+        paths.append(str(tmp_path / f"step_{seed}.pt"))
+        ckpt.save_checkpoint(_state(seed), paths[-1])
+    out = str(tmp_path / "avg.pt")
+    ckpt.average_checkpoints(paths, out)
+    avg = ckpt.load_checkpoint(out)
+    states = [_state(s)["model"] for s in (1, 2, 3)]
+    for k in states[0]:
+        expected = (states[0][k] + states[1][k] + states[2][k]) / 3
+        torch.testing.assert_close(avg["model"][k], expected, rtol=1e-6, atol=1e-7)
+    assert avg["model"]["src_embed.weight"].data_ptr() == avg["model"]["output_proj.weight"].data_ptr()
+    assert "train_state" not in avg and avg["averaged_from"] == [os.path.abspath(p) for p in paths]
+    model = Transformer(TINY, 20, 20)
+    model.load_state_dict(avg["model"])
+    assert model.output_proj.weight is model.src_embed.weight
+
+
+def test_average_rejects_different_architectures(tmp_path):
+    a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    ckpt.save_checkpoint(_state(1), a)
+    ckpt.save_checkpoint(_state(2, ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, max_positions=32)), b)
+    with pytest.raises(UserError, match="architecture"):
+        ckpt.average_checkpoints([a, b], str(tmp_path / "avg.pt"))
+    assert not os.path.exists(tmp_path / "avg.pt")
+
+
+def test_unwrap_compiled_wrapper():
+    model = Transformer(TINY, 20, 20)
+
+    class Compiled(torch.nn.Module):  # stands in for torch.compile's OptimizedModule
+        def __init__(self, m):
+            super().__init__()
+            self._orig_mod = m
+
+    assert ckpt.unwrap(Compiled(model)) is model
+    assert list(ckpt.unwrap(Compiled(model)).state_dict()) == list(model.state_dict())

@@ -1,0 +1,81 @@
+"""nmt.loss against a hand computation and against F.cross_entropy."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.loss import cross_entropy_sum, label_smoothed_nll
+
+
+def test_hand_computed_value():
+    # V=3, one real token (target 2) and one PAD position (target 0) that must not count.
+    logits = torch.tensor([[[1.0, 2.0, 3.0], [5.0, -1.0, 0.5]]])  # [B=1,T=2,V=3]
+    target = torch.tensor([[2, 0]])
+    eps = 0.1
+    lse = math.log(math.exp(1) + math.exp(2) + math.exp(3))
+    nll = lse - 3.0  # -log p(target)
+    smooth = (lse - 1) + (lse - 2) + (lse - 3)  # sum_v -log p_v
+    expected = (1 - eps) * nll + eps / 3 * smooth  # PyTorch: eps spread over all V classes
+    loss, nll_sum = label_smoothed_nll(logits, target, eps)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert nll_sum.item() == pytest.approx(nll, rel=1e-6)
+    # fairseq's formula (eps over V-1 classes) gives a different number: we are not using it.
+    eps_i = eps / 2
+    fairseq = (1 - eps - eps_i) * nll + eps_i * smooth
+    assert abs(loss.item() - fairseq) > 1e-3
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_matches_torch_cross_entropy_values_and_grads(eps):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=g, requires_grad=True)
+    target = torch.randint(1, 11, (3, 5), generator=g)
+    target[0, 3:] = 0  # right padding
+    target[2, 1:] = 0
+    loss, nll = label_smoothed_nll(logits, target, eps)
+    (grad,) = torch.autograd.grad(loss, logits)
+    ref = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0,
+                          label_smoothing=eps, reduction="sum")
+    (ref_grad,) = torch.autograd.grad(ref, logits)
+    ref_nll = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cross_entropy_sum(logits, target, eps), ref)
+    assert grad[2, 1:].abs().max() == 0  # padded positions get no gradient
+
+
+def test_low_precision_logits_give_fp32_loss():
+    logits = torch.randn(2, 4, 7).bfloat16()
+    target = torch.randint(1, 7, (2, 4))
+    loss, nll = label_smoothed_nll(logits, target, 0.1)
+    assert loss.dtype == nll.dtype == torch.float32
+    ref = F.cross_entropy(logits.float().view(-1, 7), target.view(-1), ignore_index=0, label_smoothing=0.1,
+                          reduction="sum")
+    torch.testing.assert_close(loss, ref)
+
+
+def test_gradients_of_both_outputs_and_single_backward():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([[1, 4, 0], [2, 0, 0]])
+    loss, nll = label_smoothed_nll(logits, target, 0.2)
+    (grad,) = torch.autograd.grad(loss + 2 * nll, logits)
+    ref = (F.cross_entropy(logits.view(-1, 5), target.view(-1), ignore_index=0, label_smoothing=0.2, reduction="sum")
+           + 2 * F.cross_entropy(logits.view(-1, 5), target.view(-1), ignore_index=0, reduction="sum"))
+    (ref_grad,) = torch.autograd.grad(ref, logits)
+    torch.testing.assert_close(grad, ref_grad)
+    # the backward reuses its saved buffer: a second backward is refused, not silently wrong
+    loss, _ = label_smoothed_nll(logits, target, 0.2)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="inplace"):
+        loss.backward()
+
+
+def test_bf16_logits_get_bf16_gradients():
+    logits = torch.randn(2, 4, 7).bfloat16().requires_grad_()
+    loss, _ = label_smoothed_nll(logits, torch.randint(1, 7, (2, 4)), 0.1)
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16

@@ -1,0 +1,326 @@
+"""nmt.train: one step (accumulation, clipping, NaN skip), the loop end to end on the
+synthetic task, resume equivalence, signals, TensorBoard output."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt.config import ModelConfig, config_from_dict, load_config, replace
+from nmt.data import EncodedCorpus, collate
+from nmt.errors import UserError
+from nmt.model import Transformer
+from nmt.optim import lr_at
+import nmt.train as train_mod
+from nmt.train import SignalStop, setup_precision, train, train_step
+
+sys.path.insert(0, os.path.dirname(__file__))
+from synthetic import tiny_config, tiny_config_dict  # noqa: E402
+
+CPU = torch.device("cpu")
+FP32 = setup_precision("fp32", CPU)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run faster on one thread, and the cores are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# --------------------------------------------------------------------------- train_step
+
+def _corpus(n: int = 12, vocab: int = 20, seed: int = 0) -> EncodedCorpus:
+    rng = np.random.default_rng(seed)
+    s_lens, t_lens = rng.integers(2, 9, n), rng.integers(2, 9, n)
+    s_tok = rng.integers(4, vocab, int(s_lens.sum())).astype(np.int16)
+    t_tok = rng.integers(4, vocab, int(t_lens.sum())).astype(np.int16)
+    off = lambda lens: np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return EncodedCorpus(s_tok, off(s_lens), t_tok, off(t_lens))
+
+
+def _model(seed: int = 0, dropout: float = 0.0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=dropout, max_positions=32)
+    return Transformer(cfg, 20, 20)
+
+
+class _NoSchedule:
+    steps = 0
+
+    def step(self):
+        self.steps += 1
+
+
+def _sgd_step(batches, clip_norm=0.0):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = _NoSchedule()
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}  # tied weights once
+    res = train_step(model, batches, opt, sched, FP32, label_smoothing=0.1, clip_norm=clip_norm)
+    delta = {k: before[k] - v.detach() for k, v in model.named_parameters()}  # = lr * (clipped) gradient
+    return res, delta, sched
+
+
+def test_update_freq_equals_one_big_batch():
+    corpus = _corpus()
+    idx1, idx2 = np.arange(0, 5), np.arange(5, 12)
+    res_acc, delta_acc, _ = _sgd_step([collate(corpus, idx1), collate(corpus, idx2)])
+    res_one, delta_one, _ = _sgd_step([collate(corpus, np.concatenate([idx1, idx2]))])
+    assert res_acc.n_tokens == res_one.n_tokens == int(corpus.tgt_lens.sum()) + 12
+    torch.testing.assert_close(res_acc.loss_sum, res_one.loss_sum, rtol=1e-5, atol=1e-5)
+    for k in delta_one:
+        torch.testing.assert_close(delta_acc[k], delta_one[k], rtol=1e-4, atol=1e-6)
+    # and the gradient really is normalised per token: not the sum of two per-batch means
+    res_half, delta_half, _ = _sgd_step([collate(corpus, idx1)])
+    assert not torch.allclose(delta_half["decoder.final_norm.weight"], delta_one["decoder.final_norm.weight"])
+
+
+def test_clipping_and_reported_grad_norm():
+    batches = [collate(_corpus(), np.arange(12))]
+    res, delta, _ = _sgd_step(batches, clip_norm=0.0)
+    full_norm = torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values())).item()
+    assert res.grad_norm.item() == pytest.approx(full_norm, rel=1e-5)
+    res_c, delta_c, _ = _sgd_step(batches, clip_norm=full_norm / 4)
+    clipped = torch.sqrt(sum((d.double() ** 2).sum() for d in delta_c.values()))
+    assert res_c.grad_norm.item() == pytest.approx(full_norm, rel=1e-5)  # reported before clipping
+    assert clipped.item() == pytest.approx(full_norm / 4, rel=1e-4)
+
+
+def test_nonfinite_loss_skips_the_update(monkeypatch):
+    real = train_mod.label_smoothed_nll
+    monkeypatch.setattr(train_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
+    res, delta, sched = _sgd_step([collate(_corpus(), np.arange(12))])
+    assert not res.updated and res.nonfinite_loss and sched.steps == 0
+    assert all(torch.all(d == 0) for d in delta.values())
+
+
+def test_precision_choices_on_cpu():
+    auto = setup_precision("auto", CPU)
+    assert auto.name == "fp32" and auto.dtype is None and auto.scaler is None
+    bf16 = setup_precision("bf16", CPU)
+    assert bf16.dtype is torch.bfloat16 and bf16.scaler is None
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    res = train_step(model, [collate(_corpus(), np.arange(12))], opt, _NoSchedule(), bf16,
+                     label_smoothing=0.1, clip_norm=1.0)
+    assert res.updated and math.isfinite(res.loss_sum.item())
+
+
+def test_signal_stop_first_flags_second_raises_and_handlers_restored():
+    before = signal.getsignal(signal.SIGINT)
+    with SignalStop(log=lambda m: None) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert stop.requested == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+# --------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 300-step run on the synthetic task, shared by the tests below."""
+    cfg = tiny_config(str(tmp_path_factory.mktemp("e2e")))
+    t0 = time.perf_counter()
+    result = train(cfg, quiet=True)
+    result["seconds"] = time.perf_counter() - t0
+    return cfg, result
+
+
+def test_reaches_high_bleu_and_writes_the_run_dir(trained):
+    cfg, result = trained
+    assert result["step"] == 300 and result["reason"] == "max_steps 300"
+    assert result["best"] >= 90, result
+    run = cfg.run_dir
+    names = sorted(os.listdir(os.path.join(run, "checkpoints")))
+    assert names == ["best.pt", "latest.pt", "step_200.pt", "step_300.pt"]  # keep_last = 2
+    assert os.path.isfile(os.path.join(run, "spm.model"))
+    assert load_config(os.path.join(run, "config.yaml")) == cfg
+    log = open(os.path.join(run, "train.log")).read()
+    assert "parameters" in log and "valid step 300" in log and "src: " in log
+    latest = ckpt.load_checkpoint(os.path.join(run, "checkpoints", "latest.pt"))
+    assert latest["step"] == 300 and latest["train_state"]["best"] == pytest.approx(result["best"])
+
+
+def test_best_checkpoint_alone_translates_the_test_set(trained):
+    import sacrebleu
+
+    from nmt.translate import translate_lines
+
+    cfg, _ = trained
+    model, tokenizer, loaded_cfg = ckpt.load_for_inference(os.path.join(cfg.run_dir, "checkpoints", "best.pt"), "cpu")
+    assert not model.training and loaded_cfg == cfg
+    src = open(cfg.data.test.src).read().splitlines()
+    ref = open(cfg.data.test.tgt).read().splitlines()
+    hyps = translate_lines(model, tokenizer, src, replace(cfg.decode, beam_size=1), CPU)
+    assert sacrebleu.corpus_bleu(hyps, [ref]).score >= 90
+
+
+def test_tensorboard_scalars_and_samples(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg, _ = trained
+    acc = EventAccumulator(os.path.join(cfg.run_dir, "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("train/loss", "train/ppl", "train/lr", "train/grad_norm", "train/tokens_per_s",
+                "train/padding_efficiency", "valid/loss", "valid/ppl", "valid/bleu", "valid/chrf"):
+        assert tag in tags, tag
+    lrs = {e.step: e.value for e in acc.Scalars("train/lr")}
+    assert sorted(lrs) == list(range(20, 301, 20))
+    for step, value in lrs.items():  # the lr logged after step k is the one for update k+1
+        assert value == pytest.approx(lr_at(step + 1, cfg.train, cfg.model.d_model), rel=1e-6)
+    assert [e.step for e in acc.Scalars("valid/bleu")] == [100, 200, 300]
+    assert acc.Scalars("valid/bleu")[-1].value >= 90
+    assert any(t.startswith("valid/sample_1") for t in acc.Tags()["tensors"])
+
+
+def test_existing_run_needs_resume_and_finished_run_resumes_to_nothing(trained):
+    cfg, result = trained
+    with pytest.raises(UserError, match="--resume"):
+        train(cfg, quiet=True)
+    again = train(cfg, resume=True, quiet=True)
+    assert again["step"] == 300 and again["best"] == pytest.approx(result["best"])
+
+
+def test_resume_without_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(UserError, match="cannot resume"):
+        train(tiny_config(str(tmp_path)), resume=True, quiet=True)
+
+
+# --------------------------------------------------------------------------- resume, NaN, signals
+
+def _small(tmp_path, name: str, **train) -> "Config":
+    raw = tiny_config_dict(str(tmp_path), **{"valid_bleu": False, "metric": "loss", "valid_every": 7,
+                                             "log_every": 5, **train})
+    raw["name"] = name
+    raw["data"]["train"]["max_sentences"] = 200
+    raw["data"]["batch_tokens"] = 200  # 13 batches per epoch: the 10-step split point is mid-epoch
+    return config_from_dict(raw)
+
+
+def test_resume_is_bitwise_identical(tmp_path):
+    straight = _small(tmp_path, "straight", max_steps=20, update_freq=2)
+    train(straight, quiet=True)
+    split = _small(tmp_path, "split", max_steps=10, update_freq=2)
+    first = train(split, quiet=True)
+    mid = ckpt.load_checkpoint(os.path.join(split.run_dir, "checkpoints", "latest.pt"))
+    assert first["step"] == 10 and mid["train_state"]["batch_offset"] > 0  # resumes mid-epoch
+    second = train(replace(split, train=replace(split.train, max_steps=20)), resume=True, quiet=True)
+    assert second["step"] == 20 and second["epoch"] > 1
+    a = ckpt.load_checkpoint(os.path.join(straight.run_dir, "checkpoints", "latest.pt"))
+    b = ckpt.load_checkpoint(os.path.join(split.run_dir, "checkpoints", "latest.pt"))
+    assert (a["epoch"], a["train_state"]["batch_offset"]) == (b["epoch"], b["train_state"]["batch_offset"])
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    sa, sb = a["train_state"]["optimizer"]["state"], b["train_state"]["optimizer"]["state"]
+    for i in sa:
+        assert torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"])
+
+
+def test_nan_steps_are_skipped_counted_and_bounded(tmp_path, monkeypatch):
+    real, calls = train_mod.label_smoothed_nll, {"n": 0}
+
+    def flaky(logits, target, eps):
+        calls["n"] += 1
+        loss, nll = real(logits, target, eps)
+        bad = logits.requires_grad and calls["n"] in (3, 4)  # training calls 3 and 4 only
+        return (loss * float("nan"), nll) if bad else (loss, nll)
+
+    monkeypatch.setattr(train_mod, "label_smoothed_nll", flaky)
+    result = train(_small(tmp_path, "nan", max_steps=6), quiet=True)
+    assert result["step"] == 6 and result["nan_steps"] == 2
+    log = open(os.path.join(result["run_dir"], "train.log")).read()
+    assert "2 in a row, 2 in total" in log
+    model, _, _ = ckpt.load_for_inference(os.path.join(result["run_dir"], "checkpoints", "latest.pt"))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+    monkeypatch.setattr(train_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
+    with pytest.raises(UserError, match="3 non-finite losses in a row"):
+        train(_small(tmp_path, "allnan", max_steps=6, max_nan_steps=3), quiet=True)
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from nmt.config import config_from_dict
+from nmt.train import train
+import json
+raw = json.loads({raw!r})
+result = train(config_from_dict(raw), quiet=True)
+print("RESULT", result["step"], result["signal"], flush=True)
+"""
+
+
+def test_sigint_finishes_step_saves_and_resumes(tmp_path):
+    import json
+
+    raw = tiny_config_dict(str(tmp_path), valid_bleu=False, metric="loss", valid_every=10_000, log_every=1,
+                           max_steps=100_000)
+    raw["name"] = "sig"
+    script = SCRIPT.format(tests=os.path.dirname(__file__), raw=json.dumps(raw))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log_path = os.path.join(raw["output_dir"], "sig", "train.log")
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if os.path.exists(log_path) and "step 5 |" in open(log_path).read():
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "received SIGINT" in err
+    step = int(out.split("RESULT")[1].split()[0])
+    assert step >= 5 and out.split()[-1] == str(int(signal.SIGINT))
+    saved = ckpt.load_checkpoint(os.path.join(raw["output_dir"], "sig", "checkpoints", "latest.pt"))
+    assert saved["step"] == step
+    cfg = config_from_dict(raw)
+    resumed = train(replace(cfg, train=replace(cfg.train, max_steps=step + 3)), resume=True, quiet=True)
+    assert resumed["step"] == step + 3 and resumed["signal"] is None
+
+
+def test_early_stopping_keeps_the_best_checkpoint(tmp_path, monkeypatch):
+    losses = iter([3.0, 2.0, 2.5, 2.1, 1.0])  # best at the 2nd validation, then 2 without improvement
+
+    def scripted(model, cfg, *args, **kwargs):
+        v = next(losses)
+        return {"loss": v, "nll": v, "ppl": math.exp(v)}
+
+    monkeypatch.setattr(train_mod, "validate", scripted)
+    result = train(_small(tmp_path, "early", max_steps=100, valid_every=3, patience=2), quiet=True)
+    assert result["step"] == 12 and result["reason"].startswith("early stopping") and result["best"] == 2.0
+    best = ckpt.load_checkpoint(os.path.join(result["run_dir"], "checkpoints", "best.pt"))
+    assert best["step"] == 6 and best["train_state"]["bad_validations"] == 0
+
+
+def test_max_epochs_and_max_time(tmp_path):
+    from nmt.data import epoch_batches, load_data
+    from nmt.tokenizer import Tokenizer
+
+    cfg = _small(tmp_path, "epochs", max_epochs=2, valid_every=1000)
+    result = train(cfg, quiet=True)
+    tokenizer = Tokenizer.load(cfg.run_dir)
+    corpus = load_data(cfg, tokenizer, cfg.run_dir, lambda m: None).train
+    per_epoch = [len(epoch_batches(corpus, cfg, e)) for e in (1, 2)]
+    assert result["step"] == sum(per_epoch) and result["epoch"] == 3 and result["reason"] == "max_epochs 2"
+    timed = train(_small(tmp_path, "timed", max_time=1e-6), quiet=True)
+    assert timed["step"] == 0 and timed["reason"].startswith("max_time")
