@@ -23,6 +23,7 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--beam", type=int, metavar="K", help="beam size; 1 runs greedy search")
     g.add_argument("--nbest", type=int, metavar="N", help="hypotheses per input line (n-best output format: `INDEX ||| TEXT ||| SCORE`)")
     g.add_argument("--batch-tokens", type=int, metavar="N", help="padded source tokens per batch")
+    g.add_argument("--batch-size", type=int, metavar="N", help="at most N sentences per batch (default: decode.max_batch_size)")
     g.add_argument("--length-penalty", type=float, metavar="ALPHA", help="length penalty alpha")
     g.add_argument("--max-len-a", type=float, metavar="A", help="maximum output length = A * source_length + B")
     g.add_argument("--max-len-b", type=int, metavar="B", help="see --max-len-a")
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _decode_kwargs(args: argparse.Namespace) -> dict:
-    return dict(beam=args.beam, nbest=args.nbest, batch_tokens=args.batch_tokens, device=args.device,
+    return dict(beam=args.beam, nbest=args.nbest, batch_tokens=args.batch_tokens, batch_size=args.batch_size, device=args.device,
                 max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len,
                 length_penalty=args.length_penalty)
 
@@ -115,8 +116,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     from nmt.train import train
 
-    train(cfg, resume=args.resume, device=args.device, quiet=args.quiet)
-    return 0
+    result = train(cfg, resume=args.resume, device=args.device, quiet=args.quiet)
+    # Stopped by SIGINT/SIGTERM after saving latest.pt: the shell's convention, 128 + signal.
+    return 128 + result["signal"] if result.get("signal") else 0
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
@@ -151,7 +153,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     kw = _decode_kwargs(args)
     return evaluate_command(args.hyp, args.ref, checkpoint=args.checkpoint, src=args.src, save_hyps=args.save_hyps,
                             metrics=tuple(args.metrics), json_out=args.json, quiet=args.quiet,
-                            device=kw.pop("device"), **{k: v for k, v in kw.items() if k != "nbest"})
+                            device=kw.pop("device"), **{k: v for k, v in kw.items() if k not in ("nbest", "batch_size")})
 
 
 def _cmd_average(args: argparse.Namespace) -> int:

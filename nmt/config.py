@@ -335,6 +335,8 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
         errors.append("'model.share_embeddings' is true but 'data.tokenizer.joint' is false (shared embeddings need a joint vocabulary)")
     if dec.nbest > dec.beam_size:
         errors.append(f"invalid value for 'decode.nbest': {dec.nbest} (must be <= decode.beam_size={dec.beam_size})")
+    if t.metric in ("bleu", "chrf") and not t.valid_bleu:
+        errors.append(f"'train.metric: {t.metric}' needs 'train.valid_bleu: true' (or choose metric loss/ppl)")
     if t.schedule in ("cosine", "linear") and t.max_steps == 0:
         errors.append(f"'train.schedule: {t.schedule}' needs 'train.max_steps' > 0 (the step where the decay ends)")
     if d.max_len + 2 > m.max_positions:

@@ -269,7 +269,7 @@ def _count_lines(path: str) -> int:
 def translate_command(checkpoint: str, input: str | None, output: str | None, *, beam: int | None = None,
                       nbest: int | None = None, batch_tokens: int | None = None, device: str = "auto",
                       max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
-                      length_penalty: float | None = None, quiet: bool = False,
+                      length_penalty: float | None = None, batch_size: int | None = None, quiet: bool = False,
                       stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None, stderr: IO[str] | None = None,
                       chunk_lines: int = CHUNK_LINES) -> int:
     """`nmt translate`: input file or stdin -> output file or stdout. Settings left None
@@ -284,7 +284,8 @@ def translate_command(checkpoint: str, input: str | None, output: str | None, *,
         raise UserError(f"input and output are the same file: {input}")
     model, tokenizer, cfg = load_model(checkpoint, device)
     decode = decode_settings(cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, max_len_a=max_len_a,
-                             max_len_b=max_len_b, min_len=min_len, length_penalty=length_penalty)
+                             max_len_b=max_len_b, min_len=min_len, length_penalty=length_penalty,
+                             max_batch_size=batch_size)
     dev = model_device(model)
     with open_input(input, stdin) as src:
         if not from_file and getattr(src, "isatty", lambda: False)():
