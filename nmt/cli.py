@@ -184,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ConfigError as e:
-        for msg in e.errors:
-            print(f"nmt {args.command}: error: {msg}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: report once
+            for msg in e.errors:
+                print(f"nmt {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_USAGE
     except UserError as e:
         print(f"nmt {args.command}: error: {e}", file=sys.stderr)

@@ -26,10 +26,14 @@ Host syncs: one per step (the finiteness check that decides whether to apply
 the update, as fairseq does); loss/grad-norm sums stay on the device and are
 read only every `log_every` steps.
 
-DDP (to come): wrap `fwd` in DistributedDataParallel, pass rank/world_size to
-`epoch_batches` (batch_offset counts this rank's batches), give `train_step`
-`grad_denominator = all_reduce(n_tokens) / world_size`, and build the
-RunLogger with `enabled=(rank == 0)`; only rank 0 calls `save`.
+Data parallel (torchrun; `nmt.distributed`, docs/distributed.md): DDP model;
+rank r trains on its padded share of each epoch (`epoch_batches(rank=r,
+world_size=W)`; `batch_offset` is per rank). One all-reduce per step sums the
+ranks' target tokens (and carries rank 0's stop decision), so gradients are
+normalised by the global count and W ranks with batch b equal one process with
+W x b; loss sums are all-reduced too (global logs, one NaN-skip decision). Rank 0
+alone prepares the run directory and data (the others wait, then load), logs,
+validates and writes checkpoints (with every rank's RNG state).
 
 Returns {"step", "epoch", "best", "metric", "reason", "valid" (last validation
 metrics), "nan_steps", "signal" (None or the signal number), "run_dir", "elapsed"}.
@@ -50,14 +54,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from nmt import checkpoint as ckpt
+from nmt import distributed as dist
 from nmt.config import Config, save_config, to_dict
 from nmt.data import Batch, collate, epoch_batches, iter_batches, load_data, batch_indices
+from nmt.distributed import DistEnv
 from nmt.errors import UserError
 from nmt.logging_utils import RunLogger, format_stats
 from nmt.loss import label_smoothed_nll
@@ -116,15 +122,18 @@ class StepResult:
 
 def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.optim.Optimizer,
                scheduler: Any, precision: Precision, *, label_smoothing: float, clip_norm: float,
-               grad_denominator: float | None = None) -> StepResult:
+               grad_denominator: float | None = None,
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
     """One optimizer update over `batches` (micro-batches already on the device).
 
     Each micro-batch's loss sum is divided by `grad_denominator` (default: the total
     target tokens of `batches`) before backward, so the gradients equal those of one
     batch holding all of them. DDP: pass the global token count / world size (DDP
     averages gradients over ranks); gradient all-reduce runs only on the last
-    micro-batch (`model.no_sync()` on the others). One host sync per step: the
-    finiteness check that decides whether to apply the update.
+    micro-batch (`model.no_sync()` on the others), and `reduce` (an in-place sum
+    over ranks) makes the returned loss sums global, so the finiteness check sees
+    the same loss and (all-reduced) gradient norm on every rank and all ranks
+    skip or apply the update together. One host sync per step: that check.
     """
     optimizer.zero_grad(set_to_none=True)
     n_tokens = sum(b.n_tgt_tokens for b in batches)
@@ -141,6 +150,8 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
             (precision.scaler.scale(scaled) if precision.scaler is not None else scaled).backward()
         loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
         nll_acc = nll.detach() if nll_acc is None else nll_acc + nll.detach()
+    if reduce is not None:
+        loss_acc, nll_acc = reduce(torch.stack([loss_acc, nll_acc])).unbind()
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -176,15 +187,23 @@ class TrainState:
     nan_total: int = 0  # skipped non-finite steps in total
     elapsed: float = 0.0  # seconds trained, over all sessions
     last_valid_step: int = -1
+    world_size: int = 1  # processes that shared the data (batch_offset is per rank)
 
 
 class SignalStop:
-    """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers."""
+    """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers.
 
-    def __init__(self, log=print):
+    A repeat within `repeat_window` seconds of the first counts as the same request:
+    under torchrun a worker gets Ctrl-C from the terminal and again from torchrun,
+    which forwards the signals it receives.
+    """
+
+    def __init__(self, log=print, repeat_window: float = 0.0):
         self.requested: int | None = None
+        self.repeat_window = repeat_window
         self._log = log
         self._old: dict[int, Any] = {}
+        self._since = 0.0
 
     def __enter__(self) -> "SignalStop":
         if threading.current_thread() is threading.main_thread():
@@ -194,8 +213,10 @@ class SignalStop:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested is not None:
+            if time.monotonic() - self._since < self.repeat_window:
+                return
             raise KeyboardInterrupt
-        self.requested = signum
+        self.requested, self._since = signum, time.monotonic()
         self._log(f"received {signal.Signals(signum).name}: finishing this step and saving checkpoints/latest.pt "
                   f"(signal again to abort at once)")
 
@@ -207,6 +228,8 @@ class SignalStop:
 # --------------------------------------------------------------------------- setup
 
 def _prepare_run_dir(cfg: Config, resume: bool) -> str:
+    if cfg.train.metric in ("bleu", "chrf") and not cfg.train.valid_bleu:
+        raise UserError(f"train.metric: {cfg.train.metric} needs train.valid_bleu: true (or use metric loss or ppl)")
     run_dir = cfg.run_dir
     latest = os.path.join(run_dir, "checkpoints", "latest.pt")
     has_ckpt = os.path.isdir(os.path.join(run_dir, "checkpoints")) and any(
@@ -234,7 +257,8 @@ def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
 
 
 def _checkpoint_dict(model: nn.Module, cfg: Config, tokenizer: Tokenizer, optimizer, scheduler,
-                     precision: Precision, state: TrainState) -> dict:
+                     precision: Precision, state: TrainState, rngs: list[dict]) -> dict:
+    """rngs: every rank's RNG states (`rng` = rank 0's; `rng_ranks` = all, when distributed)."""
     return {
         "model": ckpt.unwrap(model).state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
         "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
@@ -242,7 +266,7 @@ def _checkpoint_dict(model: nn.Module, cfg: Config, tokenizer: Tokenizer, optimi
         "train_state": {
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
-            "rng": ckpt.rng_state(), **dataclasses.asdict(state)},
+            "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **dataclasses.asdict(state)},
     }
 
 
@@ -306,81 +330,134 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
 # --------------------------------------------------------------------------- main entry
 
 def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet: bool = False) -> dict:
-    """Train `cfg` (see the module docstring); returns the final metrics and counters."""
-    if cfg.train.metric in ("bleu", "chrf") and not cfg.train.valid_bleu:
-        raise UserError(f"train.metric: {cfg.train.metric} needs train.valid_bleu: true (or use metric loss or ppl)")
-    run_dir = _prepare_run_dir(cfg, resume)
-    log = RunLogger(run_dir, quiet=quiet)
+    """Train `cfg` (module docstring); returns the final metrics (the same on every torchrun rank)."""
+    env = DistEnv.from_env()
     threads = torch.get_num_threads()
     try:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        with SignalStop(log.info) as stop:
-            return _train(cfg, run_dir, resume, _resolve_device(device or cfg.train.device), log, stop)
+        with dist.rank_errors(env), dist.process_group(env, _resolve_device(device or cfg.train.device)) as dev:
+            run_dir = dist.main_first(env, lambda: _prepare_run_dir(cfg, resume)) or cfg.run_dir
+            log = RunLogger(run_dir, quiet=quiet, enabled=env.is_main)
+            try:
+                with SignalStop(log.info, repeat_window=3.0 if env.distributed else 0.0) as stop:
+                    return _train(cfg, run_dir, resume, dev, log, stop, env)
+            finally:
+                log.close()
     finally:
         torch.set_num_threads(threads)
-        log.close()
 
 
-def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: RunLogger, stop: SignalStop) -> dict:
+def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger, env: DistEnv):
+    """(tokenizer, Data): rank 0 trains/loads the tokenizer and encodes the corpora (cache
+    files) while the others wait; then they get the tokenizer from rank 0 and load the cache."""
+    def on_main():
+        if saved is not None:
+            _check_same_model(saved["config"].get("model", {}), cfg, run_dir)
+            if saved["config"].get("data") != to_dict(cfg.data) or saved["config"].get("seed") != cfg.seed:
+                log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
+                         "continue exactly")
+            tokenizer = Tokenizer.from_bytes(saved["tokenizer"], threads=cfg.data.tokenizer.threads)
+            log.info(f"resuming {run_dir} from step {saved['step']}")
+        else:
+            log.info(f"new run in {run_dir}" + (f" ({env.world_size} processes)" if env.distributed else ""))
+            tokenizer = build_tokenizer(cfg, run_dir, log.info)
+        save_config(cfg, os.path.join(run_dir, "config.yaml"))
+        return tokenizer, load_data(cfg, tokenizer, run_dir, log.info)
+
+    prepared = dist.main_first(env, on_main)
+    proto = env.broadcast(prepared[0].to_bytes() if env.is_main else None)
+    dist.check_shared_file(env, os.path.join(run_dir, "config.yaml"))
+    if env.is_main:
+        return prepared
+    tokenizer = Tokenizer.from_bytes(proto, threads=cfg.data.tokenizer.threads)
+    return tokenizer, load_data(cfg, tokenizer, run_dir, lambda msg: None)
+
+
+def _restore(saved: dict, model, optimizer, scheduler, precision: Precision, cfg: Config, env: DistEnv,
+             log: RunLogger) -> TrainState:
+    """Load the training state of `saved` (latest.pt) into this rank; returns the counters."""
+    ts = saved["train_state"]
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(ts["optimizer"])
+    scheduler.load_state_dict(ts["scheduler"])
+    if precision.scaler is not None and ts.get("scaler"):
+        precision.scaler.load_state_dict(ts["scaler"])
+    state = TrainState(**{f.name: ts[f.name] for f in dataclasses.fields(TrainState) if f.name in ts})
+    rngs = ts.get("rng_ranks") or [ts["rng"]]
+    ckpt.set_rng_state(rngs[env.rank] if len(rngs) == env.world_size else ts["rng"])
+    if state.world_size != env.world_size:
+        log.info(f"warning: the checkpoint was trained with {state.world_size} processes, now {env.world_size}: "
+                 f"the data order and dropout will not continue exactly")
+        state.batch_offset = state.batch_offset * state.world_size // env.world_size
+        state.world_size = env.world_size
+        if env.rank:
+            torch.manual_seed(cfg.seed + env.rank + state.step)
+    return state
+
+
+def _stop_code(t, state: TrainState, elapsed: float, stop: SignalStop) -> tuple[int, int]:
+    """(code, signal number): 0 = go on, 1 = max_steps, 2 = max_time, 3 = signal."""
+    if t.max_steps and state.step >= t.max_steps:
+        return 1, 0
+    return (2, 0) if t.max_time and elapsed >= t.max_time else (3 if stop.requested else 0, stop.requested or 0)
+
+
+def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: RunLogger, stop: SignalStop,
+           env: DistEnv = DistEnv()) -> dict:
     t, start = cfg.train, time.perf_counter()
+    # every rank reads latest.pt (onto the CPU: nothing lands on rank 0's GPU) before rank 0 can write it again
     saved = ckpt.load_checkpoint(os.path.join(run_dir, "checkpoints", "latest.pt")) if resume else None
-    if saved is not None:
-        _check_same_model(saved["config"].get("model", {}), cfg, run_dir)
-        if saved["config"].get("data") != to_dict(cfg.data) or saved["config"].get("seed") != cfg.seed:
-            log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
-                     "continue exactly")
-        tokenizer = Tokenizer.from_bytes(saved["tokenizer"], threads=cfg.data.tokenizer.threads)
-        log.info(f"resuming {run_dir} from step {saved['step']}")
-    else:
-        log.info(f"new run in {run_dir}")
-        tokenizer = build_tokenizer(cfg, run_dir, log.info)
-    save_config(cfg, os.path.join(run_dir, "config.yaml"))
-    train_data, valid_data, valid_lines = load_data(cfg, tokenizer, run_dir, log.info)
+    tokenizer, (train_data, valid_data, valid_lines) = _prepare_data(cfg, run_dir, saved, log, env)
 
-    torch.manual_seed(cfg.seed)  # parameter init; dropout continues from this generator
+    torch.manual_seed(cfg.seed)  # parameter init (the same on every rank); dropout continues from this generator
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
     optimizer = build_optimizer(model, t, device)
     scheduler = build_scheduler(optimizer, t, cfg.model.d_model)
     precision = setup_precision(t.precision, device)
-    state = TrainState()
+    state = TrainState(world_size=env.world_size)
     if saved is not None:
-        ts = saved["train_state"]
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(ts["optimizer"])
-        scheduler.load_state_dict(ts["scheduler"])
-        if precision.scaler is not None and ts.get("scaler"):
-            precision.scaler.load_state_dict(ts["scaler"])
-        state = TrainState(**{f.name: ts[f.name] for f in dataclasses.fields(TrainState) if f.name in ts})
-        ckpt.set_rng_state(ts["rng"])
+        state = _restore(saved, model, optimizer, scheduler, precision, cfg, env, log)
         del saved
-    fwd = torch.compile(model) if t.compile else model
+    elif env.rank:
+        torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
+    ddp = dist.wrap_model(env, model, device)
+    fwd = torch.compile(ddp) if t.compile else ddp
     log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"
-             f"{', compiled' if t.compile else ''}")
+             f"{', compiled' if t.compile else ''}"
+             f"{f'; DDP over {env.world_size} processes' if env.distributed else ''}")
     log.start_progress(t.max_steps or None, state.step)
 
     def save(improved: bool, with_step: bool) -> None:
-        payload = _checkpoint_dict(model, cfg, tokenizer, optimizer, scheduler, precision,
-                                   dataclasses.replace(state, elapsed=state.elapsed + time.perf_counter() - start))
-        _save(run_dir, payload, state.step, improved=improved, keep_last=t.keep_last, with_step=with_step)
+        """Collective: every rank calls it at the same step; rank 0 writes."""
+        rngs = env.gather(ckpt.rng_state())
+        if env.is_main:
+            payload = _checkpoint_dict(model, cfg, tokenizer, optimizer, scheduler, precision,
+                                       dataclasses.replace(state, elapsed=state.elapsed + time.perf_counter() - start),
+                                       rngs)
+            _save(run_dir, payload, state.step, improved=improved, keep_last=t.keep_last, with_step=with_step)
 
     last_valid: dict = {}
 
     def run_validation() -> bool:
-        """Validate, save; True when early stopping says stop."""
-        metrics = validate(model, cfg, tokenizer, valid_data, valid_lines, device, precision, log, state.step)
+        """Validate on rank 0 (the others wait), save; True when early stopping says stop."""
+        shared = None
+        if env.is_main:
+            metrics = validate(model, cfg, tokenizer, valid_data, valid_lines, device, precision, log, state.step)
+            value = metrics[t.metric]
+            better = HIGHER_IS_BETTER[t.metric]
+            improved = state.best is None or (value > state.best if better else value < state.best)
+            if improved:
+                state.best, state.bad_validations = value, 0
+            else:
+                state.bad_validations += 1
+            log.scalars("valid", metrics, state.step)
+            log.info(f"valid step {state.step} | {format_stats(metrics)} | best {t.metric} {state.best:.4g}"
+                     f"{' (new best)' if improved else f' ({state.bad_validations} without improvement)'}")
+            shared = (metrics, improved, state.best, state.bad_validations)
+        metrics, improved, state.best, state.bad_validations = env.broadcast(shared)
         last_valid.update(metrics)
-        value = metrics[t.metric]
-        better = HIGHER_IS_BETTER[t.metric]
-        improved = state.best is None or (value > state.best if better else value < state.best)
-        if improved:
-            state.best, state.bad_validations = value, 0
-        else:
-            state.bad_validations += 1
         state.last_valid_step = state.step
-        log.scalars("valid", metrics, state.step)
-        log.info(f"valid step {state.step} | {format_stats(metrics)} | best {t.metric} {state.best:.4g}"
-                 f"{' (new best)' if improved else f' ({state.bad_validations} without improvement)'}")
         save(improved, with_step=True)
         log.flush()
         return t.patience > 0 and state.bad_validations >= t.patience
@@ -391,21 +468,23 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
         if t.max_epochs and state.epoch > t.max_epochs:
             reason = f"max_epochs {t.max_epochs}"
             break
-        batches = epoch_batches(train_data, cfg, state.epoch, offset=state.batch_offset)
+        batches = epoch_batches(train_data, cfg, state.epoch, rank=env.rank, world_size=env.world_size,
+                                offset=state.batch_offset)
         for i in range(0, len(batches), t.update_freq):
-            if t.max_steps and state.step >= t.max_steps:
-                reason = f"max_steps {t.max_steps}"
-            elif t.max_time and state.elapsed + time.perf_counter() - start >= t.max_time:
-                reason = f"max_time {t.max_time:g}s"
-            elif stop.requested is not None:
-                reason = f"signal {signal.Signals(stop.requested).name}"
-            if reason is not None:
-                break
+            dist.simulate_failure(env, state.step)
             group = [collate(train_data, b).to(device, non_blocking=True) for b in batches[i:i + t.update_freq]]
+            # one collective: the step's global token count, and rank 0's stop decision
+            local = _stop_code(t, state, state.elapsed + time.perf_counter() - start, stop) if env.is_main else (0, 0)
+            n_tokens, code, signum = env.sum_values([sum(b.n_tgt_tokens for b in group), *local], device)
+            if code:
+                reason = {1: f"max_steps {t.max_steps}", 2: f"max_time {t.max_time:g}s",
+                          3: f"signal {signal.Signals(signum).name}" if signum else "signal"}[code]
+                break
+            sync = dict(grad_denominator=n_tokens / env.world_size, reduce=env.all_reduce_sum) if env.distributed else {}
             res = train_step(fwd, group, optimizer, scheduler, precision,
-                             label_smoothing=t.label_smoothing, clip_norm=t.clip_norm)
+                             label_smoothing=t.label_smoothing, clip_norm=t.clip_norm, **sync)
             state.batch_offset += len(group)
-            meter.add(res, group)
+            meter.add(res, group, n_tokens)
             if not res.updated:
                 if res.nonfinite_loss or precision.scaler is None:
                     state.nan_steps, state.nan_total = state.nan_steps + 1, state.nan_total + 1
@@ -413,8 +492,9 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
                              f"({state.nan_steps} in a row, {state.nan_total} in total)")
                     if state.nan_steps >= t.max_nan_steps:
                         save(False, with_step=False)
-                        raise UserError(f"{state.nan_steps} non-finite losses in a row (train.max_nan_steps="
-                                        f"{t.max_nan_steps}); lower train.lr, raise warmup_steps or set clip_norm")
+                        raise dist.all_ranks_error(env, UserError(
+                            f"{state.nan_steps} non-finite losses in a row (train.max_nan_steps={t.max_nan_steps}); "
+                            f"lower train.lr, raise warmup_steps or set clip_norm"))
                 continue
             state.step, state.nan_steps = state.step + 1, 0
             log.progress(1)
@@ -422,14 +502,17 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
                 meter.report(log, state, scheduler.get_last_lr()[0])
             if state.step % t.valid_every == 0:
                 t_valid = time.perf_counter()
-                if run_validation():
-                    reason = f"early stopping: no {t.metric} improvement in {t.patience} validations"
+                stop_early = run_validation()
                 meter.t0 += time.perf_counter() - t_valid  # tokens/s counts training time only
+                if stop_early:
+                    reason = f"early stopping: no {t.metric} improvement in {t.patience} validations"
+                    break
             elif t.save_every and state.step % t.save_every == 0:
                 save(False, with_step=False)
         else:  # the epoch is exhausted
             state.epoch, state.batch_offset = state.epoch + 1, 0
-    if stop.requested is not None:
+    signalled = env.broadcast(stop.requested)  # rank 0's view, so that every rank takes the same branch
+    if signalled is not None:
         save(False, with_step=False)  # no validation: the user wants out
     elif state.last_valid_step != state.step:
         run_validation()
@@ -437,7 +520,7 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
              f"{state.best if state.best is not None else float('nan'):.4g}")
     return {"step": state.step, "epoch": state.epoch, "best": state.best, "metric": t.metric, "reason": reason,
             "valid": last_valid,
-            "nan_steps": state.nan_total, "signal": stop.requested, "run_dir": run_dir,
+            "nan_steps": state.nan_total, "signal": signalled, "run_dir": run_dir,
             "elapsed": state.elapsed + time.perf_counter() - start}
 
 
@@ -452,13 +535,14 @@ class _Meter:
         self.tokens = self.real = self.padded = self.steps = 0
         self.t0 = time.perf_counter()
 
-    def add(self, res: StepResult, group: Sequence[Batch]) -> None:
+    def add(self, res: StepResult, group: Sequence[Batch], n_tokens: int) -> None:
+        """n_tokens: the step's target tokens over all ranks (res.loss_sum is global too)."""
         if not res.updated:
             return
         acc = lambda a, b: b if a is None else a + b
         self.loss, self.nll = acc(self.loss, res.loss_sum), acc(self.nll, res.nll_sum)
         self.gnorm = acc(self.gnorm, res.grad_norm.float())
-        self.tokens += res.n_tokens
+        self.tokens += n_tokens
         self.steps += 1
         for b in group:
             self.real += b.n_src_tokens + b.n_tgt_tokens

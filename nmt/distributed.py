@@ -1,0 +1,268 @@
+"""Data-parallel training under torchrun: process group, DDP, rank-aware helpers.
+
+`torchrun --nproc_per_node N -m nmt train --config X.yaml` starts N processes
+with WORLD_SIZE/RANK/LOCAL_RANK (and MASTER_ADDR/MASTER_PORT) in their
+environment. `DistEnv.from_env()` reads them; without WORLD_SIZE (or with
+WORLD_SIZE=1) training is the plain single process and every helper below
+is a local no-op.
+
+    env = DistEnv.from_env()
+    with process_group(env, "auto") as device:   # NCCL on cuda:LOCAL_RANK, else gloo on CPU
+        ...  env.broadcast(obj), env.all_reduce_sum(tensor), env.gather(obj), main_first(env, fn)
+                                                  # destroyed on the way out, also on errors
+
+Failure model (docs/distributed.md): an error on one rank is reported by that
+rank (one rank-prefixed line, see `rank_errors`) and the process exits non-zero;
+torchrun then stops the other ranks (SIGTERM, SIGKILL after its
+--shutdown-timeout, 30 s). A rank blocked in a collective whose peer died gets
+an error from gloo/NCCL at once, or at the latest after the process-group
+timeout: `NMT_DIST_TIMEOUT` seconds (default 1800; it also bounds how long the
+other ranks wait for rank 0's validation and checkpointing). Errors that every
+rank would hit in the same way (bad run directory, bad data, too many NaN
+steps) are decided on rank 0 and printed once: rank 0 raises the UserError,
+the other ranks exit quietly with the same code (`all_ranks_error`).
+
+Test hook: `NMT_TEST_FAIL_RANK=r` (with `NMT_TEST_FAIL_STEP=k`, default 0)
+makes rank r raise a RuntimeError before training step k+1 (`simulate_failure`);
+tests/test_distributed.py uses it to check that such a job ends promptly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import inspect
+import os
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nmt.errors import UserError
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job: global rank, rank on its node, number of processes."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> "DistEnv":
+        """Read torchrun's WORLD_SIZE / RANK / LOCAL_RANK; absent = single process."""
+        env = os.environ if environ is None else environ
+        try:
+            world = int(env.get("WORLD_SIZE", "1"))
+            rank, local = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
+        except ValueError:
+            raise UserError("WORLD_SIZE, RANK and LOCAL_RANK must be integers (they are set by torchrun)") from None
+        if world <= 1:
+            return cls()
+        if not 0 <= rank < world:
+            raise UserError(f"RANK={rank} is outside 0..WORLD_SIZE-1={world - 1}")
+        return cls(rank, local, world)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only one that logs, writes TensorBoard events and checkpoints."""
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ collectives (no-ops alone)
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank (pickled; for small objects)."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: Any) -> list:
+        """Every rank's `obj`, in rank order, on every rank (pickled; for small objects)."""
+        if not self.distributed:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum `tensor` over ranks in place (on the process group's device) and return it."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def sum_values(self, values: list[int], device: torch.device) -> list[int]:
+        """Element-wise sums of small integers over ranks (one collective)."""
+        if not self.distributed:
+            return list(values)
+        return self.all_reduce_sum(torch.tensor(values, dtype=torch.int64, device=device)).tolist()
+
+
+# --------------------------------------------------------------------------- process group
+
+def timeout_seconds(environ: dict | None = None) -> float:
+    """The process-group timeout: NMT_DIST_TIMEOUT seconds, default 1800 (30 minutes)."""
+    raw = (os.environ if environ is None else environ).get("NMT_DIST_TIMEOUT", "")
+    try:
+        value = float(raw) if raw.strip() else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise UserError(f"NMT_DIST_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise UserError(f"NMT_DIST_TIMEOUT must be positive, got {raw!r}")
+    return value
+
+
+def rank_device(env: DistEnv, device: torch.device) -> torch.device:
+    """Under torchrun each rank uses cuda:LOCAL_RANK (any index asked for is replaced); CPU stays CPU."""
+    if not env.distributed or device.type != "cuda":
+        return device
+    if env.local_rank >= torch.cuda.device_count():
+        raise UserError(f"LOCAL_RANK {env.local_rank} needs GPU {env.local_rank}, but this node has "
+                        f"{torch.cuda.device_count()}: lower --nproc_per_node")
+    return torch.device("cuda", env.local_rank)
+
+
+@contextlib.contextmanager
+def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
+    """Join the job's process group (NCCL for CUDA, gloo for CPU); yield this rank's device.
+
+    `init_process_group` reads MASTER_ADDR/MASTER_PORT from torchrun. The group is
+    destroyed on the way out, also on errors. A group that is already initialised
+    (a script that set one up itself) is used as it is and left alone.
+    """
+    device = rank_device(env, device)
+    if not env.distributed:
+        yield device
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        yield device
+        return
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=timeout_seconds()),
+                            device_id=device if device.type == "cuda" else None)
+    try:
+        yield device
+    finally:
+        with contextlib.suppress(Exception):  # peers may be gone already
+            dist.destroy_process_group()
+
+
+def wrap_model(env: DistEnv, model: nn.Module, device: torch.device) -> nn.Module:
+    """DistributedDataParallel around `model` when distributed, else `model` itself.
+
+    DDP broadcasts rank 0's parameters at construction and averages gradients
+    (sum / world size) in the backward of a step's last micro-batch (`no_sync`
+    on the others, see `train_step`). Buffers are not re-broadcast at every
+    forward: the model's buffers are constants (e.g. sinusoidal positions).
+    """
+    if not env.distributed:
+        return model
+    ddp = nn.parallel.DistributedDataParallel
+    ids = [device.index] if device.type == "cuda" else None
+    # constant buffers need no sync at every forward (the keyword was renamed in newer torch)
+    quiet = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
+    return ddp(model, device_ids=ids, **{quiet: False})
+
+
+# --------------------------------------------------------------------------- errors
+
+def all_ranks_error(env: DistEnv, error: UserError) -> BaseException:
+    """The exception to raise for an error every rank hits at the same point.
+
+    Rank 0 raises `error` (the CLI prints it once, exit code 2); the others
+    exit quietly with code 2 (`SystemExit`), so the message is not repeated N times.
+    """
+    return error if env.is_main else SystemExit(2)
+
+
+def main_first(env: DistEnv, fn: Callable[[], T]) -> T | None:
+    """Run `fn` on rank 0 while the other ranks wait; None on the others.
+
+    For work that must not race (run directory, tokenizer training, corpus cache
+    files): the other ranks continue after it and read what rank 0 wrote. If
+    `fn` raises on rank 0, rank 0 re-raises it and the others exit quietly with
+    code 2 (UserError, printed once by rank 0) or 1 (anything else).
+    """
+    if not env.distributed:
+        return fn()
+    result, code = None, 0
+    if env.is_main:
+        try:
+            result = fn()
+        except BaseException as e:
+            env.broadcast(2 if isinstance(e, UserError) else 1)
+            raise
+    code = env.broadcast(code)
+    if code:
+        raise SystemExit(code)
+    return result
+
+
+def check_shared_file(env: DistEnv, path: str) -> None:
+    """UserError on a rank that does not see rank 0's `path` (same size and mtime).
+
+    Every rank reads the run directory that rank 0 writes (tokenizer, corpus
+    cache, checkpoints to resume from), so on several nodes `output_dir` must be
+    on a shared file system; this catches a node-local one before training.
+    """
+    if not env.distributed:
+        return
+    def stat(p: str):
+        return (os.stat(p).st_size, os.stat(p).st_mtime_ns) if os.path.isfile(p) else None
+    expected = env.broadcast(stat(path) if env.is_main else None)
+    if not env.is_main and stat(path) != expected:
+        raise UserError(f"this rank does not see the run directory rank 0 wrote ({path} missing or different): "
+                        f"on several nodes, output_dir must be on a file system shared by all of them")
+
+
+@contextlib.contextmanager
+def rank_errors(env: DistEnv, command: str = "nmt train") -> Iterator[None]:
+    """Make a failure on one rank of a distributed job visible as that rank's failure.
+
+    UserError on a rank other than 0 gets a `rank R (host): ` prefix (the CLI
+    prints it, exit code 2). Any other exception prints its traceback and then
+    one line `nmt train: error on rank R (host): Type: message`, and exits with
+    code 1; torchrun then stops the other ranks. A single process is unchanged.
+    """
+    if not env.distributed:
+        yield
+        return
+    where = f"rank {env.rank} ({socket.gethostname()})"
+    try:
+        yield
+    except UserError as e:
+        if env.is_main:
+            raise
+        raise UserError(f"{where}: {e}") from None
+    except Exception as e:  # KeyboardInterrupt and SystemExit pass through
+        traceback.print_exc(file=sys.stderr)
+        if isinstance(e, dist.DistError):
+            hint = " (another rank probably failed first: see its error above)"
+        else:
+            hint = ""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"{command}: error on {where}: {type(e).__name__}: {first}{hint}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def simulate_failure(env: DistEnv, step: int, environ: dict | None = None) -> None:
+    """Test hook: raise on rank NMT_TEST_FAIL_RANK before training step NMT_TEST_FAIL_STEP + 1."""
+    e = os.environ if environ is None else environ
+    if e.get("NMT_TEST_FAIL_RANK", "") == str(env.rank) and step == int(e.get("NMT_TEST_FAIL_STEP", "0") or 0):
+        raise RuntimeError(f"NMT_TEST_FAIL_RANK={env.rank}: simulated failure on rank {env.rank} before step {step + 1}")

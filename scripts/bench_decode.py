@@ -1,0 +1,160 @@
+"""Decoding benchmark: sentences/s and target tokens/s, greedy and beam, cached and uncached.
+
+    python scripts/bench_decode.py --checkpoint runs/quickstart/checkpoints/best.pt \
+        --input data/bible-es-en/test.es.gz --sentences 500 --force-len 128 --batch-sizes 32 --json out.json
+
+With --force-len N every sentence decodes exactly N tokens (minimum = maximum
+output length), so systems are compared at equal work. Sentences are sorted
+by source length and cut into batches of B sentences (as fairseq's
+--batch-size does). The uncached path re-runs the decoder over the whole
+prefix at each step (quadratic), so it runs on --uncached-sentences only.
+
+Times cover encoding + search on already tokenized input (model load and
+tokenization are reported separately as `load_s`); `--whole-command` also times
+`nmt translate` end to end as a subprocess (start-up and model load included),
+the way the other toolkits were timed in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def read_lines(path: str, n: int) -> list[str]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    lines = [line for line in lines if line.strip()]
+    return lines[:n] if n else lines
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch):
+    from nmt.search import beam_search, greedy_search
+    from nmt.tokenizer import PAD_ID
+
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+    n_tokens = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch_size):
+        batch = [src_ids[i] for i in order[start:start + batch_size]]
+        width = max(len(x) for x in batch)
+        src = torch.tensor([x + [PAD_ID] * (width - len(x)) for x in batch], device=device)
+        src_mask = src != PAD_ID
+        kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
+        with torch.inference_mode():
+            if beam == 1:
+                hyps = greedy_search(model, src, src_mask, use_cache=use_cache, **kw)
+                n_tokens += sum(len(h.tokens) for h in hyps)
+            else:
+                hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, **kw)
+                n_tokens += sum(len(h[0].tokens) for h in hyps)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, n_tokens
+
+
+def whole_command(args, lines, beam, batch_size) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        inp = os.path.join(tmp, "in.txt")
+        with open(inp, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        cmd = [sys.executable, "-m", "nmt", "translate", "--checkpoint", args.checkpoint, "-i", inp,
+               "-o", os.path.join(tmp, "out.txt"), "--beam", str(beam), "--batch-size", str(batch_size),
+               "--batch-tokens", "1000000", "--device", args.device, "--quiet"]
+        if args.force_len:
+            cmd += ["--max-len-a", "0", "--max-len-b", str(args.force_len), "--min-len", str(args.force_len)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads)) if args.threads else None
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, env=env)
+        return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--input", required=True, help="source sentences (plain or .gz); blank lines are skipped")
+    ap.add_argument("--sentences", type=int, default=500, help="use the first N sentences (0 = all)")
+    ap.add_argument("--force-len", type=int, default=0, help="decode exactly N tokens per sentence (0 = natural lengths)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32, 128], help="sentences per batch")
+    ap.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="beam sizes (1 = greedy)")
+    ap.add_argument("--uncached-sentences", type=int, default=64, help="sentences for the uncached runs (0 = skip them)")
+    ap.add_argument("--whole-command", action="store_true", help="also time `nmt translate` as a subprocess at batch 32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU (0 = default)")
+    ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    args = ap.parse_args()
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from nmt.translate import load_model
+
+    t0 = time.perf_counter()
+    model, tokenizer, _ = load_model(args.checkpoint, args.device)
+    lines = read_lines(args.input, args.sentences)
+    src_ids = [ids + [3] for ids in tokenizer.encode_src(lines)]  # x + EOS, as in training
+    load_s = time.perf_counter() - t0
+    device = next(model.parameters()).device
+    print(f"# {len(lines)} sentences, device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"load+tokenize {load_s:.2f}s", flush=True)
+    run_search(model, src_ids[:8], 8, 5, 8, True, device, torch)  # warm-up
+
+    results = []
+    header = f"{'search':>8} {'cache':>6} {'batch':>6} {'sents':>6} {'time_s':>8} {'sent/s':>8} {'tok/s':>9} {'rss_MB':>8}"
+    print(header)
+    for beam in args.beams:
+        for use_cache in (True, False):
+            n = len(src_ids) if use_cache else min(args.uncached_sentences, len(src_ids))
+            if n == 0:
+                continue
+            for bs in (args.batch_sizes if use_cache else [32]):
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                secs, toks = run_search(model, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch)
+                mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
+                r = dict(search="greedy" if beam == 1 else f"beam{beam}", beam=beam, cache=use_cache, batch=bs,
+                         sentences=n, seconds=secs, sent_per_s=n / secs, tok_per_s=toks / secs, tokens=toks,
+                         peak_mem_mb=mem)
+                results.append(r)
+                print(f"{r['search']:>8} {str(use_cache):>6} {bs:>6} {n:>6} {secs:>8.2f} {r['sent_per_s']:>8.2f} "
+                      f"{r['tok_per_s']:>9.0f} {mem:>8.0f}", flush=True)
+    speedups = {}
+    for beam in args.beams:
+        c = [r for r in results if r["beam"] == beam and r["cache"] and r["batch"] == 32]
+        u = [r for r in results if r["beam"] == beam and not r["cache"]]
+        if c and u:
+            speedups[f"beam{beam}"] = c[0]["sent_per_s"] / u[0]["sent_per_s"]
+            print(f"# cache speed-up, {'greedy' if beam == 1 else f'beam {beam}'}, batch 32: {speedups[f'beam{beam}']:.1f}x")
+    whole = {}
+    if args.whole_command:
+        for beam in args.beams:
+            secs = whole_command(args, lines, beam, 32)
+            whole[f"beam{beam}"] = dict(seconds=secs, sent_per_s=len(lines) / secs)
+            print(f"# whole command `nmt translate`, beam {beam}, batch 32: {secs:.2f}s = {len(lines) / secs:.2f} sent/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(checkpoint=args.checkpoint, input=args.input, force_len=args.force_len, load_s=load_s,
+                           torch=torch.__version__, threads=torch.get_num_threads(), results=results,
+                           cache_speedup=speedups, whole_command=whole), f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
