@@ -193,12 +193,15 @@ class DecoderLayer(_Sublayers):
         Cross-attention runs per source group: the `cache.group` rows of one source sentence
         (its beams) are that sentence's `group` queries against its single K/V copy.
         """
-        B, D = x.shape
-        pos, mask = cache.length, cache.cross_mask
-        x = self.residual(x, self.norm1, self.self_attn.step, cache.self_k[i], cache.self_v[i], pos)
-        cross = lambda h: self.cross_attn.attend(h.view(-1, cache.group, D), cache.cross_k[i], cache.cross_v[i], mask).view(B, D)
-        x = self.residual(x, self.norm2, cross)
+        x = self.residual(x, self.norm1, self.self_attn.step, cache.self_k[i], cache.self_v[i], cache.length)
+        x = self.residual(x, self.norm2, self._cross_step, cache, i)
         return self.residual(x, self.norm3, self.ffn)
+
+    def _cross_step(self, x: Tensor, cache: DecoderCache, i: int) -> Tensor:
+        """x [B,D] -> [B,D]: rows viewed as [N, group, D], i.e. `group` queries per source."""
+        B, D = x.shape
+        y = self.cross_attn.attend(x.view(-1, cache.group, D), cache.cross_k[i], cache.cross_v[i], cache.cross_mask)
+        return y.view(B, D)
 
 
 class Encoder(nn.Module):
@@ -270,7 +273,8 @@ class Transformer(nn.Module):
                 module.reset_parameters()
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
-        for embed in {self.src_embed, self.tgt_embed}:
+        embeds = [self.src_embed] if self.tgt_embed is self.src_embed else [self.src_embed, self.tgt_embed]
+        for embed in embeds:  # a list, not a set: a fixed order keeps the init reproducible
             nn.init.normal_(embed.weight, 0.0, std)
             with torch.no_grad():
                 embed.weight[PAD_ID].zero_()
@@ -328,27 +332,16 @@ class Transformer(nn.Module):
         if max_len > self.max_positions:
             raise ValueError(f"max_len={max_len} exceeds model.max_positions={self.max_positions}")
         cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
-        B, S, D = memory.shape
-        H = self.cfg.n_heads
-        dtype = cross[0][0].dtype  # the projection's output dtype (autocast aware)
-        shape = (B, H, max_len, D // H)
-        new = lambda: torch.empty(shape, dtype=dtype, device=memory.device)
-        n = len(cross)
-        return DecoderCache(
-            self_k=[new() for _ in range(n)], self_v=[new() for _ in range(n)],
-            cross_k=[k for k, _ in cross], cross_v=[v for _, v in cross],
-            src_mask=src_mask, length=0)
+        return DecoderCache.create([k for k, _ in cross], [v for _, v in cross], src_mask, max_len)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """tokens [B] at position cache.length -> (logits [B,V] for the next token, cache).
 
         Writes this position's self-attention K/V into the cache in place; use the
-        returned cache (its length is one more).
+        returned cache (its length is one more). Logits come in the output projection's
+        dtype: float32, or bfloat16/float16 under autocast (callers apply .float()).
         """
-        pos = cache.length
-        if pos >= cache.max_len:
-            raise ValueError(f"decoder cache is full: it holds max_len={cache.max_len} positions "
-                             f"(pass a larger max_len to init_cache)")
+        pos = cache.next_position()  # raises if the cache is full or was replaced by reorder()
         x = self.tgt_embed(tokens) * self.embed_scale + self._positions("tgt", pos, 1)  # [B,D]
         h = self.decoder.step(self.dropout(x), cache)
         return self.output_proj(h), cache.advanced()

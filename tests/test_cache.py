@@ -1,0 +1,175 @@
+"""Cached decoding: step-by-step logits equal the full teacher-forced decode, through reorders."""
+
+import pytest
+import torch
+
+from nmt.cache import DecoderCache, _source_groups
+from nmt.config import ModelConfig
+from nmt.masks import padding_mask
+from nmt.model import PAD_ID, Transformer
+
+V = 29
+
+
+def tiny_model(**kw) -> Transformer:
+    """Seeded, eval mode, every weight moved off its init (identical LayerNorms and
+    zero biases would hide miswiring)."""
+    torch.manual_seed(0)
+    base = dict(d_model=32, n_heads=4, layers=2, ffn_dim=48, max_positions=40)
+    base.update(kw)
+    model = Transformer(ModelConfig(**base), V, V).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def source(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    mask = padding_mask(torch.tensor(lengths))
+    return torch.randint(4, V, mask.shape, generator=g).masked_fill(~mask, PAD_ID), mask
+
+
+def tokens(rows, length, seed=2):
+    return torch.randint(4, V, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+def full_logits(model, src, src_mask, tgt):
+    """The reference: teacher-forced decode of the whole prefix."""
+    return model.decode(tgt, model.encode(src, src_mask), src_mask)
+
+
+CONFIGS = [dict(norm="pre"), dict(norm="post"), dict(positions="learned", activation="gelu"),
+           dict(encoder_layers=1, decoder_layers=3, share_embeddings=False, tie_output=False)]
+
+
+@pytest.mark.parametrize("kw", CONFIGS)
+@torch.no_grad()
+def test_steps_equal_full_decode(kw):
+    model = tiny_model(**kw)
+    src, src_mask = source([9, 3, 6])
+    tgt = tokens(3, 12)
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=12)
+    steps = []
+    for t in range(12):
+        logits, cache = model.decode_step(tgt[:, t], cache)
+        steps.append(logits)
+    assert cache.length == 12
+    torch.testing.assert_close(torch.stack(steps, 1), full_logits(model, src, src_mask, tgt), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@torch.no_grad()
+def test_reorders_follow_the_selected_rows(norm):
+    """Expand to beams, permute inside sentences, drop a sentence, then mix sentences
+    arbitrarily (repeats included); after each reorder the next logits must equal a full
+    decode of the correspondingly reordered prefixes."""
+    model = tiny_model(norm=norm)
+    src, src_mask = source([7, 2, 5])
+    K, T = 3, 10
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=T)
+    rows = torch.arange(3)  # source sentence of each cache row
+    prefix = tokens(3, 0)  # tokens fed so far, per row [B,t]
+    reorders = {2: torch.arange(3).repeat_interleave(K),  # expand to beams -> 9 rows
+                4: torch.tensor([2, 0, 1, 3, 4, 5, 8, 8, 6]),  # permute/repeat inside sentences
+                6: torch.tensor([6, 7, 8, 0, 1, 2]),  # drop sentence 1, swap the others
+                8: torch.tensor([4, 0, 0, 5, 3])}  # arbitrary: sentences interleaved
+    expected_group = {2: K, 4: K, 6: K, 8: 1}
+    for t in range(T):
+        if t in reorders:
+            idx = reorders[t]
+            cache = cache.reorder(idx)
+            rows, prefix = rows[idx], prefix[idx]
+            assert cache.group == expected_group[t] and cache.batch_size == len(idx)
+        new = tokens(len(rows), 1, seed=10 + t)
+        prefix = torch.cat([prefix, new], 1)
+        logits, cache = model.decode_step(new[:, 0], cache)
+        reference = full_logits(model, src[rows], src_mask[rows], prefix)[:, -1]
+        torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_beam_reorder_keeps_cross_attention_once_per_sentence():
+    model = tiny_model()
+    src, src_mask = source([4, 6])
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=5)
+    beams = cache.reorder(torch.arange(2).repeat_interleave(4))
+    assert beams.cross_k[0].shape[0] == 2 and beams.self_k[0].shape[0] == 8
+    assert beams.cross_k[0] is cache.cross_k[0]  # no copy for beam expansion
+    _, beams = model.decode_step(tokens(8, 1)[:, 0], beams)
+    swapped = beams.reorder(torch.tensor([3, 2, 1, 0, 4, 4, 5, 7]))
+    assert swapped.cross_k[0] is cache.cross_k[0]
+    dropped = swapped.reorder(torch.arange(4, 8))
+    assert dropped.cross_k[0].shape[0] == 1
+    torch.testing.assert_close(dropped.cross_k[0][0], cache.cross_k[0][1], atol=0, rtol=0)
+    torch.testing.assert_close(dropped.src_mask, src_mask[1:])
+
+
+def test_source_groups():
+    assert _source_groups([0, 0, 1, 1, 4, 4]) == ([0, 1, 4], 2)
+    assert _source_groups([2, 0, 1]) == ([2, 0, 1], 1)
+    assert _source_groups([0, 0, 1]) == ([0, 0, 1], 1)  # unequal runs
+    assert _source_groups([0, 0, 0, 1]) == ([0, 0, 0, 1], 1)  # unequal runs, 4 = 2 x 2
+    assert _source_groups([0, 1, 0, 1]) == ([0, 1, 0, 1], 1)  # a source in two runs
+    assert _source_groups([3, 3, 3]) == ([3], 3)
+    assert _source_groups([]) == ([], 1)
+    assert _source_groups([0, 0, 1, 1, 0, 0]) == ([0, 1, 0], 2)  # a repeated source is fine
+
+
+@torch.no_grad()
+def test_cache_overflow_raises_a_clear_error():
+    model = tiny_model()
+    src, src_mask = source([3])
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=2)
+    for t in range(2):
+        _, cache = model.decode_step(torch.tensor([5]), cache)
+    with pytest.raises(ValueError, match="max_len=2"):
+        model.decode_step(torch.tensor([5]), cache)
+    with pytest.raises(ValueError, match="max_positions"):
+        model.init_cache(model.encode(src, src_mask), src_mask, max_len=41)
+
+
+@torch.no_grad()
+def test_reorder_reuses_buffers_and_retires_the_old_cache():
+    model = tiny_model()
+    src, src_mask = source([5, 2])
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6)
+    _, cache = model.decode_step(torch.tensor([5, 6]), cache)
+    before = cache.self_k[0][:, :, :1].clone()
+    first = cache.reorder(torch.tensor([1, 0]))
+    with pytest.raises(RuntimeError, match="reorder"):
+        model.decode_step(torch.tensor([5, 6]), cache)
+    with pytest.raises(RuntimeError, match="reorder"):
+        cache.reorder(torch.tensor([0, 1]))
+    second = first.reorder(torch.tensor([1, 0]))  # ping-pong: back into the first buffers
+    assert second.self_k[0].data_ptr() == cache.self_k[0].data_ptr()
+    torch.testing.assert_close(second.self_k[0][:, :, :1], before, atol=0, rtol=0)
+    torch.testing.assert_close(first.self_k[0][:, :, :1], before.flip(0), atol=0, rtol=0)
+
+
+@torch.no_grad()
+def test_cache_shapes_and_contract():
+    model = tiny_model()
+    src, src_mask = source([5, 2])
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=7)
+    assert isinstance(cache, DecoderCache) and cache.length == 0 and cache.max_len == 7
+    assert len(cache.self_k) == len(cache.cross_v) == 2
+    assert cache.self_k[0].shape == (2, 4, 7, 8) and cache.cross_k[0].shape == (2, 4, 5, 8)
+    with pytest.raises(ValueError):
+        DecoderCache(cache.self_k, cache.self_v, cache.cross_k, cache.cross_v, src_mask, group=2)
+
+
+@torch.no_grad()
+def test_steps_under_bf16_autocast_track_full_decode():
+    model = tiny_model()
+    src, src_mask = source([6, 4])
+    tgt = tokens(2, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = full_logits(model, src, src_mask, tgt).float()
+        cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6)
+        steps = []
+        for t in range(6):
+            logits, cache = model.decode_step(tgt[:, t], cache)
+            steps.append(logits.float())
+    assert cache.self_k[0].dtype == torch.bfloat16
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=0.1, rtol=0.05)
