@@ -26,6 +26,7 @@ input line, SCORE the hypothesis score after the length penalty, best first).
 from __future__ import annotations
 
 import contextlib
+import gzip
 import dataclasses
 import os
 import sys
@@ -226,13 +227,14 @@ def format_nbest(index: int, hyps: Sequence[tuple[str, float]]) -> list[str]:
 
 @contextlib.contextmanager
 def open_input(path: str | None, stdin: IO[bytes] | None = None) -> Iterator[IO[bytes]]:
-    """A binary stream: the file at `path`, or standard input when path is None or "-"."""
+    """A binary stream: the file at `path` (.gz read transparently), or standard input
+    when path is None or "-"."""
     if path is None or path == "-":
         yield stdin if stdin is not None else sys.stdin.buffer
         return
     if not os.path.isfile(path):
         raise UserError(f"input file not found: {path}")
-    with open(path, "rb") as f:
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
         yield f
 
 
@@ -259,7 +261,7 @@ def read_source(stream: IO[bytes], name: str) -> list[str]:
 
 def _count_lines(path: str) -> int:
     n, last = 0, b"\n"
-    with open(path, "rb") as f:
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
         while block := f.read(1 << 20):
             n += block.count(b"\n")
             last = block[-1:]

@@ -183,6 +183,20 @@ def test_command_files_progress_and_warning(ckpt, loaded, tmp_path):
             assert "sent" in err.getvalue()  # the tqdm bar (unit "sent") went to stderr
 
 
+def test_command_reads_gzip_input(ckpt, loaded, tmp_path):
+    import gzip
+
+    model, tokenizer, cfg = loaded
+    lines = mixed_lines()
+    src = tmp_path / "in.txt.gz"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+    expected = tr.translate_lines(model, tokenizer, lines, cfg.decode, "cpu", warn=lambda m: None)
+    out = tmp_path / "out.txt"
+    assert tr.translate_command(ckpt, str(src), str(out), device="cpu", quiet=True) == 0
+    assert out.read_text(encoding="utf-8").split("\n") == expected + [""]
+
+
 def test_command_stdin_chunks_and_nbest_format(ckpt, loaded):
     model, tokenizer, cfg = loaded
     lines = mixed_lines()
