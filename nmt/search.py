@@ -138,7 +138,7 @@ def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max
     history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N, t]
     out: list[Hypothesis | None] = [None] * B
     for t in range(1, int(max_lens.max()) + 1):
-        best, tokens = _log_probs(decoder.step(tokens), t, min_len).max(dim=1)  # [N], [N]
+        best, tokens = _argmax(_log_probs(decoder.step(tokens), t, min_len))  # [N], [N]
         log_prob = log_prob + best
         history = torch.cat([history, tokens[:, None]], dim=1)
         ends = (tokens == EOS_ID) | (max_lens <= t)  # [N]
@@ -235,8 +235,42 @@ def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor) -> Tens
     return kth_best[:, -1] >= bound
 
 
+def _block_size(C: int, K: int) -> int:
+    """Block width for `_topk`/`_argmax` on C columns: one of 64, 32, 16 dividing C with at
+    least 4K blocks, or 0 (small or odd widths: plain topk)."""
+    for c in (64, 32, 16):
+        if C % c == 0 and C // c >= 4 * K:
+            return c
+    return 0
+
+
+def _blocked_topk(cand: Tensor, K: int, c: int) -> tuple[Tensor, Tensor]:
+    """Exact top K of cand [N, C] (C = nb*c, nb >= K) through per-block maxima: each of the top K
+    values lies in one of the K blocks with the largest maxima (a block outside them has K blocks
+    above it, hence K larger values), so only K*c values need ranking. torch.topk/max scan
+    8k-40k wide rows several times slower than amax does (no vectorised CPU kernel)."""
+    N, C = cand.shape
+    blocks = cand.view(N, C // c, c)
+    _, best_blocks = blocks.amax(dim=2).topk(K, dim=1)  # [N, K]
+    sel = blocks.gather(1, best_blocks[:, :, None].expand(-1, -1, c)).view(N, K * c)  # [N, K*c]
+    top, j = sel.topk(K, dim=1)
+    return top, best_blocks.gather(1, j // c) * c + j % c
+
+
+def _argmax(x: Tensor) -> tuple[Tensor, Tensor]:
+    """max(x [N, C], dim=1) -> (values, indices) [N] each, blocked as in `_topk`."""
+    c = _block_size(x.shape[1], 1)
+    if not c:
+        return x.max(dim=1)
+    top, idx = _blocked_topk(x, 1, c)
+    return top.squeeze(1), idx.squeeze(1)
+
+
 def _topk(cand: Tensor, K: int) -> tuple[Tensor, Tensor]:
     """Top K of cand [N, C] along dim 1, padded with -inf when C < K (tiny vocabularies)."""
+    c = _block_size(cand.shape[1], K)
+    if c:
+        return _blocked_topk(cand, K, c)
     top, idx = cand.topk(min(K, cand.shape[1]), dim=1)
     if top.shape[1] < K:
         pad = K - top.shape[1]

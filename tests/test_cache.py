@@ -72,9 +72,10 @@ def test_reorders_follow_the_selected_rows(norm):
     prefix = tokens(3, 0)  # tokens fed so far, per row [B,t]
     reorders = {2: torch.arange(3).repeat_interleave(K),  # expand to beams -> 9 rows
                 4: torch.tensor([2, 0, 1, 3, 4, 5, 8, 8, 6]),  # permute/repeat inside sentences
+                5: torch.tensor([0, 1, 2, 3, 3, 5, 6, 7, 6]),  # few rows change: copied in place
                 6: torch.tensor([6, 7, 8, 0, 1, 2]),  # drop sentence 1, swap the others
                 8: torch.tensor([4, 0, 0, 5, 3])}  # arbitrary: sentences interleaved
-    expected_group = {2: K, 4: K, 6: K, 8: 1}
+    expected_group = {2: K, 4: K, 5: K, 6: K, 8: 1}
     for t in range(T):
         if t in reorders:
             idx = reorders[t]

@@ -368,3 +368,19 @@ def test_min_len_and_forced_length(model):
                 len(g.tokens) for g in greedy_search(m, src, src_mask, min_len=min_len, **kw)]
             assert min(lens) >= min_len and max(lens) <= 9
             assert min_len < 9 or set(lens) == {9}
+
+
+def test_blocked_topk_and_argmax_equal_torch():
+    """The blocked top-k (wide rows) returns exactly torch.topk's values and indices, -inf included."""
+    from nmt.search import _argmax, _topk
+    g = torch.Generator().manual_seed(0)
+    for rows, cols, K in [(3, 8000, 5), (4, 40000, 5), (2, 640, 4), (5, 8000, 1), (3, 29, 5)]:
+        x = torch.randn(rows, cols, generator=g)
+        x[0, : cols // 2] = float("-inf")
+        x[-1, 1::3] = float("-inf")
+        top, idx = _topk(x, K)
+        ref = x.topk(min(K, cols), dim=1)
+        assert torch.equal(top[:, : ref.values.shape[1]], ref.values)
+        assert torch.equal(idx[:, : ref.indices.shape[1]], ref.indices)
+        best, arg = _argmax(x)
+        assert torch.equal(best, x.max(dim=1).values) and torch.equal(arg, x.max(dim=1).indices)
