@@ -96,7 +96,9 @@ class _Weights:
     """The model's tensors as float32 numpy arrays; remembers which names were used."""
 
     def __init__(self, model):
-        self.arrays = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+        # Copies: CTranslate2's quantization works in place on the arrays it is given, and
+        # .numpy() of an fp32 CPU tensor shares the parameter's memory.
+        self.arrays = {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
         self.used: set[str] = set()
 
     def __call__(self, name: str) -> np.ndarray:
@@ -142,7 +144,7 @@ def _position_table(model, w: _Weights, side: str) -> np.ndarray:
     """[max_positions, D] rows added to the embeddings of positions 0, 1, ..."""
     if model.cfg.positions == "learned":
         return w(f"{side}_positions.weight")
-    return model.sinusoids.detach().float().cpu().numpy()
+    return model.sinusoids.detach().float().cpu().numpy().copy()
 
 
 def build_spec(model, tokenizer, cfg):

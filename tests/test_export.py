@@ -137,6 +137,21 @@ def test_export_directory_contents(ct2, tokenizers, tmp_path):
         assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
 
 
+@pytest.mark.parametrize("quantization", ["float32", "int8"])
+def test_export_leaves_the_model_untouched(ct2, tokenizers, tmp_path, quantization):
+    """Exporting from a model in memory (as scripts/bench_ct2.py does) must not change its
+    weights: CTranslate2 quantizes the arrays it gets in place."""
+    from nmt.export import write_export
+
+    tokenizer = tokenizers["joint"]
+    cfg = make_config(share_embeddings=True)
+    model = random_model(cfg, tokenizer)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    write_export(model, tokenizer, cfg, str(tmp_path / quantization), quantization=quantization)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
 # --------------------------------------------------------------------------- refusals
 
 def test_unsupported_option_is_refused_with_its_name(tokenizers, tmp_path):
