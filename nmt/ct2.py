@@ -112,27 +112,38 @@ class Ct2Translator:
         Sentences are translated without token suppression first (CTranslate2's log-softmax
         is then ours exactly); the rare ones whose result holds PAD or BOS are translated
         again with both suppressed."""
-        groups: dict[int, list[int]] = {}
-        for i, ids in enumerate(src_ids):
-            groups.setdefault(self.max_output_length(len(ids) + 1, decode), []).append(i)
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
-        for limit, members in sorted(groups.items(), reverse=True):
-            lengths = [len(src_ids[i]) + 1 for i in members]
-            for batch in make_batches(lengths, decode.batch_tokens, decode.max_batch_size):
-                idx = [members[j] for j in batch]
-                pieces = [[self.src_pieces[t] for t in src_ids[i]] for i in idx]
-                hyps = self._search_batch(pieces, limit, decode, suppress=False)
-                redo = [j for j, h in enumerate(hyps) if any(t in (PAD_ID, BOS_ID) for x in h for t in x.tokens)]
-                if redo:
-                    self.n_retranslated += len(redo)
-                    again = self._search_batch([pieces[j] for j in redo], limit, decode, suppress=True)
-                    for j, h in zip(redo, again):
-                        hyps[j] = h
-                for i, h in zip(idx, hyps):
+        lengths = [len(ids) + 1 for ids in src_ids]  # with EOS, as the model sees them
+        limits = [self.max_output_length(n, decode) for n in lengths]
+        for batch in make_batches(lengths, decode.batch_tokens, decode.max_batch_size):
+            # CTranslate2 takes one output limit per call: the batch's largest. Sentences whose
+            # own (smaller) limit a hypothesis reaches are decoded again with their exact limit,
+            # grouped by limit, so no output exceeds its sentence's maximum length.
+            limit = max(limits[i] for i in batch)
+            hyps = self._search_safe(src_ids, batch, limit, decode)
+            again: dict[int, list[int]] = {}
+            for i, h in zip(batch, hyps):
+                out[i] = h
+                if limits[i] < limit and any(len(x.tokens) >= limits[i] for x in h):
+                    again.setdefault(limits[i], []).append(i)
+            for own, members in again.items():
+                for i, h in zip(members, self._search_safe(src_ids, members, own, decode)):
                     out[i] = h
-                if on_batch is not None:
-                    on_batch(len(idx))
+            if on_batch is not None:
+                on_batch(len(batch))
         return out
+
+    def _search_safe(self, src_ids: Sequence[list[int]], idx: list[int], limit: int,
+                     decode: DecodeConfig) -> list[list[Hypothesis]]:
+        """Search sources `idx` under one output limit; redo those that produced PAD or BOS."""
+        pieces = [[self.src_pieces[t] for t in src_ids[i]] for i in idx]
+        hyps = self._search_batch(pieces, limit, decode, suppress=False)
+        redo = [j for j, h in enumerate(hyps) if any(t in (PAD_ID, BOS_ID) for x in h for t in x.tokens)]
+        if redo:
+            self.n_retranslated += len(redo)
+            for j, h in zip(redo, self._search_batch([pieces[j] for j in redo], limit, decode, suppress=True)):
+                hyps[j] = h
+        return hyps
 
     def _search_batch(self, pieces: list[list[str]], limit: int, decode: DecodeConfig,
                       suppress: bool) -> list[list[Hypothesis]]:
