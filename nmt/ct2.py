@@ -33,11 +33,8 @@ Search settings follow nmt.search exactly where CTranslate2 allows it:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import os
-import sys
 from typing import IO, Callable, Sequence
 
 from nmt.config import DecodeConfig
@@ -45,8 +42,8 @@ from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.search import Hypothesis, length_penalty_factor
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from nmt.translate import (CHUNK_LINES, _count_lines, _one_line, _truncation_warning, decode_settings,
-                           format_nbest, iter_source_chunks, make_batches, open_input)
+from nmt.translate import (CHUNK_LINES, check_io_paths, decode_settings, make_batches, one_line,
+                           stream_translations)
 
 DEFAULT_PATIENCE = 2.0  # finished hypotheses per beam slot before CTranslate2 stops (see above)
 
@@ -193,7 +190,7 @@ class Ct2Translator:
         nbests = self.search([encoded[i][:limit] for i in todo], decode, on_progress)
         for i, hyps in zip(todo, nbests):
             texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-            results[i] = [(_one_line(t), h.score) for t, h in zip(texts, hyps)]
+            results[i] = [(one_line(t), h.score) for t, h in zip(texts, hyps)]
         return results, n_truncated
 
     def translate_lines(self, lines: Sequence[str], decode: DecodeConfig) -> list[str]:
@@ -212,41 +209,13 @@ def translate_ct2_command(model_dir: str, input: str | None, output: str | None,
                           patience: float = DEFAULT_PATIENCE) -> int:
     """`nmt translate --engine ctranslate2 --model DIR`: like nmt.translate.translate_command
     (settings left None come from the exported checkpoint's `decode` section). Returns 0."""
-    stderr = stderr if stderr is not None else sys.stderr
-    from_file = input is not None and input != "-"
-    if from_file and not os.path.isfile(input):
-        raise UserError(f"input file not found: {input}")
-    if from_file and output not in (None, "-") and os.path.exists(output) and os.path.samefile(input, output):
-        raise UserError(f"input and output are the same file: {input}")
+    check_io_paths(input, output)
     engine = Ct2Translator(model_dir, device, compute_type=compute_type, intra_threads=intra_threads,
                            patience=patience)
     decode = decode_settings(engine.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, max_len_a=max_len_a,
                              max_len_b=max_len_b, min_len=min_len, length_penalty=length_penalty,
                              max_batch_size=batch_size)
-    with open_input(input, stdin) as src:
-        if not from_file and getattr(src, "isatty", lambda: False)():
-            chunk_lines = 1  # interactive: answer each line as it is typed
-        from tqdm import tqdm
-
-        total = _count_lines(input) if from_file and not quiet else None
-        with contextlib.ExitStack() as stack:
-            bar = stack.enter_context(tqdm(total=total, disable=quiet or not from_file, unit="sent",
-                                           file=stderr, dynamic_ncols=True))
-            if output is None or output == "-":
-                out = stdout if stdout is not None else sys.stdout.buffer
-            else:
-                out = stack.enter_context(open(output, "wb"))
-            n_truncated, index = 0, 0
-            for lines in iter_source_chunks(src, input if from_file else "<stdin>", chunk_lines):
-                results, n = engine.translate_nbest(lines, decode, bar.update)
-                n_truncated += n
-                if decode.nbest == 1:
-                    text = "".join(r[0][0] + "\n" for r in results)
-                else:
-                    text = "".join(line + "\n" for k, r in enumerate(results) for line in format_nbest(index + k, r))
-                index += len(lines)
-                out.write(text.encode("utf-8"))
-                out.flush()
-    if n_truncated and not quiet:
-        print(_truncation_warning(n_truncated, engine), file=stderr, flush=True)
+    stream_translations(lambda lines, on_batch: engine.translate_nbest(lines, decode, on_batch),
+                        input, output, nbest=decode.nbest, max_positions=engine.max_positions, quiet=quiet,
+                        stdin=stdin, stdout=stdout, stderr=stderr, chunk_lines=chunk_lines)
     return 0

@@ -173,7 +173,7 @@ def _translate(model, tokenizer, lines: Sequence[str], decode: DecodeConfig, dev
                 nbests = _decode_batch(model, [src_ids[i] for i in indices], decode, device)
                 texts = iter(tokenizer.decode_tgt([h.tokens for hyps in nbests for h in hyps]))
                 for i, hyps in zip(indices, nbests):
-                    results[i] = [(_one_line(next(texts)), float(h.score)) for h in hyps]
+                    results[i] = [(one_line(next(texts)), float(h.score)) for h in hyps]
                 if on_batch is not None:
                     on_batch(len(indices))
     finally:
@@ -181,16 +181,13 @@ def _translate(model, tokenizer, lines: Sequence[str], decode: DecodeConfig, dev
     return results, n_truncated
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     """A hypothesis on one line, whatever the vocabulary holds."""
     return text.replace("\r", " ").replace("\n", " ") if ("\n" in text or "\r" in text) else text
 
 
-def _truncation_warning(n: int, model) -> str:
-    from nmt.checkpoint import unwrap
-
-    model = unwrap(model)
-    return (f"warning: {n} input line{'s' if n != 1 else ''} longer than {max_source_tokens(model)} tokens "
+def truncation_warning(n: int, max_positions: int) -> str:
+    return (f"warning: {n} input line{'s' if n != 1 else ''} longer than {max_positions - 1} tokens "
             f"(model.max_positions - 1) {'were' if n != 1 else 'was'} truncated")
 
 
@@ -207,7 +204,9 @@ def translate_nbest(model, tokenizer, lines: Sequence[str], decode: DecodeConfig
     with tqdm(total=len(lines), disable=not progress, unit="sent", file=sys.stderr, dynamic_ncols=True) as bar:
         results, n_truncated = _translate(model, tokenizer, lines, decode, device, bar.update)
     if n_truncated:
-        (warn or _stderr_warn)(_truncation_warning(n_truncated, model))
+        from nmt.checkpoint import unwrap
+
+        (warn or _stderr_warn)(truncation_warning(n_truncated, unwrap(model).max_positions))
     return results
 
 
@@ -259,13 +258,65 @@ def read_source(stream: IO[bytes], name: str) -> list[str]:
     return [line for chunk in iter_source_chunks(stream, name, CHUNK_LINES) for line in chunk]
 
 
-def _count_lines(path: str) -> int:
+def count_lines(path: str) -> int:
     n, last = 0, b"\n"
     with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
         while block := f.read(1 << 20):
             n += block.count(b"\n")
             last = block[-1:]
     return n + (last != b"\n")
+
+
+def check_io_paths(input: str | None, output: str | None) -> None:
+    """Fail early (before loading a model) on a missing input or an output that is the input."""
+    if input is None or input == "-":
+        return
+    if not os.path.isfile(input):
+        raise UserError(f"input file not found: {input}")
+    if output not in (None, "-") and os.path.exists(output) and os.path.samefile(input, output):
+        raise UserError(f"input and output are the same file: {input}")
+
+
+def stream_translations(translate_chunk: Callable[[list[str], Callable[[int], None]], tuple[list, int]],
+                        input: str | None, output: str | None, *, nbest: int, max_positions: int,
+                        quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+                        stderr: IO[str] | None = None, chunk_lines: int = CHUNK_LINES) -> None:
+    """The I/O loop of `nmt translate`, for any engine.
+
+    Reads `input` (file, .gz, or stdin when None/"-") in chunks, calls
+    `translate_chunk(lines, on_batch) -> (per-line n-best (text, score) lists, n_truncated)`,
+    writes one line per input line (or the n-best format) to `output` (stdout when None/"-"),
+    with a progress bar when reading a file and one truncation warning at the end, both
+    unless quiet. `max_positions` is the model's, for the warning.
+    """
+    stderr = stderr if stderr is not None else sys.stderr
+    from_file = input is not None and input != "-"
+    with open_input(input, stdin) as src:
+        if not from_file and getattr(src, "isatty", lambda: False)():
+            chunk_lines = 1  # interactive: answer each line as it is typed
+        from tqdm import tqdm
+
+        total = count_lines(input) if from_file and not quiet else None
+        with contextlib.ExitStack() as stack:
+            bar = stack.enter_context(tqdm(total=total, disable=quiet or not from_file, unit="sent",
+                                           file=stderr, dynamic_ncols=True))
+            if output is None or output == "-":
+                out = stdout if stdout is not None else sys.stdout.buffer
+            else:
+                out = stack.enter_context(open(output, "wb"))
+            n_truncated, index = 0, 0
+            for lines in iter_source_chunks(src, input if from_file else "<stdin>", chunk_lines):
+                results, n = translate_chunk(lines, bar.update)
+                n_truncated += n
+                if nbest == 1:
+                    text = "".join(r[0][0] + "\n" for r in results)
+                else:
+                    text = "".join(line + "\n" for k, r in enumerate(results) for line in format_nbest(index + k, r))
+                index += len(lines)
+                out.write(text.encode("utf-8"))
+                out.flush()
+    if n_truncated and not quiet:
+        print(truncation_warning(n_truncated, max_positions), file=stderr, flush=True)
 
 
 def translate_command(checkpoint: str, input: str | None, output: str | None, *, beam: int | None = None,
@@ -277,44 +328,15 @@ def translate_command(checkpoint: str, input: str | None, output: str | None, *,
     """`nmt translate`: input file or stdin -> output file or stdout. Settings left None
     come from the checkpoint's `decode` section. A progress bar (stderr) is shown when
     reading a file, unless quiet; quiet also silences the truncation warning. Returns 0."""
-    stderr = stderr if stderr is not None else sys.stderr
-    from_file = input is not None and input != "-"
-    if from_file and not os.path.isfile(input):
-        raise UserError(f"input file not found: {input}")
-    if from_file and output not in (None, "-") and os.path.exists(output) \
-            and os.path.samefile(input, output):
-        raise UserError(f"input and output are the same file: {input}")
+    check_io_paths(input, output)
     model, tokenizer, cfg = load_model(checkpoint, device)
     decode = decode_settings(cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, max_len_a=max_len_a,
                              max_len_b=max_len_b, min_len=min_len, length_penalty=length_penalty,
                              max_batch_size=batch_size)
     dev = model_device(model)
-    with open_input(input, stdin) as src:
-        if not from_file and getattr(src, "isatty", lambda: False)():
-            chunk_lines = 1  # interactive: answer each line as it is typed
-        from tqdm import tqdm
-
-        total = _count_lines(input) if from_file and not quiet else None
-        with contextlib.ExitStack() as stack:
-            bar = stack.enter_context(tqdm(total=total, disable=quiet or not from_file, unit="sent",
-                                           file=stderr, dynamic_ncols=True))
-            if output is None or output == "-":
-                out = stdout if stdout is not None else sys.stdout.buffer
-            else:
-                out = stack.enter_context(open(output, "wb"))
-            n_truncated, index = 0, 0
-            for lines in iter_source_chunks(src, input if from_file else "<stdin>", chunk_lines):
-                results, n = _translate(model, tokenizer, lines, decode, dev, bar.update)
-                n_truncated += n
-                if decode.nbest == 1:
-                    text = "".join(r[0][0] + "\n" for r in results)
-                else:
-                    text = "".join(line + "\n" for k, r in enumerate(results) for line in format_nbest(index + k, r))
-                index += len(lines)
-                out.write(text.encode("utf-8"))
-                out.flush()
-    if n_truncated and not quiet:
-        print(_truncation_warning(n_truncated, model), file=stderr, flush=True)
+    stream_translations(lambda lines, on_batch: _translate(model, tokenizer, lines, decode, dev, on_batch),
+                        input, output, nbest=decode.nbest, max_positions=model.max_positions, quiet=quiet,
+                        stdin=stdin, stdout=stdout, stderr=stderr, chunk_lines=chunk_lines)
     return 0
 
 

@@ -116,7 +116,7 @@ def main() -> int:
     Le, Ld, d, f, V = m.n_encoder_layers, m.n_decoder_layers, m.d_model, m.ffn_dim, tokenizer.tgt_vocab_size
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    real_src = real_tgt = padded = real = 0
+    real_src = real_tgt = padded = 0
     flops = 0.0
     step_times = []
     for step in range(args.warmup + args.steps):

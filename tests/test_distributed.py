@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from nmt import checkpoint as ckpt
-from nmt.config import ModelConfig, config_from_dict
+from nmt.config import Config, ModelConfig, config_from_dict
 from nmt.data import EncodedCorpus, collate, epoch_batches, load_data
 from nmt.distributed import DistEnv, main_first, simulate_failure, timeout_seconds
 from nmt.errors import UserError
@@ -42,12 +42,7 @@ CPU = torch.device("cpu")
 FP32 = setup_precision("fp32", CPU)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------- helpers without processes

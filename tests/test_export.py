@@ -26,13 +26,7 @@ from synthetic import make_pairs, tiny_config_dict
 CT2_REASON = 'ctranslate2 is an optional extra: pip install -e ".[ct2]"'
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is fastest, and the machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt.config import ModelConfig, config_from_dict, load_config, replace
+from nmt.config import Config, ModelConfig, config_from_dict, load_config, replace
 from nmt.data import EncodedCorpus, collate
 from nmt.errors import UserError
 from nmt.model import Transformer
@@ -28,13 +28,7 @@ CPU = torch.device("cpu")
 FP32 = setup_precision("fp32", CPU)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread, and the cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------- train_step
