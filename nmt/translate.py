@@ -62,13 +62,18 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return device
 
 
-def load_model(checkpoint: str, device: str | torch.device = "auto"):
-    """(model in eval mode, tokenizer, Config) from a checkpoint file."""
+def load_model(checkpoint: str, device: str | torch.device = "auto", pack_weights: bool = True):
+    """(model in eval mode, tokenizer, Config) from a checkpoint file. On CPU the linear layers
+    get oneDNN-packed weights for decoding (`nmt.runtime.pack_linear_weights`) unless pack_weights=False."""
     from nmt.checkpoint import load_for_inference
+    from nmt.runtime import pack_linear_weights
 
     if not os.path.isfile(checkpoint):
         raise UserError(f"checkpoint not found: {checkpoint}")
-    return load_for_inference(checkpoint, resolve_device(device))
+    model, tokenizer, cfg = load_for_inference(checkpoint, resolve_device(device))
+    if pack_weights and model_device(model).type == "cpu":
+        pack_linear_weights(model)
+    return model, tokenizer, cfg
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -79,7 +79,9 @@ def whole_command(args, lines, beam, batch_size) -> float:
                "--batch-tokens", "1000000", "--device", args.device, "--quiet"]
         if args.force_len:
             cmd += ["--max-len-a", "0", "--max-len-b", str(args.force_len), "--min-len", str(args.force_len)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads)) if args.threads else None
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads)) if args.threads else dict(os.environ)
+        if args.no_cpu_tuning:
+            env["NMT_CPU_TUNING"] = "0"
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, env=env)
         return time.perf_counter() - t0
@@ -97,9 +99,15 @@ def main() -> int:
     ap.add_argument("--whole-command", action="store_true", help="also time `nmt translate` as a subprocess at batch 32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU (0 = default)")
+    ap.add_argument("--no-cpu-tuning", action="store_true",
+                    help="without nmt/runtime.py's allocator tuning and packed weights (as NMT_CPU_TUNING=0)")
     ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
     args = ap.parse_args()
+    if args.no_cpu_tuning:
+        os.environ["NMT_CPU_TUNING"] = "0"
+    from nmt.runtime import tune_malloc
 
+    tune_malloc()  # as the `nmt` command does
     import torch
 
     if args.threads:
@@ -113,7 +121,7 @@ def main() -> int:
     load_s = time.perf_counter() - t0
     device = next(model.parameters()).device
     print(f"# {len(lines)} sentences, device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"load+tokenize {load_s:.2f}s", flush=True)
+          f"load+tokenize {load_s:.2f}s, cpu tuning {'off' if args.no_cpu_tuning else 'on'}", flush=True)
     run_search(model, src_ids[:8], 8, 5, 8, True, device, torch)  # warm-up
 
     results = []

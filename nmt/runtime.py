@@ -1,0 +1,95 @@
+"""CPU runtime tuning: the C allocator, and oneDNN-packed weights for inference.
+
+Both are measured wins on CPU (BENCHMARKS.md, "CPU runtime tuning") and both
+are no-ops where they do not apply (not glibc, not CPU, no oneDNN):
+
+- `tune_malloc()`: glibc serves every allocation above a dynamic threshold
+  (at most 32 MB) with a fresh mmap and returns freed memory to the OS, so a
+  training step that allocates a 130 MB logits tensor page-faults and zeroes
+  it again every step, and decoding pays the same on its per-step buffers.
+  Raising the mmap and trim thresholds keeps freed memory in the heap for
+  reuse (what jemalloc/tcmalloc, which PyTorch's CPU guides recommend, do by
+  default). Cost: the process keeps its peak heap instead of shrinking.
+- `pack_linear_weights(model)`: on CPU, `nn.Linear` calls MKL's sgemm, which
+  is slow for the few-row matmuls of step-by-step decoding on this AMD CPU
+  (32-160 rows; the 8k-vocabulary output projection runs about 2x faster
+  through oneDNN with a pre-packed weight). The packed weight is an extra,
+  unsaved copy; the module's parameters and state_dict are unchanged. Layers
+  fall back to `F.linear` for large inputs (encoder batches, > `max_rows`
+  rows, where MKL is as fast or faster), in training mode, and off CPU/fp32.
+
+Set the environment variable NMT_CPU_TUNING=0 to turn both off (for A/B benchmarks).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import types
+
+M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
+M_MMAP_THRESHOLD = -3
+_THRESHOLD = 2**31 - 1  # mallopt takes an int: blocks of up to 2 GiB come from the heap
+
+_malloc_tuned = False
+
+
+def enabled() -> bool:
+    """False when the environment variable NMT_CPU_TUNING is 0."""
+    return os.environ.get("NMT_CPU_TUNING", "1") != "0"
+
+
+def tune_malloc() -> bool:
+    """Raise glibc's mmap and trim thresholds for this process; True if applied (Linux/glibc only)."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return True
+    if not enabled() or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and other C libraries have no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _malloc_tuned = bool(mallopt(M_MMAP_THRESHOLD, _THRESHOLD)) & bool(mallopt(M_TRIM_THRESHOLD, _THRESHOLD))
+    return _malloc_tuned
+
+
+def pack_linear_weights(model, max_rows: int = 256, rows_hint: int = 32) -> int:
+    """Give every fp32 `nn.Linear` of `model` (on CPU) a oneDNN-packed copy of its weight, used for
+    inputs of at most `max_rows` rows in eval mode. Returns how many layers were packed (0 when
+    oneDNN is unavailable). Call again after changing the weights (the packed copies are snapshots)."""
+    import torch
+    from torch import nn
+
+    if not enabled() or not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return 0
+    n = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, nn.Linear) or module.weight.device.type != "cpu" \
+                    or module.weight.dtype != torch.float32:
+                continue
+            try:
+                module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows_hint)
+            except RuntimeError:
+                return n
+            module._packed_max_rows = max_rows
+            module.forward = types.MethodType(_packed_forward, module)
+            n += 1
+    return n
+
+
+def _packed_forward(self, x):
+    import torch
+    import torch.nn.functional as F
+
+    rows = x.numel() // x.shape[-1] if x.dim() else 0
+    if self.training or not 0 < rows <= self._packed_max_rows or x.dtype != torch.float32 or x.device.type != "cpu" \
+            or (torch.is_grad_enabled() and self.weight.requires_grad):
+        return F.linear(x, self.weight, self.bias)
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self._packed_weight, self.bias, "none", [], "")
+    return y.view(*x.shape[:-1], y.shape[-1])
