@@ -79,9 +79,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU (0 = default)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--workdir", help="where the tokenizer and encoded corpus are cached (default: a temp dir)")
+    ap.add_argument("--no-cpu-tuning", action="store_true",
+                    help="without nmt/runtime.py's allocator tuning (as NMT_CPU_TUNING=0)")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
+    if args.no_cpu_tuning:
+        os.environ["NMT_CPU_TUNING"] = "0"
+    from nmt.runtime import tune_malloc
 
+    tune_malloc()  # as `nmt train` does
     import numpy as np
     import torch
 
@@ -145,14 +151,15 @@ def main() -> int:
     mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = dict(config=args.config, overrides=args.overrides, device=str(device), torch=torch.__version__,
-               threads=torch.get_num_threads(), precision=precision.name, compiled=t.compile,
+               threads=torch.get_num_threads(), precision=precision.name, cpu_tuning=not args.no_cpu_tuning, compiled=t.compile,
                parameters=model.num_parameters(), steps=args.steps, batch_tokens=cfg.data.batch_tokens,
                update_freq=t.update_freq, tgt_tok_per_s=real_tgt / total, src_tgt_tok_per_s=(real_src + real_tgt) / total,
                step_time_s=total / args.steps, step_time_median_s=float(np.median(step_times)),
                padding_efficiency=(real_src + real_tgt) / padded, peak_mem_mb=mem,
                model_flops_per_s=flops / total, peak_flops_per_s=peak, mfu=flops / total / peak)
     print(f"# {args.config} {' '.join(args.overrides)} | {out['parameters']:,} params | device {device} | "
-          f"torch {torch.__version__} | threads {out['threads']} | precision {precision.name}")
+          f"torch {torch.__version__} | threads {out['threads']} | precision {precision.name} | "
+          f"cpu tuning {'off' if args.no_cpu_tuning else 'on'}")
     rows = [("target tokens/s", f"{out['tgt_tok_per_s']:,.0f}"),
             ("source+target tokens/s", f"{out['src_tgt_tok_per_s']:,.0f}"),
             ("step time (mean / median)", f"{out['step_time_s'] * 1000:.0f} / {out['step_time_median_s'] * 1000:.0f} ms"),
