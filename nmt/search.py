@@ -191,7 +191,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
         logp = _log_probs(decoder.step(tokens), t, min_len)  # [N*k, V]
         V = logp.shape[1]
-        top, idx = _topk((scores.view(-1, 1) + logp).view(N, k * V), K)  # [N, K] each
+        top, idx = _topk(logp.add_(scores.view(-1, 1)).view(N, k * V), K)  # [N, K] each (in place: logp is fresh)
         word = idx % V  # [N, K] token of each candidate
         rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, K] row of its parent beam
         alive = top > NEG_INF

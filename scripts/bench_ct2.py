@@ -98,6 +98,9 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
     args = ap.parse_args()
 
+    from nmt.runtime import tune_malloc
+
+    tune_malloc()  # as the `nmt` command does
     import torch
 
     torch.set_num_threads(args.threads)

@@ -35,7 +35,7 @@ def tiny_pair(seed: int = 0):
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     packed = copy.deepcopy(model)
-    return model, packed, runtime.pack_linear_weights(packed)
+    return model, packed, runtime.pack_linear_weights(packed, min_weight=0)  # every layer, however small
 
 
 def batch(seed: int = 1):
@@ -57,10 +57,17 @@ def test_packs_every_linear_and_keeps_the_state_dict():
 
 
 @needs_onednn
+def test_small_layers_keep_f_linear():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 1024)).eval()
+    assert runtime.pack_linear_weights(model) == 1
+    assert not hasattr(model[0], "_packed_weight") and hasattr(model[1], "_packed_weight")
+
+
+@needs_onednn
 def test_packed_linear_matches_f_linear_for_few_and_many_rows():
     lin = torch.nn.Linear(24, 40).eval()
     ref = copy.deepcopy(lin)
-    runtime.pack_linear_weights(lin, max_rows=16)
+    runtime.pack_linear_weights(lin, max_rows=16, min_weight=0)
     with torch.inference_mode():
         for shape in [(1, 24), (7, 24), (3, 5, 24), (16, 24), (17, 24), (0, 24)]:  # packed, packed, ..., F.linear
             x = torch.randn(*shape)
