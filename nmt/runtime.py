@@ -67,8 +67,10 @@ def pack_linear_weights(model, max_rows: int = 256, rows_hint: int = 32, min_wei
     import torch
     from torch import nn
 
+    global _ops
     if not enabled() or not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return 0
+    _ops = (torch.ops.mkldnn._linear_pointwise, torch.nn.functional.linear, torch.float32, torch.is_grad_enabled)
     n = 0
     with torch.no_grad():
         for module in model.modules():
@@ -85,13 +87,19 @@ def pack_linear_weights(model, max_rows: int = 256, rows_hint: int = 32, min_wei
     return n
 
 
-def _packed_forward(self, x):
-    import torch
-    import torch.nn.functional as F
+_ops = None  # (oneDNN linear, F.linear, torch.float32, torch.is_grad_enabled), bound once by pack_linear_weights
 
-    rows = x.numel() // x.shape[-1] if x.dim() else 0
-    if self.training or not 0 < rows <= self._packed_max_rows or x.dtype != torch.float32 or x.device.type != "cpu" \
-            or (torch.is_grad_enabled() and self.weight.requires_grad):
-        return F.linear(x, self.weight, self.bias)
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self._packed_weight, self.bias, "none", [], "")
-    return y.view(*x.shape[:-1], y.shape[-1])
+
+def _packed_forward(self, x):
+    """nn.Linear.forward through the packed weight when it applies, else F.linear (a decoding
+    step calls this ~13 times: the checks are kept cheap)."""
+    linear_pointwise, linear, float32, is_grad_enabled = _ops
+    shape = x.shape
+    rows = x.numel() // shape[-1] if shape else 0
+    if 0 < rows <= self._packed_max_rows and not self.training and x.is_cpu and x.dtype == float32 \
+            and not (is_grad_enabled() and self.weight.requires_grad):
+        if len(shape) == 2:
+            return linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
+        y = linear_pointwise(x.reshape(rows, shape[-1]), self._packed_weight, self.bias, "none", [], "")
+        return y.view(*shape[:-1], y.shape[-1])
+    return linear(x, self.weight, self.bias)

@@ -69,7 +69,7 @@ def test_packed_linear_matches_f_linear_for_few_and_many_rows():
     ref = copy.deepcopy(lin)
     runtime.pack_linear_weights(lin, max_rows=16, min_weight=0)
     with torch.inference_mode():
-        for shape in [(1, 24), (7, 24), (3, 5, 24), (16, 24), (17, 24), (0, 24)]:  # packed, packed, ..., F.linear
+        for shape in [(24,), (1, 24), (7, 24), (3, 5, 24), (16, 24), (17, 24), (0, 24)]:  # packed up to 16 rows, then F.linear
             x = torch.randn(*shape)
             torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-5)
 
