@@ -1,0 +1,90 @@
+"""The benchmark scripts that BENCHMARKS.md cites keep working: run them end to end on tiny
+inputs and check what they count (not how fast anything is: timings are never asserted).
+
+- bench_decode with --force-len N must decode exactly N tokens per sentence on every path
+  (greedy, beam, cached, uncached and CTranslate2), since equal work is the point of the flag.
+- bench_train must count exactly the real target tokens of the batches it timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from synthetic import tiny_config_dict
+from test_translate import make_tiny_checkpoint
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+def run_script(name: str, *args: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, os.path.join(SCRIPTS, name), *args], check=True, env=env, capture_output=True,
+                   text=True, timeout=300)
+
+
+def test_bench_decode_forces_equal_work_on_every_path(tmp_path):
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
+    src = tmp_path / "in.es"
+    src.write_text("el perro rojo ve la casa\nla luna\n\nel gato come y el sol ve el rio\nla flor\nel libro viejo\n",
+                   encoding="utf-8")
+    out = tmp_path / "out.json"
+    args = ["--checkpoint", ckpt, "--input", str(src), "--sentences", "0", "--force-len", "5", "--batch-sizes", "2", "32",
+            "--beams", "1", "3", "--uncached-sentences", "3", "--threads", "1", "--json", str(out)]
+    try:
+        import ctranslate2  # noqa: F401
+        export_dir = tmp_path / "ct2"
+        subprocess.run([sys.executable, "-m", "nmt", "export", "-c", ckpt, "-o", str(export_dir)], check=True,
+                       capture_output=True, text=True, timeout=300)
+        args += ["--ct2-model", str(export_dir)]
+        ct2 = True
+    except ImportError:  # the CTranslate2 rows are then absent (checked below)
+        ct2 = False
+    run_script("bench_decode.py", *args)
+    res = json.loads(out.read_text())
+    rows = res["results"]
+    n = 5  # non-blank lines
+    ct2_rows = [r for r in rows if r.get("engine", "").startswith("ctranslate2")]
+    nmt_rows = [r for r in rows if r not in ct2_rows]
+    # greedy/beam x cached at both batch sizes + uncached at 32 (the speed-up compares batch 32)
+    assert sorted((r["beam"], r["cache"], r["batch"]) for r in nmt_rows) == \
+        sorted([(b, True, bs) for b in (1, 3) for bs in (2, 32)] + [(b, False, 32) for b in (1, 3)])
+    for r in nmt_rows:
+        assert r["tokens"] == 5 * r["sentences"], r
+        assert r["sentences"] == (n if r["cache"] else 3)
+        assert r["sent_per_s"] > 0 and r["tok_per_s"] > 0
+    assert len(ct2_rows) == (4 if ct2 else 0)
+    for r in ct2_rows:
+        assert r["tokens"] == 5 * n, r
+    assert set(res["cache_speedup"]) == {"beam1", "beam3"}
+
+
+def test_bench_train_counts_the_real_target_tokens(tmp_path):
+    raw = tiny_config_dict(tmp_path)
+    cfg_path = tmp_path / "tiny.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    out = tmp_path / "train.json"
+    work = tmp_path / "work"
+    run_script("bench_train.py", "--config", str(cfg_path), "--steps", "3", "--warmup", "1", "--threads", "1",
+               "--workdir", str(work), "--json", str(out))
+    res = json.loads(out.read_text())
+    assert res["steps"] == 3 and res["cpu_tuning"] is True
+    assert 0 < res["padding_efficiency"] <= 1 and 0 < res["mfu"] < 1.5
+
+    # independent count: the same batches (epoch 1; one warm-up step, then 3 timed ones) from the
+    # corpus' token lengths (+1 each for EOS), not from the collated tensors the script reads
+    from nmt.config import load_config
+    from nmt.data import epoch_batches, prepare_data
+
+    cfg = load_config(str(cfg_path))
+    _, data = prepare_data(cfg, str(work), lambda m: None)
+    batches = epoch_batches(data.train, cfg, 1)[1:4]
+    real_tgt = sum(int(data.train.tgt_lens[b].sum()) + len(b) for b in batches)
+    timed_tokens = res["tgt_tok_per_s"] * res["step_time_s"] * res["steps"]
+    assert timed_tokens == pytest.approx(real_tgt, rel=1e-6)
