@@ -12,8 +12,11 @@ Each engine translates the same lines text-to-text (SentencePiece encoding, sear
 with the same search settings (beam, length limits, batches of --batch-tokens padded source
 tokens): nmt through nmt.translate.translate_nbest, CTranslate2 through nmt.ct2.Ct2Translator
 (float32: `nmt export`; int8: `nmt export --quantization int8`). Threads: torch.set_num_threads
-and CTranslate2's intra_threads. After a warm-up, the engines run round-robin --repeats times and
-each one's best time is reported (other processes' load then affects all engines alike).
+and CTranslate2's intra_threads. Every timed run is a fresh process (this script with --worker)
+that loads its engine, warms up on 8 lines and times the rest: torch's and CTranslate2's OpenMP
+threads compete when both run in one process (CTranslate2 greedy ran at half speed after torch).
+The engines run round-robin --repeats times and each one's best time is reported (other
+processes' load then affects all engines alike).
 Target tokens are the SentencePiece pieces of the output text. `same` is the share of output
 lines identical to nmt's.
 """
@@ -26,6 +29,7 @@ import gzip
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +84,40 @@ def build_random_checkpoint(directory: str, args) -> str:
     return path
 
 
+def worker(args) -> dict:
+    """One timed run of one engine in this (fresh) process: {"seconds", "outputs"}."""
+    lines = read_lines(args.input, args.sentences)
+    limits = dict(max_len_a=0.0, max_len_b=args.force_len, min_len=args.force_len) if args.force_len else {}
+    if args.worker == "nmt":
+        from nmt.runtime import tune_malloc
+
+        tune_malloc()  # as the `nmt` command does
+        import torch
+
+        torch.set_num_threads(args.threads)
+        from nmt.translate import decode_settings, load_model, translate_nbest
+
+        model, tokenizer, cfg = load_model(args.checkpoint, "cpu")
+        decode = decode_settings(cfg.decode, beam=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
+        run = lambda some: [r[0][0] for r in translate_nbest(model, tokenizer, some, decode, torch.device("cpu"),
+                                                               warn=lambda m: None)]
+        retranslated = None
+    else:  # no torch computation in this process
+        from nmt.ct2 import Ct2Translator
+        from nmt.translate import decode_settings
+
+        ct2 = Ct2Translator(args.worker_model, "cpu", intra_threads=args.threads)
+        decode = decode_settings(ct2.decode, beam=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
+        run = lambda some: ct2.translate_lines(some, decode)
+    run(lines[:8])  # warm-up
+    t0 = time.perf_counter()
+    outputs = run(lines)
+    seconds = time.perf_counter() - t0
+    if args.worker != "nmt":
+        retranslated = ct2.n_retranslated
+    return dict(seconds=seconds, outputs=outputs, retranslated=retranslated, decode=dataclasses.asdict(decode))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", help="nmt checkpoint (default: a random base-sized model, see above)")
@@ -96,7 +134,12 @@ def main() -> int:
     ap.add_argument("--ffn-dim", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
+    ap.add_argument("--worker", choices=("nmt", "ct2"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-model", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
 
     from nmt.runtime import tune_malloc
 
@@ -106,9 +149,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     import ctranslate2
 
-    from nmt.ct2 import Ct2Translator
     from nmt.export import write_export
-    from nmt.translate import decode_settings, load_model, translate_nbest
+    from nmt.translate import decode_settings, load_model
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -130,32 +172,34 @@ def main() -> int:
               f"{args.threads} threads on {cpu_name()}; torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}; "
               f"setup {setup_s:.1f}s", flush=True)
 
-        def run_nmt(some):
-            return [r[0][0] for r in translate_nbest(model, tokenizer, some, decode, torch.device("cpu"), warn=lambda m: None)]
+        def timed(engine: str, model_dir: str | None) -> dict:
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--checkpoint", checkpoint,
+                   "--input", args.input, "--sentences", str(args.sentences), "--beam", str(args.beam),
+                   "--force-len", str(force_len), "--threads", str(args.threads)]
+            if args.batch_tokens:
+                cmd += ["--batch-tokens", str(args.batch_tokens)]
+            if model_dir:
+                cmd += ["--worker-model", model_dir]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            return json.loads(out.strip().splitlines()[-1])
 
-        engines = [("nmt (PyTorch)", "float32", run_nmt, None)]
-        for quant in ("float32", "int8"):
-            ct2 = Ct2Translator(dirs[quant], "cpu", intra_threads=args.threads)
-            engines.append(("CTranslate2", quant, lambda some, e=ct2: e.translate_lines(some, decode), ct2))
-
-        for _, _, fn, _ in engines:
-            fn(lines[:8])  # warm-up
-        best, outputs = [float("inf")] * len(engines), [None] * len(engines)
+        engines = [("nmt (PyTorch)", "float32", "nmt", None)] + \
+            [("CTranslate2", quant, "ct2", dirs[quant]) for quant in ("float32", "int8")]
+        best, outputs, retranslated = [float("inf")] * len(engines), [None] * len(engines), [None] * len(engines)
         for _ in range(args.repeats):  # round-robin, so that load from other processes hits every engine alike
-            for k, (_, _, fn, _) in enumerate(engines):
-                t0 = time.perf_counter()
-                outputs[k] = fn(lines)
-                best[k] = min(best[k], time.perf_counter() - t0)
+            for k, (_, _, engine, model_dir) in enumerate(engines):
+                r = timed(engine, model_dir)
+                best[k], outputs[k], retranslated[k] = min(best[k], r["seconds"]), r["outputs"], r["retranslated"]
         results = []
         print(f"{'engine':<14} {'weights':<8} {'time_s':>8} {'sent/s':>8} {'tok/s':>8} {'speedup':>8} {'same':>6}")
-        for (name, weights, _, ct2), secs, out in zip(engines, best, outputs):
+        for (name, weights, engine, _), secs, out, again in zip(engines, best, outputs, retranslated):
             tokens = sum(len(ids) for ids in tokenizer.encode_tgt(out))
             r = dict(engine=name, weights=weights, seconds=secs, sentences=len(lines), target_tokens=tokens,
                      sent_per_s=len(lines) / secs, tok_per_s=tokens / secs,
                      same_as_nmt=sum(a == b for a, b in zip(out, outputs[0])) / len(lines))
             r["speedup"] = r["sent_per_s"] / results[0]["sent_per_s"] if results else 1.0
-            if ct2 is not None:  # sentences CTranslate2 translated twice (PAD/BOS in the first result)
-                r["retranslated"] = ct2.n_retranslated
+            if engine == "ct2":  # sentences CTranslate2 translated twice (PAD/BOS in the first result)
+                r["retranslated"] = again
             results.append(r)
             print(f"{name:<14} {weights:<8} {secs:>8.2f} {r['sent_per_s']:>8.2f} {r['tok_per_s']:>8.0f} "
                   f"{r['speedup']:>7.2f}x {100 * r['same_as_nmt']:>5.1f}%", flush=True)

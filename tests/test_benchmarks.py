@@ -88,3 +88,21 @@ def test_bench_train_counts_the_real_target_tokens(tmp_path):
     real_tgt = sum(int(data.train.tgt_lens[b].sum()) + len(b) for b in batches)
     timed_tokens = res["tgt_tok_per_s"] * res["step_time_s"] * res["steps"]
     assert timed_tokens == pytest.approx(real_tgt, rel=1e-6)
+
+
+def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
+    pytest.importorskip("ctranslate2", reason="bench_ct2 needs the [ct2] extra")
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
+    src = tmp_path / "in.es"
+    src.write_text("el perro rojo ve la casa\nla luna\nel gato come y el sol ve el rio\nla flor\n", encoding="utf-8")
+    out = tmp_path / "ct2.json"
+    run_script("bench_ct2.py", "--checkpoint", ckpt, "--input", str(src), "--sentences", "0", "--beam", "2",
+               "--force-len", "4", "--repeats", "1", "--threads", "1", "--json", str(out))
+    res = json.loads(out.read_text())
+    rows = res["results"]
+    assert [(r["engine"], r["weights"]) for r in rows] == \
+        [("nmt (PyTorch)", "float32"), ("CTranslate2", "float32"), ("CTranslate2", "int8")]
+    assert all(r["sentences"] == 4 and r["sent_per_s"] > 0 for r in rows)
+    assert rows[0]["same_as_nmt"] == 1.0 and rows[0]["speedup"] == 1.0
+    assert all(r["retranslated"] >= 0 for r in rows[1:])
+    assert res["force_len"] == 4 and res["decode"]["min_len"] == 4 and res["decode"]["beam_size"] == 2
