@@ -24,7 +24,6 @@ Set the environment variable NMT_CPU_TUNING=0 to turn both off (for A/B benchmar
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import types
@@ -49,8 +48,7 @@ def tune_malloc() -> bool:
     if not enabled() or not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: libc's, without a library search
     except (OSError, AttributeError):  # musl and other C libraries have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
