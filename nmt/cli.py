@@ -180,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     from nmt.config import ConfigError
     from nmt.errors import UserError
-    from nmt.runtime import tune_malloc
 
     if args.command in ("train", "translate", "evaluate"):
-        tune_malloc()  # before torch allocates anything; see nmt/runtime.py
+        from nmt.runtime import tune_malloc
+
+        tune_malloc()  # before the command allocates its tensors; see nmt/runtime.py
     try:
         return COMMANDS[args.command](args)
     except ConfigError as e:

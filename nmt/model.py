@@ -50,8 +50,8 @@ def _xavier_chunks(weight: Tensor, n_chunks: int) -> None:
 
 class Dropout(nn.Module):
     """`nn.Dropout`, with CPU masks drawn by numpy's PCG64 instead of torch's per-element
-    mt19937 `bernoulli_` (4x faster per call; dropout was 8% of a CPU training step, see
-    BENCHMARKS.md). The stream is seeded from torch's generator (one draw per call), so
+    mt19937 `bernoulli_` (about 3x faster forward + backward; dropout was 8% of a CPU
+    training step, see BENCHMARKS.md). The stream is seeded from torch's generator (one draw per call), so
     `torch.manual_seed` and the checkpointed RNG state still fix every mask. On other
     devices it is `F.dropout`. Identity in eval mode or with p = 0."""
 

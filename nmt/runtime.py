@@ -26,7 +26,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -56,19 +59,37 @@ def tune_malloc() -> bool:
     return _malloc_tuned
 
 
-def pack_linear_weights(model, max_rows: int = 256, rows_hint: int = 32, min_weight: int = 100_000) -> int:
-    """Give every fp32 `nn.Linear` of `model` (on CPU) with at least `min_weight` weights a oneDNN-packed
-    copy of its weight, used for inputs of at most `max_rows` rows in eval mode. Returns how many layers
+_linear_pointwise = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` that also holds a oneDNN-packed copy of its weight (`_packed_weight`) and uses it
+    for eval-mode fp32 CPU inputs of 1.._max_rows rows; otherwise it is `nn.Linear`. Made by
+    `pack_linear_weights`, which switches existing layers to this class (parameters untouched)."""
+
+    _packed_weight: torch.Tensor
+    _max_rows: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.numel() // shape[-1] if shape else 0
+        if not (0 < rows <= self._max_rows and not self.training and x.is_cpu and x.dtype == torch.float32
+                and not (torch.is_grad_enabled() and self.weight.requires_grad)):
+            return F.linear(x, self.weight, self.bias)
+        if len(shape) == 2:  # a decoding step's [rows, D]
+            return _linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
+        y = _linear_pointwise(x.reshape(rows, shape[-1]), self._packed_weight, self.bias, "none", [], "")
+        return y.view(*shape[:-1], y.shape[-1])
+
+
+def pack_linear_weights(model: nn.Module, max_rows: int = 256, rows_hint: int = 32, min_weight: int = 100_000) -> int:
+    """Turn every fp32 `nn.Linear` of `model` (on CPU) with at least `min_weight` weights into a
+    `PackedLinear`, used for inputs of at most `max_rows` rows in eval mode. Returns how many layers
     were packed (0 when oneDNN is unavailable). Smaller layers keep `F.linear`: a oneDNN call costs
     about 30 us more than MKL's, which a 256x256 matmul of 32 rows does not win back (measured).
     Call again after changing the weights (the packed copies are snapshots)."""
-    import torch
-    from torch import nn
-
-    global _ops
-    if not enabled() or not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if not enabled() or _linear_pointwise is None:
         return 0
-    _ops = (torch.ops.mkldnn._linear_pointwise, torch.nn.functional.linear, torch.float32, torch.is_grad_enabled)
     n = 0
     with torch.no_grad():
         for module in model.modules():
@@ -76,28 +97,10 @@ def pack_linear_weights(model, max_rows: int = 256, rows_hint: int = 32, min_wei
                     or module.weight.dtype != torch.float32 or module.weight.numel() < min_weight:
                 continue
             try:
-                module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows_hint)
+                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows_hint)
             except RuntimeError:
                 return n
-            module._packed_max_rows = max_rows
-            module.forward = types.MethodType(_packed_forward, module)
+            module.__class__ = PackedLinear
+            module._packed_weight, module._max_rows = packed, max_rows
             n += 1
     return n
-
-
-_ops = None  # (oneDNN linear, F.linear, torch.float32, torch.is_grad_enabled), bound once by pack_linear_weights
-
-
-def _packed_forward(self, x):
-    """nn.Linear.forward through the packed weight when it applies, else F.linear (a decoding
-    step calls this ~13 times: the checks are kept cheap)."""
-    linear_pointwise, linear, float32, is_grad_enabled = _ops
-    shape = x.shape
-    rows = x.numel() // shape[-1] if shape else 0
-    if 0 < rows <= self._packed_max_rows and not self.training and x.is_cpu and x.dtype == float32 \
-            and not (is_grad_enabled() and self.weight.requires_grad):
-        if len(shape) == 2:
-            return linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
-        y = linear_pointwise(x.reshape(rows, shape[-1]), self._packed_weight, self.bias, "none", [], "")
-        return y.view(*shape[:-1], y.shape[-1])
-    return linear(x, self.weight, self.bias)

@@ -85,7 +85,7 @@ def build_random_checkpoint(directory: str, args) -> str:
 
 
 def worker(args) -> dict:
-    """One timed run of one engine in this (fresh) process: {"seconds", "outputs"}."""
+    """One timed run of one engine in this (fresh) process: {"seconds", "outputs", "retranslated"}."""
     lines = read_lines(args.input, args.sentences)
     limits = dict(max_len_a=0.0, max_len_b=args.force_len, min_len=args.force_len) if args.force_len else {}
     if args.worker == "nmt":
@@ -101,7 +101,7 @@ def worker(args) -> dict:
         decode = decode_settings(cfg.decode, beam=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
         run = lambda some: [r[0][0] for r in translate_nbest(model, tokenizer, some, decode, torch.device("cpu"),
                                                                warn=lambda m: None)]
-        retranslated = None
+        ct2 = None
     else:  # no torch computation in this process
         from nmt.ct2 import Ct2Translator
         from nmt.translate import decode_settings
@@ -113,9 +113,7 @@ def worker(args) -> dict:
     t0 = time.perf_counter()
     outputs = run(lines)
     seconds = time.perf_counter() - t0
-    if args.worker != "nmt":
-        retranslated = ct2.n_retranslated
-    return dict(seconds=seconds, outputs=outputs, retranslated=retranslated, decode=dataclasses.asdict(decode))
+    return dict(seconds=seconds, outputs=outputs, retranslated=ct2.n_retranslated if ct2 else None)
 
 
 def main() -> int:
@@ -141,10 +139,7 @@ def main() -> int:
         print(json.dumps(worker(args)))
         return 0
 
-    from nmt.runtime import tune_malloc
-
-    tune_malloc()  # as the `nmt` command does
-    import torch
+    import torch  # this process builds and exports the models; the timed runs are workers
 
     torch.set_num_threads(args.threads)
     import ctranslate2
@@ -156,7 +151,7 @@ def main() -> int:
         t0 = time.perf_counter()
         checkpoint = args.checkpoint or build_random_checkpoint(tmp, args)
         force_len = args.force_len if args.force_len is not None else (0 if args.checkpoint else 32)
-        model, tokenizer, cfg = load_model(checkpoint, "cpu")
+        model, tokenizer, cfg = load_model(checkpoint, "cpu", pack_weights=False)  # for the exports
         dirs = {}
         for quant in ("float32", "int8"):
             dirs[quant] = write_export(model, tokenizer, cfg, os.path.join(tmp, quant), quantization=quant,
