@@ -13,6 +13,7 @@ for a given seed, so tests can share and compare runs.
 
     write_task(tmp_path)           -> dict of file paths (train/valid/test src+tgt)
     tiny_config(tmp_path, ...)     -> a validated nmt Config for a small fast run
+    random_corpus(n)               -> an EncodedCorpus of n random pairs (no tokenizer needed)
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
+
 from nmt.config import Config, config_from_dict
+from nmt.data import EncodedCorpus
 
 NOUNS = {"casa": "house", "perro": "dog", "gato": "cat", "libro": "book", "mesa": "table",
          "arbol": "tree", "rio": "river", "sol": "sun", "luna": "moon", "flor": "flower"}
@@ -99,3 +103,13 @@ def tiny_config_dict(directory: str, **train_overrides) -> dict:
 def tiny_config(directory: str, **train_overrides) -> Config:
     """`tiny_config_dict` validated into a Config."""
     return config_from_dict(tiny_config_dict(directory, **train_overrides))
+
+
+def random_corpus(n: int, vocab: int = 20, seed: int = 0) -> EncodedCorpus:
+    """n pairs of 2-8 random real tokens (ids 4..vocab-1) per side, as `load_data` would encode them."""
+    rng = np.random.default_rng(seed)
+    s_lens, t_lens = rng.integers(2, 9, n), rng.integers(2, 9, n)
+    s_tok = rng.integers(4, vocab, int(s_lens.sum())).astype(np.int16)
+    t_tok = rng.integers(4, vocab, int(t_lens.sum())).astype(np.int16)
+    off = lambda lens: np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return EncodedCorpus(s_tok, off(s_lens), t_tok, off(t_lens))

@@ -25,7 +25,7 @@ import yaml
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, config_from_dict
-from nmt.data import EncodedCorpus, collate, epoch_batches, load_data
+from nmt.data import collate, epoch_batches, load_data
 from nmt.distributed import DistEnv, main_first, simulate_failure, timeout_seconds
 from nmt.errors import UserError
 from nmt.model import Transformer
@@ -36,7 +36,7 @@ from nmt.train import setup_precision, train_step
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 sys.path.insert(0, TESTS)
-from synthetic import tiny_config_dict  # noqa: E402
+from synthetic import random_corpus, tiny_config_dict  # noqa: E402
 
 CPU = torch.device("cpu")
 FP32 = setup_precision("fp32", CPU)
@@ -115,14 +115,6 @@ def _write_config(tmp_path, name: str, dropout: float = 0.1, **train) -> tuple[s
 
 # --------------------------------------------------------------------------- one DDP step
 
-def _corpus(n: int = 24, vocab: int = 20, seed: int = 0) -> EncodedCorpus:
-    rng = np.random.default_rng(seed)
-    s_lens, t_lens = rng.integers(2, 9, n), rng.integers(2, 9, n)
-    s_tok = rng.integers(4, vocab, int(s_lens.sum())).astype(np.int16)
-    t_tok = rng.integers(4, vocab, int(t_lens.sum())).astype(np.int16)
-    off = lambda lens: np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    return EncodedCorpus(s_tok, off(s_lens), t_tok, off(t_lens))
-
 
 def _model() -> Transformer:
     torch.manual_seed(0)
@@ -145,14 +137,15 @@ STEP_WORKER = textwrap.dedent("""
     import nmt.train as train_mod
     from nmt.data import collate
     from nmt.distributed import DistEnv, process_group, wrap_model
-    from test_distributed import MICRO, CLIP, FP32, _NoSchedule, _corpus, _model
+    from synthetic import random_corpus
+    from test_distributed import MICRO, CLIP, FP32, _NoSchedule, _model
 
     env = DistEnv.from_env()
     cpu = torch.device("cpu")
     real = train_mod.label_smoothed_nll
     out = {{}}
     with process_group(env, cpu):
-        batches = [collate(_corpus(), i) for i in MICRO[env.rank]]
+        batches = [collate(random_corpus(24), i) for i in MICRO[env.rank]]
         n_tokens = env.sum_values([sum(b.n_tgt_tokens for b in batches)], cpu)[0]
         for case in ("plain", "inf_on_rank1", "inf_on_rank1_no_reduce"):
             if case != "plain" and env.rank == 1:  # infinite loss, finite gradient, on rank 1 only
@@ -178,7 +171,7 @@ def test_ddp_step_equals_one_process_step_and_ranks_agree(tmp_path):
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
 
     # reference: one process, one step over all four micro-batches
-    corpus = _corpus()
+    corpus = random_corpus(24)
     model = _model()
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
     ref_batches = [collate(corpus, i) for r in (0, 1) for i in MICRO[r]]

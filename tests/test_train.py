@@ -14,7 +14,7 @@ import torch
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, config_from_dict, load_config, replace
-from nmt.data import EncodedCorpus, collate
+from nmt.data import collate
 from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.optim import lr_at
@@ -22,7 +22,7 @@ import nmt.train as train_mod
 from nmt.train import SignalStop, setup_precision, train, train_step
 
 sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import tiny_config, tiny_config_dict  # noqa: E402
+from synthetic import random_corpus, tiny_config, tiny_config_dict  # noqa: E402
 
 CPU = torch.device("cpu")
 FP32 = setup_precision("fp32", CPU)
@@ -32,15 +32,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------- train_step
-
-def _corpus(n: int = 12, vocab: int = 20, seed: int = 0) -> EncodedCorpus:
-    rng = np.random.default_rng(seed)
-    s_lens, t_lens = rng.integers(2, 9, n), rng.integers(2, 9, n)
-    s_tok = rng.integers(4, vocab, int(s_lens.sum())).astype(np.int16)
-    t_tok = rng.integers(4, vocab, int(t_lens.sum())).astype(np.int16)
-    off = lambda lens: np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    return EncodedCorpus(s_tok, off(s_lens), t_tok, off(t_lens))
-
 
 def _model(seed: int = 0, dropout: float = 0.0) -> Transformer:
     torch.manual_seed(seed)
@@ -66,7 +57,7 @@ def _sgd_step(batches, clip_norm=0.0):
 
 
 def test_update_freq_equals_one_big_batch():
-    corpus = _corpus()
+    corpus = random_corpus(12)
     idx1, idx2 = np.arange(0, 5), np.arange(5, 12)
     res_acc, delta_acc, _ = _sgd_step([collate(corpus, idx1), collate(corpus, idx2)])
     res_one, delta_one, _ = _sgd_step([collate(corpus, np.concatenate([idx1, idx2]))])
@@ -80,7 +71,7 @@ def test_update_freq_equals_one_big_batch():
 
 
 def test_clipping_and_reported_grad_norm():
-    batches = [collate(_corpus(), np.arange(12))]
+    batches = [collate(random_corpus(12), np.arange(12))]
     res, delta, _ = _sgd_step(batches, clip_norm=0.0)
     full_norm = torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values())).item()
     assert res.grad_norm.item() == pytest.approx(full_norm, rel=1e-5)
@@ -93,7 +84,7 @@ def test_clipping_and_reported_grad_norm():
 def test_nonfinite_loss_skips_the_update(monkeypatch):
     real = train_mod.label_smoothed_nll
     monkeypatch.setattr(train_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
-    res, delta, sched = _sgd_step([collate(_corpus(), np.arange(12))])
+    res, delta, sched = _sgd_step([collate(random_corpus(12), np.arange(12))])
     assert not res.updated and res.nonfinite_loss and sched.steps == 0
     assert all(torch.all(d == 0) for d in delta.values())
 
@@ -105,7 +96,7 @@ def test_precision_choices_on_cpu():
     assert bf16.dtype is torch.bfloat16 and bf16.scaler is None
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    res = train_step(model, [collate(_corpus(), np.arange(12))], opt, _NoSchedule(), bf16,
+    res = train_step(model, [collate(random_corpus(12), np.arange(12))], opt, _NoSchedule(), bf16,
                      label_smoothing=0.1, clip_norm=1.0)
     assert res.updated and math.isfinite(res.loss_sum.item())
 
