@@ -28,6 +28,8 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len-a", type=float, metavar="A", help="maximum output length = A * source_length + B")
     g.add_argument("--max-len-b", type=int, metavar="B", help="see --max-len-a")
     g.add_argument("--min-len", type=int, metavar="N", help="minimum output length in tokens")
+    g.add_argument("--workers", type=int, metavar="N", help="CPU: decode N batches at once, each with THREADS/N "
+                   "threads (default: decode.workers, 1); 2 is faster on small batches (see BENCHMARKS.md)")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
 
 
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _decode_kwargs(args: argparse.Namespace) -> dict:
     return dict(beam=args.beam, nbest=args.nbest, batch_tokens=args.batch_tokens, batch_size=args.batch_size, device=args.device,
                 max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len,
-                length_penalty=args.length_penalty)
+                length_penalty=args.length_penalty, workers=args.workers)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

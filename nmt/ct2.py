@@ -33,8 +33,10 @@ Search settings follow nmt.search exactly where CTranslate2 allows it:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 from typing import IO, Callable, Sequence
 
 from nmt.config import DecodeConfig
@@ -42,7 +44,7 @@ from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.search import Hypothesis, length_penalty_factor
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from nmt.translate import (CHUNK_LINES, check_io_paths, decode_settings, make_batches, one_line,
+from nmt.translate import (CHUNK_LINES, check_io_paths, decode_settings, make_batches, one_line, run_batches,
                            stream_translations)
 
 DEFAULT_PATIENCE = 2.0  # finished hypotheses per beam slot before CTranslate2 stops (see above)
@@ -65,12 +67,13 @@ class Ct2Translator:
 
     model_dir: a directory written by `nmt export`. compute_type: CTranslate2's ("default" keeps
     the exported weights' type; "int8", "float32", ...). intra_threads: threads per translation
-    (0 = CTranslate2's default). patience: with a length penalty, CTranslate2 ends a sentence
+    (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated at once
+    (CTranslate2's inter_threads; None = the exported decode.workers). patience: with a length penalty, CTranslate2 ends a sentence
     once `beam_size * patience` hypotheses are finished (see the module docstring).
     """
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",
-                 intra_threads: int = 0, patience: float = DEFAULT_PATIENCE):
+                 intra_threads: int = 0, patience: float = DEFAULT_PATIENCE, workers: int | None = None):
         ctranslate2 = require_ctranslate2()
         meta = read_metadata(model_dir)
         tokenizer = Tokenizer.load(model_dir)
@@ -82,9 +85,12 @@ class Ct2Translator:
         known = {f.name for f in dataclasses.fields(DecodeConfig)}
         self.decode = DecodeConfig(**{k: v for k, v in decode.items() if k in known})
         kind, index = resolve_ct2_device(device, ctranslate2)
+        self.workers = workers or self.decode.workers
+        if self.workers > 1 and not intra_threads:
+            intra_threads = max(1, (os.cpu_count() or 1) // self.workers)
         try:
-            self.translator = ctranslate2.Translator(model_dir, device=kind, device_index=index,
-                                                     compute_type=compute_type, intra_threads=intra_threads)
+            self.translator = ctranslate2.Translator(model_dir, device=kind, device_index=index, compute_type=compute_type,
+                                                     intra_threads=intra_threads, inter_threads=self.workers)
         except (RuntimeError, ValueError) as e:
             raise UserError(f"CTranslate2 cannot load {model_dir}: {str(e).splitlines()[0]}") from None
         src, tgt = vocabularies(tokenizer)
@@ -112,35 +118,44 @@ class Ct2Translator:
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         lengths = [len(ids) + 1 for ids in src_ids]  # with EOS, as the model sees them
         limits = [self.max_output_length(n, decode) for n in lengths]
-        for batch in make_batches(lengths, decode.batch_tokens, decode.max_batch_size):
+
+        def one_batch(batch: list[int]) -> tuple[dict[int, list[Hypothesis]], int]:
             # CTranslate2 takes one output limit per call: the batch's largest. Sentences whose
             # own (smaller) limit a hypothesis reaches are decoded again with their exact limit,
             # grouped by limit, so no output exceeds its sentence's maximum length.
             limit = max(limits[i] for i in batch)
-            hyps = self._search_safe(src_ids, batch, limit, decode)
+            hyps, n_redone = self._search_safe(src_ids, batch, limit, decode)
+            found = dict(zip(batch, hyps))
             again: dict[int, list[int]] = {}
-            for i, h in zip(batch, hyps):
-                out[i] = h
+            for i, h in found.items():
                 if limits[i] < limit and any(len(x.tokens) >= limits[i] for x in h):
                     again.setdefault(limits[i], []).append(i)
             for own, members in again.items():
-                for i, h in zip(members, self._search_safe(src_ids, members, own, decode)):
+                hyps, n = self._search_safe(src_ids, members, own, decode)
+                found.update(zip(members, hyps))
+                n_redone += n
+            return found, n_redone
+
+        batches = make_batches(lengths, decode.batch_tokens, decode.max_batch_size)
+        with contextlib.closing(run_batches(one_batch, batches, self.workers)) as done:
+            for batch, (found, n_redone) in done:
+                for i, h in found.items():
                     out[i] = h
-            if on_batch is not None:
-                on_batch(len(batch))
+                self.n_retranslated += n_redone
+                if on_batch is not None:
+                    on_batch(len(batch))
         return out
 
     def _search_safe(self, src_ids: Sequence[list[int]], idx: list[int], limit: int,
-                     decode: DecodeConfig) -> list[list[Hypothesis]]:
-        """Search sources `idx` under one output limit; redo those that produced PAD or BOS."""
+                     decode: DecodeConfig) -> tuple[list[list[Hypothesis]], int]:
+        """Search sources `idx` under one output limit; redo those that produced PAD or BOS.
+        -> (hypotheses per source, number redone)."""
         pieces = [[self.src_pieces[t] for t in src_ids[i]] for i in idx]
         hyps = self._search_batch(pieces, limit, decode, suppress=False)
         redo = [j for j, h in enumerate(hyps) if any(t in (PAD_ID, BOS_ID) for x in h for t in x.tokens)]
-        if redo:
-            self.n_retranslated += len(redo)
-            for j, h in zip(redo, self._search_batch([pieces[j] for j in redo], limit, decode, suppress=True)):
-                hyps[j] = h
-        return hyps
+        for j, h in zip(redo, self._search_batch([pieces[j] for j in redo], limit, decode, suppress=True) if redo else []):
+            hyps[j] = h
+        return hyps, len(redo)
 
     def _search_batch(self, pieces: list[list[str]], limit: int, decode: DecodeConfig,
                       suppress: bool) -> list[list[Hypothesis]]:
@@ -202,19 +217,21 @@ class Ct2Translator:
 def translate_ct2_command(model_dir: str, input: str | None, output: str | None, *, beam: int | None = None,
                           nbest: int | None = None, batch_tokens: int | None = None, device: str = "auto",
                           max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
-                          length_penalty: float | None = None, batch_size: int | None = None, quiet: bool = False,
-                          stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+                          length_penalty: float | None = None, batch_size: int | None = None,
+                          workers: int | None = None, quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
                           stderr: IO[str] | None = None, chunk_lines: int = CHUNK_LINES,
                           compute_type: str = "default", intra_threads: int = 0,
                           patience: float = DEFAULT_PATIENCE) -> int:
     """`nmt translate --engine ctranslate2 --model DIR`: like nmt.translate.translate_command
     (settings left None come from the exported checkpoint's `decode` section). Returns 0."""
     check_io_paths(input, output)
+    if workers is not None and workers < 1:
+        raise UserError(f"workers must be >= 1, got {workers}")
     engine = Ct2Translator(model_dir, device, compute_type=compute_type, intra_threads=intra_threads,
-                           patience=patience)
+                           patience=patience, workers=workers)
     decode = decode_settings(engine.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, max_len_a=max_len_a,
                              max_len_b=max_len_b, min_len=min_len, length_penalty=length_penalty,
-                             max_batch_size=batch_size)
+                             max_batch_size=batch_size, workers=engine.workers)
     stream_translations(lambda lines, on_batch: engine.translate_nbest(lines, decode, on_batch),
                         input, output, nbest=decode.nbest, max_positions=engine.max_positions, quiet=quiet,
                         stdin=stdin, stdout=stdout, stderr=stderr, chunk_lines=chunk_lines)

@@ -123,12 +123,12 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
                      json_out: bool = False, device: str = "auto", beam: int | None = None,
                      batch_tokens: int | None = None, max_len_a: float | None = None,
                      max_len_b: int | None = None, min_len: int | None = None,
-                     length_penalty: float | None = None, quiet: bool = False,
+                     length_penalty: float | None = None, workers: int | None = None, quiet: bool = False,
                      stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
                      stderr: IO[str] | None = None) -> int:
     """`nmt evaluate`: score `hyp` (None or "-" = standard input) against `ref`,
     or translate `src` with `checkpoint` (beam, batch_tokens, max_len_a/b,
-    min_len, length_penalty: None = the checkpoint's `decode` settings),
+    min_len, length_penalty, workers: None = the checkpoint's `decode` settings),
     optionally save the hypotheses, and score.
     Prints one line per metric, or one JSON object with `json_out`:
     `{"hyp": path, "ref": path, "n_sentences": N, "bleu": {...}, ...}` with the
@@ -148,7 +148,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
         if src is None:
             raise UserError("--checkpoint needs --src: the source file to translate")
         overrides = dict(beam=beam, batch_tokens=batch_tokens, max_len_a=max_len_a, max_len_b=max_len_b,
-                         min_len=min_len, length_penalty=length_penalty)
+                         min_len=min_len, length_penalty=length_penalty, workers=workers)
         hyps, hyp_name = _translate_file(checkpoint, src, len(refs), ref, device=device, overrides=overrides,
                                          quiet=quiet, stderr=stderr)
         if save_hyps:

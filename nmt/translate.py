@@ -94,6 +94,7 @@ def decode_settings(decode: DecodeConfig, **overrides) -> DecodeConfig:
               (d.nbest <= d.beam_size, f"nbest ({d.nbest}) cannot exceed the beam size ({d.beam_size})"),
               (d.batch_tokens >= 1, f"batch tokens must be >= 1, got {d.batch_tokens}"),
               (d.max_batch_size >= 1, f"max batch size must be >= 1, got {d.max_batch_size}"),
+              (d.workers >= 1, f"workers must be >= 1, got {d.workers}"),
               (d.max_len_a >= 0 and d.max_len_b >= 1, f"need max_len_a >= 0 and max_len_b >= 1, got {d.max_len_a}, {d.max_len_b}"),
               (d.min_len >= 0, f"min_len must be >= 0, got {d.min_len}"),
               (d.length_penalty >= 0, f"length penalty must be >= 0, got {d.length_penalty}")]
@@ -131,6 +132,38 @@ def make_batches(lengths: Sequence[int], batch_tokens: int, max_batch_size: int)
     if current:
         batches.append(current)
     return batches
+
+
+def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
+                workers: int) -> Iterator[tuple[list[int], object]]:
+    """(batch, fn(batch)) for each batch, in order; with workers > 1, `workers` batches run at
+    once in a thread pool (torch and CTranslate2 release the GIL inside their work). On an
+    error, queued batches are dropped and running ones finish before it propagates."""
+    if workers <= 1 or len(batches) <= 1:
+        for batch in batches:
+            yield batch, fn(batch)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nmt-decode")
+    try:
+        futures = [pool.submit(fn, batch) for batch in batches]
+        for batch, future in zip(batches, futures):
+            yield batch, future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to n inside the block (threads started inside it,
+    e.g. run_batches' workers, take it at their first op), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _decode_batch(model, src_ids: list[list[int]], decode: DecodeConfig, device: torch.device) -> list[list]:
@@ -171,11 +204,16 @@ def _translate(model, tokenizer, lines: Sequence[str], decode: DecodeConfig, dev
         on_batch(len(lines) - len(todo))
     was_training = model.training
     model.eval()
+    batches = [[todo[j] for j in batch]  # positions in `lines`
+               for batch in make_batches([len(src_ids[i]) for i in todo], decode.batch_tokens, decode.max_batch_size)]
+    search = lambda indices: _decode_batch(model, [src_ids[i] for i in indices], decode, device)
+    # CPU workers: at 32-160 rows one matmul does not keep two cores busy (an OpenMP fork/join per
+    # op, Python between ops); two batches at once with one thread each do (BENCHMARKS.md).
+    workers = decode.workers if device.type == "cpu" and len(batches) > 1 else 1
+    threads = intra_op_threads(max(1, torch.get_num_threads() // workers)) if workers > 1 else contextlib.nullcontext()
     try:
-        with torch.inference_mode():
-            for batch in make_batches([len(src_ids[i]) for i in todo], decode.batch_tokens, decode.max_batch_size):
-                indices = [todo[j] for j in batch]  # positions in `lines`
-                nbests = _decode_batch(model, [src_ids[i] for i in indices], decode, device)
+        with torch.inference_mode(), threads, contextlib.closing(run_batches(search, batches, workers)) as done:
+            for indices, nbests in done:
                 texts = iter(tokenizer.decode_tgt([h.tokens for hyps in nbests for h in hyps]))
                 for i, hyps in zip(indices, nbests):
                     results[i] = [(one_line(next(texts)), float(h.score)) for h in hyps]
@@ -327,9 +365,9 @@ def stream_translations(translate_chunk: Callable[[list[str], Callable[[int], No
 def translate_command(checkpoint: str, input: str | None, output: str | None, *, beam: int | None = None,
                       nbest: int | None = None, batch_tokens: int | None = None, device: str = "auto",
                       max_len_a: float | None = None, max_len_b: int | None = None, min_len: int | None = None,
-                      length_penalty: float | None = None, batch_size: int | None = None, quiet: bool = False,
-                      stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None, stderr: IO[str] | None = None,
-                      chunk_lines: int = CHUNK_LINES) -> int:
+                      length_penalty: float | None = None, batch_size: int | None = None, workers: int | None = None,
+                      quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+                      stderr: IO[str] | None = None, chunk_lines: int = CHUNK_LINES) -> int:
     """`nmt translate`: input file or stdin -> output file or stdout. Settings left None
     come from the checkpoint's `decode` section. A progress bar (stderr) is shown when
     reading a file, unless quiet; quiet also silences the truncation warning. Returns 0."""
@@ -337,7 +375,7 @@ def translate_command(checkpoint: str, input: str | None, output: str | None, *,
     model, tokenizer, cfg = load_model(checkpoint, device)
     decode = decode_settings(cfg.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, max_len_a=max_len_a,
                              max_len_b=max_len_b, min_len=min_len, length_penalty=length_penalty,
-                             max_batch_size=batch_size)
+                             max_batch_size=batch_size, workers=workers)
     dev = model_device(model)
     stream_translations(lambda lines, on_batch: _translate(model, tokenizer, lines, decode, dev, on_batch),
                         input, output, nbest=decode.nbest, max_positions=model.max_positions, quiet=quiet,

@@ -7,6 +7,7 @@ checkpoint.py, so the whole load -> encode -> search -> decode path runs.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -14,6 +15,8 @@ import random
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -123,6 +126,64 @@ def test_batching_and_order_do_not_change_results(loaded, beam):
             assert r == [("", 0.0)]
     assert tr.translate_lines(model, tokenizer, lines, decode, "cpu", warn=lambda m: None) == \
         [r[0][0] for r in batched]
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_workers_give_the_sequential_results(loaded, beam, monkeypatch):
+    """decode.workers > 1 runs batches in a thread pool with torch threads / workers intra-op threads
+    each: the same n-best texts and scores, in the same order, and the thread count is restored."""
+    model, tokenizer, cfg = loaded
+    lines = mixed_lines() * 2
+    decode = tr.decode_settings(cfg.decode, beam=beam, nbest=beam)
+    assert len(tr.make_batches([6] * len(lines), decode.batch_tokens, decode.max_batch_size)) >= 4
+    seen = []  # (thread name, intra-op threads) of each batch
+    real = tr._decode_batch
+
+    def spy(*args):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return real(*args)
+
+    monkeypatch.setattr(tr, "_decode_batch", spy)
+    sequential = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
+    assert {name for name, _ in seen} == {threading.current_thread().name}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        seen.clear()
+        parallel = tr.translate_nbest(model, tokenizer, lines, tr.decode_settings(decode, workers=2), "cpu",
+                                      warn=lambda m: None)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert parallel == sequential
+    assert all(name.startswith("nmt-decode") and threads == 1 for name, threads in seen)
+    with pytest.raises(UserError, match="workers"):
+        tr.decode_settings(decode, workers=0)
+
+
+def test_run_batches_keeps_order_and_propagates_errors():
+    batches = [[i] for i in range(12)]
+
+    def slow_first(batch):  # early batches finish last: results must still come back in order
+        time.sleep(0.002 * (12 - batch[0]))
+        return batch[0] * 10
+
+    assert list(tr.run_batches(slow_first, batches, 3)) == [(b, b[0] * 10) for b in batches]
+    assert list(tr.run_batches(slow_first, batches, 1)) == [(b, b[0] * 10) for b in batches]
+
+    def fails(batch):
+        if batch[0] == 2:
+            raise RuntimeError("batch 2 failed")
+        return batch[0]
+
+    threads_before = threading.active_count()
+    got = []
+    with pytest.raises(RuntimeError, match="batch 2 failed"):
+        with contextlib.closing(tr.run_batches(fails, batches, 2)) as done:
+            for batch, result in done:
+                got.append(result)
+    assert got == [0, 1]
+    assert threading.active_count() == threads_before  # the pool is shut down, nothing left running
 
 
 def test_truncation_counted_once_and_equals_manual_truncation(loaded):
