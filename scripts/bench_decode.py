@@ -44,28 +44,35 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch):
+def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1):
+    """Encode + search src_ids in batches of batch_size sentences (sorted by length);
+    with workers > 1 on CPU, as `nmt translate --workers` runs them. -> (seconds, output tokens)."""
+    import contextlib
+
     from nmt.search import beam_search, greedy_search
     from nmt.tokenizer import PAD_ID
+    from nmt.translate import intra_op_threads, run_batches
 
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
-    n_tokens = 0
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for start in range(0, len(order), batch_size):
-        batch = [src_ids[i] for i in order[start:start + batch_size]]
+    kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
+
+    def search(batch):
         width = max(len(x) for x in batch)
         src = torch.tensor([x + [PAD_ID] * (width - len(x)) for x in batch], device=device)
         src_mask = src != PAD_ID
-        kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
-        with torch.inference_mode():
-            if beam == 1:
-                hyps = greedy_search(model, src, src_mask, use_cache=use_cache, **kw)
-                n_tokens += sum(len(h.tokens) for h in hyps)
-            else:
-                hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, **kw)
-                n_tokens += sum(len(h[0].tokens) for h in hyps)
+        if beam == 1:
+            return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, **kw))
+        hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, **kw)
+        return sum(len(h[0].tokens) for h in hyps)
+
+    batches = [[src_ids[i] for i in order[start:start + batch_size]] for start in range(0, len(order), batch_size)]
+    workers = workers if device.type == "cpu" else 1
+    threads = intra_op_threads(max(1, torch.get_num_threads() // workers)) if workers > 1 else contextlib.nullcontext()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with threads:
+        n_tokens = sum(n for _, n in run_batches(search, batches, workers))
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0, n_tokens
@@ -78,7 +85,7 @@ def whole_command(args, lines, beam, batch_size) -> float:
             f.write("\n".join(lines) + "\n")
         cmd = [sys.executable, "-m", "nmt", "translate", "--checkpoint", args.checkpoint, "-i", inp,
                "-o", os.path.join(tmp, "out.txt"), "--beam", str(beam), "--batch-size", str(batch_size),
-               "--batch-tokens", "1000000", "--device", args.device, "--quiet"]
+               "--batch-tokens", "1000000", "--device", args.device, "--workers", str(args.workers), "--quiet"]
         if args.force_len:
             cmd += ["--max-len-a", "0", "--max-len-b", str(args.force_len), "--min-len", str(args.force_len)]
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads)) if args.threads else dict(os.environ)
@@ -94,6 +101,7 @@ def run_ct2(args, lines) -> list[dict]:
     CTranslate2's: in one process it ran at 20.6 instead of 38.5 greedy sentences/s)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--ct2-worker", "--checkpoint", args.checkpoint, "--input", args.input,
            "--sentences", str(args.sentences), "--force-len", str(args.force_len), "--threads", str(args.threads),
+           "--workers", str(args.workers),
            "--ct2-model", args.ct2_model, "--batch-sizes", *map(str, args.batch_sizes), "--beams", *map(str, args.beams)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     results = json.loads(out.strip().splitlines()[-1])
@@ -104,13 +112,15 @@ def run_ct2(args, lines) -> list[dict]:
 
 
 def ct2_worker(args, lines) -> list[dict]:
-    """CTranslate2 float32 (as exported) on the same sentences, sorted by length as nmt's batches are."""
+    """CTranslate2 float32 (as exported) on the same sentences, sorted by length as nmt's batches are;
+    --workers N -> inter_threads N (CTranslate2 runs N of the max_batch_size batches at once), intra_threads threads/N."""
     import ctranslate2
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.ct2_model, "spm.model"))
     pieces = sorted((sp.encode(line, out_type=str) + ["</s>"] for line in lines), key=len)
-    translator = ctranslate2.Translator(args.ct2_model, device="cpu", intra_threads=args.threads or 0, inter_threads=1)
+    intra = max(1, args.threads // args.workers) if args.threads else 0
+    translator = ctranslate2.Translator(args.ct2_model, device="cpu", intra_threads=intra, inter_threads=args.workers)
     kw = dict(min_decoding_length=args.force_len, max_decoding_length=args.force_len) if args.force_len else \
         dict(max_decoding_length=256)
     translator.translate_batch(pieces[:8], beam_size=5, **dict(kw, max_decoding_length=8, min_decoding_length=0))  # warm-up
@@ -123,7 +133,8 @@ def ct2_worker(args, lines) -> list[dict]:
             toks = sum(len(r.hypotheses[0]) for r in res)
             r = dict(search=("greedy" if beam == 1 else f"beam{beam}") + "_ct2", beam=beam, cache=True, batch=bs,
                      sentences=len(lines), seconds=secs, sent_per_s=len(lines) / secs, tok_per_s=toks / secs, tokens=toks,
-                     peak_mem_mb=peak_rss_mb(), engine=f"ctranslate2 {ctranslate2.__version__} float32")
+                     peak_mem_mb=peak_rss_mb(), engine=f"ctranslate2 {ctranslate2.__version__} float32",
+                     workers=args.workers)
             out.append(r)
     return out
 
@@ -140,6 +151,9 @@ def main() -> int:
     ap.add_argument("--whole-command", action="store_true", help="also time `nmt translate` as a subprocess at batch 32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU (0 = default)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="batches decoded at once on CPU, each with THREADS/N threads (`nmt translate --workers`; "
+                         "CTranslate2: inter_threads N)")
     ap.add_argument("--ct2-model", metavar="DIR",
                     help="also time CTranslate2 on this export of the checkpoint (`nmt export`): translate_batch on the "
                          "same SentencePiece pieces, max_batch_size = each --batch-sizes value, the call only")
@@ -169,7 +183,7 @@ def main() -> int:
     load_s = time.perf_counter() - t0
     device = next(model.parameters()).device
     print(f"# {len(lines)} sentences, device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"load+tokenize {load_s:.2f}s, cpu tuning {'off' if args.no_cpu_tuning else 'on'}", flush=True)
+          f"load+tokenize {load_s:.2f}s, cpu tuning {'off' if args.no_cpu_tuning else 'on'}, workers {args.workers}", flush=True)
     run_search(model, src_ids[:8], 8, 5, 8, True, device, torch)  # warm-up
 
     results = []
@@ -183,11 +197,12 @@ def main() -> int:
             for bs in (args.batch_sizes if use_cache else [32]):
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
-                secs, toks = run_search(model, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch)
+                secs, toks = run_search(model, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch,
+                                        args.workers)
                 mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
                 r = dict(search="greedy" if beam == 1 else f"beam{beam}", beam=beam, cache=use_cache, batch=bs,
                          sentences=n, seconds=secs, sent_per_s=n / secs, tok_per_s=toks / secs, tokens=toks,
-                         peak_mem_mb=mem)
+                         peak_mem_mb=mem, workers=args.workers)
                 results.append(r)
                 print(f"{r['search']:>8} {str(use_cache):>6} {bs:>6} {n:>6} {secs:>8.2f} {r['sent_per_s']:>8.2f} "
                       f"{r['tok_per_s']:>9.0f} {mem:>8.0f}", flush=True)
@@ -209,7 +224,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(checkpoint=args.checkpoint, input=args.input, force_len=args.force_len, load_s=load_s,
-                           torch=torch.__version__, threads=torch.get_num_threads(), results=results,
+                           torch=torch.__version__, threads=torch.get_num_threads(), workers=args.workers, results=results,
                            cache_speedup=speedups, whole_command=whole), f, indent=2)
     return 0
 

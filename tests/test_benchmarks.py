@@ -29,14 +29,18 @@ def run_script(name: str, *args: str) -> None:
                    text=True, timeout=300)
 
 
-def test_bench_decode_forces_equal_work_on_every_path(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bench_decode_forces_equal_work_on_every_path(tmp_path, workers):
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
     src = tmp_path / "in.es"
     src.write_text("el perro rojo ve la casa\nla luna\n\nel gato come y el sol ve el rio\nla flor\nel libro viejo\n",
                    encoding="utf-8")
     out = tmp_path / "out.json"
     args = ["--checkpoint", ckpt, "--input", str(src), "--sentences", "0", "--force-len", "5", "--batch-sizes", "2", "32",
-            "--beams", "1", "3", "--uncached-sentences", "3", "--threads", "1", "--json", str(out)]
+            "--beams", "1", "3", "--uncached-sentences", "3", "--threads", str(workers), "--workers", str(workers),
+            "--json", str(out)]
+    if workers > 1:
+        args.append("--whole-command")  # `nmt translate --workers 2` end to end
     try:
         import ctranslate2  # noqa: F401
         export_dir = tmp_path / "ct2"
@@ -63,6 +67,8 @@ def test_bench_decode_forces_equal_work_on_every_path(tmp_path):
     for r in ct2_rows:
         assert r["tokens"] == 5 * n, r
     assert set(res["cache_speedup"]) == {"beam1", "beam3"}
+    assert res["workers"] == workers and all(r["workers"] == workers for r in rows)
+    assert set(res["whole_command"]) == ({"beam1", "beam3"} if workers > 1 else set())
 
 
 def test_bench_train_counts_the_real_target_tokens(tmp_path):
