@@ -331,6 +331,31 @@ def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
             assert sum(g == w for g, w in zip(got, want)) >= len(got) - 2
 
 
+def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
+    """--workers 2 with the CTranslate2 engine (inter_threads 2, batches run by a thread pool):
+    the same file as one worker, and as the PyTorch path with --workers 2."""
+    from nmt.ct2 import Ct2Translator, translate_ct2_command
+    from nmt.translate import translate_command
+
+    checkpoint, out = trained
+    lines = [p[0] for p in pairs[:60]]
+    lines[5] = ""
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    kw = dict(beam=2, nbest=2, device="cpu", quiet=True, batch_size=4)
+    translate_ct2_command(out, str(src), str(tmp_path / "one.txt"), workers=1, **kw)
+    translate_ct2_command(out, str(src), str(tmp_path / "two.txt"), workers=2, **kw)
+    translate_command(checkpoint, str(src), str(tmp_path / "torch1.txt"), workers=1, **kw)
+    translate_command(checkpoint, str(src), str(tmp_path / "torch2.txt"), workers=2, **kw)
+    one = (tmp_path / "one.txt").read_text(encoding="utf-8")
+    assert len(one.splitlines()) == 2 * len(lines)
+    assert (tmp_path / "two.txt").read_text(encoding="utf-8") == one
+    assert (tmp_path / "torch2.txt").read_text(encoding="utf-8") == (tmp_path / "torch1.txt").read_text(encoding="utf-8")
+    assert Ct2Translator(out, "cpu", workers=2).translator.num_translators == 2  # CTranslate2 runs 2 batches at once
+    with pytest.raises(UserError, match="workers"):
+        translate_ct2_command(out, str(src), str(tmp_path / "x.txt"), workers=0, **kw)
+
+
 def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
     """stdin -> stdout; the checkpoint's decode section is the default; an over-long line is
     truncated (max_positions - 1 = 63 tokens) and counted in one warning; not-an-export refused."""
