@@ -153,8 +153,9 @@ class Ct2Translator:
         pieces = [[self.src_pieces[t] for t in src_ids[i]] for i in idx]
         hyps = self._search_batch(pieces, limit, decode, suppress=False)
         redo = [j for j, h in enumerate(hyps) if any(t in (PAD_ID, BOS_ID) for x in h for t in x.tokens)]
-        for j, h in zip(redo, self._search_batch([pieces[j] for j in redo], limit, decode, suppress=True) if redo else []):
-            hyps[j] = h
+        if redo:
+            for j, h in zip(redo, self._search_batch([pieces[j] for j in redo], limit, decode, suppress=True)):
+                hyps[j] = h
         return hyps, len(redo)
 
     def _search_batch(self, pieces: list[list[str]], limit: int, decode: DecodeConfig,

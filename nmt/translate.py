@@ -134,17 +134,28 @@ def make_batches(lengths: Sequence[int], batch_tokens: int, max_batch_size: int)
     return batches
 
 
-def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
-                workers: int) -> Iterator[tuple[list[int], object]]:
+def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]], workers: int,
+                torch_device: torch.device | None = None) -> Iterator[tuple[list[int], object]]:
     """(batch, fn(batch)) for each batch, in order; with workers > 1, `workers` batches run at
-    once in a thread pool (torch and CTranslate2 release the GIL inside their work). On an
-    error, queued batches are dropped and running ones finish before it propagates."""
+    once in a thread pool (torch and CTranslate2 release the GIL inside their work).
+
+    torch_device: the device of a torch model that fn runs. On CPU the workers share torch's
+    intra-op threads (threads / workers each, restored afterwards): at 32-160 rows one op does
+    not keep two cores busy (an OpenMP fork/join per op, Python between ops), two batches at
+    once with one thread each do (BENCHMARKS.md). On other devices batches run one at a time.
+    On an error, queued batches are dropped and running ones finish before it propagates.
+    """
+    if torch_device is not None and torch_device.type != "cpu":
+        workers = 1
     if workers <= 1 or len(batches) <= 1:
         for batch in batches:
             yield batch, fn(batch)
         return
     from concurrent.futures import ThreadPoolExecutor
 
+    threads = torch.get_num_threads()
+    if torch_device is not None:
+        torch.set_num_threads(max(1, threads // workers))  # read by each worker thread at its first op
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nmt-decode")
     try:
         futures = [pool.submit(fn, batch) for batch in batches]
@@ -152,18 +163,8 @@ def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
             yield batch, future.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-@contextlib.contextmanager
-def intra_op_threads(n: int) -> Iterator[None]:
-    """torch's intra-op thread count set to n inside the block (threads started inside it,
-    e.g. run_batches' workers, take it at their first op), restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+        if torch_device is not None:
+            torch.set_num_threads(threads)
 
 
 def _decode_batch(model, src_ids: list[list[int]], decode: DecodeConfig, device: torch.device) -> list[list]:
@@ -207,12 +208,8 @@ def _translate(model, tokenizer, lines: Sequence[str], decode: DecodeConfig, dev
     batches = [[todo[j] for j in batch]  # positions in `lines`
                for batch in make_batches([len(src_ids[i]) for i in todo], decode.batch_tokens, decode.max_batch_size)]
     search = lambda indices: _decode_batch(model, [src_ids[i] for i in indices], decode, device)
-    # CPU workers: at 32-160 rows one matmul does not keep two cores busy (an OpenMP fork/join per
-    # op, Python between ops); two batches at once with one thread each do (BENCHMARKS.md).
-    workers = decode.workers if device.type == "cpu" and len(batches) > 1 else 1
-    threads = intra_op_threads(max(1, torch.get_num_threads() // workers)) if workers > 1 else contextlib.nullcontext()
     try:
-        with torch.inference_mode(), threads, contextlib.closing(run_batches(search, batches, workers)) as done:
+        with torch.inference_mode(), contextlib.closing(run_batches(search, batches, decode.workers, device)) as done:
             for indices, nbests in done:
                 texts = iter(tokenizer.decode_tgt([h.tokens for hyps in nbests for h in hyps]))
                 for i, hyps in zip(indices, nbests):

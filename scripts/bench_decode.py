@@ -47,11 +47,9 @@ def peak_rss_mb() -> float:
 def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1):
     """Encode + search src_ids in batches of batch_size sentences (sorted by length);
     with workers > 1 on CPU, as `nmt translate --workers` runs them. -> (seconds, output tokens)."""
-    import contextlib
-
     from nmt.search import beam_search, greedy_search
     from nmt.tokenizer import PAD_ID
-    from nmt.translate import intra_op_threads, run_batches
+    from nmt.translate import run_batches
 
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
@@ -66,13 +64,10 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
         return sum(len(h[0].tokens) for h in hyps)
 
     batches = [[src_ids[i] for i in order[start:start + batch_size]] for start in range(0, len(order), batch_size)]
-    workers = workers if device.type == "cpu" else 1
-    threads = intra_op_threads(max(1, torch.get_num_threads() // workers)) if workers > 1 else contextlib.nullcontext()
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with threads:
-        n_tokens = sum(n for _, n in run_batches(search, batches, workers))
+    n_tokens = sum(n for _, n in run_batches(search, batches, workers, device))
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0, n_tokens
