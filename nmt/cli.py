@@ -29,7 +29,7 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len-b", type=int, metavar="B", help="see --max-len-a")
     g.add_argument("--min-len", type=int, metavar="N", help="minimum output length in tokens")
     g.add_argument("--workers", type=int, metavar="N", help="CPU: decode N batches at once, each with THREADS/N "
-                   "threads (default: decode.workers, 1); 2 is faster on small batches (see BENCHMARKS.md)")
+                   "threads (default: decode.workers; 0 = auto: 2 on a CPU with 2+ threads, else 1)")
     g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
 
 

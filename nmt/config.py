@@ -184,9 +184,10 @@ class DecodeConfig:
     min_len: int = _f(0, "Minimum output length (EOS forbidden before it).", min=0)
     batch_tokens: int = _f(8192, "Source-token budget of a translation batch (padded).", min=1)
     max_batch_size: int = _f(256, "Cap on sentences per translation batch.", min=1)
-    workers: int = _f(1, "CPU: batches decoded at once, each with torch threads / workers intra-op threads "
-                      "(as CTranslate2's inter_threads). Small batches use 2 cores better as 2 workers x 1 thread "
-                      "than 1 x 2 (BENCHMARKS.md). Ignored on GPU.", min=1)
+    workers: int = _f(0, "CPU: batches decoded at once, each with torch threads / workers intra-op threads "
+                      "(as CTranslate2's inter_threads); 0 = auto: 2 on a CPU with at least 2 threads, else 1. "
+                      "Small batches use 2 cores better as 2 workers x 1 thread than 1 x 2 (BENCHMARKS.md); "
+                      "each worker holds its own batch in memory. Ignored on GPU.", min=0)
 
 
 # --------------------------------------------------------------------------- top

@@ -44,8 +44,8 @@ from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.search import Hypothesis, length_penalty_factor
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from nmt.translate import (CHUNK_LINES, check_io_paths, decode_settings, make_batches, one_line, run_batches,
-                           stream_translations)
+from nmt.translate import (CHUNK_LINES, check_io_paths, decode_settings, make_batches, one_line, resolve_workers,
+                           run_batches, stream_translations)
 
 DEFAULT_PATIENCE = 2.0  # finished hypotheses per beam slot before CTranslate2 stops (see above)
 
@@ -68,7 +68,7 @@ class Ct2Translator:
     model_dir: a directory written by `nmt export`. compute_type: CTranslate2's ("default" keeps
     the exported weights' type; "int8", "float32", ...). intra_threads: threads per translation
     (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated at once
-    (CTranslate2's inter_threads; None = the exported decode.workers). patience: with a length penalty, CTranslate2 ends a sentence
+    (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see `resolve_workers`). patience: with a length penalty, CTranslate2 ends a sentence
     once `beam_size * patience` hypotheses are finished (see the module docstring).
     """
 
@@ -85,7 +85,7 @@ class Ct2Translator:
         known = {f.name for f in dataclasses.fields(DecodeConfig)}
         self.decode = DecodeConfig(**{k: v for k, v in decode.items() if k in known})
         kind, index = resolve_ct2_device(device, ctranslate2)
-        self.workers = workers or self.decode.workers
+        self.workers = resolve_workers(self.decode.workers if workers is None else workers, kind, os.cpu_count() or 1)
         if self.workers > 1 and not intra_threads:
             intra_threads = max(1, (os.cpu_count() or 1) // self.workers)
         try:
@@ -226,8 +226,8 @@ def translate_ct2_command(model_dir: str, input: str | None, output: str | None,
     """`nmt translate --engine ctranslate2 --model DIR`: like nmt.translate.translate_command
     (settings left None come from the exported checkpoint's `decode` section). Returns 0."""
     check_io_paths(input, output)
-    if workers is not None and workers < 1:
-        raise UserError(f"workers must be >= 1, got {workers}")
+    if workers is not None and workers < 0:
+        raise UserError(f"workers must be >= 0 (0 = auto), got {workers}")
     engine = Ct2Translator(model_dir, device, compute_type=compute_type, intra_threads=intra_threads,
                            patience=patience, workers=workers)
     decode = decode_settings(engine.decode, beam=beam, nbest=nbest, batch_tokens=batch_tokens, max_len_a=max_len_a,

@@ -352,8 +352,10 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     assert (tmp_path / "two.txt").read_text(encoding="utf-8") == one
     assert (tmp_path / "torch2.txt").read_text(encoding="utf-8") == (tmp_path / "torch1.txt").read_text(encoding="utf-8")
     assert Ct2Translator(out, "cpu", workers=2).translator.num_translators == 2  # CTranslate2 runs 2 batches at once
+    auto = 2 if (os.cpu_count() or 1) >= 2 else 1  # workers 0 = auto, as on the PyTorch path
+    assert Ct2Translator(out, "cpu", workers=0).translator.num_translators == auto
     with pytest.raises(UserError, match="workers"):
-        translate_ct2_command(out, str(src), str(tmp_path / "x.txt"), workers=0, **kw)
+        translate_ct2_command(out, str(src), str(tmp_path / "x.txt"), workers=-1, **kw)
 
 
 def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):

@@ -23,7 +23,7 @@ import torch
 
 from nmt import translate as tr
 from nmt.checkpoint import load_checkpoint, load_for_inference, save_checkpoint
-from nmt.config import TokenizerConfig, config_from_dict, to_dict
+from nmt.config import DecodeConfig, TokenizerConfig, config_from_dict, to_dict
 from nmt.errors import UserError
 from nmt.evaluate import evaluate_command, read_lines, score
 from nmt.model import Transformer
@@ -134,7 +134,7 @@ def test_workers_give_the_sequential_results(loaded, beam, monkeypatch):
     each: the same n-best texts and scores, in the same order, and the thread count is restored."""
     model, tokenizer, cfg = loaded
     lines = mixed_lines() * 2
-    decode = tr.decode_settings(cfg.decode, beam=beam, nbest=beam)
+    decode = tr.decode_settings(cfg.decode, beam=beam, nbest=beam, workers=1)
     assert len(tr.make_batches([6] * len(lines), decode.batch_tokens, decode.max_batch_size)) >= 4
     seen = []  # (thread name, intra-op threads) of each batch
     real = tr._decode_batch
@@ -158,7 +158,34 @@ def test_workers_give_the_sequential_results(loaded, beam, monkeypatch):
     assert parallel == sequential
     assert all(name.startswith("nmt-decode") and threads == 1 for name, threads in seen)
     with pytest.raises(UserError, match="workers"):
-        tr.decode_settings(decode, workers=0)
+        tr.decode_settings(decode, workers=-1)
+
+
+def test_auto_workers(loaded, monkeypatch):
+    """decode.workers 0 (the default) = 2 workers on a CPU with at least 2 threads, else 1 (also on GPU)."""
+    model, tokenizer, cfg = loaded
+    assert DecodeConfig().workers == 0
+    assert tr.resolve_workers(0, "cpu", threads=2) == 2 and tr.resolve_workers(0, "cpu", threads=16) == 2
+    assert tr.resolve_workers(0, "cpu", threads=1) == 1 and tr.resolve_workers(0, "cuda", threads=8) == 1
+    assert tr.resolve_workers(3, "cpu", threads=1) == 3
+    lines = mixed_lines() * 2
+    decode = tr.decode_settings(cfg.decode, workers=0)
+    seen = []
+    real = tr._decode_batch
+    monkeypatch.setattr(tr, "_decode_batch", lambda *a: seen.append(threading.current_thread().name) or real(*a))
+    before = torch.get_num_threads()
+    try:
+        for threads, pooled in ((1, False), (2, True)):
+            torch.set_num_threads(threads)
+            seen.clear()
+            out = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
+            assert all(name.startswith("nmt-decode") == pooled for name in seen) and len(seen) >= 4
+            assert torch.get_num_threads() == threads
+            if threads == 1:
+                first = out
+        assert out == first
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_run_batches_keeps_order_and_propagates_errors():
