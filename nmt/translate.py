@@ -145,7 +145,8 @@ def resolve_workers(workers: int, device: torch.device | str, threads: int | Non
 
 
 def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]], workers: int,
-                torch_device: torch.device | None = None) -> Iterator[tuple[list[int], object]]:
+                torch_device: torch.device | None = None,
+                costs: Sequence[float] | None = None) -> Iterator[tuple[list[int], object]]:
     """(batch, fn(batch)) for each batch, in order; with workers > 1, `workers` batches run at
     once in a thread pool (torch and CTranslate2 release the GIL inside their work).
 
@@ -153,10 +154,19 @@ def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
     intra-op threads (threads / workers each, restored afterwards): at 32-160 rows one op does
     not keep two cores busy (an OpenMP fork/join per op, Python between ops), two batches at
     once with one thread each do (BENCHMARKS.md). On other devices batches run one at a time.
+    costs: each batch's estimated work (e.g. sentences x longest source). Given them, the pool
+    takes the largest batches first, and the batches run one at a time, with all threads, when
+    they cannot be shared out evenly (see `_balanced`): one large batch and one small one
+    would otherwise leave a core idle while the large one runs on half the threads.
     On an error, queued batches are dropped and running ones finish before it propagates.
     """
     if torch_device is not None and torch_device.type != "cpu":
         workers = 1
+    order = list(range(len(batches)))
+    if costs is not None and workers > 1:
+        order.sort(key=lambda i: -costs[i])
+        if not _balanced(costs, workers):
+            workers = 1
     if workers <= 1 or len(batches) <= 1:
         for batch in batches:
             yield batch, fn(batch)
@@ -168,13 +178,24 @@ def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
         torch.set_num_threads(max(1, threads // workers))  # read by each worker thread at its first op
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nmt-decode")
     try:
-        futures = [pool.submit(fn, batch) for batch in batches]
-        for batch, future in zip(batches, futures):
-            yield batch, future.result()
+        futures = {i: pool.submit(fn, batches[i]) for i in order}
+        for i, batch in enumerate(batches):
+            yield batch, futures[i].result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         if torch_device is not None:
             torch.set_num_threads(threads)
+
+
+def _balanced(costs: Sequence[float], workers: int, slack: float = 1.2) -> bool:
+    """True when the largest-first schedule of `costs` on `workers` workers ends within `slack` x
+    the perfectly even share. A worker with 1/workers of the threads runs a batch about 1.35-1.8x
+    slower than all threads do (2 cores, BENCHMARKS.md), so a worse balance is slower than
+    running the batches one at a time."""
+    loads = [0.0] * workers
+    for c in sorted(costs, reverse=True):
+        loads[loads.index(min(loads))] += c
+    return max(loads) <= slack * sum(loads) / workers
 
 
 def _decode_batch(model, src_ids: list[list[int]], decode: DecodeConfig, device: torch.device) -> list[list]:
@@ -218,8 +239,10 @@ def _translate(model, tokenizer, lines: Sequence[str], decode: DecodeConfig, dev
     batches = [[todo[j] for j in batch]  # positions in `lines`
                for batch in make_batches([len(src_ids[i]) for i in todo], decode.batch_tokens, decode.max_batch_size)]
     search = lambda indices: _decode_batch(model, [src_ids[i] for i in indices], decode, device)
+    costs = [len(b) * max(len(src_ids[i]) for i in b) for b in batches]  # padded source tokens
     try:
-        with torch.inference_mode(), contextlib.closing(run_batches(search, batches, resolve_workers(decode.workers, device), device)) as done:
+        workers = resolve_workers(decode.workers, device)
+        with torch.inference_mode(), contextlib.closing(run_batches(search, batches, workers, device, costs)) as done:
             for indices, nbests in done:
                 texts = iter(tokenizer.decode_tgt([h.tokens for hyps in nbests for h in hyps]))
                 for i, hyps in zip(indices, nbests):

@@ -67,7 +67,8 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    n_tokens = sum(n for _, n in run_batches(search, batches, workers, device))
+    costs = [len(b) * max(len(x) for x in b) for b in batches]  # as nmt translate schedules them
+    n_tokens = sum(n for _, n in run_batches(search, batches, workers, device, costs))
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0, n_tokens

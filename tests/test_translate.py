@@ -184,8 +184,34 @@ def test_auto_workers(loaded, monkeypatch):
             if threads == 1:
                 first = out
         assert out == first
+        seen.clear()  # 5 lines in batches of at most 4: one batch of 4 and one of 1 cannot be shared out evenly
+        five = [p[0] for p in make_pairs(5, 11)]
+        tr.translate_nbest(model, tokenizer, five, tr.decode_settings(decode, max_batch_size=4, batch_tokens=10_000), "cpu", warn=lambda m: None)
+        assert seen == [threading.current_thread().name] * 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_run_batches_shares_work_out_by_cost():
+    """With costs, the pool takes the largest batches first, and batches that cannot be shared out
+    evenly (one large, one small) run one at a time in the calling thread, with all threads."""
+    assert not tr._balanced([97, 3], 2) and not tr._balanced([97, 97, 97, 3], 2)
+    assert tr._balanced([5] * 16, 2) and tr._balanced([10, 9, 8, 7, 6, 5], 2) and tr._balanced([1], 1)
+    lock, started = threading.Lock(), []
+
+    def record(batch):
+        with lock:
+            started.append((batch[0], threading.current_thread().name))
+        time.sleep(0.01)
+        return batch[0]
+
+    batches = [[i] for i in range(8)]
+    costs = [10 + i for i in range(8)]  # the last batches are the largest
+    assert list(tr.run_batches(record, batches, 2, costs=costs)) == [(b, b[0]) for b in batches]
+    assert {i for i, _ in started[:2]} == {7, 6} and all(name.startswith("nmt-decode") for _, name in started)
+    started.clear()
+    assert list(tr.run_batches(record, [[0], [1]], 2, costs=[97, 3])) == [([0], 0), ([1], 1)]
+    assert [name for _, name in started] == [threading.current_thread().name] * 2
 
 
 def test_run_batches_keeps_order_and_propagates_errors():
