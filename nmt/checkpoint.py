@@ -88,12 +88,14 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by `save_checkpoint`; UserError naming `path` otherwise."""
+def load_checkpoint(path: str, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
+    """Read a checkpoint written by `save_checkpoint`; UserError naming `path` otherwise.
+    mmap: map the file instead of reading it, so tensors that are never used (the optimizer
+    state, for inference) are never read from disk."""
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # torch raises RuntimeError, pickle errors, EOFError, KeyError...
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"cannot read checkpoint {path}: not an nmt checkpoint or corrupt ({reason})") from None
@@ -163,7 +165,7 @@ def build_model_from_checkpoint(state: dict, path: str) -> tuple[nn.Module, Any,
 
 def load_for_inference(path: str, device: str | torch.device = "cpu") -> tuple[nn.Module, Any, Any]:
     """(model.eval() on `device`, Tokenizer, Config): everything needed to translate."""
-    state = load_checkpoint(path, "cpu")
+    state = load_checkpoint(path, "cpu", mmap=True)  # the optimizer state is never read
     model, tokenizer, cfg = build_model_from_checkpoint(state, path)
     return model.to(device).eval(), tokenizer, cfg
 
