@@ -136,8 +136,9 @@ def make_batches(lengths: Sequence[int], batch_tokens: int, max_batch_size: int)
 
 def resolve_workers(workers: int, device: torch.device | str, threads: int | None = None) -> int:
     """decode.workers with 0 (auto) resolved: 2 on a CPU with at least 2 threads (default: torch's
-    intra-op threads), else 1. Two workers with half the threads each decode 1.1-1.5x faster than
-    one on 2 cores at batch 32, with the same output (BENCHMARKS.md); more is not measured."""
+    intra-op threads), else 1. Two workers with half the threads each decode a median 1.17x faster
+    than one on 2 cores at batch 32 (0.97-1.48x over 12 whole-command pairs), with the same output
+    (BENCHMARKS.md); more workers are not measured."""
     if workers:
         return workers
     threads = torch.get_num_threads() if threads is None else threads
