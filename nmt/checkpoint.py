@@ -183,10 +183,10 @@ def average_checkpoints(paths: list[str], out_path: str) -> dict:
     """
     if not paths:
         raise UserError("average: no checkpoints given")
-    first = load_checkpoint(paths[0])
+    first = load_checkpoint(paths[0], mmap=True)  # only the model weights are read
     sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
     for path in paths[1:]:
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, mmap=True)
         _check_same_architecture(first, paths[0], state, path)
         for k, v in state["model"].items():
             if v.is_floating_point():

@@ -67,9 +67,10 @@ class Ct2Translator:
 
     model_dir: a directory written by `nmt export`. compute_type: CTranslate2's ("default" keeps
     the exported weights' type; "int8", "float32", ...). intra_threads: threads per translation
-    (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated at once
-    (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see `resolve_workers`). patience: with a length penalty, CTranslate2 ends a sentence
-    once `beam_size * patience` hypotheses are finished (see the module docstring).
+    (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated
+    at once (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see
+    `resolve_workers`). patience: with a length penalty, CTranslate2 ends a sentence once
+    `beam_size * patience` hypotheses are finished (see the module docstring).
     """
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",

@@ -349,7 +349,7 @@ def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslat
     _check_output(output_dir, force)
     from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
 
-    state = load_checkpoint(checkpoint)  # UserError if missing or not an nmt checkpoint
+    state = load_checkpoint(checkpoint, mmap=True)  # UserError if missing or not an nmt checkpoint; weights only
     model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
     model.eval()
     step = state.get("step")

@@ -155,7 +155,7 @@ def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
     intra-op threads (threads / workers each, restored afterwards): at 32-160 rows one op does
     not keep two cores busy (an OpenMP fork/join per op, Python between ops), two batches at
     once with one thread each do (BENCHMARKS.md). On other devices batches run one at a time.
-    costs: each batch's estimated work (e.g. sentences x longest source). Given them, the pool
+    costs: each batch's estimated work (`batch_cost`). Given them, the pool
     takes the largest batches first, and the batches run one at a time, with all threads, when
     they cannot be shared out evenly (see `_balanced`): one large batch and one small one
     would otherwise leave a core idle while the large one runs on half the threads.
@@ -163,11 +163,8 @@ def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
     """
     if torch_device is not None and torch_device.type != "cpu":
         workers = 1
-    order = list(range(len(batches)))
-    if costs is not None and workers > 1:
-        order.sort(key=lambda i: -costs[i])
-        if not _balanced(costs, workers):
-            workers = 1
+    if costs is not None and workers > 1 and not _balanced(costs, workers):
+        workers = 1
     if workers <= 1 or len(batches) <= 1:
         for batch in batches:
             yield batch, fn(batch)
@@ -179,13 +176,19 @@ def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]],
         torch.set_num_threads(max(1, threads // workers))  # read by each worker thread at its first op
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nmt-decode")
     try:
-        futures = {i: pool.submit(fn, batches[i]) for i in order}
+        order = range(len(batches)) if costs is None else sorted(range(len(batches)), key=lambda i: -costs[i])
+        futures = {i: pool.submit(fn, batches[i]) for i in order}  # largest first
         for i, batch in enumerate(batches):
             yield batch, futures[i].result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         if torch_device is not None:
             torch.set_num_threads(threads)
+
+
+def batch_cost(lengths: Sequence[int]) -> int:
+    """A batch's estimated decoding work for `run_batches`: its padded source tokens."""
+    return len(lengths) * max(lengths)
 
 
 def _balanced(costs: Sequence[float], workers: int, slack: float = 1.2) -> bool:
@@ -240,9 +243,9 @@ def _translate(model, tokenizer, lines: Sequence[str], decode: DecodeConfig, dev
     batches = [[todo[j] for j in batch]  # positions in `lines`
                for batch in make_batches([len(src_ids[i]) for i in todo], decode.batch_tokens, decode.max_batch_size)]
     search = lambda indices: _decode_batch(model, [src_ids[i] for i in indices], decode, device)
-    costs = [len(b) * max(len(src_ids[i]) for i in b) for b in batches]  # padded source tokens
+    costs = [batch_cost([len(src_ids[i]) for i in b]) for b in batches]
+    workers = resolve_workers(decode.workers, device)
     try:
-        workers = resolve_workers(decode.workers, device)
         with torch.inference_mode(), contextlib.closing(run_batches(search, batches, workers, device, costs)) as done:
             for indices, nbests in done:
                 texts = iter(tokenizer.decode_tgt([h.tokens for hyps in nbests for h in hyps]))

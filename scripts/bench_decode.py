@@ -49,7 +49,7 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     with workers > 1 on CPU, as `nmt translate --workers` runs them. -> (seconds, output tokens)."""
     from nmt.search import beam_search, greedy_search
     from nmt.tokenizer import PAD_ID
-    from nmt.translate import run_batches
+    from nmt.translate import batch_cost, run_batches
 
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
@@ -67,7 +67,7 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    costs = [len(b) * max(len(x) for x in b) for b in batches]  # as nmt translate schedules them
+    costs = [batch_cost([len(x) for x in b]) for b in batches]  # as nmt translate schedules them
     n_tokens = sum(n for _, n in run_batches(search, batches, workers, device, costs))
     if device.type == "cuda":
         torch.cuda.synchronize()
