@@ -1,0 +1,271 @@
+"""Text in and out, one rule for every command (train, translate, evaluate, score).
+
+Reading (`iter_lines`, `read_lines`, `count_lines`):
+- a file is gzip when its first bytes are gzip's magic number, whatever its name;
+  "-" (or None) is standard input, also gzip-detected;
+- lines are split on "\\n" only (a stray "\\r" or U+2028 inside a line cannot shift
+  the alignment of parallel files), decoded as strict UTF-8, and stripped of
+  surrounding whitespace (so CRLF files read like LF files); a UTF-8 byte-order
+  mark at the start is dropped;
+- every problem is a one-line `UserError` naming the file: not found, a directory,
+  invalid UTF-8 (with the line number), not gzip or truncated gzip.
+
+Writing (`open_output`, `write_lines`): a file is written to a temporary name in
+its directory and renamed into place only when everything was written, so a
+failure (disk full, Ctrl-C, a bad input line) never leaves a half-written file
+that could be taken for a result. Standard output, devices and pipes are
+written directly.
+
+`check_paths` runs before any work: inputs must exist, and no output may be the
+same file as an input (also through symlinks, standard input or standard output).
+
+`one_line` makes a hypothesis safe to print as one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import stat
+import sys
+import tempfile
+import zlib
+from typing import IO, Iterator, Sequence
+
+from nmt.errors import UserError
+
+GZIP_MAGIC = b"\x1f\x8b"
+STDIN = "-"
+
+# Every character str.splitlines() splits on, and NUL: never inside an output line.
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029\x00"
+_NO_BREAKS = str.maketrans({c: " " for c in _LINE_BREAKS})
+
+
+def is_stdin(path: str | None) -> bool:
+    return path is None or path == STDIN
+
+
+def display_name(path: str | None) -> str:
+    return "<stdin>" if is_stdin(path) else path
+
+
+# --------------------------------------------------------------------------- reading
+
+@contextlib.contextmanager
+def open_bytes(path: str | None, stdin: IO[bytes] | None = None) -> Iterator[IO[bytes]]:
+    """A binary stream of the file's text: decompressed when it starts with gzip's magic bytes."""
+    if is_stdin(path):
+        stream = stdin if stdin is not None else sys.stdin.buffer
+        head = stream.peek(2)[:2] if hasattr(stream, "peek") else b""
+        if head == GZIP_MAGIC:
+            with gzip.GzipFile(fileobj=stream, mode="rb") as f:
+                yield f
+        else:
+            yield stream
+        return
+    _check_readable(path)
+    with open(path, "rb") as raw:
+        if raw.read(2) == GZIP_MAGIC:
+            raw.seek(0)
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield f
+        else:
+            raw.seek(0)
+            yield raw
+
+
+def _check_readable(path: str) -> None:
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a directory, not a text file")
+    if not os.path.exists(path):
+        raise UserError(f"file not found: {path}")
+
+
+def iter_lines(path: str | None, stdin: IO[bytes] | None = None) -> Iterator[str]:
+    """The file's lines, read by the module's rule (split on "\\n", UTF-8, stripped)."""
+    name = display_name(path)
+    number = 0
+    try:
+        with open_bytes(path, stdin) as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise UserError(f"{name}: line {number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+                if number == 1 and line.startswith("\ufeff"):
+                    line = line[1:]
+                yield line.strip()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise UserError(f"{name}: corrupt or truncated gzip data after line {number} ({_reason(e)})") from None
+    except OSError as e:
+        if e.errno is None:  # gzip reports bad headers as a bare OSError
+            raise UserError(f"{name}: not a valid gzip file ({_reason(e)})") from None
+        raise
+
+
+def _reason(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def read_lines(path: str | None, limit: int | None = None, stdin: IO[bytes] | None = None) -> list[str]:
+    """All lines (or the first `limit`) of a file or standard input."""
+    out: list[str] = []
+    for line in iter_lines(path, stdin):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(line)
+    return out
+
+
+def iter_chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    """Lists of at most `size` consecutive lines."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def count_lines(path: str) -> int:
+    """Number of lines `iter_lines` yields (a last line without "\\n" counts)."""
+    n, last = 0, b"\n"
+    try:
+        with open_bytes(path) as f:
+            while block := f.read(1 << 20):
+                n += block.count(b"\n")
+                last = block[-1:]
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise UserError(f"{path}: corrupt or truncated gzip data ({_reason(e)})") from None
+    return n + (last != b"\n")
+
+
+# --------------------------------------------------------------------------- writing
+
+def one_line(text: str) -> str:
+    """`text` with every line-breaking character (anything str.splitlines splits on) and NUL
+    replaced by a space: a hypothesis always stays one output line."""
+    return text.translate(_NO_BREAKS)
+
+
+@contextlib.contextmanager
+def open_output(path: str | None, stdout: IO[bytes] | None = None) -> Iterator[IO[bytes]]:
+    """A binary stream for the output `path` (standard output when None or "-").
+
+    A regular file is written under a temporary name in the same directory and
+    renamed to `path` when the block ends without an error; on an error the
+    temporary file is removed and `path` is untouched. Devices and pipes (e.g.
+    /dev/stdout) are written directly.
+    """
+    if is_stdin(path):
+        yield stdout if stdout is not None else sys.stdout.buffer
+        return
+    if os.path.exists(path) and not os.path.isfile(path):
+        if os.path.isdir(path):
+            raise UserError(f"output {path} is a directory")
+        with open(path, "wb") as f:  # a device or a named pipe: nothing to replace atomically
+            yield f
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        if os.path.exists(path):
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_lines(path: str | None, lines: Sequence[str], stdout: IO[bytes] | None = None) -> None:
+    """One line per item (made safe by `one_line`), through `open_output`."""
+    with open_output(path, stdout) as f:
+        f.write("".join(one_line(line) + "\n" for line in lines).encode("utf-8"))
+        f.flush()
+
+
+# --------------------------------------------------------------------------- checks
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _fd_identity(fd: int) -> tuple[int, int] | None:
+    """(device, inode) of an open descriptor when it is a regular file, else None."""
+    try:
+        st = os.fstat(fd)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def _std_fd(stream: object, default: int) -> int | None:
+    if stream is None:
+        return default
+    try:
+        return stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *,
+                stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+                input_dirs: Sequence[str] = ()) -> None:
+    """Fail before any work (one-line UserError) when an input is missing or an output
+    would overwrite an input.
+
+    inputs / outputs: {option name: path}; None or "-" means standard input / output.
+    A path in `input_dirs` names an input that is a directory (a CTranslate2 model).
+    Outputs must not be directories, must have an existing parent directory, and must
+    not be the same file as any input: compared by device and inode, so symlinks, hard
+    links and the file behind standard input or output are caught.
+    """
+    named: list[tuple[str, tuple[int, int]]] = []
+    for option, path in inputs.items():
+        if is_stdin(path):
+            ident = _fd_identity(_std_fd(stdin, 0)) if _std_fd(stdin, 0) is not None else None
+            if ident is not None:
+                named.append((f"{option} (standard input)", ident))
+            continue
+        if option not in input_dirs:
+            _check_readable(path)
+        elif not os.path.exists(path):
+            raise UserError(f"{option} not found: {path}")
+        named.append((f"{option} {path}", _identity(path)))  # type: ignore[arg-type]
+    for option, path in outputs.items():
+        if is_stdin(path):
+            fd = _std_fd(stdout, 1)
+            ident = _fd_identity(fd) if fd is not None else None
+            where = "standard output"
+        else:
+            if os.path.isdir(path):
+                raise UserError(f"{option} {path} is a directory")
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent):
+                raise UserError(f"{option} {path}: directory {parent} does not exist")
+            ident = _identity(path)
+            where = path
+        if ident is None:
+            continue
+        for what, other in named:
+            if other == ident:
+                raise UserError(f"{option} {where} is the same file as the input {what}: refusing to overwrite it")
