@@ -5,8 +5,7 @@ Tmax = max_len, S source length, Dh head dim.
 
 - Self-attention K/V, per layer `[B,H,Tmax,Dh]`, preallocated by `DecoderCache.create`
   and filled one position per step by `Transformer.decode_step` (the past is never
-  re-copied by a step). Positions `0 .. length-1` are filled. (A `[B,Tmax,H,Dh]`
-  memory layout, where a row's filled prefix is one block, measured no faster.)
+  re-copied by a step). Positions `0 .. length-1` are filled.
 - Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder
   output. They are stored once per *source sentence*, not per row: rows
   `n*group .. (n+1)*group-1` all translate source n (its beams), and their
@@ -14,16 +13,11 @@ Tmax = max_len, S source length, Dh head dim.
   reordering therefore never copies them; dropping finished sentences selects N.
 - `src_mask [N,S]` (True = token) and its attention form `cross_mask [N,1,1,S]`.
 
-`reorder(indices)` is the only way to change rows (beam reordering, expanding
-to beams, dropping finished sentences). It returns a new cache and retires the
-old one: the new cache gathers into the old one's spare buffers and keeps the
-old buffers as its own spare (no allocation per step; on CPU a fresh
-multi-megabyte buffer per step costs page faults). Callers always use the
-returned object; a retired cache raises if used again. Decoding writes into the
-cache in place. When at most half of the rows change (beam search: most beams keep
-their own parent row), only the changed rows are copied, in place (their parents'
-filled positions are gathered first, then written): 2x the changed rows instead of
-every row (about 10% more beam-5 sentences/s on the 8k-vocabulary benchmark).
+The cache is a mutable state object: `Transformer.decode_step` writes one position
+into it and advances `length`; `reorder(indices)` replaces its rows in place (beam
+reordering, expanding sentences to beams, dropping finished sentences). Both return
+None. (nmt/fast.py's `ReusingDecoderCache` reorders with fewer copies and no
+allocations; same contents.)
 """
 
 from __future__ import annotations
@@ -46,8 +40,6 @@ class DecoderCache:
     length: int = 0  # positions filled so far
     group: int = 1  # rows per source sentence: B = N * group
     cross_mask: Tensor = field(init=False, repr=False)  # [N,1,1,S], for SDPA
-    spare: list[Tensor] = field(default_factory=list, repr=False)  # free buffers shaped like self_k + self_v
-    retired: bool = field(default=False, repr=False)  # True once reorder() has replaced this cache
 
     def __post_init__(self) -> None:
         self.cross_mask = attention_mask(self.src_mask)
@@ -73,66 +65,43 @@ class DecoderCache:
         return self.self_k[0].shape[2]
 
     def next_position(self) -> int:
-        """The position the next decode step writes; raises if the cache is full or retired."""
-        self._check_live()
+        """The position the next decode step writes; raises if the cache is full."""
         if self.length >= self.max_len:
             raise ValueError(f"decoder cache is full: it holds max_len={self.max_len} positions "
                              f"(pass a larger max_len to init_cache)")
         return self.length
 
-    def advanced(self) -> DecoderCache:
-        """Mark one more position as filled (called by decode_step after writing it)."""
-        self.length += 1
-        return self
+    def reorder(self, indices: Tensor) -> None:
+        """Row i becomes row indices[i] of the old rows. indices [B'] (long, any B').
 
-    def reorder(self, indices: Tensor) -> DecoderCache:
-        """New cache whose row i is row indices[i] of this one. indices [B'] (long, any B').
-
-        Self-attention K/V: the filled positions of every layer are gathered into the
-        spare buffers (allocated when B' changes). Cross-attention K/V: when the new rows
-        form consecutive runs of one length with the same source (beam expansion,
-        reordering, dropping whole sentences), one copy per run is kept (no copy at all
-        if the sources are unchanged); otherwise one copy per row (group 1).
-        This cache is retired.
+        Self-attention K/V: the filled positions of every layer are gathered into new
+        buffers. Cross-attention K/V: when the new rows form consecutive runs of one length
+        with the same source (beam expansion, reordering, dropping whole sentences), one copy
+        per run is kept (no copy at all if the sources are unchanged); otherwise one copy
+        per row (group 1).
         """
-        self._check_live()
         indices = indices.to(device=self.src_mask.device, dtype=torch.long)
         sources, group = _source_groups((indices // self.group).tolist())
-        L, n_layers = self.length, len(self.self_k)
-        current = self.self_k + self.self_v
-        same_rows = indices.shape[0] == self.batch_size
-        changed = (indices != torch.arange(indices.shape[0], device=indices.device)).nonzero().squeeze(1) if same_rows else None
-        if changed is not None and 2 * changed.shape[0] <= indices.shape[0]:
-            # few rows change (beams mostly keep their parent): copy just those rows in place
-            out, spare = current, self.spare
-            if L and changed.shape[0]:
-                parents = indices.index_select(0, changed)
-                for buf in current:
-                    filled = buf[:, :, :L]
-                    filled.index_copy_(0, changed, filled.index_select(0, parents))
-        else:
-            if same_rows and self.spare:
-                out = self.spare
-            else:
-                out = [t.new_empty((indices.shape[0],) + t.shape[1:]) for t in current]
-            spare = current if same_rows else []
-            if L:
-                for src, dst in zip(current, out):  # only the filled positions are copied
-                    torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
-        if sources == list(range(self.src_mask.shape[0])):
-            cross_k, cross_v, src_mask = self.cross_k, self.cross_v, self.src_mask
-        else:
+        self._reorder_self(indices)
+        if sources != list(range(self.src_mask.shape[0])):
             idx = torch.tensor(sources, dtype=torch.long, device=indices.device)
-            cross_k = [t.index_select(0, idx) for t in self.cross_k]
-            cross_v = [t.index_select(0, idx) for t in self.cross_v]
-            src_mask = self.src_mask.index_select(0, idx)
-        self.retired = True
-        return DecoderCache(out[:n_layers], out[n_layers:], cross_k, cross_v, src_mask, length=L, group=group,
-                            spare=spare)
+            self.cross_k = [t.index_select(0, idx) for t in self.cross_k]
+            self.cross_v = [t.index_select(0, idx) for t in self.cross_v]
+            self.src_mask = self.src_mask.index_select(0, idx)
+            self.cross_mask = attention_mask(self.src_mask)
+        self.group = group
 
-    def _check_live(self) -> None:
-        if self.retired:
-            raise RuntimeError("this DecoderCache was replaced by reorder(); use the cache it returned")
+    def _reorder_self(self, indices: Tensor) -> None:
+        """Self-attention K/V rows <- rows `indices` (filled positions only)."""
+        L = self.length
+
+        def select(buf: Tensor) -> Tensor:
+            out = buf.new_empty((indices.shape[0],) + buf.shape[1:])
+            if L:
+                torch.index_select(buf[:, :, :L], 0, indices, out=out[:, :, :L])
+            return out
+        self.self_k = [select(t) for t in self.self_k]
+        self.self_v = [select(t) for t in self.self_v]
 
 
 def _source_groups(row_sources: list[int]) -> tuple[list[int], int]:

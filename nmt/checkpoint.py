@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import sys
 import tempfile
 from typing import Any
 
@@ -35,6 +36,8 @@ from nmt.errors import UserError
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip format
+TEMP_PREFIX = ".tmp-"  # files being written; never checkpoints (`remove_temporaries` deletes stale ones)
 
 
 # --------------------------------------------------------------------------- files
@@ -43,7 +46,7 @@ def save_checkpoint(state: dict, path: str) -> None:
     """Write `state` to `path` atomically (tmp file in the same dir, fsync, rename)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".pt.tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, "version": VERSION, **state}, f)
@@ -64,7 +67,7 @@ def link_checkpoint(src: str, dst: str) -> None:
     `src` does not touch `dst`), else a copy. Either way via a temporary name.
     """
     directory = os.path.dirname(os.path.abspath(dst))
-    tmp = os.path.join(directory, f".tmp-link-{os.getpid()}-{os.path.basename(dst)}")
+    tmp = os.path.join(directory, f"{TEMP_PREFIX}link-{os.getpid()}-{os.path.basename(dst)}.tmp")
     if os.path.exists(tmp):
         os.unlink(tmp)
     try:
@@ -73,6 +76,18 @@ def link_checkpoint(src: str, dst: str) -> None:
         shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
     _fsync_dir(directory)
+
+
+def remove_temporaries(directory: str) -> int:
+    """Delete the temporary files a killed writer left in `directory`; returns how many.
+    Call only while no other process writes there (nmt train holds the run directory's lock)."""
+    n = 0
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            if name.startswith(TEMP_PREFIX):
+                os.unlink(os.path.join(directory, name))
+                n += 1
+    return n
 
 
 def _fsync_dir(directory: str) -> None:
@@ -92,8 +107,15 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu", mmap: b
     """Read a checkpoint written by `save_checkpoint`; UserError naming `path` otherwise.
     mmap: map the file instead of reading it, so tensors that are never used (the optimizer
     state, for inference) are never read from disk."""
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a directory, not a checkpoint file")
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != ZIP_MAGIC:  # torch.save writes a zip archive; anything else is not ours
+        what = "an empty file" if not magic else "not a PyTorch checkpoint file"
+        raise UserError(f"cannot read checkpoint {path}: {what} (nmt checkpoints are written by nmt train or nmt average)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # torch raises RuntimeError, pickle errors, EOFError, KeyError...
@@ -103,6 +125,9 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu", mmap: b
         raise UserError(f"{path} is not an nmt checkpoint")
     if state.get("version", 0) > VERSION:
         raise UserError(f"{path} was written by a newer nmt (checkpoint version {state['version']} > {VERSION})")
+    missing = [k for k in ("model", "config", "tokenizer", "vocab") if k not in state]
+    if missing:
+        raise UserError(f"{path} is an incomplete nmt checkpoint (no {', '.join(missing)})")
     return state
 
 
@@ -171,6 +196,19 @@ def load_for_inference(path: str, device: str | torch.device = "cpu") -> tuple[n
 
 
 # --------------------------------------------------------------------------- averaging
+
+def average_command(checkpoints: list[str], output: str, *, quiet: bool = False) -> int:
+    """`nmt average`: write the parameter average of `checkpoints` to `output`. Returns 0."""
+    from nmt import textio
+
+    if not checkpoints:
+        raise UserError("average needs at least one checkpoint")
+    textio.check_paths({f"checkpoint {i + 1}": p for i, p in enumerate(checkpoints)}, {"--output": output})
+    average_checkpoints(list(checkpoints), output)
+    if not quiet:
+        print(f"averaged {len(checkpoints)} checkpoints into {output}", file=sys.stderr)
+    return 0
+
 
 def average_checkpoints(paths: list[str], out_path: str) -> dict:
     """Average the model parameters of `paths` (fairseq/Marian) into an inference checkpoint.

@@ -1,9 +1,11 @@
-"""Command line: `nmt train | translate | evaluate | average | export`.
+"""Command line: `nmt train | translate | evaluate | score | average | export`.
 
 Only argument parsing and dispatch live here; every command is an importable
 function. torch is imported lazily, inside the commands, so `nmt --help`
-stays fast. Errors the user can fix (ConfigError, UserError, unreadable
-files) print one line on stderr and exit with code 2, without a traceback.
+stays fast. Every error prints one line on stderr, without a traceback:
+exit code 2 for problems the user can fix (ConfigError, UserError, bad flags,
+missing or unreadable files), 1 when the command could not finish because of
+an OS error (disk full, I/O error), 128 + N when stopped by signal N.
 """
 
 from __future__ import annotations
@@ -14,33 +16,66 @@ import sys
 
 from nmt import __version__
 
-EXIT_USAGE = 2
+EXIT_FAILURE = 1  # the command could not finish: an OS error (disk full, I/O error) while it ran
+EXIT_USAGE = 2  # bad input the user can fix: config, flags, files, data, checkpoints
 EXIT_INTERRUPTED = 130
 
+# Flags of decode keys whose name is not simply --KEY-WITH-DASHES (that one works too).
+DECODE_FLAGS = {"beam_size": ["--beam"], "max_batch_size": ["--batch-size"]}
+SCORE_KEYS = ("batch_tokens", "max_batch_size", "workers")  # the decode keys `nmt score` uses
 
-def _add_decode_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("search (default: the checkpoint's `decode` section)")
-    g.add_argument("--beam", type=int, metavar="K", help="beam size; 1 runs greedy search")
-    g.add_argument("--nbest", type=int, metavar="N", help="hypotheses per input line (n-best output format: `INDEX ||| TEXT ||| SCORE`)")
-    g.add_argument("--batch-tokens", type=int, metavar="N", help="padded source tokens per batch")
-    g.add_argument("--batch-size", type=int, metavar="N", help="at most N sentences per batch (default: decode.max_batch_size)")
-    g.add_argument("--length-penalty", type=float, metavar="ALPHA", help="length penalty alpha")
-    g.add_argument("--max-len-a", type=float, metavar="A", help="maximum output length = A * source_length + B")
-    g.add_argument("--max-len-b", type=int, metavar="B", help="see --max-len-a")
-    g.add_argument("--min-len", type=int, metavar="N", help="minimum output length in tokens")
-    g.add_argument("--workers", type=int, metavar="N", help="CPU: decode N batches at once, each with THREADS/N "
-                   "threads (default: decode.workers; 0 = auto: 2 on a CPU with 2+ threads, else 1)")
-    g.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (`nmt translate: error: ...`), exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_decode_options(p: argparse.ArgumentParser, keys: tuple[str, ...] | None = None) -> None:
+    """One flag per `decode` key (nmt/config.py DecodeConfig), so every key can be set from the
+    command line; values are validated by `config.decode_config`, like the config file's."""
+    import dataclasses
+    import typing
+
+    from nmt.config import DecodeConfig
+
+    g = p.add_argument_group("search settings (default: the model's `decode` section; keys in configs/README.md)")
+    hints = typing.get_type_hints(DecodeConfig)
+    for f in dataclasses.fields(DecodeConfig):
+        if keys is not None and f.name not in keys:
+            continue
+        flags = DECODE_FLAGS.get(f.name, []) + ["--" + f.name.replace("_", "-")]
+        tp = hints[f.name]
+        help = f"{f.metadata['help']} (decode.{f.name})"
+        if tp is bool:
+            g.add_argument(*flags, dest=f"decode_{f.name}", action=argparse.BooleanOptionalAction, default=None, help=help)
+            continue
+        choices = typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else None
+        metavar = "{" + ",".join(choices) + "}" if choices else f.name.split("_")[-1].upper()
+        g.add_argument(*flags, dest=f"decode_{f.name}", metavar=metavar, default=None, help=help)
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
+
+
+def _add_model_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--checkpoint", "-c", metavar="CKPT", help=f"checkpoint file (e.g. runs/NAME/checkpoints/best.pt) {what}, "
+                   "or a directory written by `nmt export`")
+    p.add_argument("--model", metavar="DIR", help="CTranslate2 model directory written by `nmt export` (same as "
+                   "--engine ctranslate2 --checkpoint DIR)")
+    p.add_argument("--engine", choices=("auto", "torch", "ctranslate2"), default="auto",
+                   help="inference engine (default auto: ctranslate2 for an exported directory, else torch)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from nmt.evaluate import TOKENIZERS  # no torch, no sacrebleu at import
+
+    parser = _Parser(
         prog="nmt",
         description="Neural machine translation: train a Transformer from a YAML config, translate with greedy or beam search, score with sacreBLEU.",
         epilog="Run `nmt COMMAND --help` for the options of a command. Config keys: configs/README.md.",
     )
     parser.add_argument("--version", action="version", version=f"nmt {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser(
         "train", help="train a model from a YAML config",
@@ -63,11 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Translate one sentence per line, from a file or stdin, to a file or stdout. Output has exactly one line per input "
         "line (or NBEST lines with --nbest), in the input's order; empty lines stay empty.",
     )
-    p.add_argument("--checkpoint", "-c", metavar="CKPT", help="checkpoint file (e.g. runs/NAME/checkpoints/best.pt)")
-    p.add_argument("--input", "-i", metavar="FILE", help="input file (default: stdin)")
-    p.add_argument("--output", "-o", metavar="FILE", help="output file (default: stdout)")
-    p.add_argument("--engine", choices=("torch", "ctranslate2"), default="torch", help="inference engine (ctranslate2 needs a model exported with `nmt export`)")
-    p.add_argument("--model", metavar="DIR", help="CTranslate2 model directory (with --engine ctranslate2)")
+    _add_model_options(p, "to translate with")
+    p.add_argument("--input", "-i", metavar="FILE", help="input file, plain or gzip (default: stdin)")
+    p.add_argument("--output", "-o", metavar="FILE", help="output file, written when complete (default: stdout)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings summary")
     _add_decode_options(p)
 
@@ -77,14 +110,30 @@ def build_parser() -> argparse.ArgumentParser:
         "or translate SRC with a checkpoint first and score the result.",
     )
     p.add_argument("--ref", "-r", required=True, metavar="FILE", help="reference translations, one per line")
-    p.add_argument("--hyp", metavar="FILE", help="hypotheses to score, one per line")
-    p.add_argument("--checkpoint", "-c", metavar="CKPT", help="translate --src with this checkpoint, then score")
-    p.add_argument("--src", metavar="FILE", help="source sentences (with --checkpoint)")
-    p.add_argument("--save-hyps", metavar="FILE", help="write the hypotheses produced with --checkpoint here")
+    p.add_argument("--hyp", metavar="FILE", help="hypotheses to score, one per line (- = stdin)")
+    _add_model_options(p, "to translate --src with, then score")
+    p.add_argument("--src", metavar="FILE", help="source sentences (with --checkpoint or --model)")
+    p.add_argument("--save-hyps", metavar="FILE", help="also write the hypotheses here (written when complete)")
     p.add_argument("--metrics", "-m", nargs="+", default=["bleu", "chrf"], choices=("bleu", "chrf", "ter"), help="metrics (default: bleu chrf)")
+    p.add_argument("--tokenize", metavar="{" + ",".join(TOKENIZERS) + "}",
+                   help="sacreBLEU's BLEU tokenizer (default 13a; zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean)")
+    p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (sacreBLEU's -lc)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_decode_options(p)
+
+    p = sub.add_parser(
+        "score", help="score given translations with a model (forced decoding)",
+        description="Print the model's log-probability of each target line given its source line: one line per "
+        "pair, in order, `LOG_PROB<TAB>LOG_PROB_PER_TOKEN<TAB>TOKENS` (natural log; TOKENS counts the final EOS). "
+        "For filtering back-translations and reranking n-best lists.",
+    )
+    _add_model_options(p, "to score with")
+    p.add_argument("--src", required=True, metavar="FILE", help="source sentences, one per line")
+    p.add_argument("--tgt", required=True, metavar="FILE", help="target sentences, line-aligned with --src")
+    p.add_argument("--output", "-o", metavar="FILE", help="output file, written when complete (default: stdout)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings")
+    _add_decode_options(p, SCORE_KEYS)
 
     p = sub.add_parser("average", help="average the parameters of several checkpoints",
                        description="Average model parameters over checkpoints of the same run (as fairseq and Marian do); "
@@ -103,10 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _decode_kwargs(args: argparse.Namespace) -> dict:
-    return dict(beam=args.beam, nbest=args.nbest, batch_tokens=args.batch_tokens, batch_size=args.batch_size, device=args.device,
-                max_len_a=args.max_len_a, max_len_b=args.max_len_b, min_len=args.min_len,
-                length_penalty=args.length_penalty, workers=args.workers)
+def _decode_overrides(args: argparse.Namespace) -> dict:
+    """{decode key: value given on the command line} (absent flags are left out)."""
+    return {k[len("decode_"):]: v for k, v in vars(args).items() if k.startswith("decode_") and v is not None}
+
+
+def _model(args: argparse.Namespace, needed: bool = True) -> tuple[str | None, str]:
+    """(model path, engine) from --checkpoint / --model / --engine."""
+    from nmt.errors import UserError
+
+    if args.checkpoint and args.model:
+        raise UserError("give --checkpoint or --model, not both")
+    path = args.checkpoint or args.model
+    engine = "ctranslate2" if args.model and args.engine == "auto" else args.engine
+    if needed and not path:
+        raise UserError(f"{args.command} needs --checkpoint CKPT (or --model DIR for a CTranslate2 export)")
+    return path, engine
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -124,42 +185,37 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from nmt.errors import UserError
-
-    if args.engine == "ctranslate2" or args.model:
-        model_dir = args.model or args.checkpoint
-        if not model_dir:
-            raise UserError("--engine ctranslate2 needs --model DIR (a directory written by `nmt export`)")
-        from nmt.export import translate_ct2_command
-
-        return translate_ct2_command(model_dir, args.input, args.output, quiet=args.quiet, **_decode_kwargs(args))
-    if not args.checkpoint:
-        raise UserError("translate needs --checkpoint CKPT")
-    if os.path.isdir(args.checkpoint) and os.path.isfile(os.path.join(args.checkpoint, "model.bin")):
-        from nmt.export import translate_ct2_command  # an exported CTranslate2 directory
-
-        return translate_ct2_command(args.checkpoint, args.input, args.output, quiet=args.quiet, **_decode_kwargs(args))
     from nmt.translate import translate_command
 
-    return translate_command(args.checkpoint, args.input, args.output, quiet=args.quiet, **_decode_kwargs(args))
+    path, engine = _model(args)
+    return translate_command(path, args.input, args.output, engine=engine, device=args.device,
+                             overrides=_decode_overrides(args), quiet=args.quiet)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from nmt.errors import UserError
     from nmt.evaluate import evaluate_command
 
-    if (args.hyp is None) == (args.checkpoint is None):
-        raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT with --src FILE")
-    if args.checkpoint is not None and args.src is None:
+    path, engine = _model(args, needed=False)
+    if (args.hyp is None) == (path is None):
+        raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT (or --model DIR) with --src FILE")
+    if path is not None and args.src is None:
         raise UserError("--checkpoint needs --src FILE (the source sentences to translate)")
-    kw = _decode_kwargs(args)
-    return evaluate_command(args.hyp, args.ref, checkpoint=args.checkpoint, src=args.src, save_hyps=args.save_hyps,
-                            metrics=tuple(args.metrics), json_out=args.json, quiet=args.quiet,
-                            device=kw.pop("device"), **{k: v for k, v in kw.items() if k not in ("nbest", "batch_size")})
+    return evaluate_command(args.hyp, args.ref, checkpoint=path, engine=engine, src=args.src, save_hyps=args.save_hyps,
+                            metrics=tuple(args.metrics), tokenize=args.tokenize, lowercase=args.lowercase,
+                            json_out=args.json, quiet=args.quiet, device=args.device, overrides=_decode_overrides(args))
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from nmt.score import score_command
+
+    path, engine = _model(args)
+    return score_command(path, args.src, args.tgt, args.output, engine=engine, device=args.device,
+                         overrides=_decode_overrides(args), quiet=args.quiet)
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
-    from nmt.translate import average_command
+    from nmt.checkpoint import average_command
 
     return average_command(args.checkpoints, args.output)
 
@@ -170,7 +226,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return export_command(args.checkpoint, args.output, format=args.format, quantization=args.quantization, force=args.force)
 
 
-COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_evaluate,
+COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_evaluate, "score": _cmd_score,
             "average": _cmd_average, "export": _cmd_export}
 
 
@@ -183,10 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.config import ConfigError
     from nmt.errors import UserError
 
-    if args.command in ("train", "translate", "evaluate"):
-        from nmt.runtime import tune_malloc
+    if args.command in ("train", "translate", "evaluate", "score"):
+        from nmt.fast import tune_malloc
 
-        tune_malloc()  # before the command allocates its tensors; see nmt/runtime.py
+        tune_malloc()  # before the command allocates its tensors; see nmt/fast.py
     try:
         return COMMANDS[args.command](args)
     except ConfigError as e:
@@ -197,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"nmt {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        print(f"nmt {args.command}: error: {e.strerror}: {e.filename}", file=sys.stderr)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        print(f"nmt {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # e.g. `nmt translate ... | head`
         try:
@@ -209,6 +265,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"nmt {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as e:  # disk full, I/O errors: nothing half-written is left (outputs are atomic)
+        print(f"nmt {args.command}: error: {_os_error(e)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _os_error(e: OSError) -> str:
+    """One line for an OSError: what and where."""
+    what = e.strerror or " ".join(str(e).split()) or type(e).__name__
+    return f"{what}: {e.filename}" if e.filename else what
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -186,8 +187,7 @@ class DecodeConfig:
     max_batch_size: int = _f(256, "Cap on sentences per translation batch.", min=1)
     workers: int = _f(0, "CPU: batches decoded at once, each with torch threads / workers intra-op threads "
                       "(as CTranslate2's inter_threads); 0 = auto: 2 on a CPU with at least 2 threads, else 1. "
-                      "Small batches use 2 cores better as 2 workers x 1 thread than 1 x 2 (BENCHMARKS.md); "
-                      "each worker holds its own batch in memory. Ignored on GPU.", min=0)
+                      "Each worker holds its own batch in memory. Ignored on GPU.", min=0)
 
 
 # --------------------------------------------------------------------------- top
@@ -271,13 +271,16 @@ def _convert(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
             return None
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML reads 5e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            if isinstance(value, str):  # YAML reads 5e-4 (no dot) as a string
-                try:
-                    return float(value)
-                except ValueError:
-                    pass
             errors.append(f"invalid value for '{key}': {value!r} (expected a number)")
+            return None
+        if not math.isfinite(value):
+            errors.append(f"invalid value for '{key}': {value!r} (must be a finite number)")
             return None
         return float(value)
     if tp is str:
@@ -329,6 +332,12 @@ def _build(cls: type, raw: dict, prefix: str, errors: list[str]) -> Any:
         return None
 
 
+def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str]) -> None:
+    """Rules between decode keys (each key's own type and range are checked by `_build`)."""
+    if dec.nbest > dec.beam_size:
+        errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size})")
+
+
 def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
     d, m, t, dec = cfg.data, cfg.model, cfg.train, cfg.decode
     if m.d_model % m.n_heads:
@@ -337,8 +346,7 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
         errors.append(f"invalid value for 'model.d_model': {m.d_model} (sinusoidal positions need an even d_model)")
     if m.share_embeddings and not d.tokenizer.joint:
         errors.append("'model.share_embeddings' is true but 'data.tokenizer.joint' is false (shared embeddings need a joint vocabulary)")
-    if dec.nbest > dec.beam_size:
-        errors.append(f"invalid value for 'decode.nbest': {dec.nbest} (must be <= decode.beam_size={dec.beam_size})")
+    _check_decode(dec, "decode", errors)
     if t.metric in ("bleu", "chrf") and not t.valid_bleu:
         errors.append(f"'train.metric: {t.metric}' needs 'train.valid_bleu: true' (or choose metric loss/ppl)")
     if t.schedule in ("cosine", "linear") and t.max_steps == 0:
@@ -382,6 +390,22 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
                 errors.append(f"data file not found: 'data.tokenizer.{key}': {p}")
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (`*name`, also in `<<: *name` merges): a few
+    hundred bytes of nested aliases expand to gigabytes once the config is copied."""
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ConfigError(f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: aliases are not "
+                              "supported in configs (write the values out, or use --set)")
+        return super().compose_node(parent, index)
+
+
+def _load_yaml(stream: Any) -> Any:
+    return yaml.load(stream, Loader=_NoAliasLoader)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`train.lr=5e-4` -> (['train', 'lr'], 0.0005). The value is parsed as YAML."""
     if "=" not in text:
@@ -391,7 +415,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"invalid override {text!r} (empty key)")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else None
+        parsed = _load_yaml(value) if value.strip() else None
     except yaml.YAMLError:
         parsed = value
     return key.split("."), parsed
@@ -437,6 +461,36 @@ def config_from_dict(raw: dict, *, base_dir: str | None = None, check_files: boo
     return cfg
 
 
+def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, Any] | None = None, *,
+                  check_rules: bool = True) -> DecodeConfig:
+    """The one way decode settings are made, from any source, validated like a config file.
+
+    base: a DecodeConfig (e.g. a checkpoint's `cfg.decode`), a raw `decode` mapping (e.g. the
+    metadata of a CTranslate2 export) or None (defaults). overrides: {decode key: value}, None
+    values skipped; a string value for a number or boolean key is parsed as YAML (command-line
+    flags). Raises ConfigError listing every problem (unknown keys, types, ranges, and with
+    check_rules the rules between keys, e.g. nbest <= beam_size).
+    """
+    raw = to_dict(base) if isinstance(base, DecodeConfig) else dict(base or {})
+    hints = typing.get_type_hints(DecodeConfig)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if isinstance(value, str) and hints.get(key) in (int, float, bool):
+            try:
+                value = _load_yaml(value)
+            except yaml.YAMLError:
+                pass
+        raw[key] = value
+    errors: list[str] = []
+    dec = _build(DecodeConfig, raw, "decode", errors)
+    if not errors and check_rules:
+        _check_decode(dec, "decode", errors)
+    if errors:
+        raise ConfigError(errors)
+    return dec
+
+
 def load_config(path: str, overrides: list[str] | None = None, *, check_files: bool = True) -> Config:
     """Read a YAML config, apply `--set KEY=VALUE` overrides, validate, return a Config.
 
@@ -446,13 +500,15 @@ def load_config(path: str, overrides: list[str] | None = None, *, check_files: b
         raise ConfigError(f"config file not found: {path}")
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = _load_yaml(f)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not valid UTF-8") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

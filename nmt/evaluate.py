@@ -3,8 +3,9 @@
 Scores are computed with sacreBLEU's Python API using its defaults, so they
 are identical to the `sacrebleu` command on the same files (BLEU: tokenizer
 13a, exponential smoothing; chrF: chrF2, character order 6; TER: tercom).
-Files are read the way the `sacrebleu` command reads them: UTF-8, split on
-"\\n" only, trailing whitespace stripped from each line, `.gz` allowed.
+Files are read by nmt's one rule (nmt/textio.py: UTF-8, split on "\\n", surrounding
+whitespace stripped, gzip detected by content); sacreBLEU's tokenizers ignore
+surrounding whitespace, so the scores equal the `sacrebleu` command's on the same files.
 
 `evaluate_command` either scores an existing hypothesis file (or standard
 input) against a reference, or first translates a source file with a
@@ -19,15 +20,31 @@ checkpoint and then scores. Output: one human-readable line per metric,
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 import sys
-from typing import IO, Iterable, Sequence
+from typing import IO, Any, Iterable, Sequence
 
+from nmt import textio
 from nmt.errors import UserError
 
 METRICS = ("bleu", "chrf", "ter")
+TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")  # sacreBLEU's, without downloads
+
+
+def check_tokenize(tokenize: str | None) -> None:
+    """UserError for a tokenizer sacreBLEU does not have, or one whose extra packages are missing."""
+    if tokenize is None:
+        return
+    if tokenize not in TOKENIZERS:
+        raise UserError(f"unknown BLEU tokenizer {tokenize!r} (choose from {', '.join(TOKENIZERS)})")
+    if tokenize in ("ja-mecab", "ko-mecab"):
+        from sacrebleu.metrics import BLEU
+
+        try:
+            BLEU(tokenize=tokenize)
+        except (RuntimeError, ImportError):
+            extra = "ja" if tokenize == "ja-mecab" else "ko"
+            raise UserError(f"--tokenize {tokenize} needs MeCab: pip install \"sacrebleu[{extra}]\"") from None
 
 
 def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
@@ -85,90 +102,72 @@ def score(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("b
     return out
 
 
-# --------------------------------------------------------------------------- files
+# --------------------------------------------------------------------------- command
 
 def read_lines(path: str) -> list[str]:
-    """Lines of a text file as the `sacrebleu` command reads them (UTF-8, rstrip, .gz)."""
-    if not os.path.isfile(path):
-        raise UserError(f"file not found: {path}")
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-            return [line.rstrip() for line in f]
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start} of a block)") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    """Lines of a text file by nmt's one rule (nmt/textio.py: gzip by content, UTF-8, stripped)."""
+    return textio.read_lines(path)
 
 
-def _read_stream(stream: IO[bytes], name: str) -> list[str]:
-    """Lines of a binary stream (standard input), read like `read_lines`."""
-    lines = []
-    for i, raw in enumerate(stream, 1):
-        try:
-            lines.append(raw.decode("utf-8").rstrip())
-        except UnicodeDecodeError:
-            raise UserError(f"{name}: line {i} is not valid UTF-8") from None
-    return lines
-
-
-def _write_lines(path: str, lines: Sequence[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line + "\n")
-
-
-def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None, src: str | None = None,
-                     save_hyps: str | None = None, metrics: Sequence[str] = ("bleu", "chrf"),
-                     json_out: bool = False, device: str = "auto", beam: int | None = None,
-                     batch_tokens: int | None = None, max_len_a: float | None = None,
-                     max_len_b: int | None = None, min_len: int | None = None,
-                     length_penalty: float | None = None, workers: int | None = None, quiet: bool = False,
-                     stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
+def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None, engine: str = "auto",
+                     src: str | None = None, save_hyps: str | None = None,
+                     metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None, lowercase: bool = False,
+                     json_out: bool = False, device: str = "auto", overrides: dict[str, Any] | None = None,
+                     quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
                      stderr: IO[str] | None = None) -> int:
-    """`nmt evaluate`: score `hyp` (None or "-" = standard input) against `ref`,
-    or translate `src` with `checkpoint` (beam, batch_tokens, max_len_a/b,
-    min_len, length_penalty, workers: None = the checkpoint's `decode` settings),
-    optionally save the hypotheses, and score.
+    """`nmt evaluate`: score `hyp` (None or "-" = standard input) against `ref`, or translate
+    `src` with `checkpoint` (a checkpoint file or a CTranslate2 export; `engine` auto, torch or
+    ctranslate2; `overrides`: decode settings, default the model's) and score the result.
+    `save_hyps` writes the hypotheses (atomically). `tokenize` / `lowercase`: sacreBLEU's options.
     Prints one line per metric, or one JSON object with `json_out`:
-    `{"hyp": path, "ref": path, "n_sentences": N, "bleu": {...}, ...}` with the
-    fields of `score` (less `text`); when translating, also `src` and
-    `checkpoint`, and `hyp` is `save_hyps` (or null). Returns the exit code (0).
+    `{"hyp": path, "ref": path, "n_sentences": N, "bleu": {...}, ...}` with the fields of
+    `score` (less `text`); when translating, also `src` and `checkpoint`, and `hyp` is
+    `save_hyps` (or null). Everything is checked before any work. Returns 0.
     """
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
+    overrides = dict(overrides or {})
     names = [m.lower() for m in metrics]
     for name in names:
         if name not in METRICS:
             raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
-    refs = read_lines(ref)
-    if checkpoint is not None:
+    check_tokenize(tokenize)
+    translating = checkpoint is not None
+    if translating:
         if hyp is not None:
             raise UserError("give either a hypothesis file or --checkpoint with --src, not both")
         if src is None:
             raise UserError("--checkpoint needs --src: the source file to translate")
-        overrides = dict(beam=beam, batch_tokens=batch_tokens, max_len_a=max_len_a, max_len_b=max_len_b,
-                         min_len=min_len, length_penalty=length_penalty, workers=workers)
-        hyps, hyp_name = _translate_file(checkpoint, src, len(refs), ref, device=device, overrides=overrides,
-                                         quiet=quiet, stderr=stderr)
-        if save_hyps:
-            _write_lines(save_hyps, hyps)
+        if overrides.get("nbest") not in (None, 1, "1"):
+            raise UserError("evaluate scores one translation per line: --nbest must be 1 (use nmt translate for n-best lists)")
+        inputs = {"--ref": ref, "--src": src, "--checkpoint": checkpoint}
     else:
         if src is not None:
             raise UserError("--src needs --checkpoint (to translate it)")
-        if hyp is None or hyp == "-":
-            stream = stdin if stdin is not None else sys.stdin.buffer
-            hyps, hyp_name = _read_stream(stream, "<stdin>"), "<stdin>"
-        else:
-            hyps, hyp_name = read_lines(hyp), hyp
-        if save_hyps:
-            _write_lines(save_hyps, hyps)
+        inputs = {"--ref": ref, "--hyp": hyp}
+    textio.check_paths(inputs, {"--save-hyps": save_hyps} if save_hyps else {}, stdin=stdin,
+                       input_dirs=("--checkpoint",))
+    refs = textio.read_lines(ref)
+    if translating:
+        lines = textio.read_lines(src)
+        if len(lines) != len(refs):
+            raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
+        from nmt.translate import load_for_command, translate_lines
+
+        eng, decode = load_for_command(checkpoint, engine, device, {**overrides, "nbest": 1})
+        warn = (lambda msg: None) if quiet else (lambda msg: print(msg, file=stderr))
+        hyps = translate_lines(eng, lines, decode, progress=not quiet, warn=warn)
+        hyp_name = f"{src} (translated by {checkpoint})"
+    else:
+        hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
     if len(hyps) != len(refs):
         raise UserError(f"line counts differ: {len(hyps)} lines in {hyp_name} but {len(refs)} in {ref}")
-    results = score(hyps, refs, names)
+    results = score(hyps, refs, names, tokenize=tokenize, lowercase=lowercase)
+    if save_hyps:
+        textio.write_lines(save_hyps, hyps)
     if json_out:
-        obj: dict = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs)}
-        if checkpoint is not None:
+        obj: dict = {"hyp": hyp_name if not translating else save_hyps, "ref": ref, "n_sentences": len(refs)}
+        if translating:
             obj.update(src=src, checkpoint=checkpoint)
         for name, entry in results.items():
             obj[name] = {k: v for k, v in entry.items() if k != "text"}
@@ -178,20 +177,3 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
             stdout.write(entry["text"] + "\n")
     stdout.flush()
     return 0
-
-
-def _translate_file(checkpoint: str, src: str, n_refs: int, ref: str, *, device: str, overrides: dict,
-                    quiet: bool, stderr: IO[str]) -> tuple[list[str], str]:
-    """Translate `src` with `checkpoint` (its line count is checked against the reference first)."""
-    from nmt import translate  # torch is imported only when translating
-
-    with translate.open_input(src) as stream:
-        lines = translate.read_source(stream, src)
-    if len(lines) != n_refs:
-        raise UserError(f"line counts differ: {len(lines)} lines in {src} but {n_refs} in {ref}")
-    model, tokenizer, cfg = translate.load_model(checkpoint, device)
-    decode = translate.decode_settings(cfg.decode, nbest=1, **overrides)
-    warn = (lambda msg: None) if quiet else (lambda msg: print(msg, file=stderr))
-    hyps = translate.translate_lines(model, tokenizer, lines, decode, translate.model_device(model),
-                                     progress=not quiet, warn=warn)
-    return hyps, f"{src} (translated by {checkpoint})"

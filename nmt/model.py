@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -46,56 +45,6 @@ def _xavier_chunks(weight: Tensor, n_chunks: int) -> None:
     """Xavier-uniform init of a fused [n*D, D] projection as n separate [D, D] matrices."""
     for chunk in weight.data.chunk(n_chunks, dim=0):
         nn.init.xavier_uniform_(chunk)
-
-
-class Dropout(nn.Module):
-    """`nn.Dropout`, with CPU masks drawn by numpy's PCG64 instead of torch's per-element
-    mt19937 `bernoulli_` (about 3x faster forward + backward; dropout was 8% of a CPU
-    training step, see BENCHMARKS.md). The stream is seeded from torch's generator (one draw per call), so
-    `torch.manual_seed` and the checkpointed RNG state still fix every mask. On other
-    devices it is `F.dropout`. Identity in eval mode or with p = 0."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if x.device.type != "cpu" or self.p == 1.0:
-            return F.dropout(x, self.p, True)
-        return _CPUDropout.apply(x, self.p)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
-def cpu_dropout_multiplier(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
-    """Tensor of `shape`: 1/(1-p) (kept, probability 1 - p to within 2^-32) or 0 (dropped), each entry
-    independent; seeded from torch's default generator. Built by numpy in one pass: multiplying by it
-    costs one pass forward and one backward (a bool mask costs a conversion each time)."""
-    n = math.prod(shape)
-    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
-    raw = np.random.PCG64(seed).random_raw((n + 1) // 2).view(np.uint32)[:n]  # two 32-bit draws per 64-bit word
-    mult = np.multiply(raw >= round(p * 2**32), np.float32(1.0 / (1.0 - p)), dtype=np.float32)
-    return torch.from_numpy(mult).view(shape).to(dtype)
-
-
-class _CPUDropout(torch.autograd.Function):
-    """x * m with m = 0 or 1/(1-p) per entry (as F.dropout, which also saves a float mask)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, p: float) -> Tensor:
-        mult = cpu_dropout_multiplier(x.shape, p, x.dtype)
-        ctx.save_for_backward(mult)
-        return x * mult
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (mult,) = ctx.saved_tensors
-        return grad * mult, None
 
 
 class SelfAttention(nn.Module):
@@ -176,7 +125,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
         self.activation = F.gelu if activation == "gelu" else F.relu
-        self.activation_dropout = Dropout(activation_dropout)
+        self.activation_dropout = nn.Dropout(activation_dropout)
 
     def reset_parameters(self) -> None:
         for lin in (self.fc1, self.fc2):
@@ -194,7 +143,7 @@ class _Sublayers(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def residual(self, x: Tensor, norm: nn.LayerNorm, fn, *args) -> Tensor:
         """pre: x + drop(fn(norm(x))); post (paper): norm(x + drop(fn(x)))."""
@@ -308,7 +257,7 @@ class Transformer(nn.Module):
             self.tgt_positions = nn.Embedding(cfg.max_positions, D)
         else:
             self.register_buffer("sinusoids", sinusoidal_positions(cfg.max_positions, D), persistent=False)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.output_proj = nn.Linear(D, tgt_vocab_size, bias=False)
@@ -374,7 +323,8 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ cached decoding
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int) -> DecoderCache:
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int,
+                   cache_cls: type[DecoderCache] = DecoderCache) -> DecoderCache:
         """Cache for decoding up to `max_len` target positions (BOS included) of B rows.
 
         memory [B,S,D], src_mask [B,S]. Cross-attention K/V are computed here, once per layer.
@@ -383,19 +333,20 @@ class Transformer(nn.Module):
         if max_len > self.max_positions:
             raise ValueError(f"max_len={max_len} exceeds model.max_positions={self.max_positions}")
         cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
-        return DecoderCache.create([k for k, _ in cross], [v for _, v in cross], src_mask, max_len)
+        return cache_cls.create([k for k, _ in cross], [v for _, v in cross], src_mask, max_len)
 
-    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        """tokens [B] at position cache.length -> (logits [B,V] for the next token, cache).
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """tokens [B] at position cache.length -> logits [B,V] for the next token.
 
-        Writes this position's self-attention K/V into the cache in place; use the
-        returned cache (its length is one more). Logits come in the output projection's
-        dtype: float32, or bfloat16/float16 under autocast (callers apply .float()).
+        Writes this position's self-attention K/V into the cache and advances
+        `cache.length` (the cache is changed in place). Logits come in the output
+        projection's dtype: float32, or bfloat16/float16 under autocast (callers apply .float()).
         """
-        pos = cache.next_position()  # raises if the cache is full or was replaced by reorder()
+        pos = cache.next_position()  # raises if the cache is full
         x = self.tgt_embed(tokens) * self.embed_scale + self._positions("tgt", pos, 1)  # [B,D]
         h = self.decoder.step(self.dropout(x), cache)
-        return self.output_proj(h), cache.advanced()
+        cache.length += 1
+        return self.output_proj(h)
 
 
 def parameter_count_formula(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:

@@ -25,12 +25,16 @@ Conventions (shared by both searches):
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.cache import DecoderCache
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PENALTY_TYPES = ("gnmt", "average", "none")
@@ -40,11 +44,39 @@ NEG_INF = float("-inf")
 @dataclass
 class Hypothesis:
     """One output. tokens: generated ids without BOS/EOS; log_prob: summed token
-    log-probabilities (EOS included when it was generated); score: log_prob after the length penalty."""
+    log-probabilities (EOS included when it was generated); score: log_prob after the length
+    penalty; finished: it ended with EOS (False: it stopped at the maximum length)."""
 
     tokens: list[int]
     score: float
     log_prob: float
+    finished: bool = True
+
+
+@dataclass(frozen=True)
+class SearchOps:
+    """The tensor operations the search relies on. The plain ones (`PLAIN_OPS`) are torch's;
+    nmt/fast.py provides faster CPU versions that compute the same results.
+
+    topk(x [N,C], K) -> (values, indices) [N,K] (K <= C), best first; argmax(x [N,C]) ->
+    (values, indices) [N]; cache_cls: the DecoderCache class to decode with.
+    """
+
+    topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] = lambda x, k: x.topk(k, dim=1)
+    argmax: Callable[[Tensor], tuple[Tensor, Tensor]] = lambda x: x.max(dim=1)
+    cache_cls: type = DecoderCache
+
+
+PLAIN_OPS = SearchOps()
+
+
+def max_output_lengths(src_lengths: Sequence[int] | Tensor, max_len_a: float, max_len_b: int,
+                       max_positions: int) -> list[int]:
+    """Maximum output length per sentence, EOS counted: min(floor(a * src_len + b), max_positions - 1),
+    at least 1; src_len counts the source's EOS (the engines share this formula)."""
+    lengths = src_lengths.tolist() if isinstance(src_lengths, Tensor) else list(src_lengths)
+    cap = max(max_positions - 1, 1)
+    return [max(1, min(math.floor(max_len_a * n + max_len_b), cap)) for n in lengths]
 
 
 def length_penalty_factor(length: int | Tensor, alpha: float, kind: str) -> float | Tensor:
@@ -67,25 +99,24 @@ def length_penalty_factor(length: int | Tensor, alpha: float, kind: str) -> floa
 class _CachedDecoder:
     """Incremental decoding through the model's DecoderCache: one position per step."""
 
-    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int):
+    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int, ops: SearchOps):
         self.model = model
-        self.cache = model.init_cache(memory, src_mask, max_len)
+        self.cache = model.init_cache(memory, src_mask, max_len, cache_cls=ops.cache_cls)
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens [R] (position t-1) -> logits [R,V] for token t."""
-        logits, self.cache = self.model.decode_step(tokens, self.cache)
-        return logits
+        return self.model.decode_step(tokens, self.cache)
 
     def reorder(self, indices: Tensor) -> None:
         """Keep rows `indices` [R'] (beam reordering, expansion, dropping sentences)."""
-        self.cache = self.cache.reorder(indices)
+        self.cache.reorder(indices)
 
 
 class _UncachedDecoder:
     """Same protocol without a cache: keeps the prefix and re-runs `model.decode` on it every
     step, taking the last position (reference path for tests and benchmarks)."""
 
-    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int):
+    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int, ops: SearchOps):
         self.model, self.memory, self.src_mask = model, memory, src_mask
         self.prefix = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)  # [R, t-1]
 
@@ -99,14 +130,14 @@ class _UncachedDecoder:
         self.prefix = self.prefix.index_select(0, indices)
 
 
-def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int, use_cache: bool):
+def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int, use_cache: bool,
+           ops: SearchOps):
     """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long)."""
-    src_len = src_mask.sum(dim=1).double()  # [B]
-    limit = (max_len_a * src_len + max_len_b).floor().long()
-    max_lens = limit.clamp(min=1, max=max(model.max_positions - 1, 1))  # [B]
+    limits = max_output_lengths(src_mask.sum(dim=1), max_len_a, max_len_b, model.max_positions)
+    max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
     memory = model.encode(src, src_mask)  # [B,S,D]
     cls = _CachedDecoder if use_cache else _UncachedDecoder
-    return cls(model, memory, src_mask, int(max_lens.max())), max_lens
+    return cls(model, memory, src_mask, max(limits), ops), max_lens
 
 
 def _log_probs(logits: Tensor, t: int, min_len: int) -> Tensor:
@@ -123,14 +154,14 @@ def _log_probs(logits: Tensor, t: int, min_len: int) -> Tensor:
 
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int,
-                  min_len: int = 0, use_cache: bool = True) -> list[Hypothesis]:
+                  min_len: int = 0, use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
     if min_len < 0:
         raise ValueError(f"min_len must be >= 0, got {min_len}")
     if src.shape[0] == 0:
         return []
-    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache)
+    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops)
     B, device = src.shape[0], src.device
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)  # [N] input of this step
@@ -138,7 +169,7 @@ def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max
     history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N, t]
     out: list[Hypothesis | None] = [None] * B
     for t in range(1, int(max_lens.max()) + 1):
-        best, tokens = _argmax(_log_probs(decoder.step(tokens), t, min_len))  # [N], [N]
+        best, tokens = ops.argmax(_log_probs(decoder.step(tokens), t, min_len))  # [N], [N]
         log_prob = log_prob + best
         history = torch.cat([history, tokens[:, None]], dim=1)
         ends = (tokens == EOS_ID) | (max_lens <= t)  # [N]
@@ -146,9 +177,10 @@ def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max
             continue
         idx = ends.nonzero().squeeze(1)
         for s, toks, lp in zip(sent[idx].tolist(), history[idx].tolist(), log_prob[idx].tolist()):
-            if toks[-1] == EOS_ID:
+            finished = toks[-1] == EOS_ID
+            if finished:
                 toks.pop()
-            out[s] = Hypothesis(toks, lp, lp)
+            out[s] = Hypothesis(toks, lp, lp, finished)
         keep = (~ends).nonzero().squeeze(1)  # [N']
         if keep.numel() == 0:
             break
@@ -163,7 +195,7 @@ def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max
 def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: int = 1,
                 length_penalty: float = 1.0, length_penalty_type: str = "gnmt",
                 max_len_a: float, max_len_b: int, min_len: int = 0,
-                use_cache: bool = True) -> list[list[Hypothesis]]:
+                use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence, ranks the K*V candidates by summed
@@ -178,7 +210,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     alpha, kind, K = length_penalty, length_penalty_type, beam_size
     if src.shape[0] == 0:
         return []
-    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache)
+    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops)
     B, device = src.shape[0], src.device
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
@@ -191,7 +223,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
         logp = _log_probs(decoder.step(tokens), t, min_len)  # [N*k, V]
         V = logp.shape[1]
-        top, idx = _topk(logp.add_(scores.view(-1, 1)).view(N, k * V), K)  # [N, K] each (in place: logp is fresh)
+        top, idx = _topk(logp.add_(scores.view(-1, 1)).view(N, k * V), K, ops)  # [N, K] each (in place: logp is fresh)
         word = idx % V  # [N, K] token of each candidate
         rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, K] row of its parent beam
         alive = top > NEG_INF
@@ -235,43 +267,11 @@ def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor) -> Tens
     return kth_best[:, -1] >= bound
 
 
-def _block_size(C: int, K: int) -> int:
-    """Block width for `_topk`/`_argmax` on C columns: one of 64, 32, 16 dividing C with at
-    least 4K blocks, or 0 (small or odd widths: plain topk)."""
-    for c in (64, 32, 16):
-        if C % c == 0 and C // c >= 4 * K:
-            return c
-    return 0
-
-
-def _blocked_topk(cand: Tensor, K: int, c: int) -> tuple[Tensor, Tensor]:
-    """Exact top K of cand [N, C] (C = nb*c, nb >= K) through per-block maxima: each of the top K
-    values lies in one of the K blocks with the largest maxima (a block outside them has K blocks
-    above it, hence K larger values), so only K*c values need ranking. torch.topk/max scan
-    8k-40k wide rows several times slower than amax does (no vectorised CPU kernel)."""
-    N, C = cand.shape
-    blocks = cand.view(N, C // c, c)
-    _, best_blocks = blocks.amax(dim=2).topk(K, dim=1)  # [N, K]
-    sel = blocks.gather(1, best_blocks[:, :, None].expand(-1, -1, c)).view(N, K * c)  # [N, K*c]
-    top, j = sel.topk(K, dim=1)
-    return top, best_blocks.gather(1, j // c) * c + j % c
-
-
-def _argmax(x: Tensor) -> tuple[Tensor, Tensor]:
-    """max(x [N, C], dim=1) -> (values, indices) [N] each, blocked as in `_topk`."""
-    c = _block_size(x.shape[1], 1)
-    if not c:
-        return x.max(dim=1)
-    top, idx = _blocked_topk(x, 1, c)
-    return top.squeeze(1), idx.squeeze(1)
-
-
-def _topk(cand: Tensor, K: int) -> tuple[Tensor, Tensor]:
+def _topk(cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor]:
     """Top K of cand [N, C] along dim 1, padded with -inf when C < K (tiny vocabularies)."""
-    c = _block_size(cand.shape[1], K)
-    if c:
-        return _blocked_topk(cand, K, c)
-    top, idx = cand.topk(min(K, cand.shape[1]), dim=1)
+    if cand.shape[1] >= K:
+        return ops.topk(cand, K)
+    top, idx = cand.topk(cand.shape[1], dim=1)
     if top.shape[1] < K:
         pad = K - top.shape[1]
         top = F.pad(top, (0, pad), value=NEG_INF)
@@ -286,7 +286,7 @@ def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, his
     prefixes = history.index_select(0, rows[s, j]).tolist()  # each t-1 tokens
     for sid, prefix, w, lp, sc in zip(sent[s].tolist(), prefixes, word[s, j].tolist(),
                                       log_prob[s, j].tolist(), score[s, j].tolist()):
-        finished[sid].append(Hypothesis(prefix if w == EOS_ID else prefix + [w], sc, lp))
+        finished[sid].append(Hypothesis(prefix if w == EOS_ID else prefix + [w], sc, lp, w == EOS_ID))
 
 
 def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, min_len: int) -> None:

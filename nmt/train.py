@@ -61,9 +61,11 @@ from torch import nn
 
 from nmt import checkpoint as ckpt
 from nmt import distributed as dist
+from nmt import rundir
 from nmt.config import Config, save_config, to_dict
 from nmt.data import Batch, collate, epoch_batches, iter_batches, load_data, batch_indices
 from nmt.distributed import DistEnv
+from nmt.engine import resolve_torch_device
 from nmt.errors import UserError
 from nmt.logging_utils import RunLogger, format_stats
 from nmt.loss import label_smoothed_nll
@@ -193,17 +195,20 @@ class TrainState:
 class SignalStop:
     """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers.
 
+    The handler only records the signal: it must not write to train.log or stderr, because
+    the signal can arrive while the loop is writing to the same file (a reentrant write
+    raises RuntimeError in the middle of training). The loop reports it (`announce`).
     A repeat within `repeat_window` seconds of the first counts as the same request:
     under torchrun a worker gets Ctrl-C from the terminal and again from torchrun,
     which forwards the signals it receives.
     """
 
-    def __init__(self, log=print, repeat_window: float = 0.0):
+    def __init__(self, repeat_window: float = 0.0):
         self.requested: int | None = None
         self.repeat_window = repeat_window
-        self._log = log
         self._old: dict[int, Any] = {}
         self._since = 0.0
+        self._announced = False
 
     def __enter__(self) -> "SignalStop":
         if threading.current_thread() is threading.main_thread():
@@ -217,8 +222,13 @@ class SignalStop:
                 return
             raise KeyboardInterrupt
         self.requested, self._since = signum, time.monotonic()
-        self._log(f"received {signal.Signals(signum).name}: finishing this step and saving checkpoints/latest.pt "
-                  f"(signal again to abort at once)")
+
+    def announce(self, log: Callable[[str], None]) -> None:
+        """Log the first signal once (called from the loop, never from the handler)."""
+        if self.requested is not None and not self._announced:
+            self._announced = True
+            log(f"received {signal.Signals(self.requested).name}: saving checkpoints/latest.pt "
+                f"(signal again to abort at once)")
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
@@ -226,28 +236,6 @@ class SignalStop:
 
 
 # --------------------------------------------------------------------------- setup
-
-def _prepare_run_dir(cfg: Config, resume: bool) -> str:
-    if cfg.train.metric in ("bleu", "chrf") and not cfg.train.valid_bleu:
-        raise UserError(f"train.metric: {cfg.train.metric} needs train.valid_bleu: true (or use metric loss or ppl)")
-    run_dir = cfg.run_dir
-    latest = os.path.join(run_dir, "checkpoints", "latest.pt")
-    has_ckpt = os.path.isdir(os.path.join(run_dir, "checkpoints")) and any(
-        f.endswith(".pt") for f in os.listdir(os.path.join(run_dir, "checkpoints")))
-    if resume and not os.path.isfile(latest):
-        raise UserError(f"cannot resume: {latest} does not exist (start without --resume)")
-    if not resume and has_ckpt:
-        raise UserError(f"{run_dir} already holds checkpoints: pass --resume to continue that run, "
-                        f"or choose another name or output_dir")
-    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-    return run_dir
-
-
-def _resolve_device(name: str | None) -> torch.device:
-    from nmt.translate import resolve_device
-
-    return resolve_device(name)
-
 
 def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
     new = to_dict(cfg.model)
@@ -268,20 +256,6 @@ def _checkpoint_dict(model: nn.Module, cfg: Config, tokenizer: Tokenizer, optimi
             "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
             "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **dataclasses.asdict(state)},
     }
-
-
-def _save(run_dir: str, payload: dict, step: int, *, improved: bool, keep_last: int, with_step: bool) -> None:
-    """latest.pt always; step_N.pt (pruned to keep_last) and best.pt as hard links of it."""
-    d = os.path.join(run_dir, "checkpoints")
-    latest = os.path.join(d, "latest.pt")
-    ckpt.save_checkpoint(payload, latest)
-    if with_step and keep_last > 0:
-        ckpt.link_checkpoint(latest, os.path.join(d, f"step_{step}.pt"))
-        steps = sorted((int(f[5:-3]), f) for f in os.listdir(d) if f.startswith("step_") and f[5:-3].isdigit())
-        for _, f in steps[:-keep_last]:
-            os.unlink(os.path.join(d, f))
-    if improved:
-        ckpt.link_checkpoint(latest, os.path.join(d, "best.pt"))
 
 
 # --------------------------------------------------------------------------- validation
@@ -309,6 +283,7 @@ def validate(model: nn.Module, cfg: Config, tokenizer: Tokenizer, valid, valid_l
 
 
 def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precision, log: RunLogger, step: int) -> dict:
+    from nmt.engine import TorchEngine
     from nmt.evaluate import score
     from nmt.translate import translate_lines
 
@@ -317,7 +292,7 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     src, ref = src[:n], ref[:n]
     decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1)
     with precision.autocast():
-        hyps = translate_lines(model, tokenizer, src, decode, device, warn=log.info)
+        hyps = translate_lines(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)
     scores = score(hyps, ref, ("bleu", "chrf"))
     k = min(cfg.train.num_samples, len(src))
     picks = sorted({i * len(src) // k for i in range(k)}) if k else []
@@ -336,11 +311,17 @@ def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet
     try:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        with dist.rank_errors(env), dist.process_group(env, _resolve_device(device or cfg.train.device)) as dev:
-            run_dir = dist.main_first(env, lambda: _prepare_run_dir(cfg, resume)) or cfg.run_dir
+        with dist.rank_errors(env), dist.process_group(env, resolve_torch_device(device or cfg.train.device)) as dev, \
+                contextlib.ExitStack() as held:
+            def prepare() -> str:  # rank 0: the run directory, locked for the whole run
+                run_dir = rundir.create(cfg.run_dir)
+                held.enter_context(rundir.RunLock(run_dir))
+                rundir.check_start(run_dir, resume)
+                return run_dir
+            run_dir = dist.main_first(env, prepare) or cfg.run_dir
             log = RunLogger(run_dir, quiet=quiet, enabled=env.is_main)
             try:
-                with SignalStop(log.info, repeat_window=3.0 if env.distributed else 0.0) as stop:
+                with SignalStop(repeat_window=3.0 if env.distributed else 0.0) as stop:
                     return _train(cfg, run_dir, resume, dev, log, stop, env)
             finally:
                 log.close()
@@ -407,11 +388,20 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
            env: DistEnv = DistEnv()) -> dict:
     t, start = cfg.train, time.perf_counter()
     # every rank reads latest.pt (onto the CPU: nothing lands on rank 0's GPU) before rank 0 can write it again
-    saved = ckpt.load_checkpoint(os.path.join(run_dir, "checkpoints", "latest.pt")) if resume else None
+    latest = os.path.join(run_dir, "checkpoints", "latest.pt")
+    saved = ckpt.load_checkpoint(latest) if resume else None
+    if saved is not None and "train_state" not in saved:
+        raise UserError(f"cannot resume from {latest}: it has no training state (an averaged checkpoint?); "
+                        "--resume needs a checkpoint written by nmt train (to start a new run from these "
+                        "weights, set train.init_from)")
     tokenizer, (train_data, valid_data, valid_lines) = _prepare_data(cfg, run_dir, saved, log, env)
 
     torch.manual_seed(cfg.seed)  # parameter init (the same on every rank); dropout continues from this generator
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
+    if device.type == "cpu":
+        from nmt import fast
+
+        fast.install_for_training(model)  # numpy dropout masks (nmt/fast.py)
     optimizer = build_optimizer(model, t, device)
     scheduler = build_scheduler(optimizer, t, cfg.model.d_model)
     precision = setup_precision(t.precision, device)
@@ -435,7 +425,8 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             payload = _checkpoint_dict(model, cfg, tokenizer, optimizer, scheduler, precision,
                                        dataclasses.replace(state, elapsed=state.elapsed + time.perf_counter() - start),
                                        rngs)
-            _save(run_dir, payload, state.step, improved=improved, keep_last=t.keep_last, with_step=with_step)
+            rundir.save_checkpoints(run_dir, payload, state.step, improved=improved, keep_last=t.keep_last,
+                                    with_step=with_step)
 
     last_valid: dict = {}
 
@@ -477,6 +468,7 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             local = _stop_code(t, state, state.elapsed + time.perf_counter() - start, stop) if env.is_main else (0, 0)
             n_tokens, code, signum = env.sum_values([sum(b.n_tgt_tokens for b in group), *local], device)
             if code:
+                stop.announce(log.info)
                 reason = {1: f"max_steps {t.max_steps}", 2: f"max_time {t.max_time:g}s",
                           3: f"signal {signal.Signals(signum).name}" if signum else "signal"}[code]
                 break
@@ -513,6 +505,7 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             state.epoch, state.batch_offset = state.epoch + 1, 0
     signalled = env.broadcast(stop.requested)  # rank 0's view, so that every rank takes the same branch
     if signalled is not None:
+        stop.announce(log.info)
         save(False, with_step=False)  # no validation: the user wants out
     elif state.last_valid_step != state.step:
         run_validation()

@@ -85,35 +85,34 @@ def build_random_checkpoint(directory: str, args) -> str:
 
 
 def worker(args) -> dict:
-    """One timed run of one engine in this (fresh) process: {"seconds", "outputs", "retranslated"}."""
+    """One timed run of one engine in this (fresh) process: {"seconds", "outputs"}."""
     lines = read_lines(args.input, args.sentences)
     limits = dict(max_len_a=0.0, max_len_b=args.force_len, min_len=args.force_len) if args.force_len else {}
+    overrides = dict(beam_size=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
     if args.worker == "nmt":
-        from nmt.runtime import tune_malloc
+        from nmt.fast import tune_malloc
 
         tune_malloc()  # as the `nmt` command does
         import torch
 
         torch.set_num_threads(args.threads)
-        from nmt.translate import decode_settings, load_model, translate_nbest
+        from nmt.engine import TorchEngine
 
-        model, tokenizer, cfg = load_model(args.checkpoint, "cpu")
-        decode = decode_settings(cfg.decode, beam=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
-        run = lambda some: [r[0][0] for r in translate_nbest(model, tokenizer, some, decode, torch.device("cpu"),
-                                                               warn=lambda m: None)]
-        ct2 = None
+        engine = TorchEngine.load(args.checkpoint, "cpu")
     else:  # no torch computation in this process
-        from nmt.ct2 import Ct2Translator
-        from nmt.translate import decode_settings
+        from nmt.ct2 import Ct2Engine
 
-        ct2 = Ct2Translator(args.worker_model, "cpu", intra_threads=args.threads)
-        decode = decode_settings(ct2.decode, beam=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
-        run = lambda some: ct2.translate_lines(some, decode)
+        engine = Ct2Engine(args.worker_model, "cpu", intra_threads=args.threads)
+    from nmt.config import decode_config
+    from nmt.translate import translate_lines
+
+    decode = decode_config(engine.decode, overrides)
+    run = lambda some: translate_lines(engine, some, decode, warn=lambda m: None)
     run(lines[:8])  # warm-up
     t0 = time.perf_counter()
     outputs = run(lines)
     seconds = time.perf_counter() - t0
-    return dict(seconds=seconds, outputs=outputs, retranslated=ct2.n_retranslated if ct2 else None)
+    return dict(seconds=seconds, outputs=outputs)
 
 
 def main() -> int:
@@ -144,21 +143,22 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     import ctranslate2
 
+    from nmt.checkpoint import load_for_inference
+    from nmt.config import decode_config
     from nmt.export import write_export
-    from nmt.translate import decode_settings, load_model
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         checkpoint = args.checkpoint or build_random_checkpoint(tmp, args)
         force_len = args.force_len if args.force_len is not None else (0 if args.checkpoint else 32)
-        model, tokenizer, cfg = load_model(checkpoint, "cpu", pack_weights=False)  # for the exports
+        model, tokenizer, cfg = load_for_inference(checkpoint, "cpu")  # for the exports
         dirs = {}
         for quant in ("float32", "int8"):
             dirs[quant] = write_export(model, tokenizer, cfg, os.path.join(tmp, quant), quantization=quant,
                                        checkpoint=checkpoint)
         setup_s = time.perf_counter() - t0
         limits = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else {}
-        decode = decode_settings(cfg.decode, beam=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
+        decode = decode_config(cfg.decode, dict(beam_size=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits))
         lines = read_lines(args.input, args.sentences)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"# {len(lines)} sentences from {args.input}; model {n_params / 1e6:.1f}M parameters "
@@ -180,21 +180,19 @@ def main() -> int:
 
         engines = [("nmt (PyTorch)", "float32", "nmt", None)] + \
             [("CTranslate2", quant, "ct2", dirs[quant]) for quant in ("float32", "int8")]
-        best, outputs, retranslated = [float("inf")] * len(engines), [None] * len(engines), [None] * len(engines)
+        best, outputs = [float("inf")] * len(engines), [None] * len(engines)
         for _ in range(args.repeats):  # round-robin, so that load from other processes hits every engine alike
             for k, (_, _, engine, model_dir) in enumerate(engines):
                 r = timed(engine, model_dir)
-                best[k], outputs[k], retranslated[k] = min(best[k], r["seconds"]), r["outputs"], r["retranslated"]
+                best[k], outputs[k] = min(best[k], r["seconds"]), r["outputs"]
         results = []
         print(f"{'engine':<14} {'weights':<8} {'time_s':>8} {'sent/s':>8} {'tok/s':>8} {'speedup':>8} {'same':>6}")
-        for (name, weights, engine, _), secs, out, again in zip(engines, best, outputs, retranslated):
+        for (name, weights, engine, _), secs, out in zip(engines, best, outputs):
             tokens = sum(len(ids) for ids in tokenizer.encode_tgt(out))
             r = dict(engine=name, weights=weights, seconds=secs, sentences=len(lines), target_tokens=tokens,
                      sent_per_s=len(lines) / secs, tok_per_s=tokens / secs,
                      same_as_nmt=sum(a == b for a, b in zip(out, outputs[0])) / len(lines))
             r["speedup"] = r["sent_per_s"] / results[0]["sent_per_s"] if results else 1.0
-            if engine == "ct2":  # sentences CTranslate2 translated twice (PAD/BOS in the first result)
-                r["retranslated"] = again
             results.append(r)
             print(f"{name:<14} {weights:<8} {secs:>8.2f} {r['sent_per_s']:>8.2f} {r['tok_per_s']:>8.0f} "
                   f"{r['speedup']:>7.2f}x {100 * r['same_as_nmt']:>5.1f}%", flush=True)

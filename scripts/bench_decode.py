@@ -44,12 +44,14 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1):
+def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1, ops=None):
     """Encode + search src_ids in batches of batch_size sentences (sorted by length);
     with workers > 1 on CPU, as `nmt translate --workers` runs them. -> (seconds, output tokens)."""
-    from nmt.search import beam_search, greedy_search
+    from nmt.search import PLAIN_OPS, beam_search, greedy_search
     from nmt.tokenizer import PAD_ID
     from nmt.translate import batch_cost, run_batches
+
+    ops = ops or PLAIN_OPS
 
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
@@ -59,8 +61,8 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
         src = torch.tensor([x + [PAD_ID] * (width - len(x)) for x in batch], device=device)
         src_mask = src != PAD_ID
         if beam == 1:
-            return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, **kw))
-        hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, **kw)
+            return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, ops=ops, **kw))
+        hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, ops=ops, **kw)
         return sum(len(h[0].tokens) for h in hyps)
 
     batches = [[src_ids[i] for i in order[start:start + batch_size]] for start in range(0, len(order), batch_size)]
@@ -154,7 +156,7 @@ def main() -> int:
                     help="also time CTranslate2 on this export of the checkpoint (`nmt export`): translate_batch on the "
                          "same SentencePiece pieces, max_batch_size = each --batch-sizes value, the call only")
     ap.add_argument("--no-cpu-tuning", action="store_true",
-                    help="without nmt/runtime.py's allocator tuning and packed weights (as NMT_CPU_TUNING=0)")
+                    help="without nmt/fast.py's fast paths (as NMT_CPU_TUNING=0)")
     ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
     ap.add_argument("--ct2-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -163,24 +165,25 @@ def main() -> int:
         return 0
     if args.no_cpu_tuning:
         os.environ["NMT_CPU_TUNING"] = "0"
-    from nmt.runtime import tune_malloc
+    from nmt.fast import tune_malloc
 
     tune_malloc()  # as the `nmt` command does
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from nmt.translate import load_model
+    from nmt.engine import TorchEngine
 
     t0 = time.perf_counter()
-    model, tokenizer, _ = load_model(args.checkpoint, args.device)
+    engine = TorchEngine.load(args.checkpoint, args.device)  # on CPU with nmt/fast.py's paths, as nmt translate
+    model, tokenizer, ops = engine.model, engine.tokenizer, engine.ops
     lines = read_lines(args.input, args.sentences)
     src_ids = [ids + [3] for ids in tokenizer.encode_src(lines)]  # x + EOS, as in training
     load_s = time.perf_counter() - t0
     device = next(model.parameters()).device
     print(f"# {len(lines)} sentences, device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"load+tokenize {load_s:.2f}s, cpu tuning {'off' if args.no_cpu_tuning else 'on'}, workers {args.workers}", flush=True)
-    run_search(model, src_ids[:8], 8, 5, 8, True, device, torch)  # warm-up
+    run_search(model, src_ids[:8], 8, 5, 8, True, device, torch, ops=ops)  # warm-up
 
     results = []
     header = f"{'search':>8} {'cache':>6} {'batch':>6} {'sents':>6} {'time_s':>8} {'sent/s':>8} {'tok/s':>9} {'rss_MB':>8}"
@@ -194,7 +197,7 @@ def main() -> int:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 secs, toks = run_search(model, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch,
-                                        args.workers)
+                                        args.workers, ops)
                 mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
                 r = dict(search="greedy" if beam == 1 else f"beam{beam}", beam=beam, cache=use_cache, batch=bs,
                          sentences=n, seconds=secs, sent_per_s=n / secs, tok_per_s=toks / secs, tokens=toks,

@@ -80,12 +80,12 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--workdir", help="where the tokenizer and encoded corpus are cached (default: a temp dir)")
     ap.add_argument("--no-cpu-tuning", action="store_true",
-                    help="without nmt/runtime.py's allocator tuning (as NMT_CPU_TUNING=0)")
+                    help="without nmt/fast.py's allocator tuning and numpy dropout (as NMT_CPU_TUNING=0)")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     if args.no_cpu_tuning:
         os.environ["NMT_CPU_TUNING"] = "0"
-    from nmt.runtime import tune_malloc
+    from nmt.fast import install_for_training, tune_malloc
 
     tune_malloc()  # as `nmt train` does
     import numpy as np
@@ -96,7 +96,7 @@ def main() -> int:
     from nmt.model import Transformer
     from nmt.optim import build_optimizer, build_scheduler
     from nmt.train import setup_precision, train_step
-    from nmt.translate import resolve_device
+    from nmt.engine import resolve_torch_device as resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -109,6 +109,8 @@ def main() -> int:
 
     torch.manual_seed(cfg.seed)
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
+    if device.type == "cpu":
+        install_for_training(model)  # as nmt train does
     t = cfg.train
     optimizer = build_optimizer(model, t, device)
     scheduler = build_scheduler(optimizer, replace(t, max_steps=max(t.max_steps, 10**6)), cfg.model.d_model)

@@ -110,5 +110,4 @@ def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
         [("nmt (PyTorch)", "float32"), ("CTranslate2", "float32"), ("CTranslate2", "int8")]
     assert all(r["sentences"] == 4 and r["sent_per_s"] > 0 for r in rows)
     assert rows[0]["same_as_nmt"] == 1.0 and rows[0]["speedup"] == 1.0
-    assert all(r["retranslated"] >= 0 for r in rows[1:])
     assert res["force_len"] == 4 and res["decode"]["min_len"] == 4 and res["decode"]["beam_size"] == 2

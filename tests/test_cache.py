@@ -1,9 +1,11 @@
-"""Cached decoding: step-by-step logits equal the full teacher-forced decode, through reorders."""
+"""Cached decoding: step-by-step logits equal the full teacher-forced decode, through reorders,
+for the plain DecoderCache and nmt/fast.py's ReusingDecoderCache alike."""
 
 import pytest
 import torch
 
 from nmt.cache import DecoderCache, _source_groups
+from nmt.fast import ReusingDecoderCache
 from nmt.config import ModelConfig
 from nmt.masks import padding_mask
 from nmt.model import PAD_ID, Transformer
@@ -52,22 +54,24 @@ def test_steps_equal_full_decode(kw):
     cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=12)
     steps = []
     for t in range(12):
-        logits, cache = model.decode_step(tgt[:, t], cache)
+        logits = model.decode_step(tgt[:, t], cache)
         steps.append(logits)
     assert cache.length == 12
     torch.testing.assert_close(torch.stack(steps, 1), full_logits(model, src, src_mask, tgt), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("cache_cls", [DecoderCache, ReusingDecoderCache])
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @torch.no_grad()
-def test_reorders_follow_the_selected_rows(norm):
+def test_reorders_follow_the_selected_rows(norm, cache_cls):
     """Expand to beams, permute inside sentences, drop a sentence, then mix sentences
     arbitrarily (repeats included); after each reorder the next logits must equal a full
     decode of the correspondingly reordered prefixes."""
     model = tiny_model(norm=norm)
     src, src_mask = source([7, 2, 5])
     K, T = 3, 10
-    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=T)
+    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=T, cache_cls=cache_cls)
+    assert type(cache) is cache_cls
     rows = torch.arange(3)  # source sentence of each cache row
     prefix = tokens(3, 0)  # tokens fed so far, per row [B,t]
     reorders = {2: torch.arange(3).repeat_interleave(K),  # expand to beams -> 9 rows
@@ -79,12 +83,12 @@ def test_reorders_follow_the_selected_rows(norm):
     for t in range(T):
         if t in reorders:
             idx = reorders[t]
-            cache = cache.reorder(idx)
+            assert cache.reorder(idx) is None  # in place
             rows, prefix = rows[idx], prefix[idx]
             assert cache.group == expected_group[t] and cache.batch_size == len(idx)
         new = tokens(len(rows), 1, seed=10 + t)
         prefix = torch.cat([prefix, new], 1)
-        logits, cache = model.decode_step(new[:, 0], cache)
+        logits = model.decode_step(new[:, 0], cache)
         reference = full_logits(model, src[rows], src_mask[rows], prefix)[:, -1]
         torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
 
@@ -94,16 +98,17 @@ def test_beam_reorder_keeps_cross_attention_once_per_sentence():
     model = tiny_model()
     src, src_mask = source([4, 6])
     cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=5)
-    beams = cache.reorder(torch.arange(2).repeat_interleave(4))
-    assert beams.cross_k[0].shape[0] == 2 and beams.self_k[0].shape[0] == 8
-    assert beams.cross_k[0] is cache.cross_k[0]  # no copy for beam expansion
-    _, beams = model.decode_step(tokens(8, 1)[:, 0], beams)
-    swapped = beams.reorder(torch.tensor([3, 2, 1, 0, 4, 4, 5, 7]))
-    assert swapped.cross_k[0] is cache.cross_k[0]
-    dropped = swapped.reorder(torch.arange(4, 8))
-    assert dropped.cross_k[0].shape[0] == 1
-    torch.testing.assert_close(dropped.cross_k[0][0], cache.cross_k[0][1], atol=0, rtol=0)
-    torch.testing.assert_close(dropped.src_mask, src_mask[1:])
+    cross = cache.cross_k[0]
+    cache.reorder(torch.arange(2).repeat_interleave(4))
+    assert cache.cross_k[0].shape[0] == 2 and cache.self_k[0].shape[0] == 8
+    assert cache.cross_k[0] is cross  # no copy for beam expansion
+    model.decode_step(tokens(8, 1)[:, 0], cache)
+    cache.reorder(torch.tensor([3, 2, 1, 0, 4, 4, 5, 7]))
+    assert cache.cross_k[0] is cross
+    cache.reorder(torch.arange(4, 8))
+    assert cache.cross_k[0].shape[0] == 1
+    torch.testing.assert_close(cache.cross_k[0][0], cross[1], atol=0, rtol=0)
+    torch.testing.assert_close(cache.src_mask, src_mask[1:])
 
 
 def test_source_groups():
@@ -123,7 +128,7 @@ def test_cache_overflow_raises_a_clear_error():
     src, src_mask = source([3])
     cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=2)
     for t in range(2):
-        _, cache = model.decode_step(torch.tensor([5]), cache)
+        model.decode_step(torch.tensor([5]), cache)
     with pytest.raises(ValueError, match="max_len=2"):
         model.decode_step(torch.tensor([5]), cache)
     with pytest.raises(ValueError, match="max_positions"):
@@ -131,21 +136,27 @@ def test_cache_overflow_raises_a_clear_error():
 
 
 @torch.no_grad()
-def test_reorder_reuses_buffers_and_retires_the_old_cache():
+def test_reusing_cache_swaps_buffers_and_copies_few_rows_in_place():
+    """ReusingDecoderCache: a permutation of most rows gathers into the spare buffers (ping-pong,
+    no allocation); a reorder that changes few rows copies them in place; contents as the plain cache."""
     model = tiny_model()
-    src, src_mask = source([5, 2])
-    cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6)
-    _, cache = model.decode_step(torch.tensor([5, 6]), cache)
-    before = cache.self_k[0][:, :, :1].clone()
-    first = cache.reorder(torch.tensor([1, 0]))
-    with pytest.raises(RuntimeError, match="reorder"):
-        model.decode_step(torch.tensor([5, 6]), cache)
-    with pytest.raises(RuntimeError, match="reorder"):
-        cache.reorder(torch.tensor([0, 1]))
-    second = first.reorder(torch.tensor([1, 0]))  # ping-pong: back into the first buffers
-    assert second.self_k[0].data_ptr() == cache.self_k[0].data_ptr()
-    torch.testing.assert_close(second.self_k[0][:, :, :1], before, atol=0, rtol=0)
-    torch.testing.assert_close(first.self_k[0][:, :, :1], before.flip(0), atol=0, rtol=0)
+    src, src_mask = source([5, 2, 4, 3])
+    plain = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6)
+    fast = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6, cache_cls=ReusingDecoderCache)
+    for c in (plain, fast):
+        model.decode_step(torch.tensor([5, 6, 7, 8]), c)
+    first = fast.self_k[0].data_ptr()
+    for idx, in_place in ((torch.tensor([1, 0, 3, 2]), False), (torch.tensor([1, 0, 3, 2]), False),
+                          (torch.tensor([0, 0, 2, 3]), True)):
+        before = fast.self_k[0].data_ptr()
+        plain.reorder(idx)
+        fast.reorder(idx)
+        assert (fast.self_k[0].data_ptr() == before) == in_place
+        for a, b in zip(plain.self_k + plain.self_v, fast.self_k + fast.self_v):
+            torch.testing.assert_close(a[:, :, :1], b[:, :, :1], atol=0, rtol=0)
+    assert fast.self_k[0].data_ptr() == first  # swapped twice: back in the first buffers
+    torch.testing.assert_close(model.decode_step(torch.tensor([4, 5, 6, 7]), plain),
+                               model.decode_step(torch.tensor([4, 5, 6, 7]), fast), atol=0, rtol=0)
 
 
 @torch.no_grad()
@@ -170,7 +181,7 @@ def test_steps_under_bf16_autocast_track_full_decode():
         cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6)
         steps = []
         for t in range(6):
-            logits, cache = model.decode_step(tgt[:, t], cache)
+            logits = model.decode_step(tgt[:, t], cache)
             steps.append(logits.float())
     assert cache.self_k[0].dtype == torch.bfloat16
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=0.1, rtol=0.05)

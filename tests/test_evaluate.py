@@ -128,9 +128,9 @@ def test_missing_file_and_bad_input(tmp_path):
         score([], [])
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe\n")
-    with pytest.raises(UserError, match="not valid UTF-8"):
+    with pytest.raises(UserError, match="line 1: invalid UTF-8"):
         read_lines(str(bad))
-    with pytest.raises(UserError, match="line 2 is not valid UTF-8"):
+    with pytest.raises(UserError, match="line 2: invalid UTF-8"):
         evaluate_command(None, ref, stdin=io.BytesIO(b"ok\n\xff\n"), stdout=io.StringIO())
     with pytest.raises(UserError, match="--src"):
         evaluate_command(None, ref, checkpoint="x.pt", stdout=io.StringIO())

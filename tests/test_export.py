@@ -181,8 +181,10 @@ def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # makes `import ctranslate2` fail
     with pytest.raises(UserError, match=r'pip install -e "\.\[ct2\]"'):
         export.export_command(str(tmp_path / "x.pt"), str(tmp_path / "out"))
+    from nmt.ct2 import Ct2Engine
+
     with pytest.raises(UserError, match="ctranslate2"):
-        export.translate_ct2_command(str(tmp_path), None, None)
+        Ct2Engine(str(tmp_path))
 
 
 def test_overwrite_rules(ct2, tokenizers, tmp_path):
@@ -208,7 +210,7 @@ def test_overwrite_rules(ct2, tokenizers, tmp_path):
 def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
     """A model that always prefers PAD: nmt masks it; the CTranslate2 path retranslates with
     PAD/BOS suppressed and gives the same (greedy) tokens as nmt."""
-    from nmt.ct2 import Ct2Translator
+    from nmt.ct2 import Ct2Engine
     from nmt.export import write_export
     from nmt.search import greedy_search
 
@@ -220,10 +222,10 @@ def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
         model.decoder.final_norm.bias.copy_(v)
         model.output_proj.weight[PAD_ID] = 10 * v
     out = write_export(model, tokenizer, cfg, str(tmp_path / "ct2"))
-    engine = Ct2Translator(out, "cpu", intra_threads=1)
+    engine = Ct2Engine(out, "cpu", intra_threads=1)
     decode = dataclasses.replace(engine.decode, beam_size=1, max_len_a=0.0, max_len_b=6)
     src = tokenizer.encode_src(["el perro ve la casa", "la luna come"])
-    theirs = engine.search(src, decode)
+    theirs = engine.search_batch(src, decode)
     for s, hyps in zip(src, theirs):
         ours = greedy_search(model, torch.tensor([s + [EOS_ID]]), torch.ones(1, len(s) + 1, dtype=torch.bool),
                              max_len_a=0.0, max_len_b=6)[0]
@@ -263,18 +265,20 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
     the log-probability CTranslate2 reported. (The searches differ: CTranslate2 refills a beam
     slot whose candidate ended, nmt leaves it empty for that step; either may then find the
     better hypothesis. It shows most with the `average` penalty, which favours long outputs.)"""
-    from nmt.ct2 import Ct2Translator
-    from nmt.translate import _decode_batch, load_model
+    from nmt.ct2 import Ct2Engine
+    from nmt.engine import TorchEngine
+    from nmt.search import max_output_lengths
 
     checkpoint, out = trained
-    model, tokenizer, cfg = load_model(checkpoint, "cpu")
-    engine = Ct2Translator(out, "cpu", intra_threads=1)
-    decode = dataclasses.replace(cfg.decode, beam_size=beam, length_penalty=1.0, length_penalty_type=penalty)
+    torch_engine = TorchEngine.load(checkpoint, "cpu")
+    model, tokenizer = torch_engine.model, torch_engine.tokenizer
+    engine = Ct2Engine(out, "cpu", intra_threads=1)
+    decode = dataclasses.replace(torch_engine.decode, beam_size=beam, length_penalty=1.0, length_penalty_type=penalty)
     src = tokenizer.encode_src([p[0] for p in pairs[:300]])
-    ours = []
+    ours, theirs = [], []
     for i in range(0, len(src), 64):
-        ours += _decode_batch(model, [s + [EOS_ID] for s in src[i:i + 64]], decode, torch.device("cpu"))
-    theirs = engine.search(src, decode)
+        ours += torch_engine.search_batch(src[i:i + 64], decode)
+        theirs += engine.search_batch(src[i:i + 64], decode)
     agree = [a[0].tokens == b[0].tokens for a, b in zip(ours, theirs)]
     assert sum(agree) >= min_agree * len(src)
     for s, a, b, same in zip(src, ours, theirs, agree):
@@ -283,7 +287,7 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
             assert b.log_prob == pytest.approx(a.log_prob, abs=1e-4)
             assert b.score == pytest.approx(a.score, abs=1e-4)
             continue
-        limit = engine.max_output_length(len(s) + 1, decode)
+        limit = max_output_lengths([len(s) + 1], decode.max_len_a, decode.max_len_b, engine.max_positions)[0]
         ended = len(b.tokens) < limit  # else truncated at the limit: no EOS term
         logp = teacher_forced_log_probs(model, s, b.tokens)
         rescored = float(logp.sum() if ended else logp[:-1].sum())
@@ -292,23 +296,22 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
 
 def test_forced_length_as_benchmarks_use_it(trained, pairs):
     """min_len >= max_len forces every output to exactly max_len tokens, in both engines."""
-    from nmt.ct2 import Ct2Translator
-    from nmt.translate import _decode_batch, load_model
+    from nmt.ct2 import Ct2Engine
+    from nmt.engine import TorchEngine
 
     checkpoint, out = trained
-    model, tokenizer, cfg = load_model(checkpoint, "cpu")
-    engine = Ct2Translator(out, "cpu", intra_threads=1)
-    decode = dataclasses.replace(cfg.decode, beam_size=1, max_len_a=0.0, max_len_b=7, min_len=9)
-    src = tokenizer.encode_src([p[0] for p in pairs[:20]])
-    ours = _decode_batch(model, [s + [EOS_ID] for s in src], decode, torch.device("cpu"))
-    theirs = engine.search(src, decode)
+    torch_engine = TorchEngine.load(checkpoint, "cpu")
+    engine = Ct2Engine(out, "cpu", intra_threads=1)
+    decode = dataclasses.replace(torch_engine.decode, beam_size=1, max_len_a=0.0, max_len_b=7, min_len=9)
+    src = torch_engine.tokenizer.encode_src([p[0] for p in pairs[:20]])
+    ours = torch_engine.search_batch(src, decode)
+    theirs = engine.search_batch(src, decode)
     assert [len(h[0].tokens) for h in theirs] == [7] * len(src)
     assert [h[0].tokens for h in theirs] == [h[0].tokens for h in ours]
 
 
 def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
     """Same output file as `nmt translate` (PyTorch): order, empty lines, n-best format."""
-    from nmt.ct2 import translate_ct2_command
     from nmt.translate import translate_command
 
     checkpoint, out = trained
@@ -317,9 +320,9 @@ def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for nbest in (1, 2):
-        kw = dict(beam=3, nbest=nbest, device="cpu", quiet=True)
+        kw = dict(overrides=dict(beam_size=3, nbest=nbest), device="cpu", quiet=True)
         translate_command(checkpoint, str(src), str(tmp_path / "torch.txt"), **kw)
-        translate_ct2_command(out, str(src), str(tmp_path / "ct2.txt"), **kw)
+        translate_command(out, str(src), str(tmp_path / "ct2.txt"), engine="ctranslate2", **kw)
         got = (tmp_path / "ct2.txt").read_text(encoding="utf-8").splitlines()
         want = (tmp_path / "torch.txt").read_text(encoding="utf-8").splitlines()
         assert len(got) == len(lines) * nbest
@@ -334,7 +337,8 @@ def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
 def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     """--workers 2 with the CTranslate2 engine (inter_threads 2, batches run by a thread pool):
     the same file as one worker, and as the PyTorch path with --workers 2."""
-    from nmt.ct2 import Ct2Translator, translate_ct2_command
+    from nmt.config import ConfigError
+    from nmt.ct2 import Ct2Engine
     from nmt.translate import translate_command
 
     checkpoint, out = trained
@@ -342,38 +346,42 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     lines[5] = ""
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    kw = dict(beam=2, nbest=2, device="cpu", quiet=True, batch_size=4)
-    translate_ct2_command(out, str(src), str(tmp_path / "one.txt"), workers=1, **kw)
-    translate_ct2_command(out, str(src), str(tmp_path / "two.txt"), workers=2, **kw)
-    translate_command(checkpoint, str(src), str(tmp_path / "torch1.txt"), workers=1, **kw)
-    translate_command(checkpoint, str(src), str(tmp_path / "torch2.txt"), workers=2, **kw)
+    kw = lambda workers: dict(overrides=dict(beam_size=2, nbest=2, max_batch_size=4, workers=workers), device="cpu",
+                              quiet=True)
+    translate_command(out, str(src), str(tmp_path / "one.txt"), engine="ctranslate2", **kw(1))
+    translate_command(out, str(src), str(tmp_path / "two.txt"), engine="ctranslate2", **kw(2))
+    translate_command(checkpoint, str(src), str(tmp_path / "torch1.txt"), **kw(1))
+    translate_command(checkpoint, str(src), str(tmp_path / "torch2.txt"), **kw(2))
     one = (tmp_path / "one.txt").read_text(encoding="utf-8")
     assert len(one.splitlines()) == 2 * len(lines)
     assert (tmp_path / "two.txt").read_text(encoding="utf-8") == one
     assert (tmp_path / "torch2.txt").read_text(encoding="utf-8") == (tmp_path / "torch1.txt").read_text(encoding="utf-8")
-    assert Ct2Translator(out, "cpu", workers=2).translator.num_translators == 2  # CTranslate2 runs 2 batches at once
+    assert Ct2Engine(out, "cpu", workers=2).translator.num_translators == 2  # CTranslate2 runs 2 batches at once
     auto = 2 if (os.cpu_count() or 1) >= 2 else 1  # workers 0 = auto, as on the PyTorch path
-    assert Ct2Translator(out, "cpu", workers=0).translator.num_translators == auto
-    with pytest.raises(UserError, match="workers"):
-        translate_ct2_command(out, str(src), str(tmp_path / "x.txt"), workers=-1, **kw)
+    assert Ct2Engine(out, "cpu", workers=0).translator.num_translators == auto
+    with pytest.raises(ConfigError, match="workers"):
+        translate_command(out, str(src), str(tmp_path / "x.txt"), **kw(-1))
+    assert not os.path.exists(tmp_path / "x.txt")
 
 
 def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
     """stdin -> stdout; the checkpoint's decode section is the default; an over-long line is
     truncated (max_positions - 1 = 63 tokens) and counted in one warning; not-an-export refused."""
-    from nmt.ct2 import Ct2Translator, translate_ct2_command
+    from nmt.ct2 import Ct2Engine
+    from nmt.translate import translate_command
 
     checkpoint, out = trained
-    engine = Ct2Translator(out, "cpu")
+    engine = Ct2Engine(out, "cpu")
     assert engine.decode.max_len_b == 5 and engine.decode.beam_size == 1  # tests/synthetic.py's decode section
     stdout, stderr = io.BytesIO(), io.StringIO()
     text = "el perro ve la casa\n\n" + " ".join(["el gato come"] * 30) + "\n"
-    translate_ct2_command(out, None, None, stdin=io.BytesIO(text.encode()), stdout=stdout, stderr=stderr, device="cpu")
+    translate_command(out, None, None, stdin=io.BytesIO(text.encode()), stdout=stdout, stderr=stderr, device="cpu")
     lines = stdout.getvalue().decode().split("\n")
     assert len(lines) == 4 and lines[0] and lines[1] == "" and lines[2] and lines[3] == ""
     assert "1 input line longer than 63 tokens" in stderr.getvalue()
     with pytest.raises(UserError, match="not a CTranslate2 model directory"):
-        translate_ct2_command(str(tmp_path), None, None, stdin=io.BytesIO(b"x\n"), stdout=io.BytesIO())
+        translate_command(str(tmp_path), None, None, engine="ctranslate2", stdin=io.BytesIO(b"x\n"),
+                          stdout=io.BytesIO())
 
 
 def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
@@ -381,16 +389,18 @@ def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
     (the briefly trained model is not peaked enough for int8 to reproduce every line)."""
     import sacrebleu
 
-    from nmt.ct2 import Ct2Translator
+    from nmt.ct2 import Ct2Engine
     from nmt.export import export_command
 
     checkpoint, out = trained
     q = str(tmp_path / "int8")
     export_command(checkpoint, q, quantization="int8", quiet=True)
     assert os.path.getsize(os.path.join(q, "model.bin")) < 0.6 * os.path.getsize(os.path.join(out, "model.bin"))
-    f32, i8 = Ct2Translator(out, "cpu", intra_threads=1), Ct2Translator(q, "cpu", intra_threads=1)
+    from nmt.translate import translate_lines
+
+    f32, i8 = Ct2Engine(out, "cpu", intra_threads=1), Ct2Engine(q, "cpu", intra_threads=1)
     lines, refs = [p[0] for p in pairs[:100]], [p[1] for p in pairs[:100]]
-    bleu = [sacrebleu.corpus_bleu(e.translate_lines(lines, e.decode), [refs]).score for e in (f32, i8)]
+    bleu = [sacrebleu.corpus_bleu(translate_lines(e, lines), [refs]).score for e in (f32, i8)]
     assert bleu[0] > 30 and bleu[1] > bleu[0] - 3
 
 

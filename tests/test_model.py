@@ -9,7 +9,7 @@ from torch import nn
 
 from nmt.config import ModelConfig
 from nmt.masks import padding_mask
-from nmt.model import PAD_ID, Dropout, Transformer, parameter_count_formula, sinusoidal_positions
+from nmt.model import PAD_ID, Transformer, parameter_count_formula, sinusoidal_positions
 
 V = 37
 
@@ -265,41 +265,3 @@ def test_trains_on_a_repeated_batch(precision):
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.5 * losses[0]
     assert model.src_positions.weight.grad is not None and model.src_positions.weight.grad.abs().sum() > 0
-
-
-# --------------------------------------------------------------------------- dropout (numpy-seeded CPU masks)
-
-def test_dropout_is_identity_in_eval_or_with_p_zero():
-    x = torch.randn(50, 40)
-    d = Dropout(0.3).eval()
-    assert d(x) is x
-    assert Dropout(0.0).train()(x) is x
-
-
-def test_dropout_rate_scale_and_gradient():
-    p = 0.1
-    x = torch.randn(1000, 1000).abs().add_(0.1).requires_grad_()  # no zeros: a zero in y means dropped
-    torch.manual_seed(0)
-    y = Dropout(p).train()(x)
-    dropped = y == 0
-    n = x.numel()
-    assert abs(dropped.sum().item() - p * n) < 5 * math.sqrt(n * p * (1 - p))  # binomial, 5 sigma
-    torch.testing.assert_close(y[~dropped], x[~dropped] * (1 / (1 - p)), rtol=0, atol=0)  # kept: x/(1-p), as F.dropout
-    (y * torch.arange(n, dtype=torch.float).view_as(x)).sum().backward()
-    expected = torch.arange(n, dtype=torch.float).view_as(x) * (~dropped) / (1 - p)
-    torch.testing.assert_close(x.grad, expected)
-    # neighbouring entries are independent (the two halves of each 64-bit draw are both used)
-    pairs = dropped.view(-1, 2)
-    both = (pairs[:, 0] & pairs[:, 1]).float().mean().item()
-    assert abs(both - p * p) < 5 * math.sqrt(p * p / pairs.shape[0])
-
-
-def test_dropout_masks_follow_torch_seed():
-    x = torch.ones(64, 64)
-    d = Dropout(0.5).train()
-    torch.manual_seed(3)
-    a, b = d(x), d(x)
-    torch.manual_seed(3)
-    assert torch.equal(d(x), a) and torch.equal(d(x), b)
-    assert not torch.equal(a, b)
-    assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))

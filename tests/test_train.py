@@ -15,6 +15,7 @@ import torch
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, config_from_dict, load_config, replace
 from nmt.data import collate
+from nmt.engine import TorchEngine
 from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.optim import lr_at
@@ -103,7 +104,7 @@ def test_precision_choices_on_cpu():
 
 def test_signal_stop_first_flags_second_raises_and_handlers_restored():
     before = signal.getsignal(signal.SIGINT)
-    with SignalStop(log=lambda m: None) as stop:
+    with SignalStop() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.01)
         assert stop.requested == signal.SIGINT
@@ -150,7 +151,7 @@ def test_best_checkpoint_alone_translates_the_test_set(trained):
     assert not model.training and loaded_cfg == cfg
     src = open(cfg.data.test.src).read().splitlines()
     ref = open(cfg.data.test.tgt).read().splitlines()
-    hyps = translate_lines(model, tokenizer, src, replace(cfg.decode, beam_size=1), CPU)
+    hyps = translate_lines(TorchEngine(model, tokenizer, cfg.decode), src, replace(cfg.decode, beam_size=1))
     assert sacrebleu.corpus_bleu(hyps, [ref]).score >= 90
 
 

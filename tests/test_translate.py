@@ -22,10 +22,12 @@ import pytest
 import torch
 
 from nmt import translate as tr
-from nmt.checkpoint import load_checkpoint, load_for_inference, save_checkpoint
-from nmt.config import DecodeConfig, TokenizerConfig, config_from_dict, to_dict
+from nmt.checkpoint import average_command, load_checkpoint, load_for_inference, save_checkpoint
+from nmt.config import ConfigError, DecodeConfig, TokenizerConfig, config_from_dict, decode_config, to_dict
+from nmt.engine import TorchEngine, resolve_workers
 from nmt.errors import UserError
 from nmt.evaluate import evaluate_command, read_lines, score
+from nmt.search import beam_search, greedy_search
 from nmt.model import Transformer
 from nmt.tokenizer import Tokenizer, train_sentencepiece
 from synthetic import make_pairs
@@ -67,7 +69,13 @@ def ckpt(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def loaded(ckpt):
-    return load_for_inference(ckpt, "cpu")
+    """The engine `nmt translate` uses (on CPU: with nmt/fast.py's paths)."""
+    return TorchEngine.load(ckpt)
+
+
+def texts(results):
+    """[(text, score)] per line, from translate_nbest's Translations."""
+    return [[(t.text, t.score) for t in r] for r in results]
 
 
 def long_line(n_words: int, seed: int) -> str:
@@ -107,13 +115,13 @@ def test_make_batches_budget_cap_and_coverage():
 
 @pytest.mark.parametrize("beam", [1, 2])
 def test_batching_and_order_do_not_change_results(loaded, beam):
-    model, tokenizer, cfg = loaded
+    engine = loaded
     lines = mixed_lines()
-    decode = tr.decode_settings(cfg.decode, beam=beam)
-    batched = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
-    one_batch = tr.translate_nbest(model, tokenizer, lines, tr.decode_settings(decode, batch_tokens=10**6),
-                                   "cpu", warn=lambda m: None)
-    alone = [tr.translate_nbest(model, tokenizer, [line], decode, "cpu", warn=lambda m: None)[0] for line in lines]
+    decode = decode_config(engine.decode, dict(beam_size=beam))
+    batched = texts(tr.translate_nbest(engine, lines, decode, warn=lambda m: None))
+    one_batch = texts(tr.translate_nbest(engine, lines, decode_config(decode, dict(batch_tokens=10**6)),
+                                         warn=lambda m: None))
+    alone = [texts(tr.translate_nbest(engine, [line], decode, warn=lambda m: None))[0] for line in lines]
     assert len(batched) == len(lines)
     scores = [r[0][1] for r, line in zip(alone, lines) if line.strip()]
     assert len(set(scores)) == len(scores)  # distinct per sentence: a misaligned output would show
@@ -124,7 +132,7 @@ def test_batching_and_order_do_not_change_results(loaded, beam):
     for line, r in zip(lines, batched):
         if not line.strip():
             assert r == [("", 0.0)]
-    assert tr.translate_lines(model, tokenizer, lines, decode, "cpu", warn=lambda m: None) == \
+    assert tr.translate_lines(engine, lines, decode, warn=lambda m: None) == \
         [r[0][0] for r in batched]
 
 
@@ -132,53 +140,52 @@ def test_batching_and_order_do_not_change_results(loaded, beam):
 def test_workers_give_the_sequential_results(loaded, beam, monkeypatch):
     """decode.workers > 1 runs batches in a thread pool with torch threads / workers intra-op threads
     each: the same n-best texts and scores, in the same order, and the thread count is restored."""
-    model, tokenizer, cfg = loaded
+    engine = loaded
     lines = mixed_lines() * 2
-    decode = tr.decode_settings(cfg.decode, beam=beam, nbest=beam, workers=1)
+    decode = decode_config(engine.decode, dict(beam_size=beam, nbest=beam, workers=1))
     assert len(tr.make_batches([6] * len(lines), decode.batch_tokens, decode.max_batch_size)) >= 4
     seen = []  # (thread name, intra-op threads) of each batch
-    real = tr._decode_batch
+    real = engine.search_batch
 
     def spy(*args):
         seen.append((threading.current_thread().name, torch.get_num_threads()))
         return real(*args)
 
-    monkeypatch.setattr(tr, "_decode_batch", spy)
-    sequential = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
+    monkeypatch.setattr(engine, "search_batch", spy)
+    sequential = tr.translate_nbest(engine, lines, decode, warn=lambda m: None)
     assert {name for name, _ in seen} == {threading.current_thread().name}
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
         seen.clear()
-        parallel = tr.translate_nbest(model, tokenizer, lines, tr.decode_settings(decode, workers=2), "cpu",
-                                      warn=lambda m: None)
+        parallel = tr.translate_nbest(engine, lines, decode_config(decode, dict(workers=2)), warn=lambda m: None)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
     assert parallel == sequential
     assert all(name.startswith("nmt-decode") and threads == 1 for name, threads in seen)
-    with pytest.raises(UserError, match="workers"):
-        tr.decode_settings(decode, workers=-1)
+    with pytest.raises(ConfigError, match="workers"):
+        decode_config(decode, dict(workers=-1))
 
 
 def test_auto_workers(loaded, monkeypatch):
     """decode.workers 0 (the default) = 2 workers on a CPU with at least 2 threads, else 1 (also on GPU)."""
-    model, tokenizer, cfg = loaded
+    engine = loaded
     assert DecodeConfig().workers == 0
-    assert tr.resolve_workers(0, "cpu", threads=2) == 2 and tr.resolve_workers(0, "cpu", threads=16) == 2
-    assert tr.resolve_workers(0, "cpu", threads=1) == 1 and tr.resolve_workers(0, "cuda", threads=8) == 1
-    assert tr.resolve_workers(3, "cpu", threads=1) == 3
+    assert resolve_workers(0, "cpu", threads=2) == 2 and resolve_workers(0, "cpu", threads=16) == 2
+    assert resolve_workers(0, "cpu", threads=1) == 1 and resolve_workers(0, "cuda", threads=8) == 1
+    assert resolve_workers(3, "cpu", threads=1) == 3
     lines = mixed_lines() * 2
-    decode = tr.decode_settings(cfg.decode, workers=0)
+    decode = decode_config(engine.decode, dict(workers=0))
     seen = []
-    real = tr._decode_batch
-    monkeypatch.setattr(tr, "_decode_batch", lambda *a: seen.append(threading.current_thread().name) or real(*a))
+    real = engine.search_batch
+    monkeypatch.setattr(engine, "search_batch", lambda *a: seen.append(threading.current_thread().name) or real(*a))
     before = torch.get_num_threads()
     try:
         for threads, pooled in ((1, False), (2, True)):
             torch.set_num_threads(threads)
             seen.clear()
-            out = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
+            out = tr.translate_nbest(engine, lines, decode, warn=lambda m: None)
             assert all(name.startswith("nmt-decode") == pooled for name in seen) and len(seen) >= 4
             assert torch.get_num_threads() == threads
             if threads == 1:
@@ -186,7 +193,7 @@ def test_auto_workers(loaded, monkeypatch):
         assert out == first
         seen.clear()  # 5 lines in batches of at most 4: one batch of 4 and one of 1 cannot be shared out evenly
         five = [p[0] for p in make_pairs(5, 11)]
-        tr.translate_nbest(model, tokenizer, five, tr.decode_settings(decode, max_batch_size=4, batch_tokens=10_000), "cpu", warn=lambda m: None)
+        tr.translate_nbest(engine, five, decode_config(decode, dict(max_batch_size=4, batch_tokens=10_000)), warn=lambda m: None)
         assert seen == [threading.current_thread().name] * 2
     finally:
         torch.set_num_threads(before)
@@ -240,48 +247,88 @@ def test_run_batches_keeps_order_and_propagates_errors():
 
 
 def test_truncation_counted_once_and_equals_manual_truncation(loaded):
-    model, tokenizer, cfg = loaded
+    engine = loaded
+    tokenizer = engine.tokenizer
     lines = mixed_lines()
     limit = MAX_POSITIONS - 1
     n_long = sum(len(ids) > limit for ids in tokenizer.encode_src(lines))
     assert n_long == 2
     messages, warn = collect()
-    out = tr.translate_lines(model, tokenizer, lines, cfg.decode, "cpu", warn=warn)
+    out = tr.translate_lines(engine, lines, engine.decode, warn=warn)
     assert len(messages) == 1 and f"{n_long} input lines" in messages[0] and str(limit) in messages[0]
     # A truncated line translates like its first `limit` tokens (word model: one token per word).
     i = lines.index(long_line(40, 1))
     head = " ".join(lines[i].split()[:limit])
     assert len(tokenizer.encode_src([head])[0]) == limit
     messages, warn = collect()
-    assert tr.translate_lines(model, tokenizer, [head], cfg.decode, "cpu", warn=warn) == [out[i]]
+    assert tr.translate_lines(engine, [head], engine.decode, warn=warn) == [out[i]]
     assert messages == []
 
 
-def test_decode_settings_overrides_and_errors(loaded):
-    cfg = loaded[2]
-    d = tr.decode_settings(cfg.decode, beam=4, nbest=3, batch_tokens=7, max_len_a=2.0, max_len_b=9, min_len=1,
-                           length_penalty=0.5)
-    assert (d.beam_size, d.nbest, d.batch_tokens, d.max_len_a, d.max_len_b, d.min_len, d.length_penalty) == \
-        (4, 3, 7, 2.0, 9, 1, 0.5)
-    assert tr.decode_settings(cfg.decode) == cfg.decode
-    with pytest.raises(UserError, match="nbest"):
-        tr.decode_settings(cfg.decode, beam=1, nbest=2)
-    with pytest.raises(UserError, match="beam size"):
-        tr.decode_settings(cfg.decode, beam=0)
+def test_decode_config_overrides_and_errors(loaded):
+    """One validated construction for every source of decode settings: command-line strings,
+    library values, CTranslate2 metadata; errors name the key, all at once."""
+    engine = loaded
+    d = decode_config(engine.decode, dict(beam_size="4", nbest=3, batch_tokens="7", max_len_a="2", max_len_b=9,
+                                          min_len=1, length_penalty="0.5", length_penalty_type="average"))
+    assert (d.beam_size, d.nbest, d.batch_tokens, d.max_len_a, d.max_len_b, d.min_len, d.length_penalty,
+            d.length_penalty_type) == (4, 3, 7, 2.0, 9, 1, 0.5, "average")
+    assert decode_config(engine.decode) == engine.decode
+    assert decode_config(engine.decode, dict(nbest=None)) == engine.decode  # None = not given
+    with pytest.raises(ConfigError, match="nbest"):
+        decode_config(engine.decode, dict(beam_size=1, nbest=2))
+    with pytest.raises(ConfigError) as e:
+        decode_config(engine.decode, dict(beam_size=0, length_penalty="nan", length_penalty_type="long", bogus=1))
+    assert len(e.value.errors) == 4 and "decode.beam_size" in e.value.errors[0]
+    assert decode_config({"beam_size": 3}).beam_size == 3  # a raw mapping (export metadata)
+
+
+def test_translations_equal_direct_search(loaded):
+    """The pipeline's output is the search's own result, detokenized: each sentence searched alone
+    with greedy_search / beam_search on x + EOS (an independent reference for batching, workers,
+    ordering, fast paths)."""
+    engine = loaded
+    lines = [p[0] for p in make_pairs(12, 5)]
+    model, tok = engine.model, engine.tokenizer
+    for beam in (1, 3):
+        decode = decode_config(engine.decode, dict(beam_size=beam, nbest=beam, workers=2))
+        got = tr.translate_nbest(engine, lines, decode)
+        for line, hyps in zip(lines, got):
+            src = torch.tensor([tok.encode_src([line])[0] + [3]])
+            kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b)
+            if beam == 1:
+                ref = [greedy_search(model, src, src != 0, **kw)[0]]
+            else:
+                ref = beam_search(model, src, src != 0, beam_size=beam, nbest=beam, **kw)[0]
+            assert [h.text for h in hyps] == tok.decode_tgt([r.tokens for r in ref])
+            assert [h.score for h in hyps] == pytest.approx([r.score for r in ref], abs=1e-5)
+            assert [h.finished for h in hyps] == [r.finished for r in ref]
+
+
+def test_output_lines_never_break():
+    """Every character str.splitlines() splits on, and NUL, becomes a space (U+0085 NEL included)."""
+    from nmt.textio import one_line
+
+    breaks = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029\x00"
+    text = "a" + "b".join(breaks) + "c"
+    assert len(one_line(text).splitlines()) == 1 and "\x00" not in one_line(text)
+    assert one_line("plain text") == "plain text"
+    for ch in map(chr, range(0x3000)):  # any other splitting character would be caught here
+        if len(("x" + ch + "y").splitlines()) > 1:
+            assert ch in breaks
 
 
 # --------------------------------------------------------------------------- command
 
 def test_command_files_progress_and_warning(ckpt, loaded, tmp_path):
-    model, tokenizer, cfg = loaded
+    engine = loaded
     lines = mixed_lines()
     src = tmp_path / "in.txt"
     src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    expected = tr.translate_lines(model, tokenizer, lines, cfg.decode, "cpu", warn=lambda m: None)
+    expected = tr.translate_lines(engine, lines, engine.decode, warn=lambda m: None)
     for quiet in (False, True):
         out, err = tmp_path / f"out{quiet}.txt", io.StringIO()
-        assert tr.translate_command(ckpt, str(src), str(out), beam=None, nbest=None, batch_tokens=None,
-                                    device="cpu", quiet=quiet, stderr=err) == 0
+        assert tr.translate_command(ckpt, str(src), str(out), device="cpu", quiet=quiet, stderr=err) == 0
         assert out.read_bytes().decode("utf-8").split("\n") == expected + [""]
         warnings = [x for x in err.getvalue().splitlines() if "truncated" in x]
         if quiet:
@@ -294,28 +341,28 @@ def test_command_files_progress_and_warning(ckpt, loaded, tmp_path):
 def test_command_reads_gzip_input(ckpt, loaded, tmp_path):
     import gzip
 
-    model, tokenizer, cfg = loaded
+    engine = loaded
     lines = mixed_lines()
     src = tmp_path / "in.txt.gz"
     with gzip.open(src, "wt", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
-    expected = tr.translate_lines(model, tokenizer, lines, cfg.decode, "cpu", warn=lambda m: None)
+    expected = tr.translate_lines(engine, lines, engine.decode, warn=lambda m: None)
     out = tmp_path / "out.txt"
     assert tr.translate_command(ckpt, str(src), str(out), device="cpu", quiet=True) == 0
     assert out.read_text(encoding="utf-8").split("\n") == expected + [""]
 
 
 def test_command_stdin_chunks_and_nbest_format(ckpt, loaded):
-    model, tokenizer, cfg = loaded
+    engine = loaded
     lines = mixed_lines()
     data = "".join(line + "\n" for line in lines).encode("utf-8")
-    decode = tr.decode_settings(cfg.decode, beam=2, nbest=2)
-    expected = tr.translate_nbest(model, tokenizer, lines, decode, "cpu", warn=lambda m: None)
+    decode = decode_config(engine.decode, dict(beam_size=2, nbest=2))
+    expected = texts(tr.translate_nbest(engine, lines, decode, warn=lambda m: None))
     outputs = []
     for chunk_lines in (3, tr.CHUNK_LINES):  # order and indices survive chunked streaming
         out, err = io.BytesIO(), io.StringIO()
-        tr.translate_command(ckpt, None, None, beam=2, nbest=2, batch_tokens=None, device="cpu",
-                             stdin=io.BytesIO(data), stdout=out, stderr=err, chunk_lines=chunk_lines)
+        tr.translate_command(ckpt, None, None, device="cpu", overrides={"beam_size": "2", "nbest": "2"},
+                             stdin=io.BufferedReader(io.BytesIO(data)), stdout=out, stderr=err, chunk_lines=chunk_lines)
         assert "sent" not in err.getvalue()  # no progress bar when reading stdin
         assert err.getvalue().count("truncated") == 1
         outputs.append(out.getvalue().decode("utf-8"))
@@ -336,23 +383,26 @@ def test_command_stdin_chunks_and_nbest_format(ckpt, loaded):
 def test_command_errors(ckpt, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes("uno\ndos\n".encode() + b"tr\xe9s\n")
-    with pytest.raises(UserError, match="line 3 is not valid UTF-8"):
-        tr.translate_command(ckpt, str(bad), str(tmp_path / "o.txt"), beam=1, nbest=None, batch_tokens=None,
-                             device="cpu")
-    with pytest.raises(UserError, match="input file not found"):
-        tr.translate_command(ckpt, str(tmp_path / "nope.txt"), None, beam=1, nbest=None, batch_tokens=None)
-    with pytest.raises(UserError, match="checkpoint not found"):
-        tr.translate_command(str(tmp_path / "nope.pt"), None, None, beam=1, nbest=None, batch_tokens=None)
+    one = {"beam_size": 1}
+    with pytest.raises(UserError, match="line 3: invalid UTF-8"):
+        tr.translate_command(ckpt, str(bad), str(tmp_path / "o.txt"), device="cpu", overrides=one)
+    assert not os.path.exists(tmp_path / "o.txt") and os.listdir(tmp_path) == ["bad.txt"]  # no half output, no temp
+    with pytest.raises(UserError, match="file not found"):
+        tr.translate_command(ckpt, str(tmp_path / "nope.txt"), None, overrides=one)
+    with pytest.raises(UserError, match="not found"):
+        tr.translate_command(str(tmp_path / "nope.pt"), None, None, overrides=one)
     with pytest.raises(UserError, match="same file"):
-        tr.translate_command(ckpt, str(bad), str(bad), beam=1, nbest=None, batch_tokens=None)
+        tr.translate_command(ckpt, str(bad), str(bad), overrides=one)
     assert bad.read_bytes().endswith(b"tr\xe9s\n")  # the input was not clobbered
+    with pytest.raises(ConfigError, match="decode.beam_size"):
+        tr.translate_command(ckpt, str(bad), None, overrides={"beam_size": "many"})
 
 
 def test_cli_pipe_mode(ckpt, loaded):
-    model, tokenizer, cfg = loaded
+    engine = loaded
     lines = [p[0] for p in make_pairs(6, 11)] + ["", "el sol ve la luna"]
-    decode = tr.decode_settings(cfg.decode, beam=1)
-    expected = tr.translate_lines(model, tokenizer, lines, decode, "cpu")
+    decode = decode_config(engine.decode, dict(beam_size=1))
+    expected = tr.translate_lines(engine, lines, decode)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "--checkpoint", ckpt, "--beam", "1",
                            "--device", "cpu"], input="".join(x + "\n" for x in lines).encode(),
@@ -368,7 +418,7 @@ def test_average_command_equals_manual_average(tmp_path):
     a = make_tiny_checkpoint(str(tmp_path / "a.pt"), seed=1)
     b = make_tiny_checkpoint(str(tmp_path / "b.pt"), seed=2)
     out = str(tmp_path / "avg.pt")
-    assert tr.average_command([a, b], out, quiet=True) == 0
+    assert average_command([a, b], out, quiet=True) == 0
     sa, sb, avg = (load_checkpoint(p)["model"] for p in (a, b, out))
     assert avg.keys() == sa.keys()
     differing = 0
@@ -378,23 +428,23 @@ def test_average_command_equals_manual_average(tmp_path):
             assert torch.allclose(avg[k].double(), expected, atol=1e-7), k
             differing += not torch.equal(sa[k], sb[k])
     assert differing > 0  # the two checkpoints really differ
-    model, tokenizer, cfg = load_for_inference(out, "cpu")
-    assert len(tr.translate_lines(model, tokenizer, ["el sol", ""], cfg.decode, "cpu")) == 2
+    model, tokenizer, cfg = load_for_inference(out)
+    assert len(tr.translate_lines(TorchEngine.load(out, "cpu"), ["el sol", ""])) == 2
     with pytest.raises(UserError, match="not found"):
-        tr.average_command([a, str(tmp_path / "missing.pt")], out, quiet=True)
+        average_command([a, str(tmp_path / "missing.pt")], out, quiet=True)
 
 
 def test_evaluate_command_translates_then_scores(ckpt, loaded, tmp_path):
-    model, tokenizer, cfg = loaded
+    engine = loaded
     pairs = make_pairs(8, 21)
     src, ref, saved = tmp_path / "src.es", tmp_path / "ref.en", tmp_path / "hyp.en"
     src.write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
     ref.write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
     out = io.StringIO()
     evaluate_command(None, str(ref), checkpoint=ckpt, src=str(src), save_hyps=str(saved), json_out=True,
-                     device="cpu", beam=1, quiet=True, stdout=out)
+                     device="cpu", overrides={"beam_size": 1}, quiet=True, stdout=out)
     hyps = read_lines(str(saved))
-    assert hyps == tr.translate_lines(model, tokenizer, [p[0] for p in pairs], tr.decode_settings(cfg.decode, beam=1), "cpu")
+    assert hyps == tr.translate_lines(engine, [p[0] for p in pairs], decode_config(engine.decode, dict(beam_size=1)))
     obj = json.loads(out.getvalue())
     assert (obj["hyp"], obj["src"], obj["checkpoint"], obj["n_sentences"]) == (str(saved), str(src), ckpt, 8)
     expected = score(hyps, [p[1] for p in pairs])

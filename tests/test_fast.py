@@ -1,7 +1,9 @@
-"""CPU runtime tuning (nmt/runtime.py): packed weights must not change what the model computes,
-and both switches must turn off with NMT_CPU_TUNING=0.
+"""CPU fast paths (nmt/fast.py), each against the plain path it replaces: packed weights
+(`F.linear`), blocked top-k (`torch.topk`), the reusing cache (nmt/cache.py, also in
+tests/test_cache.py), numpy dropout (`nn.Dropout`'s semantics); and NMT_CPU_TUNING=0
+turns them all off.
 
-The reference is the same model without packing (`F.linear`): every packed layer is
+The packed-weight reference is the same model without packing: every packed layer is
 checked, full forward, cached decode steps, greedy and beam outputs, and training-mode
 gradients (where packing must step aside).
 """
@@ -9,16 +11,18 @@ gradients (where packing must step aside).
 from __future__ import annotations
 
 import copy
+import math
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from nmt import runtime
+from nmt import fast as runtime
 from nmt.config import ModelConfig
+from nmt.fast import FAST_OPS, NumpyDropout, blocked_argmax, blocked_topk, install_for_training
 from nmt.model import Transformer
-from nmt.search import beam_search, greedy_search
+from nmt.search import PLAIN_OPS, beam_search, greedy_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -113,7 +117,7 @@ def test_switched_off_by_the_environment(monkeypatch):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's (Linux)")
 def test_tune_malloc_applies_on_glibc_and_not_when_switched_off():
-    code = "from nmt.runtime import tune_malloc; print(tune_malloc())"
+    code = "from nmt.fast import tune_malloc; print(tune_malloc())"
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"NMT_CPU_TUNING": "0", "PATH": "/usr/bin:/bin"})
@@ -121,3 +125,91 @@ def test_tune_malloc_applies_on_glibc_and_not_when_switched_off():
     import platform
     if platform.libc_ver()[0] == "glibc":
         assert on.stdout.strip() == "True"
+
+
+# --------------------------------------------------------------------------- search ops
+
+def test_blocked_topk_and_argmax_equal_torch():
+    """The blocked top-k (wide rows) returns exactly torch.topk's values and indices, -inf included."""
+    g = torch.Generator().manual_seed(0)
+    for rows, cols, K in [(3, 8000, 5), (4, 40000, 5), (2, 640, 4), (5, 8000, 1), (3, 29, 5)]:
+        x = torch.randn(rows, cols, generator=g)
+        x[0, : cols // 2] = float("-inf")
+        x[-1, 1::3] = float("-inf")
+        top, idx = blocked_topk(x, K)
+        ref = x.topk(K, dim=1)
+        assert torch.equal(top, ref.values) and torch.equal(idx, ref.indices)
+        best, arg = blocked_argmax(x)
+        assert torch.equal(best, x.max(dim=1).values) and torch.equal(arg, x.max(dim=1).indices)
+
+
+@pytest.mark.parametrize("V", [50, 640])  # 640: wide enough for the blocked top-k
+def test_search_with_fast_ops_equals_plain_search(V):
+    """Greedy and beam search with FAST_OPS (blocked top-k + reusing cache): the same hypotheses and
+    scores as with PLAIN_OPS (torch.topk + DecoderCache)."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=32, n_heads=4, layers=2, ffn_dim=64, dropout=0.0, max_positions=64),
+                        V, V).eval()
+    with torch.no_grad():
+        model.output_proj.weight.normal_(0.0, 0.5)
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, V, (6, 8), generator=g)
+    src[2, 5:] = 0
+    src[4, 3:] = 0
+    mask = src != 0
+    kw = dict(max_len_a=1.0, max_len_b=6)
+    for ops_a, ops_b in [(PLAIN_OPS, FAST_OPS)]:
+        ga, gb = (greedy_search(model, src, mask, ops=o, **kw) for o in (ops_a, ops_b))
+        assert ga == gb
+        for K in (2, 5):
+            ba, bb = (beam_search(model, src, mask, beam_size=K, nbest=K, ops=o, **kw) for o in (ops_a, ops_b))
+            assert ba == bb
+
+
+# --------------------------------------------------------------------------- dropout
+
+def test_install_for_training_swaps_only_dropout_layers():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, n_heads=2, layers=1, ffn_dim=32, max_positions=16), 20, 20)
+    plain = [m for m in model.modules() if type(m) is torch.nn.Dropout]
+    assert install_for_training(model) == len(plain) > 0
+    assert all(type(m) is NumpyDropout for m in plain)
+    assert model.state_dict().keys() == Transformer(model.cfg, 20, 20).state_dict().keys()
+
+
+def test_dropout_is_identity_in_eval_or_with_p_zero():
+    x = torch.randn(50, 40)
+    d = NumpyDropout(0.3).eval()
+    assert d(x) is x
+    assert NumpyDropout(0.0).train()(x) is x
+
+
+def test_dropout_rate_scale_and_gradient():
+    """Same semantics as nn.Dropout: a share p of entries zeroed, the others scaled by 1/(1-p),
+    gradient through the same mask."""
+    p = 0.1
+    x = torch.randn(1000, 1000).abs().add_(0.1).requires_grad_()  # no zeros: a zero in y means dropped
+    torch.manual_seed(0)
+    y = NumpyDropout(p).train()(x)
+    dropped = y == 0
+    n = x.numel()
+    assert abs(dropped.sum().item() - p * n) < 5 * math.sqrt(n * p * (1 - p))  # binomial, 5 sigma
+    torch.testing.assert_close(y[~dropped], x[~dropped] * (1 / (1 - p)), rtol=0, atol=0)  # kept: x/(1-p), as F.dropout
+    (y * torch.arange(n, dtype=torch.float).view_as(x)).sum().backward()
+    expected = torch.arange(n, dtype=torch.float).view_as(x) * (~dropped) / (1 - p)
+    torch.testing.assert_close(x.grad, expected)
+    # neighbouring entries are independent (the two halves of each 64-bit draw are both used)
+    pairs = dropped.view(-1, 2)
+    both = (pairs[:, 0] & pairs[:, 1]).float().mean().item()
+    assert abs(both - p * p) < 5 * math.sqrt(p * p / pairs.shape[0])
+
+
+def test_dropout_masks_follow_torch_seed():
+    x = torch.ones(64, 64)
+    d = NumpyDropout(0.5).train()
+    torch.manual_seed(3)
+    a, b = d(x), d(x)
+    torch.manual_seed(3)
+    assert torch.equal(d(x), a) and torch.equal(d(x), b)
+    assert not torch.equal(a, b)
+    assert torch.equal(NumpyDropout(1.0).train()(x), torch.zeros_like(x))

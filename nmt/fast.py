@@ -1,0 +1,251 @@
+"""CPU fast paths, all in one opt-in place; the reference modules stay plain.
+
+model.py, cache.py and search.py are written like the paper and the search contract
+(`nn.Dropout`, `torch.topk`, a cache that allocates what it returns). Each function
+here installs a faster version of one of those pieces, computing the same thing
+(tests/test_fast.py checks each against the plain path), for CPU runs:
+
+- `tune_malloc()`: raises glibc's mmap and trim thresholds, so freed tensors stay in
+  the heap for reuse instead of being unmapped and page-faulted in again every step
+  (what jemalloc/tcmalloc, which PyTorch's CPU guides recommend, do by default).
+  Cost: the process keeps its peak heap.
+- `install_for_training(model)`: `nn.Dropout` layers become `NumpyDropout`, which
+  draws its masks with numpy's PCG64 (seeded by one draw from torch's generator per
+  call, so `torch.manual_seed` and checkpointed RNG states still fix every mask)
+  instead of torch's per-element `bernoulli_`; same distribution, different stream.
+- `install_for_inference(model) -> SearchOps`: the larger `nn.Linear` layers become
+  `PackedLinear` (a oneDNN-packed copy of the weight for the few-row matmuls of
+  decoding steps; parameters and state_dict unchanged), and the returned SearchOps
+  give search a blocked top-k (exact; torch's topk/max scan wide rows slowly on CPU)
+  and `ReusingDecoderCache` (beam reordering copies only the rows whose parent
+  changed, and gathers into spare buffers instead of allocating new ones).
+
+`nmt train|translate|evaluate|score` use them on CPU; NMT_CPU_TUNING=0 turns all of
+them off (A/B benchmarks: BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.cache import DecoderCache
+from nmt.search import SearchOps
+
+M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
+M_MMAP_THRESHOLD = -3
+_THRESHOLD = 2**31 - 1  # mallopt takes an int: blocks of up to 2 GiB come from the heap
+
+_malloc_tuned = False
+
+
+def enabled() -> bool:
+    """False when the environment variable NMT_CPU_TUNING is 0."""
+    return os.environ.get("NMT_CPU_TUNING", "1") != "0"
+
+
+# --------------------------------------------------------------------------- allocator
+
+def tune_malloc() -> bool:
+    """Raise glibc's mmap and trim thresholds for this process; True if applied (Linux/glibc only)."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return True
+    if not enabled() or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: libc's, without a library search
+    except (OSError, AttributeError):  # musl and other C libraries have no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _malloc_tuned = bool(mallopt(M_MMAP_THRESHOLD, _THRESHOLD)) & bool(mallopt(M_TRIM_THRESHOLD, _THRESHOLD))
+    return _malloc_tuned
+
+
+# --------------------------------------------------------------------------- training: dropout
+
+def dropout_multiplier(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
+    """Tensor of `shape`: 1/(1-p) (kept, probability 1 - p to within 2^-32) or 0 (dropped), entries
+    independent; seeded from torch's default generator. Built by numpy in one pass: multiplying by it
+    costs one pass forward and one backward (a bool mask costs a conversion each time)."""
+    n = math.prod(shape)
+    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+    raw = np.random.PCG64(seed).random_raw((n + 1) // 2).view(np.uint32)[:n]  # two 32-bit draws per 64-bit word
+    mult = np.multiply(raw >= round(p * 2**32), np.float32(1.0 / (1.0 - p)), dtype=np.float32)
+    return torch.from_numpy(mult).view(shape).to(dtype)
+
+
+class _MultiplyByMask(torch.autograd.Function):
+    """x * m with m = 0 or 1/(1-p) per entry (as F.dropout, which also saves a float mask)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:
+        mult = dropout_multiplier(x.shape, p, x.dtype)
+        ctx.save_for_backward(mult)
+        return x * mult
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (mult,) = ctx.saved_tensors
+        return grad * mult, None
+
+
+class NumpyDropout(nn.Dropout):
+    """`nn.Dropout` whose CPU masks come from numpy (see the module docstring)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu" or self.p == 1.0 or self.inplace:
+            return super().forward(x)
+        return _MultiplyByMask.apply(x, self.p)
+
+
+def install_for_training(model: nn.Module) -> int:
+    """Turn the `nn.Dropout` layers of `model` into `NumpyDropout`; returns how many."""
+    if not enabled():
+        return 0
+    n = 0
+    for module in model.modules():
+        if type(module) is nn.Dropout:
+            module.__class__ = NumpyDropout
+            n += 1
+    return n
+
+
+# --------------------------------------------------------------------------- inference: packed weights
+
+_linear_pointwise = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` that also holds a oneDNN-packed copy of its weight (`_packed_weight`) and uses it
+    for eval-mode fp32 CPU inputs of 1.._max_rows rows; otherwise it is `nn.Linear`."""
+
+    _packed_weight: Tensor
+    _max_rows: int
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        rows = x.numel() // shape[-1] if shape else 0
+        if not (0 < rows <= self._max_rows and not self.training and x.is_cpu and x.dtype == torch.float32
+                and not (torch.is_grad_enabled() and self.weight.requires_grad)):
+            return F.linear(x, self.weight, self.bias)
+        if len(shape) == 2:  # a decoding step's [rows, D]
+            return _linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
+        y = _linear_pointwise(x.reshape(rows, shape[-1]), self._packed_weight, self.bias, "none", [], "")
+        return y.view(*shape[:-1], y.shape[-1])
+
+
+def pack_linear_weights(model: nn.Module, max_rows: int = 256, rows_hint: int = 32, min_weight: int = 100_000) -> int:
+    """Turn every fp32 CPU `nn.Linear` of `model` with at least `min_weight` weights into a `PackedLinear`,
+    used for inputs of at most `max_rows` rows in eval mode. Returns how many layers were packed (0 without
+    oneDNN). Smaller layers keep `F.linear`: a oneDNN call costs more per call than MKL's, which a small
+    matmul does not win back. Call again after changing the weights (the packed copies are snapshots)."""
+    if not enabled() or _linear_pointwise is None:
+        return 0
+    n = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, nn.Linear) or module.weight.device.type != "cpu" \
+                    or module.weight.dtype != torch.float32 or module.weight.numel() < min_weight:
+                continue
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows_hint)
+            except RuntimeError:
+                return n
+            module.__class__ = PackedLinear
+            module._packed_weight, module._max_rows = packed, max_rows
+            n += 1
+    return n
+
+
+# --------------------------------------------------------------------------- inference: search
+
+def _block_size(C: int, K: int) -> int:
+    """Block width for `blocked_topk` on C columns: one of 64, 32, 16 dividing C with at least 4K
+    blocks, or 0 (small or odd widths: plain topk)."""
+    for c in (64, 32, 16):
+        if C % c == 0 and C // c >= 4 * K:
+            return c
+    return 0
+
+
+def blocked_topk(cand: Tensor, K: int) -> tuple[Tensor, Tensor]:
+    """torch.topk(cand [N, C], K, dim=1) through per-block maxima: each of the top K values lies in
+    one of the K blocks with the largest maxima (a block outside them has K blocks above it, hence K
+    larger values), so only K*c values need ranking. Exact (the same values and indices as topk)."""
+    N, C = cand.shape
+    c = _block_size(C, K)
+    if not c:
+        return cand.topk(K, dim=1)
+    blocks = cand.view(N, C // c, c)
+    _, best_blocks = blocks.amax(dim=2).topk(K, dim=1)  # [N, K]
+    sel = blocks.gather(1, best_blocks[:, :, None].expand(-1, -1, c)).view(N, K * c)  # [N, K*c]
+    top, j = sel.topk(K, dim=1)
+    return top, best_blocks.gather(1, j // c) * c + j % c
+
+
+def blocked_argmax(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x.max(dim=1) of x [N, C] through `blocked_topk`."""
+    if not _block_size(x.shape[1], 1):
+        return x.max(dim=1)
+    top, idx = blocked_topk(x, 1)
+    return top.squeeze(1), idx.squeeze(1)
+
+
+@dataclass
+class ReusingDecoderCache(DecoderCache):
+    """DecoderCache whose `reorder` avoids allocations and most copies.
+
+    When at most half of the rows change (beam search: most beams keep their own parent
+    row), only the changed rows are copied, in place (their parents' filled positions are
+    gathered first, then written). Otherwise the rows are gathered into spare buffers of the
+    same shape (kept from the previous reorder) and the old buffers become the spare ones.
+    """
+
+    spare: list[Tensor] = field(default_factory=list, repr=False)  # free buffers shaped like self_k + self_v
+
+    def _reorder_self(self, indices: Tensor) -> None:
+        L, n_layers = self.length, len(self.self_k)
+        current = self.self_k + self.self_v
+        if indices.shape[0] == self.batch_size:
+            changed = (indices != torch.arange(indices.shape[0], device=indices.device)).nonzero().squeeze(1)
+            if 2 * changed.shape[0] <= indices.shape[0]:
+                if L and changed.shape[0]:
+                    parents = indices.index_select(0, changed)
+                    for buf in current:
+                        filled = buf[:, :, :L]
+                        filled.index_copy_(0, changed, filled.index_select(0, parents))
+                return
+            out = self.spare or [t.new_empty(t.shape) for t in current]
+            self.spare = current
+        else:
+            out = [t.new_empty((indices.shape[0],) + t.shape[1:]) for t in current]
+            self.spare = []
+        if L:
+            for src, dst in zip(current, out):  # only the filled positions are copied
+                torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
+        self.self_k, self.self_v = out[:n_layers], out[n_layers:]
+
+
+FAST_OPS = SearchOps(topk=blocked_topk, argmax=blocked_argmax, cache_cls=ReusingDecoderCache)
+
+
+def install_for_inference(model: nn.Module) -> SearchOps:
+    """Pack the model's larger linear layers (CPU) and return the fast SearchOps (plain ones when
+    NMT_CPU_TUNING=0)."""
+    from nmt.search import PLAIN_OPS
+
+    if not enabled():
+        return PLAIN_OPS
+    pack_linear_weights(model)
+    return FAST_OPS

@@ -1,0 +1,96 @@
+"""`nmt score`: forced decoding. The model's log-probability of given translations.
+
+For each (source, target) pair the target is encoded, EOS appended, and every token's
+log-probability under the model is read off one teacher-forced pass (the same fp32
+log-softmax over the full vocabulary that search sums into `Hypothesis.log_prob`, so a
+hypothesis that beam search produced scores exactly its `log_prob`). This is what
+back-translation filtering and n-best reranking use (fairseq's --score-reference,
+Marian's scorer, Sockeye's `score`).
+
+Output, one line per input pair, in order, tab-separated:
+
+    LOG_PROB <tab> LOG_PROB_PER_TOKEN <tab> TOKENS
+
+LOG_PROB: summed log-probability (natural log) of the target tokens and EOS; TOKENS: their
+number (EOS included, so an empty target has 1); LOG_PROB_PER_TOKEN = LOG_PROB / TOKENS.
+Every pair is scored, empty lines too (an empty source is the source EOS alone).
+Sources and targets longer than max_positions - 1 tokens are truncated (one warning
+counts them; such a score covers the kept tokens only).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import IO, Any, Sequence
+
+from nmt import textio
+from nmt.config import DecodeConfig
+from nmt.errors import UserError
+
+
+@dataclass
+class PairScore:
+    log_prob: float  # summed over the target tokens and EOS
+    n_tokens: int  # target tokens + EOS
+
+    @property
+    def per_token(self) -> float:
+        return self.log_prob / self.n_tokens
+
+    def format(self) -> str:
+        return f"{self.log_prob:.6f}\t{self.per_token:.6f}\t{self.n_tokens}"
+
+
+def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], decode: DecodeConfig | None = None,
+                on_batch=None) -> tuple[list[PairScore], int]:
+    """(a PairScore per pair, in order; the number of pairs truncated on either side).
+    Batching and workers follow `decode` (default: the engine's decode settings)."""
+    from nmt.translate import encode_sources, run_engine
+
+    if len(src_lines) != len(tgt_lines):
+        raise UserError(f"{len(src_lines)} sources but {len(tgt_lines)} targets: the line counts must match")
+    decode = decode or engine.decode
+    src_ids, _ = encode_sources(engine, src_lines)
+    limit = engine.max_positions - 1
+    tgt_full = engine.tokenizer.encode_tgt(list(tgt_lines))
+    tgt_ids = [ids[:limit] for ids in tgt_full]
+    n_truncated = sum(len(a) > limit or len(b) > limit
+                      for a, b in zip(engine.tokenizer.encode_src(list(src_lines)), tgt_full))
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
+    out: list[PairScore | None] = [None] * len(src_lines)
+    fn = lambda batch: engine.score_batch([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])
+    for batch, rows in run_engine(engine, fn, lengths, decode, on_batch):
+        for i, row in zip(batch, rows):
+            out[i] = PairScore(float(sum(row)), len(row))
+    return out, n_truncated  # type: ignore[return-value]
+
+
+def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: str = "auto", device: str = "auto",
+                  overrides: dict[str, Any] | None = None, quiet: bool = False, stdout: IO[bytes] | None = None,
+                  stderr: IO[str] | None = None) -> int:
+    """`nmt score`: one line per (src, tgt) pair (module docstring) to `output` (stdout when None)."""
+    from nmt.translate import load_for_command
+
+    stderr = stderr if stderr is not None else sys.stderr
+    textio.check_paths({"--src": src, "--tgt": tgt, "--checkpoint": path}, {"--output": output},
+                       stdout=stdout, input_dirs=("--checkpoint",))
+    n_src, n_tgt = textio.count_lines(src), textio.count_lines(tgt)
+    if n_src != n_tgt:
+        raise UserError(f"line counts differ: {n_src} lines in {src} but {n_tgt} in {tgt}")
+    eng, decode = load_for_command(path, engine, device, overrides or {})
+    from tqdm import tqdm
+
+    n_truncated = 0
+    with textio.open_output(output, stdout) as out, \
+            tqdm(total=n_src, disable=quiet, unit="pair", file=stderr, dynamic_ncols=True) as bar:
+        for src_chunk, tgt_chunk in zip(textio.iter_chunks(textio.iter_lines(src), 10_000),
+                                        textio.iter_chunks(textio.iter_lines(tgt), 10_000)):
+            scores, n = score_pairs(eng, src_chunk, tgt_chunk, decode, bar.update)
+            n_truncated += n
+            out.write("".join(s.format() + "\n" for s in scores).encode("utf-8"))
+            out.flush()
+    if n_truncated and not quiet:
+        print(f"warning: {n_truncated} pair{'s' if n_truncated != 1 else ''} longer than {eng.max_positions - 1} "
+              f"tokens on a side {'were' if n_truncated != 1 else 'was'} truncated", file=stderr, flush=True)
+    return 0
