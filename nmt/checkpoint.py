@@ -49,7 +49,13 @@ def save_checkpoint(state: dict, path: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".pt.tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+            try:
+                torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+            except RuntimeError as e:  # torch's zip writer reports a failed write (disk full) as RuntimeError
+                cause = _os_error_in(e)
+                if cause is None:
+                    raise
+                raise cause from None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -58,6 +64,17 @@ def save_checkpoint(state: dict, path: str) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
+
+
+def _os_error_in(e: BaseException) -> OSError | None:
+    """The OSError among an exception's causes and contexts, if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def link_checkpoint(src: str, dst: str) -> None:

@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", "-m", nargs="+", default=["bleu", "chrf"], choices=("bleu", "chrf", "ter"), help="metrics (default: bleu chrf)")
     p.add_argument("--tokenize", metavar="{" + ",".join(TOKENIZERS) + "}",
                    help="sacreBLEU's BLEU tokenizer (default 13a; zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean)")
-    p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (sacreBLEU's -lc)")
+    p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_decode_options(p)

@@ -161,6 +161,9 @@ class TrainConfig:
     valid_every: int = _f(1000, "Validate (and save) every this many steps; also at the end.", min=1)
     valid_bleu: bool = _f(True, "Greedy-decode the validation set for BLEU/chrF at each validation.")
     valid_max_sentences: int = _f(0, "Decode at most this many validation sentences for BLEU; 0 = all.", min=0)
+    valid_tokenize: Literal["13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none"] = _f(
+        "13a", "sacreBLEU tokenizer for validation BLEU (zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean targets; "
+        "as `nmt evaluate --tokenize`).")
     num_samples: int = _f(3, "Sample translations shown at each validation.", min=0)
     metric: Literal["bleu", "chrf", "loss", "ppl"] = _f("bleu", "Validation metric that picks the best checkpoint and drives early stopping.")
     patience: int = _f(0, "Stop after this many validations without improvement; 0 = never.", min=0)

@@ -293,7 +293,7 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1)
     with precision.autocast():
         hyps = translate_lines(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)
-    scores = score(hyps, ref, ("bleu", "chrf"))
+    scores = score(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
     k = min(cfg.train.num_samples, len(src))
     picks = sorted({i * len(src) // k for i in range(k)}) if k else []
     for j, i in enumerate(picks):
@@ -387,6 +387,10 @@ def _stop_code(t, state: TrainState, elapsed: float, stop: SignalStop) -> tuple[
 def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: RunLogger, stop: SignalStop,
            env: DistEnv = DistEnv()) -> dict:
     t, start = cfg.train, time.perf_counter()
+    if t.valid_bleu:
+        from nmt.evaluate import check_tokenize
+
+        check_tokenize(t.valid_tokenize)  # a missing MeCab fails now, not at the first validation
     # every rank reads latest.pt (onto the CPU: nothing lands on rank 0's GPU) before rank 0 can write it again
     latest = os.path.join(run_dir, "checkpoints", "latest.pt")
     saved = ckpt.load_checkpoint(latest) if resume else None

@@ -134,3 +134,43 @@ def test_missing_file_and_bad_input(tmp_path):
         evaluate_command(None, ref, stdin=io.BytesIO(b"ok\n\xff\n"), stdout=io.StringIO())
     with pytest.raises(UserError, match="--src"):
         evaluate_command(None, ref, checkpoint="x.pt", stdout=io.StringIO())
+
+
+# --------------------------------------------------------------------------- tokenize / lowercase
+
+@pytest.mark.parametrize("tokenize", ["13a", "intl", "zh", "char", "none"])
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_tokenize_and_lowercase_match_the_sacrebleu_command(tmp_path, tokenize, lowercase):
+    """Chinese text is scored per character with zh (13a sees one word per sentence); every option
+    gives the same BLEU and chrF as `sacrebleu -tok T [-lc --chrf-lowercase]` on the same files."""
+    refs = ["我们今天去公园散步。", "他说：“这本书很好看！”", "The Cat sat on the mat, and SMILED.", "天气预报说明天会下雨",
+            "Ça coûte 3,5 €; c'est «cher».", "北京是中国的首都。"]
+    hyps = ["我们今天去公园。", "他说：“这本书好看！”", "the cat sat on the mat and smiled.", "天气预报说明天下雨",
+            "Ça coûte 3,5 € c'est cher.", "北京是首都。"]
+    ref = _write(tmp_path, "ref.txt", "".join(r + "\n" for r in refs))
+    hyp = _write(tmp_path, "hyp.txt", "".join(h + "\n" for h in hyps))
+    out = io.StringIO()
+    evaluate_command(hyp, ref, metrics=("bleu", "chrf"), tokenize=tokenize, lowercase=lowercase, json_out=True,
+                     stdout=out)
+    got = json.loads(out.getvalue())
+    cmd = [sys.executable, "-m", "sacrebleu", ref, "-i", hyp, "-m", "bleu", "chrf", "-w", "6", "-f", "json",
+           "-tok", tokenize] + (["-lc", "--chrf-lowercase"] if lowercase else [])
+    want = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    assert round(got["bleu"]["score"], 6) == pytest.approx(want[0]["score"], abs=1e-6)
+    assert round(got["chrf"]["score"], 6) == pytest.approx(want[1]["score"], abs=1e-6)
+    assert got["bleu"]["signature"] == want[0]["signature"] and got["chrf"]["signature"] == want[1]["signature"]
+    assert f"tok:{tokenize}" in got["bleu"]["signature"]
+    assert ("case:lc" in got["bleu"]["signature"]) == lowercase
+
+
+def test_tokenize_errors(tmp_path):
+    from nmt.evaluate import check_tokenize
+
+    ref = _write(tmp_path, "ref.txt", "a\n")
+    with pytest.raises(UserError, match="unknown BLEU tokenizer 'spaces'"):
+        evaluate_command(ref, ref, tokenize="spaces", stdout=io.StringIO())
+    try:
+        import MeCab  # noqa: F401
+    except ImportError:  # without the optional MeCab packages: a one-line install hint
+        with pytest.raises(UserError, match=r'pip install "sacrebleu\[ja\]"'):
+            check_tokenize("ja-mecab")

@@ -419,3 +419,29 @@ def test_cli_export_and_translate(trained, tmp_path, capsys):
     assert len(first) == 2 and all(first)
     assert main(["translate", "-c", out, "-i", str(src), "-q", "--device", "cpu"]) == 0  # an export dir as --checkpoint
     assert capsys.readouterr().out.splitlines() == first
+
+
+def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path):
+    """nmt evaluate --engine ctranslate2 --model DIR scores what nmt translate with that engine
+    writes; nmt score with CTranslate2 equals the PyTorch scores (the same model, exported)."""
+    from nmt.engine import TorchEngine
+    from nmt.ct2 import Ct2Engine
+    from nmt.evaluate import evaluate_command, score
+    from nmt.score import score_pairs
+    from nmt.translate import translate_command
+
+    checkpoint, out = trained
+    src, ref = tmp_path / "src.es", tmp_path / "ref.en"
+    src.write_text("".join(p[0] + "\n" for p in pairs[:50]), encoding="utf-8")
+    ref.write_text("".join(p[1] + "\n" for p in pairs[:50]), encoding="utf-8")
+    translate_command(out, str(src), str(tmp_path / "hyp.en"), engine="ctranslate2", device="cpu", quiet=True)
+    hyps = (tmp_path / "hyp.en").read_text(encoding="utf-8").splitlines()
+    got = io.StringIO()
+    evaluate_command(None, str(ref), checkpoint=out, engine="ctranslate2", src=str(src), json_out=True,
+                     device="cpu", quiet=True, stdout=got)
+    assert json.loads(got.getvalue())["bleu"]["score"] == score(hyps, [p[1] for p in pairs[:50]])["bleu"]["score"]
+    lines_src, lines_tgt = [p[0] for p in pairs[:30]] + [""], [p[1] for p in pairs[:30]] + ["the sun"]
+    a, _ = score_pairs(TorchEngine.load(checkpoint, "cpu"), lines_src, lines_tgt)
+    b, _ = score_pairs(Ct2Engine(out, "cpu", intra_threads=1), lines_src, lines_tgt)
+    assert [x.n_tokens for x in a] == [y.n_tokens for y in b]
+    assert [x.log_prob for x in a] == pytest.approx([y.log_prob for y in b], abs=1e-3)
