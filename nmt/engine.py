@@ -27,7 +27,6 @@ target token and of the final EOS under the model (teacher forcing).
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import ContextManager, Iterator, Protocol, Sequence
 
 from nmt.config import DecodeConfig
@@ -146,8 +145,6 @@ class TorchEngine:
         return src, padding_mask(lengths, width)
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig) -> list[list]:
-        import torch
-
         from nmt.search import beam_search, greedy_search
 
         src, src_mask = self._source(src_ids)
@@ -175,20 +172,3 @@ class TorchEngine:
             logp = F.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[:, :, None]).squeeze(-1)  # [B,T]
         rows = logp.tolist()
         return [row[: len(y) + 1] for row, y in zip(rows, tgt_ids)]
-
-
-def load_engine(path: str, kind: str = "auto", device: str = "auto", *, workers: int | None = None) -> Engine:
-    """An engine for `path`: a checkpoint file (torch) or a directory written by `nmt export`
-    (ctranslate2). kind "auto" picks by what `path` is. `workers` (CTranslate2: replicas,
-    fixed when the model is loaded; None = the export's decode.workers)."""
-    if kind == "auto":
-        kind = "ctranslate2" if os.path.isdir(path) and os.path.isfile(os.path.join(path, "model.bin")) else "torch"
-    if kind == "ctranslate2":
-        from nmt.ct2 import Ct2Engine
-
-        return Ct2Engine(path, device, workers=workers)
-    if os.path.isdir(path):
-        raise UserError(f"{path} is a directory, not a checkpoint file (a CTranslate2 export needs --engine ctranslate2)")
-    if not os.path.exists(path):
-        raise UserError(f"checkpoint not found: {path}")
-    return TorchEngine.load(path, device)

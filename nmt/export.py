@@ -1,4 +1,4 @@
-"""Export a checkpoint to CTranslate2 (`nmt export`), and the entry point of its translate path.
+"""Export a checkpoint to CTranslate2 (`nmt export`); nmt/ct2.py translates with the result.
 
 The exported directory holds everything needed to translate without nmt or PyTorch:
 
@@ -380,11 +380,3 @@ def read_metadata(model_dir: str) -> dict[str, Any]:
     if meta.get("format") != FORMAT or meta.get("version", 0) > VERSION:
         raise UserError(f"{path}: unsupported export format {meta.get('format')!r} version {meta.get('version')}")
     return meta
-
-
-def translate_ct2_command(model_dir: str, input: str | None, output: str | None, **kwargs) -> int:
-    """`nmt translate --engine ctranslate2`: see `nmt.ct2.translate_ct2_command`."""
-    from nmt.ct2 import translate_ct2_command as run
-
-    return run(model_dir, input, output, **kwargs)
-

@@ -12,19 +12,13 @@ optimizer, schedule, GradScaler, RNG states, epoch and the position inside
 it, best metric and patience. The config passed in may change training
 options (e.g. a larger max_steps) but not the model architecture.
 
-One optimizer step (`train_step`) runs forward/backward over a list of
+One optimizer step (`nmt.step.train_step`) runs forward/backward over a list of
 micro-batches (`update_freq` of them) and normalises the summed loss by their
 total target-token count, so accumulation equals one big batch. Steps whose
 loss or gradient norm is not finite are skipped (not counted as steps); after
-`max_nan_steps` in a row training stops with a UserError.
-
-Precision: `auto` = bf16 autocast on CUDA GPUs that support it, else fp16 with
-a GradScaler (fp16 overflow steps are skipped by the scaler and not counted as
-NaN steps); fp32 on CPU. TF32 matmuls on CUDA. The loss is always fp32.
-
-Host syncs: one per step (the finiteness check that decides whether to apply
-the update, as fairseq does); loss/grad-norm sums stay on the device and are
-read only every `log_every` steps.
+`max_nan_steps` in a row training stops with a UserError. Precision and host
+syncs: nmt/step.py. Validation: nmt/validation.py. The run directory (lock,
+start checks, checkpoint files): nmt/rundir.py.
 
 Data parallel (torchrun; `nmt.distributed`, docs/distributed.md): DDP model;
 rank r trains on its padded share of each epoch (`epoch_batches(rank=r,
@@ -48,13 +42,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -63,115 +56,18 @@ from nmt import checkpoint as ckpt
 from nmt import distributed as dist
 from nmt import rundir
 from nmt.config import Config, save_config, to_dict
-from nmt.data import Batch, collate, epoch_batches, iter_batches, load_data, batch_indices
+from nmt.data import collate, epoch_batches, load_data
 from nmt.distributed import DistEnv
 from nmt.engine import resolve_torch_device
 from nmt.errors import UserError
 from nmt.logging_utils import RunLogger, format_stats
-from nmt.loss import label_smoothed_nll
 from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
+from nmt.step import Meter, Precision, setup_precision, train_step
 from nmt.tokenizer import Tokenizer, build_tokenizer
+from nmt.validation import validate
 
 HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "loss": False, "ppl": False}
-
-
-# --------------------------------------------------------------------------- precision
-
-@dataclass
-class Precision:
-    """Autocast settings for one device: dtype None = fp32; scaler only for fp16."""
-
-    name: str
-    device_type: str
-    dtype: torch.dtype | None
-    scaler: torch.amp.GradScaler | None
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
-
-
-def setup_precision(name: str, device: torch.device) -> Precision:
-    """auto: bf16 on CUDA GPUs that support it, else fp16 (+ GradScaler); fp32 on CPU."""
-    if name == "auto":
-        if device.type == "cuda":
-            name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        else:
-            name = "fp32"
-    if device.type == "cuda":  # TF32 matmuls/convolutions for whatever still runs in fp32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-    scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
-    return Precision(name, device.type, dtype, scaler)
-
-
-# --------------------------------------------------------------------------- one step
-
-@dataclass
-class StepResult:
-    """Sums over the step's target tokens (0-dim fp32 tensors, no sync) and the outcome."""
-
-    loss_sum: torch.Tensor  # label-smoothed loss
-    nll_sum: torch.Tensor  # plain negative log-likelihood
-    grad_norm: torch.Tensor  # before clipping
-    n_tokens: int
-    updated: bool  # False: skipped (non-finite loss or gradient)
-    nonfinite_loss: bool  # the loss itself was NaN/inf (counts towards max_nan_steps)
-
-
-def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.optim.Optimizer,
-               scheduler: Any, precision: Precision, *, label_smoothing: float, clip_norm: float,
-               grad_denominator: float | None = None,
-               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
-    """One optimizer update over `batches` (micro-batches already on the device).
-
-    Each micro-batch's loss sum is divided by `grad_denominator` (default: the total
-    target tokens of `batches`) before backward, so the gradients equal those of one
-    batch holding all of them. DDP: pass the global token count / world size (DDP
-    averages gradients over ranks); gradient all-reduce runs only on the last
-    micro-batch (`model.no_sync()` on the others), and `reduce` (an in-place sum
-    over ranks) makes the returned loss sums global, so the finiteness check sees
-    the same loss and (all-reduced) gradient norm on every rank and all ranks
-    skip or apply the update together. One host sync per step: that check.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    n_tokens = sum(b.n_tgt_tokens for b in batches)
-    denom = float(grad_denominator if grad_denominator is not None else n_tokens)
-    loss_acc = nll_acc = None
-    no_sync = getattr(model, "no_sync", None)  # DDP: skip the all-reduce until the last micro-batch
-    for i, batch in enumerate(batches):
-        sync_ctx = no_sync() if (no_sync is not None and i < len(batches) - 1) else contextlib.nullcontext()
-        with sync_ctx:
-            with precision.autocast():
-                logits = model(batch.src, batch.src_mask, batch.tgt_in)  # [B,T,V]
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing)
-            scaled = loss / denom
-            (precision.scaler.scale(scaled) if precision.scaler is not None else scaled).backward()
-        loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()
-        nll_acc = nll.detach() if nll_acc is None else nll_acc + nll.detach()
-    if reduce is not None:
-        loss_acc, nll_acc = reduce(torch.stack([loss_acc, nll_acc])).unbind()
-    if precision.scaler is not None:
-        precision.scaler.unscale_(optimizer)
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    if clip_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm, foreach=True)
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    loss_ok, grad_ok = torch.stack([loss_acc, grad_norm.float()]).isfinite().tolist()  # the one sync
-    updated = loss_ok and grad_ok
-    if precision.scaler is not None:
-        if updated:
-            precision.scaler.step(optimizer)
-        precision.scaler.update()  # lowers the scale after an overflow
-    elif updated:
-        optimizer.step()
-    if updated:
-        scheduler.step()
-    return StepResult(loss_acc, nll_acc, grad_norm.detach(), n_tokens, updated, not loss_ok)
 
 
 # --------------------------------------------------------------------------- state
@@ -256,50 +152,6 @@ def _checkpoint_dict(model: nn.Module, cfg: Config, tokenizer: Tokenizer, optimi
             "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
             "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **dataclasses.asdict(state)},
     }
-
-
-# --------------------------------------------------------------------------- validation
-
-def validate(model: nn.Module, cfg: Config, tokenizer: Tokenizer, valid, valid_lines, device: torch.device,
-             precision: Precision, log: RunLogger, step: int) -> dict:
-    """Validation loss/ppl (teacher forcing) and greedy BLEU/chrF; logs samples. model: unwrapped."""
-    was_training = model.training
-    model.eval()
-    loss_sum = nll_sum = torch.zeros((), device=device)
-    n_tokens = 0
-    order = batch_indices(valid.src_lens, valid.tgt_lens, cfg.data.batch_tokens, cfg.seed, 0)
-    with torch.inference_mode(), precision.autocast():
-        for batch in iter_batches(valid, order):
-            batch = batch.to(device, non_blocking=True)
-            loss, nll = label_smoothed_nll(model(batch.src, batch.src_mask, batch.tgt_in), batch.tgt_out,
-                                           cfg.train.label_smoothing)
-            loss_sum, nll_sum, n_tokens = loss_sum + loss, nll_sum + nll, n_tokens + batch.n_tgt_tokens
-    loss_v, nll_v = (loss_sum / n_tokens).item(), (nll_sum / n_tokens).item()
-    metrics = {"loss": loss_v, "nll": nll_v, "ppl": math.exp(min(nll_v, 50.0))}
-    if cfg.train.valid_bleu:
-        metrics.update(_bleu(model, cfg, tokenizer, valid_lines, device, precision, log, step))
-    model.train(was_training)
-    return metrics
-
-
-def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precision, log: RunLogger, step: int) -> dict:
-    from nmt.engine import TorchEngine
-    from nmt.evaluate import score
-    from nmt.translate import translate_lines
-
-    src, ref = valid_lines
-    n = cfg.train.valid_max_sentences or len(src)
-    src, ref = src[:n], ref[:n]
-    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1)
-    with precision.autocast():
-        hyps = translate_lines(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)
-    scores = score(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
-    k = min(cfg.train.num_samples, len(src))
-    picks = sorted({i * len(src) // k for i in range(k)}) if k else []
-    for j, i in enumerate(picks):
-        log.info(f"sample {j + 1}/{len(picks)} (line {i + 1})\n  src: {src[i]}\n  ref: {ref[i]}\n  hyp: {hyps[i]}")
-        log.text(f"valid/sample_{j + 1}", f"**src:** {src[i]}  \n**ref:** {ref[i]}  \n**hyp:** {hyps[i]}", step)
-    return {"bleu": scores["bleu"]["score"], "chrf": scores["chrf"]["score"]}
 
 
 # --------------------------------------------------------------------------- main entry
@@ -457,7 +309,7 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
         log.flush()
         return t.patience > 0 and state.bad_validations >= t.patience
 
-    meter = _Meter()
+    meter = Meter()
     reason = None
     while reason is None:
         if t.max_epochs and state.epoch > t.max_epochs:
@@ -521,39 +373,3 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             "elapsed": state.elapsed + time.perf_counter() - start}
 
 
-class _Meter:
-    """Training statistics between two log lines; tensors summed on the device (no sync)."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self.loss = self.nll = self.gnorm = None
-        self.tokens = self.real = self.padded = self.steps = 0
-        self.t0 = time.perf_counter()
-
-    def add(self, res: StepResult, group: Sequence[Batch], n_tokens: int) -> None:
-        """n_tokens: the step's target tokens over all ranks (res.loss_sum is global too)."""
-        if not res.updated:
-            return
-        acc = lambda a, b: b if a is None else a + b
-        self.loss, self.nll = acc(self.loss, res.loss_sum), acc(self.nll, res.nll_sum)
-        self.gnorm = acc(self.gnorm, res.grad_norm.float())
-        self.tokens += n_tokens
-        self.steps += 1
-        for b in group:
-            self.real += b.n_src_tokens + b.n_tgt_tokens
-            self.padded += b.src.numel() + b.tgt_out.numel()
-
-    def report(self, log: RunLogger, state: TrainState, lr: float) -> None:
-        if not self.steps:
-            return
-        loss, nll, gnorm = (torch.stack([self.loss, self.nll, self.gnorm]).cpu() / torch.tensor(
-            [self.tokens, self.tokens, self.steps])).tolist()
-        seconds = max(time.perf_counter() - self.t0, 1e-9)
-        stats = {"loss": loss, "ppl": math.exp(min(nll, 50.0)), "lr": lr, "grad_norm": gnorm,
-                 "tokens_per_s": self.tokens / seconds, "padding_efficiency": self.real / max(self.padded, 1)}
-        log.scalars("train", stats, state.step)
-        log.info(f"step {state.step} | epoch {state.epoch} | {format_stats(stats)}")
-        log.progress(0, {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{stats['tokens_per_s']:.0f}"})
-        self.reset()

@@ -26,12 +26,15 @@ written under a temporary name and renamed when complete.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, Sequence
 
 from nmt import textio
 from nmt.config import DecodeConfig, decode_config
+from nmt.engine import Engine
+from nmt.errors import UserError
 
 CHUNK_LINES = 10_000  # lines sorted and translated together by translate_command
 Warn = Callable[[str], None]
@@ -218,10 +221,27 @@ def format_nbest(index: int, hyps: Sequence[Translation]) -> list[str]:
 
 # --------------------------------------------------------------------------- command
 
+def load_engine(path: str, kind: str = "auto", device: str = "auto", *, workers: int | None = None) -> Engine:
+    """An engine for `path`: a checkpoint file (torch) or a directory written by `nmt export`
+    (ctranslate2). kind "auto" picks by what `path` is. `workers` (CTranslate2: replicas,
+    fixed when the model is loaded; None = the export's decode.workers)."""
+    if kind == "auto":
+        kind = "ctranslate2" if os.path.isdir(path) and os.path.isfile(os.path.join(path, "model.bin")) else "torch"
+    if kind == "ctranslate2":
+        from nmt.ct2 import Ct2Engine  # the optional package is needed only here
+
+        return Ct2Engine(path, device, workers=workers)
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a directory, not a checkpoint file (a CTranslate2 export needs --engine ctranslate2)")
+    if not os.path.exists(path):
+        raise UserError(f"checkpoint not found: {path}")
+    from nmt.engine import TorchEngine
+
+    return TorchEngine.load(path, device)
+
+
 def load_for_command(path: str, kind: str, device: str, overrides: dict[str, Any]):
     """(engine, decode settings) for a command: the overrides are checked before the model loads."""
-    from nmt.engine import load_engine
-
     decode_config(None, overrides, check_rules=False)  # a bad flag fails before any work
     engine = load_engine(path, kind, device, workers=overrides.get("workers"))
     return engine, decode_config(engine.decode, overrides)

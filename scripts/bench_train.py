@@ -2,7 +2,7 @@
 
     python scripts/bench_train.py --config configs/quickstart.yaml --steps 40 --json out.json
 
-Runs the real training step (`nmt.train.train_step`: forward, label-smoothed
+Runs the real training step (`nmt.step.train_step`: forward, label-smoothed
 loss, backward, clipping, AdamW, schedule) on the config's real batches, times
 `--steps` steps after `--warmup` untimed ones, and reports:
 
@@ -95,7 +95,7 @@ def main() -> int:
     from nmt.data import collate, epoch_batches, prepare_data
     from nmt.model import Transformer
     from nmt.optim import build_optimizer, build_scheduler
-    from nmt.train import setup_precision, train_step
+    from nmt.step import setup_precision, train_step
     from nmt.engine import resolve_torch_device as resolve_device
 
     if args.threads:

@@ -31,7 +31,7 @@ from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
 from nmt.tokenizer import Tokenizer
-from nmt.train import setup_precision, train_step
+from nmt.step import setup_precision, train_step
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -134,7 +134,7 @@ class _NoSchedule:
 STEP_WORKER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
-    import nmt.train as train_mod
+    import nmt.step as train_mod
     from nmt.data import collate
     from nmt.distributed import DistEnv, process_group, wrap_model
     from synthetic import random_corpus

@@ -151,7 +151,6 @@ def test_outputs_never_overwrite_inputs(model_ckpt, tmp_path):
 
 def test_save_hyps_into_a_missing_directory_fails_before_translating(model_ckpt, tmp_path):
     src = write(tmp_path / "src.es", ["el sol"])
-    t0 = time.perf_counter()
     proc = nmt("evaluate", "-c", model_ckpt, "--src", src, "--ref", src, "--save-hyps", str(tmp_path / "no" / "h.txt"))
     one_line_error(proc, 2, "does not exist")
 

@@ -19,8 +19,10 @@ from nmt.engine import TorchEngine
 from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.optim import lr_at
+import nmt.step as step_mod
 import nmt.train as train_mod
-from nmt.train import SignalStop, setup_precision, train, train_step
+from nmt.step import setup_precision, train_step
+from nmt.train import SignalStop, train
 
 sys.path.insert(0, os.path.dirname(__file__))
 from synthetic import random_corpus, tiny_config, tiny_config_dict  # noqa: E402
@@ -83,8 +85,8 @@ def test_clipping_and_reported_grad_norm():
 
 
 def test_nonfinite_loss_skips_the_update(monkeypatch):
-    real = train_mod.label_smoothed_nll
-    monkeypatch.setattr(train_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
+    real = step_mod.label_smoothed_nll
+    monkeypatch.setattr(step_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
     res, delta, sched = _sgd_step([collate(random_corpus(12), np.arange(12))])
     assert not res.updated and res.nonfinite_loss and sched.steps == 0
     assert all(torch.all(d == 0) for d in delta.values())
@@ -218,7 +220,7 @@ def test_resume_is_bitwise_identical(tmp_path):
 
 
 def test_nan_steps_are_skipped_counted_and_bounded(tmp_path, monkeypatch):
-    real, calls = train_mod.label_smoothed_nll, {"n": 0}
+    real, calls = step_mod.label_smoothed_nll, {"n": 0}
 
     def flaky(logits, target, eps):
         calls["n"] += 1
@@ -226,7 +228,7 @@ def test_nan_steps_are_skipped_counted_and_bounded(tmp_path, monkeypatch):
         bad = logits.requires_grad and calls["n"] in (3, 4)  # training calls 3 and 4 only
         return (loss * float("nan"), nll) if bad else (loss, nll)
 
-    monkeypatch.setattr(train_mod, "label_smoothed_nll", flaky)
+    monkeypatch.setattr(step_mod, "label_smoothed_nll", flaky)
     result = train(_small(tmp_path, "nan", max_steps=6), quiet=True)
     assert result["step"] == 6 and result["nan_steps"] == 2
     log = open(os.path.join(result["run_dir"], "train.log")).read()
@@ -234,7 +236,7 @@ def test_nan_steps_are_skipped_counted_and_bounded(tmp_path, monkeypatch):
     model, _, _ = ckpt.load_for_inference(os.path.join(result["run_dir"], "checkpoints", "latest.pt"))
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
-    monkeypatch.setattr(train_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
+    monkeypatch.setattr(step_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
     with pytest.raises(UserError, match="3 non-finite losses in a row"):
         train(_small(tmp_path, "allnan", max_steps=6, max_nan_steps=3), quiet=True)
 

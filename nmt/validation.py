@@ -1,0 +1,58 @@
+"""Validation during training: teacher-forced loss and perplexity, greedy BLEU/chrF, samples."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from nmt.config import Config
+from nmt.data import batch_indices, iter_batches
+from nmt.logging_utils import RunLogger
+from nmt.loss import label_smoothed_nll
+from nmt.step import Precision
+from nmt.tokenizer import Tokenizer
+
+
+def validate(model: nn.Module, cfg: Config, tokenizer: Tokenizer, valid, valid_lines, device: torch.device,
+             precision: Precision, log: RunLogger, step: int) -> dict:
+    """Validation loss/ppl (teacher forcing) and greedy BLEU/chrF; logs samples. model: unwrapped."""
+    was_training = model.training
+    model.eval()
+    loss_sum = nll_sum = torch.zeros((), device=device)
+    n_tokens = 0
+    order = batch_indices(valid.src_lens, valid.tgt_lens, cfg.data.batch_tokens, cfg.seed, 0)
+    with torch.inference_mode(), precision.autocast():
+        for batch in iter_batches(valid, order):
+            batch = batch.to(device, non_blocking=True)
+            loss, nll = label_smoothed_nll(model(batch.src, batch.src_mask, batch.tgt_in), batch.tgt_out,
+                                           cfg.train.label_smoothing)
+            loss_sum, nll_sum, n_tokens = loss_sum + loss, nll_sum + nll, n_tokens + batch.n_tgt_tokens
+    loss_v, nll_v = (loss_sum / n_tokens).item(), (nll_sum / n_tokens).item()
+    metrics = {"loss": loss_v, "nll": nll_v, "ppl": math.exp(min(nll_v, 50.0))}
+    if cfg.train.valid_bleu:
+        metrics.update(_bleu(model, cfg, tokenizer, valid_lines, device, precision, log, step))
+    model.train(was_training)
+    return metrics
+
+
+def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precision, log: RunLogger, step: int) -> dict:
+    from nmt.engine import TorchEngine
+    from nmt.evaluate import score
+    from nmt.translate import translate_lines
+
+    src, ref = valid_lines
+    n = cfg.train.valid_max_sentences or len(src)
+    src, ref = src[:n], ref[:n]
+    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1)
+    with precision.autocast():
+        hyps = translate_lines(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)
+    scores = score(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
+    k = min(cfg.train.num_samples, len(src))
+    picks = sorted({i * len(src) // k for i in range(k)}) if k else []
+    for j, i in enumerate(picks):
+        log.info(f"sample {j + 1}/{len(picks)} (line {i + 1})\n  src: {src[i]}\n  ref: {ref[i]}\n  hyp: {hyps[i]}")
+        log.text(f"valid/sample_{j + 1}", f"**src:** {src[i]}  \n**ref:** {ref[i]}  \n**hyp:** {hyps[i]}", step)
+    return {"bleu": scores["bleu"]["score"], "chrf": scores["chrf"]["score"]}
