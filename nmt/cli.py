@@ -47,7 +47,7 @@ def _add_decode_options(p: argparse.ArgumentParser, keys: tuple[str, ...] | None
             continue
         flags = DECODE_FLAGS.get(f.name, []) + ["--" + f.name.replace("_", "-")]
         tp = hints[f.name]
-        help = f"{f.metadata['help']} (decode.{f.name})"
+        help = f"{f.metadata['help']} (decode.{f.name})".replace("%", "%%")  # argparse formats help with %
         if tp is bool:
             g.add_argument(*flags, dest=f"decode_{f.name}", action=argparse.BooleanOptionalAction, default=None, help=help)
             continue
@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p, "to translate with")
     p.add_argument("--input", "-i", metavar="FILE", help="input file, plain or gzip (default: stdin)")
     p.add_argument("--output", "-o", metavar="FILE", help="output file, written when complete (default: stdout)")
+    p.add_argument("--prefix", metavar="FILE", help="target prefixes, one per input line (may be empty): each output "
+                   "starts with its prefix, the search continues from it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings summary")
     _add_decode_options(p)
 
@@ -189,7 +191,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
     path, engine = _model(args)
     return translate_command(path, args.input, args.output, engine=engine, device=args.device,
-                             overrides=_decode_overrides(args), quiet=args.quiet)
+                             overrides=_decode_overrides(args), prefix=args.prefix, quiet=args.quiet)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:

@@ -191,6 +191,15 @@ class DecodeConfig:
     workers: int = _f(0, "CPU: batches decoded at once, each with torch threads / workers intra-op threads "
                       "(as CTranslate2's inter_threads); 0 = auto: 2 on a CPU with at least 2 threads, else 1. "
                       "Each worker holds its own batch in memory. Ignored on GPU.", min=0)
+    sampling: Literal["none", "topk", "topp"] = _f("none", "Sample instead of searching: `topk` draws each token from the `topk` most probable, `topp` from the smallest set reaching probability `topp` (nucleus); `nbest` samples per line. For back-translation.")
+    topk: int = _f(10, "Tokens to sample from with `sampling: topk`.", min=1)
+    topp: float = _f(0.9, "Probability mass to sample from with `sampling: topp`.", min=0.0, max=1.0, exclusive_min=True)
+    temperature: float = _f(1.0, "Sampling temperature: the distribution is p^(1/T), renormalised (< 1 sharper, > 1 flatter).", min=0.0, exclusive_min=True)
+    seed: int = _f(1, "Sampling seed: with it, each input line's samples depend only on the line number and the line.", min=0)
+    no_repeat_ngram: int = _f(0, "Forbid any n-gram of this many target tokens from occurring twice in an output (greedy, beam and sampling); 0 = off.", min=0)
+    protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; needs a model trained with `data.protect: true`.")
+    protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with `protect`).")
+    alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (last decoder layer's cross-attention, averaged over heads), as Pharaoh `src-tgt` subword indices.")
 
 
 # --------------------------------------------------------------------------- top
@@ -337,8 +346,19 @@ def _build(cls: type, raw: dict, prefix: str, errors: list[str]) -> Any:
 
 def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str]) -> None:
     """Rules between decode keys (each key's own type and range are checked by `_build`)."""
-    if dec.nbest > dec.beam_size:
-        errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size})")
+    if dec.nbest > dec.beam_size and dec.sampling == "none":
+        errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
+                      "or set sampling: nbest samples per line)")
+    if dec.protect_pattern is not None:
+        import re
+
+        try:
+            if re.compile(dec.protect_pattern).match(""):
+                errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (it matches the "
+                              "empty string)")
+        except re.error as e:
+            errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (not a regular "
+                          f"expression: {e})")
 
 
 def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:

@@ -42,6 +42,11 @@ from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 DEFAULT_PATIENCE = 2.0  # finished hypotheses per beam slot before CTranslate2 stops (see above)
 
 
+def _unpenalised(decode: DecodeConfig) -> bool:
+    """Searches without a length penalty: greedy search and sampling."""
+    return decode.beam_size == 1 or decode.sampling != "none"
+
+
 def resolve_ct2_device(name: str | None, ctranslate2) -> tuple[str, int]:
     """"auto"/None -> ("cuda", 0) when CTranslate2 sees a GPU, else ("cpu", 0); "cuda:N" -> ("cuda", N)."""
     kind, index = parse_device(name)
@@ -68,7 +73,7 @@ class Ct2Engine:
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",
                  intra_threads: int = 0, patience: float = DEFAULT_PATIENCE, workers: int | None = None):
-        ctranslate2 = require_ctranslate2()
+        ctranslate2 = self.ctranslate2 = require_ctranslate2()
         meta = read_metadata(model_dir)
         tokenizer = Tokenizer.load(model_dir)
         if tokenizer is None:
@@ -100,69 +105,95 @@ class Ct2Engine:
     def running(self) -> Iterator[None]:
         yield
 
-    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
+                     prefixes: Sequence[list[int]] | None = None) -> list[list[Hypothesis]]:
         """Per source (ids without EOS) up to `decode.nbest` hypotheses, best first; greedy when
         beam_size == 1. CTranslate2 takes one output limit per call: the batch's largest. Sentences
         whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
-        grouped by limit, so no output exceeds its sentence's maximum length."""
+        grouped by limit, so no output exceeds its sentence's maximum length. With sampling,
+        CTranslate2's own generator is seeded with decode.seed for each batch (`keys` are not
+        used): the same batches give the same samples."""
         batch = list(range(len(src_ids)))
         limits = max_output_lengths([len(ids) + 1 for ids in src_ids], decode.max_len_a, decode.max_len_b,
-                                    self.max_positions)
+                                    self.max_positions, prefixes)
         limit = max(limits)
-        found = self._search_safe(src_ids, batch, limit, decode)
+        found = self._search_safe(src_ids, batch, limit, decode, prefixes)
         again: dict[int, list[int]] = {}
         for i, h in enumerate(found):
             if limits[i] < limit and any(len(x.tokens) >= limits[i] for x in h):
                 again.setdefault(limits[i], []).append(i)
         for own, members in again.items():
-            for i, h in zip(members, self._search_safe(src_ids, members, own, decode)):
+            for i, h in zip(members, self._search_safe(src_ids, members, own, decode, prefixes)):
                 found[i] = h
         return found
 
-    def _search_safe(self, src_ids: Sequence[list[int]], idx: list[int], limit: int,
-                     decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def _search_safe(self, src_ids: Sequence[list[int]], idx: list[int], limit: int, decode: DecodeConfig,
+                     prefixes: Sequence[list[int]] | None) -> list[list[Hypothesis]]:
         """Search sources `idx` under one output limit; redo those that produced PAD or BOS
         (CTranslate2's log-softmax is then ours exactly; see the module docstring)."""
         pieces = [[self.src_pieces[t] for t in src_ids[i]] for i in idx]
-        hyps = self._search_batch(pieces, limit, decode, suppress=False)
+        prefix = [[self.tgt_pieces[t] for t in prefixes[i]] for i in idx] if prefixes is not None else None
+        hyps = self._search_batch(pieces, prefix, limit, decode, suppress=False)
         redo = [j for j, h in enumerate(hyps) if any(t in (PAD_ID, BOS_ID) for x in h for t in x.tokens)]
         if redo:
-            for j, h in zip(redo, self._search_batch([pieces[j] for j in redo], limit, decode, suppress=True)):
+            again = self._search_batch([pieces[j] for j in redo], [prefix[j] for j in redo] if prefix else None,
+                                       limit, decode, suppress=True)
+            for j, h in zip(redo, again):
                 hyps[j] = h
         return hyps
 
-    def _search_batch(self, pieces: list[list[str]], limit: int, decode: DecodeConfig,
-                      suppress: bool) -> list[list[Hypothesis]]:
+    def _search_batch(self, pieces: list[list[str]], prefix: list[list[str]] | None, limit: int,
+                      decode: DecodeConfig, suppress: bool) -> list[list[Hypothesis]]:
         """One `translate_batch` call (one batch): sources (pieces, no EOS) sharing the output limit."""
-        K = decode.beam_size
+        sampling = decode.sampling != "none"
+        K = 1 if sampling else decode.beam_size
         alpha, kind = decode.length_penalty, decode.length_penalty_type
         ct2_alpha = 0.0 if K == 1 or kind == "none" or alpha == 0 else alpha
         patience = self.patience if ct2_alpha else 1.0
+        options = {}
+        if sampling:
+            self.ctranslate2.set_random_seed(decode.seed)
+            options = dict(sampling_topk=decode.topk if decode.sampling == "topk" else 0,
+                           sampling_topp=decode.topp if decode.sampling == "topp" else 1.0,
+                           sampling_temperature=decode.temperature)
         results = self.translator.translate_batch(
-            pieces, max_batch_size=0, beam_size=K, patience=patience,
+            pieces, prefix, max_batch_size=0, beam_size=K, patience=patience,
             num_hypotheses=round(K * patience) if ct2_alpha else decode.nbest,
             length_penalty=ct2_alpha, return_scores=True, return_end_token=True,
             max_decoding_length=limit, min_decoding_length=min(decode.min_len, limit),  # CTranslate2 wants min <= max
-            max_input_length=0, suppress_sequences=self.suppress if suppress else None)
-        return [self._rank(r, decode, ct2_alpha) for r in results]
+            max_input_length=0, suppress_sequences=self.suppress if suppress else None,
+            no_repeat_ngram_size=decode.no_repeat_ngram, **options)
+        rescore = sampling or prefix is not None  # their scores are not the model's plain log-probabilities
+        return [self._rank(r, decode, ct2_alpha, src if rescore else None) for r, src in zip(results, pieces)]
 
-    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float) -> list[Hypothesis]:
-        """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty."""
+    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, rescore: list[str] | None) -> list[Hypothesis]:
+        """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty. rescore: the
+        source pieces, when log_prob must be computed again by forced decoding (sampling, prefixes)."""
         hyps = []
-        for pieces, ct2_score in zip(result.hypotheses, result.scores):
-            ids = [self.tgt_ids.get(p, UNK_ID) for p in pieces]
+        tokens = [[self.tgt_ids.get(p, UNK_ID) for p in pieces] for pieces in result.hypotheses]
+        if rescore is not None:
+            forced = self.translator.score_batch([rescore] * len(tokens),
+                                                 [[self.tgt_pieces[t] for t in ids if t != EOS_ID] for ids in tokens],
+                                                 max_batch_size=0, max_input_length=0)
+        for k, (ids, ct2_score) in enumerate(zip(tokens, result.scores)):
             length = len(ids)  # generated tokens, EOS included when it ended with one
             log_prob = ct2_score * length ** ct2_alpha if ct2_alpha else ct2_score  # undo CTranslate2's len ** alpha
             finished = bool(ids) and ids[-1] == EOS_ID
             if finished:
                 ids.pop()
-            if decode.beam_size == 1:
-                score = log_prob  # greedy: no length penalty, as nmt.search.greedy_search
+            if rescore is not None:
+                log_probs = list(forced[k].log_probs)  # the target tokens, then EOS
+                log_prob = sum(log_probs if finished else log_probs[:-1])
+            if _unpenalised(decode):
+                score = log_prob  # greedy and sampling: no length penalty, as nmt.search
             else:
                 score = log_prob / length_penalty_factor(length, decode.length_penalty, decode.length_penalty_type)
             hyps.append(Hypothesis(ids, float(score), float(log_prob), finished))
         hyps.sort(key=lambda h: -h.score)
         return hyps[: decode.nbest]
+
+    def align_batch(self, src_ids, tgt_ids):
+        raise UserError("--alignment is not supported by the ctranslate2 engine (use the checkpoint: --engine torch)")
 
     # ------------------------------------------------------------------ scoring
 

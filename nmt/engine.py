@@ -14,14 +14,18 @@ nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported with `nmt export`).
         torch_device: torch.device | None   a PyTorch model's device (None: the engine runs its own threads)
         workers: int | None             batches the engine searches at once (None: decided per call, see translate.resolve_workers)
         def running() -> ContextManager  around a run of calls: the model in eval mode
-        def search_batch(src_ids, decode) -> list[list[Hypothesis]]
+        def search_batch(src_ids, decode, keys=None, prefixes=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
+        def align_batch(src_ids, tgt_ids) -> list[list[tuple[int, int]]]   (UserError where unsupported)
 
 `src_ids` are subword ids without EOS (at most max_positions - 1 each, at least one);
 the engine appends EOS. `search_batch` returns per source up to `decode.nbest`
 hypotheses, best first (nmt.search.Hypothesis: tokens without BOS/EOS, score,
-log_prob, finished). `score_batch` returns per pair the log-probability of each
-target token and of the final EOS under the model (teacher forcing).
+log_prob, finished); `keys` (one integer per source, the input line number) fix the
+samples with `decode.sampling`; `prefixes` (target ids per source) are forced.
+`score_batch` returns per pair the log-probability of each target token and of the
+final EOS under the model (teacher forcing). `align_batch` gives per pair the
+(source index, target index) alignment of each target token (nmt.model.Transformer.alignment).
 """
 
 from __future__ import annotations
@@ -43,9 +47,12 @@ class Engine(Protocol):
 
     def running(self) -> ContextManager: ...
 
-    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig) -> list[list]: ...
+    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
+                     prefixes: Sequence[list[int]] | None = None) -> list[list]: ...
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]: ...
+
+    def align_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[tuple[int, int]]]: ...
 
 
 def parse_device(name: str | None) -> tuple[str, int | None]:
@@ -144,16 +151,21 @@ class TorchEngine:
         lengths = torch.tensor([len(ids) + 1 for ids in src_ids], device=self.torch_device)  # [B]
         return src, padding_mask(lengths, width)
 
-    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig) -> list[list]:
-        from nmt.search import beam_search, greedy_search
+    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
+                     prefixes: Sequence[list[int]] | None = None) -> list[list]:
+        from nmt.search import beam_search, greedy_search, sample_search
 
         src, src_mask = self._source(src_ids)
-        limits = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len)
+        kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
+                  no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops)
+        if decode.sampling != "none":
+            return sample_search(self.model, src, src_mask, samples=decode.nbest, sampling=decode.sampling,
+                                 topk=decode.topk, topp=decode.topp, temperature=decode.temperature, seed=decode.seed,
+                                 keys=keys, **kw)
         if decode.beam_size == 1:
-            return [[h] for h in greedy_search(self.model, src, src_mask, ops=self.ops, **limits)]
+            return [[h] for h in greedy_search(self.model, src, src_mask, **kw)]
         return beam_search(self.model, src, src_mask, beam_size=decode.beam_size, nbest=decode.nbest,
-                           length_penalty=decode.length_penalty,
-                           length_penalty_type=decode.length_penalty_type, ops=self.ops, **limits)
+                           length_penalty=decode.length_penalty, length_penalty_type=decode.length_penalty_type, **kw)
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target token and EOS (fp32 log-softmax over
@@ -172,3 +184,22 @@ class TorchEngine:
             logp = F.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[:, :, None]).squeeze(-1)  # [B,T]
         rows = logp.tolist()
         return [row[: len(y) + 1] for row, y in zip(rows, tgt_ids)]
+
+    def align_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[tuple[int, int]]]:
+        """Per pair, for each target token j the source token i (EOS excluded) with the largest
+        last-layer cross-attention weight, averaged over heads, when predicting token j."""
+        import torch
+
+        from nmt.tokenizer import BOS_ID, PAD_ID
+
+        src, src_mask = self._source(src_ids)
+        T = max(max(len(y) for y in tgt_ids), 1)
+        tgt_in = torch.tensor([[BOS_ID] + y[:-1] + [PAD_ID] * (T - len(y)) if y else [BOS_ID] + [PAD_ID] * (T - 1)
+                               for y in tgt_ids], device=self.torch_device)  # [B,T]: the input that predicts each token
+        with torch.inference_mode():
+            weights = self.model.alignment(src, src_mask, tgt_in)  # [B,T,S]
+        out = []
+        for b, (x, y) in enumerate(zip(src_ids, tgt_ids)):
+            best = weights[b, : len(y), : len(x)].argmax(dim=1).tolist()  # source EOS (index len(x)) excluded
+            out.append([(i, j) for j, i in enumerate(best)])
+        return out

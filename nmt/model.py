@@ -116,6 +116,15 @@ class CrossAttention(nn.Module):
         """x [B,T,D], memory [B,S,D], mask [B,1,1,S] -> [B,T,D]."""
         return self.attend(x, *self.project_kv(memory), mask)
 
+    def weights(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+        """The attention weights SDPA computes inside `forward` (no dropout): softmax(q k^T / sqrt(Dh))
+        over the unmasked keys. x [B,T,D], memory [B,S,D], mask [B,1,1,S] -> [B,H,T,S]."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B,H,T,Dh]
+        k, _ = self.project_kv(memory)  # [B,H,S,Dh]
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B,H,T,S]
+        return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
 
 class FeedForward(nn.Module):
     """Position-wise FFN: fc2(dropout(act(fc1(x))))."""
@@ -186,6 +195,11 @@ class DecoderLayer(_Sublayers):
         x = self.residual(x, self.norm1, lambda h: self.self_attn(h, is_causal=True))
         x = self.residual(x, self.norm2, self.cross_attn, memory, mask)
         return self.residual(x, self.norm3, self.ffn)
+
+    def cross_attention_weights(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+        """The cross-attention weights of this layer's forward pass. x [B,T,D] (the layer's input) -> [B,H,T,S]."""
+        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, is_causal=True))
+        return self.cross_attn.weights(self.norm2(x) if self.pre_norm else x, memory, mask)
 
     def step(self, x: Tensor, cache: DecoderCache, i: int) -> Tensor:
         """One position per row, layer i of `cache`. x [B,D] -> [B,D].
@@ -320,6 +334,16 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """src [B,S], src_mask [B,S], tgt_in [B,T] -> logits [B,T,V]."""
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+    def alignment(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Last decoder layer's cross-attention weights, averaged over heads, in a teacher-forced pass
+        (computed explicitly: SDPA returns no weights). src, src_mask [B,S], tgt_in [B,T] -> [B,T,S]."""
+        memory, mask = self.encode(src, src_mask), attention_mask(src_mask)
+        x = self._embed(tgt_in, "tgt")
+        *layers, last = self.decoder.layers
+        for layer in layers:
+            x = layer(x, memory, mask)
+        return last.cross_attention_weights(x, memory, mask).mean(dim=1)
 
     # ------------------------------------------------------------------ cached decoding
 

@@ -1,4 +1,4 @@
-"""Greedy and beam search over the model's step protocol.
+"""Greedy, beam and sampling search over the model's step protocol.
 
 The search sees only `model.encode`, `model.init_cache`, `model.decode_step`,
 `cache.reorder`, `model.max_positions` and, for the uncached path,
@@ -9,18 +9,29 @@ the batch as soon as it is finished, so the work shrinks as decoding goes on.
 Shapes: B sentences, S source length, K beam, V target vocabulary,
 N active sentences, t the current step (1-based).
 
-Conventions (shared by both searches):
+Conventions (shared by all searches; `_Rules` applies them at every step):
 - Step t generates token t. PAD and BOS are never generated (log-prob -inf);
   EOS is forbidden while t <= min_len, so an output has >= min_len tokens.
+- A target prefix (per sentence, optional) is forced: at steps t <= len(prefix) only
+  prefix[t-1] may be generated (its log-probability counts), then the search continues.
+- no_repeat_ngram N > 0: a token that would complete an N-gram already present in the
+  hypothesis (prefix included) is forbidden, so no N-gram occurs twice.
+- A row left with no allowed token may end (EOS keeps its log-probability).
 - Maximum output length per sentence: `min(floor(a * src_len + b), model.max_positions - 1)`
-  tokens (at least 1), src_len = `src_mask.sum(1)` (real source tokens, EOS included).
+  tokens (at least 1; at least len(prefix) + 1 with a prefix), src_len = `src_mask.sum(1)`
+  (real source tokens, EOS included).
 - A hypothesis ends when it generates EOS (`tokens` excludes it, `log_prob`
   includes it) or when it reaches the maximum length without EOS (truncated:
   no EOS, nothing added). Either way its **length for the penalty is the
   number of generated tokens including EOS**, i.e. the step t at which it ended.
 - `log_prob` is the sum of fp32 `log_softmax` values (over the full
-  vocabulary, not renormalised after masking); `score = log_prob / lp(length)`.
-  Greedy search applies no length penalty: its `score == log_prob`.
+  vocabulary, not renormalised after masking or by a temperature);
+  `score = log_prob / lp(length)`. Greedy search and sampling apply no length
+  penalty: their `score == log_prob`.
+- Sampling draws each token by the Gumbel-max trick with noise that is a hash of
+  (seed, sentence key, sample number, step, token): a sentence's samples depend
+  only on the seed and its key (the pipeline uses the input line number), not on
+  batching, workers or other sentences.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from nmt.cache import DecoderCache
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PENALTY_TYPES = ("gnmt", "average", "none")
+SAMPLING = ("topk", "topp")
 NEG_INF = float("-inf")
 
 
@@ -71,12 +83,16 @@ PLAIN_OPS = SearchOps()
 
 
 def max_output_lengths(src_lengths: Sequence[int] | Tensor, max_len_a: float, max_len_b: int,
-                       max_positions: int) -> list[int]:
+                       max_positions: int, prefixes: Sequence[list[int]] | None = None) -> list[int]:
     """Maximum output length per sentence, EOS counted: min(floor(a * src_len + b), max_positions - 1),
-    at least 1; src_len counts the source's EOS (the engines share this formula)."""
+    at least 1, and with a prefix at least len(prefix) + 1 (room for the prefix and an EOS); src_len
+    counts the source's EOS (the engines share this formula)."""
     lengths = src_lengths.tolist() if isinstance(src_lengths, Tensor) else list(src_lengths)
     cap = max(max_positions - 1, 1)
-    return [max(1, min(math.floor(max_len_a * n + max_len_b), cap)) for n in lengths]
+    limits = [max(1, min(math.floor(max_len_a * n + max_len_b), cap)) for n in lengths]
+    if prefixes is not None:
+        limits = [min(max(n, len(p) + 1), cap) for n, p in zip(limits, prefixes)]
+    return limits
 
 
 def length_penalty_factor(length: int | Tensor, alpha: float, kind: str) -> float | Tensor:
@@ -131,62 +147,210 @@ class _UncachedDecoder:
 
 
 def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: int, use_cache: bool,
-           ops: SearchOps):
+           ops: SearchOps, prefixes: Sequence[list[int]] | None = None):
     """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long)."""
-    limits = max_output_lengths(src_mask.sum(dim=1), max_len_a, max_len_b, model.max_positions)
+    limits = max_output_lengths(src_mask.sum(dim=1), max_len_a, max_len_b, model.max_positions, prefixes)
     max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
     memory = model.encode(src, src_mask)  # [B,S,D]
     cls = _CachedDecoder if use_cache else _UncachedDecoder
     return cls(model, memory, src_mask, max(limits), ops), max_lens
 
 
-def _log_probs(logits: Tensor, t: int, min_len: int) -> Tensor:
-    """logits [R,V] -> fp32 log-probabilities [R,V] with PAD, BOS (and EOS while t <= min_len) at -inf."""
-    logp = F.log_softmax(logits.float(), dim=-1)
-    logp[:, PAD_ID] = NEG_INF
-    logp[:, BOS_ID] = NEG_INF
-    if t <= min_len:
-        logp[:, EOS_ID] = NEG_INF
-    return logp
+class _Rules:
+    """What may be generated at each step (module docstring): PAD/BOS never, EOS not before
+    min_len, the forced prefix, no repeated N-gram. Rows are mapped to their sentence by `sent`."""
+
+    def __init__(self, B: int, device, min_len: int = 0, no_repeat_ngram: int = 0,
+                 prefixes: Sequence[list[int]] | None = None):
+        self.min_len, self.n = min_len, no_repeat_ngram
+        self.prefix = self.prefix_len = None
+        self.longest_prefix = 0
+        if prefixes is not None and any(prefixes):
+            self.longest_prefix = max(len(p) for p in prefixes)
+            self.prefix = torch.tensor([list(p) + [PAD_ID] * (self.longest_prefix - len(p)) for p in prefixes],
+                                       dtype=torch.long, device=device)  # [B, P]
+            self.prefix_len = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=device)  # [B]
+
+    def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor) -> Tensor:
+        """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
+        history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence."""
+        logp = F.log_softmax(logits.float(), dim=-1)
+        logp[:, PAD_ID] = NEG_INF
+        logp[:, BOS_ID] = NEG_INF
+        eos = logp[:, EOS_ID].clone() if self.n else None
+        if t <= self.min_len:
+            logp[:, EOS_ID] = NEG_INF
+        forced = None
+        if self.prefix is not None and t <= self.longest_prefix:
+            rows = (self.prefix_len.index_select(0, sent) >= t).nonzero().squeeze(1)  # rows still in their prefix
+            if rows.numel():
+                token = self.prefix.index_select(0, sent.index_select(0, rows))[:, t - 1]  # [F]
+                forced = (rows, token, logp[rows, token])
+        if self.n and history.shape[1] >= self.n - 1:
+            _block_repeats(logp, history, self.n)
+            dead = ~torch.isfinite(logp).any(dim=1)  # nothing left to generate: the row may end
+            if bool(dead.any()):
+                logp[dead, EOS_ID] = eos[dead]
+        if forced is not None:
+            rows, token, value = forced
+            logp[rows] = NEG_INF
+            logp[rows, token] = value
+        return logp
 
 
-# --------------------------------------------------------------------------- greedy
+def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
+    """Forbid (in place) every token that would complete an n-gram already in its row's history.
+    logp [R,V]; history [R,L]. The last n-1 tokens are compared with every earlier window;
+    where one matches, the token that followed it is banned."""
+    R, L = history.shape
+    if n == 1:
+        if L:
+            logp.scatter_(1, history, NEG_INF)
+        return
+    if L < n:
+        return
+    windows = history.unfold(1, n - 1, 1)[:, : L - n + 1]  # [R, L-n+1, n-1]: windows that have a successor
+    key = history[:, L - n + 1:]  # [R, n-1]: the current context
+    match = (windows == key[:, None, :]).all(dim=2)  # [R, L-n+1]
+    if bool(match.any()):
+        follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
+        logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
+
+
+# --------------------------------------------------------------------------- greedy and sampling
 
 @torch.inference_mode()
-def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int,
-                  min_len: int = 0, use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[Hypothesis]:
+def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
+                  no_repeat_ngram: int = 0, prefixes: Sequence[list[int]] | None = None,
+                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
-    if min_len < 0:
-        raise ValueError(f"min_len must be >= 0, got {min_len}")
-    if src.shape[0] == 0:
-        return []
-    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops)
+    _check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
+    out = _token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b,
+                          _Rules(src.shape[0], src.device, min_len, no_repeat_ngram, prefixes), prefixes, use_cache, ops)
+    return [hyps[0] for hyps in out]
+
+
+@torch.inference_mode()
+def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sampling: str = "topk", topk: int = 10,
+                  topp: float = 0.9, temperature: float = 1.0, seed: int = 1, keys: Sequence[int] | None = None,
+                  max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
+                  prefixes: Sequence[list[int]] | None = None, use_cache: bool = True,
+                  ops: SearchOps = PLAIN_OPS) -> list[list[Hypothesis]]:
+    """`samples` independent samples per sentence, best log_prob first (score == log_prob).
+
+    Each step draws from the model's distribution divided by `temperature` and cut to its
+    `topk` most probable tokens (sampling "topk") or to the smallest set of tokens whose
+    probability reaches `topp` (sampling "topp", nucleus sampling), after the step rules.
+    keys [B]: one integer per sentence (default 0..B-1); with the seed they fix its samples.
+    """
+    _check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
+    if sampling not in SAMPLING:
+        raise ValueError(f"unknown sampling {sampling!r} (expected one of {', '.join(SAMPLING)})")
+    if samples < 1 or topk < 1 or not 0.0 < topp <= 1.0 or not temperature > 0.0:
+        raise ValueError(f"need samples >= 1, topk >= 1, 0 < topp <= 1, temperature > 0; got {samples}, {topk}, "
+                         f"{topp}, {temperature}")
+    B = src.shape[0]
+    keys = list(range(B)) if keys is None else list(keys)
+    row_keys = torch.tensor([_row_key(seed, key, k) for key in keys for k in range(samples)], dtype=torch.long,
+                            device=src.device)  # [B*samples]
+
+    def choose(logp: Tensor, t: int, rows: Tensor) -> Tensor:
+        x = logp / temperature
+        if sampling == "topk" and topk < x.shape[1]:
+            kth = x.topk(topk, dim=1).values[:, -1:]  # [R,1]
+            x = x.masked_fill(x < kth, NEG_INF)
+        elif sampling == "topp":
+            probs, order = F.softmax(x, dim=1).sort(dim=1, descending=True)
+            drop = (probs.cumsum(dim=1) - probs) >= topp  # tokens after the nucleus is full
+            x = x.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), NEG_INF)
+        gumbel = -torch.log(-torch.log(uniform_noise(row_keys.index_select(0, rows), t, x.shape[1])))
+        return (x + gumbel.float()).argmax(dim=1)
+
+    out = _token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b,
+                          _Rules(B, src.device, min_len, no_repeat_ngram, prefixes), prefixes, use_cache, ops)
+    return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
+
+
+def _token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: int, max_len_a: float,
+                    max_len_b: int, rules: _Rules, prefixes, use_cache: bool, ops: SearchOps) -> list[list[Hypothesis]]:
+    """One token per row per step: the best one (choose None) or choose(logp, t, rows) -> tokens.
+    per_sentence rows per sentence (samples). Finished rows leave the batch. -> per sentence its rows'
+    hypotheses, in row order."""
     B, device = src.shape[0], src.device
-    sent = torch.arange(B, device=device)  # [N] original index of each active sentence
-    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)  # [N] input of this step
-    log_prob = torch.zeros(B, device=device)  # [N]
-    history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N, t]
-    out: list[Hypothesis | None] = [None] * B
+    if B == 0:
+        return []
+    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
+    R = B * per_sentence
+    rows = torch.arange(R, device=device)  # [N] original row of each active row (sentence * per_sentence + k)
+    if per_sentence > 1:
+        decoder.reorder(torch.arange(B, device=device).repeat_interleave(per_sentence))
+        max_lens = max_lens.repeat_interleave(per_sentence)
+    tokens = torch.full((R,), BOS_ID, dtype=torch.long, device=device)  # [N] input of this step
+    log_prob = torch.zeros(R, device=device)  # [N]
+    history = torch.empty(R, 0, dtype=torch.long, device=device)  # [N, t-1]
+    out: list[list[Hypothesis | None]] = [[None] * per_sentence for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
-        best, tokens = ops.argmax(_log_probs(decoder.step(tokens), t, min_len))  # [N], [N]
+        logp = rules.log_probs(decoder.step(tokens), t, history, rows // per_sentence)  # [N,V]
+        if choose is None:
+            best, tokens = ops.argmax(logp)  # [N], [N]
+        else:
+            tokens = choose(logp, t, rows)
+            best = logp.gather(1, tokens[:, None]).squeeze(1)
         log_prob = log_prob + best
         history = torch.cat([history, tokens[:, None]], dim=1)
         ends = (tokens == EOS_ID) | (max_lens <= t)  # [N]
         if not bool(ends.any()):
             continue
         idx = ends.nonzero().squeeze(1)
-        for s, toks, lp in zip(sent[idx].tolist(), history[idx].tolist(), log_prob[idx].tolist()):
+        for r, toks, lp in zip(rows[idx].tolist(), history[idx].tolist(), log_prob[idx].tolist()):
             finished = toks[-1] == EOS_ID
             if finished:
                 toks.pop()
-            out[s] = Hypothesis(toks, lp, lp, finished)
+            out[r // per_sentence][r % per_sentence] = Hypothesis(toks, lp, lp, finished)
         keep = (~ends).nonzero().squeeze(1)  # [N']
         if keep.numel() == 0:
             break
         decoder.reorder(keep)
-        sent, tokens, log_prob, history, max_lens = (x[keep] for x in (sent, tokens, log_prob, history, max_lens))
+        rows, tokens, log_prob, history, max_lens = (x[keep] for x in (rows, tokens, log_prob, history, max_lens))
     return out  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- sampling noise
+
+_M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's constants
+
+
+def _i64(x: int) -> int:
+    """An unsigned 64-bit value as the int64 with the same bits."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(x: Tensor, s: int) -> Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: Tensor) -> Tensor:
+    """splitmix64's finaliser on int64 tensors (multiplication wraps modulo 2^64)."""
+    x = (x ^ _shr(x, 30)) * _i64(_M2)
+    x = (x ^ _shr(x, 27)) * _i64(_M3)
+    return x ^ _shr(x, 31)
+
+
+def _row_key(seed: int, key: int, sample: int) -> int:
+    """A 64-bit key per (seed, sentence key, sample number), mixed so that neighbours differ everywhere."""
+    x = torch.tensor([_i64(seed * _M1 + key)], dtype=torch.long)
+    x = _mix(_mix(x) + _i64((sample + 1) * _M1))
+    return int(x)
+
+
+def uniform_noise(row_keys: Tensor, t: int, V: int) -> Tensor:
+    """[R, V] float64 in (0, 1): a hash of (row key, step t, token), uniform to 2^-53."""
+    counter = (t * V + torch.arange(V, device=row_keys.device)) * _i64(_M1)  # [V]
+    x = _mix(row_keys[:, None] + counter[None, :])  # [R, V]
+    return (_shr(x, 11).double() + 0.5) * 2.0 ** -53
 
 
 # --------------------------------------------------------------------------- beam
@@ -194,7 +358,8 @@ def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max
 @torch.inference_mode()
 def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: int = 1,
                 length_penalty: float = 1.0, length_penalty_type: str = "gnmt",
-                max_len_a: float, max_len_b: int, min_len: int = 0,
+                max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
+                prefixes: Sequence[list[int]] | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
@@ -206,12 +371,14 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     beams out of the top 2K, so its beam 1 is greedy only because it stops at the first
     finished hypothesis, which is wrong with a length penalty). Early stop: see `_stopped`.
     """
-    _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type, min_len)
+    _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type)
+    _check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
     alpha, kind, K = length_penalty, length_penalty_type, beam_size
     if src.shape[0] == 0:
         return []
-    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops)
+    decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
+    rules = _Rules(B, device, min_len, no_repeat_ngram, prefixes)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty
@@ -221,7 +388,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
         N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
-        logp = _log_probs(decoder.step(tokens), t, min_len)  # [N*k, V]
+        logp = rules.log_probs(decoder.step(tokens), t, history, sent.repeat_interleave(k))  # [N*k, V]
         V = logp.shape[1]
         top, idx = _topk(logp.add_(scores.view(-1, 1)).view(N, k * V), K, ops)  # [N, K] each (in place: logp is fresh)
         word = idx % V  # [N, K] token of each candidate
@@ -289,7 +456,7 @@ def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, his
         finished[sid].append(Hypothesis(prefix if w == EOS_ID else prefix + [w], sc, lp, w == EOS_ID))
 
 
-def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, min_len: int) -> None:
+def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str) -> None:
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
@@ -298,5 +465,16 @@ def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, min_le
         raise ValueError(f"unknown length_penalty_type {kind!r} (expected one of {', '.join(PENALTY_TYPES)})")
     if alpha < 0:
         raise ValueError(f"length_penalty must be >= 0, got {alpha}")
+
+
+def _check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int) -> None:
+    """The search boundary's guard for the settings every search takes."""
     if min_len < 0:
         raise ValueError(f"min_len must be >= 0, got {min_len}")
+    if no_repeat_ngram < 0:
+        raise ValueError(f"no_repeat_ngram must be >= 0, got {no_repeat_ngram}")
+    if prefixes is not None:
+        if len(prefixes) != B:
+            raise ValueError(f"{len(prefixes)} prefixes for {B} sentences")
+        if any(t in (PAD_ID, BOS_ID, EOS_ID) for p in prefixes for t in p):
+            raise ValueError("a prefix cannot contain PAD, BOS or EOS")

@@ -90,6 +90,12 @@ class Tokenizer:
         clean = [[int(i) for i in seq if int(i) not in SPECIAL_IDS] for seq in ids]
         return self._tgt.decode(clean) if clean else []
 
+    def is_target_symbol(self, text: str) -> bool:
+        """True when `text` is one piece, never split, of the source and the target models
+        (a SentencePiece user-defined symbol, such as a placeholder or a tag)."""
+        return all(sp.piece_to_id(text) != UNK_ID and text in sp.encode(text, out_type=str)
+                   for sp in (self._src, self._tgt))
+
     def src_pieces(self, line: str) -> list[str]:
         """Source subword pieces of one line (for inspection and logs)."""
         return self._src.encode(line, out_type=str)

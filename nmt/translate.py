@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, Sequence
 
-from nmt import textio
+from nmt import protect, textio
 from nmt.config import DecodeConfig, decode_config
 from nmt.engine import Engine
 from nmt.errors import UserError
@@ -44,12 +44,20 @@ Progress = Callable[[int], None]
 @dataclass
 class Translation:
     """One output of one input line: text, score (after the length penalty), log_prob (summed
-    token log-probabilities) and finished (False: it stopped at the maximum length)."""
+    token log-probabilities), finished (False: it stopped at the maximum length), alignment
+    ((source, target) subword index pairs, with decode.alignment) and protected (with
+    decode.protect: None if the line had no protected span, else whether every span came
+    back exactly once)."""
 
     text: str
     score: float
     log_prob: float
     finished: bool = True
+    alignment: list[tuple[int, int]] | None = None
+    protected: bool | None = None
+
+    def format_alignment(self) -> str:
+        return " ".join(f"{i}-{j}" for i, j in self.alignment or [])
 
 
 EMPTY = Translation("", 0.0, 0.0, True)
@@ -172,37 +180,85 @@ def truncation_warning(n: int, max_positions: int) -> str:
             f"(model.max_positions - 1) {'were' if n != 1 else 'was'} truncated")
 
 
-def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig,
-                    on_batch: Progress | None = None) -> tuple[list[list[Translation]], int]:
-    """The core: per line `decode.nbest` Translations (best first), and the number of truncated lines."""
+def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
+                    first_line: int = 0, prefixes: Sequence[str] | None = None) -> tuple[list[list[Translation]], int]:
+    """The core: per line `decode.nbest` Translations (best first), and the number of truncated lines.
+
+    first_line: the input line number of lines[0] (sampling keys). prefixes: per line a target
+    prefix text the output must start with (may be empty).
+    """
+    spans: list[list[str]] = [[] for _ in lines]
+    if decode.protect:
+        check_protect(engine.tokenizer)
+        lines, spans = zip(*(protect.mask(line, decode.protect_pattern) for line in lines)) if lines else ((), ())
+        if prefixes is not None:
+            prefixes = [protect.mask_like(p, s, decode.protect_pattern) for p, s in zip(prefixes, spans)]
     src_ids, n_truncated = encode_sources(engine, lines)
+    prefix_ids = _encode_prefixes(engine, prefixes) if prefixes is not None else None
     results: list[list[Translation]] = [[EMPTY] * decode.nbest for _ in lines]
-    todo = [i for i, ids in enumerate(src_ids) if ids]  # lines without tokens stay ""
+    todo = [i for i, ids in enumerate(src_ids) if ids]  # lines without tokens give "" (or their prefix)
+    for i in set(range(len(lines))) - set(todo):
+        if prefixes is not None and prefixes[i]:
+            results[i] = [Translation(textio.one_line(protect.restore(prefixes[i], spans[i]).text), 0.0, 0.0, False)] \
+                * decode.nbest
     if on_batch is not None and len(todo) < len(lines):
         on_batch(len(lines) - len(todo))
-    search = lambda batch: engine.search_batch([src_ids[todo[j]] for j in batch], decode)
+
+    def search(batch: list[int]) -> list[list]:
+        rows = [todo[j] for j in batch]
+        nbests = engine.search_batch([src_ids[i] for i in rows], decode, keys=[first_line + i for i in rows],
+                                     prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None)
+        if not decode.alignment:
+            return nbests
+        pairs = [(src_ids[i], h.tokens) for i, hyps in zip(rows, nbests) for h in hyps]
+        aligned = iter(engine.align_batch([x for x, _ in pairs], [y for _, y in pairs]))
+        return [[(h, next(aligned)) for h in hyps] for hyps in nbests]
+
     detok = engine.tokenizer.decode_tgt
     for batch, nbests in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo], decode, on_batch):
-        texts = iter(detok([h.tokens for hyps in nbests for h in hyps]))
+        flat = [h if not decode.alignment else h[0] for hyps in nbests for h in hyps]
+        texts = iter(detok([h.tokens for h in flat]))
         for j, hyps in zip(batch, nbests):
-            results[todo[j]] = [Translation(textio.one_line(next(texts)), float(h.score), float(h.log_prob),
-                                            h.finished) for h in hyps]
+            i = todo[j]
+            out = []
+            for item in hyps:
+                h, align = item if decode.alignment else (item, None)
+                text, exact = next(texts), None
+                if spans[i]:
+                    restored = protect.restore(text, spans[i])
+                    text, exact = restored.text, restored.exact
+                out.append(Translation(textio.one_line(text), float(h.score), float(h.log_prob), h.finished, align,
+                                       exact))
+            results[i] = out
     return results, n_truncated
 
 
+def _encode_prefixes(engine, prefixes: Sequence[str]) -> list[list[int]]:
+    """Target ids of each prefix, at most max_positions - 2 (room for one more token)."""
+    limit = engine.max_positions - 2
+    return [ids[:limit] for ids in engine.tokenizer.encode_tgt(list(prefixes))]
+
+
+def check_protect(tokenizer) -> None:
+    """UserError unless the model knows the placeholder tokens (trained with data.protect: true)."""
+    if not all(tokenizer.is_target_symbol(p) for p in protect.PLACEHOLDERS):
+        raise UserError("--protect needs a model trained with data.protect: true (its SentencePiece model has no "
+                        "placeholder tokens <ph_0> ... <ph_15>)")
+
+
 def translate_nbest(engine, lines: Sequence[str], decode: DecodeConfig | None = None, *, progress: bool = False,
-                    warn: Warn | None = None) -> list[list[Translation]]:
+                    warn: Warn | None = None, prefixes: Sequence[str] | None = None) -> list[list[Translation]]:
     """Per input line `decode.nbest` Translations, best first (greedy when beam_size == 1).
 
     decode: default the engine's. Empty lines give `decode.nbest` copies of EMPTY. Over-long
     lines are truncated and counted in one warning passed to `warn` (default: stderr).
-    `progress` shows a tqdm bar (sentences) on stderr.
+    `progress` shows a tqdm bar (sentences) on stderr. prefixes: see translate_chunk.
     """
     from tqdm import tqdm
 
     decode = decode or engine.decode
     with tqdm(total=len(lines), disable=not progress, unit="sent", file=sys.stderr, dynamic_ncols=True) as bar:
-        results, n_truncated = translate_chunk(engine, lines, decode, bar.update)
+        results, n_truncated = translate_chunk(engine, lines, decode, bar.update, prefixes=prefixes)
     if n_truncated:
         (warn or _stderr_warn)(truncation_warning(n_truncated, engine.max_positions))
     return results
@@ -214,9 +270,26 @@ def translate_lines(engine, lines: Sequence[str], decode: DecodeConfig | None = 
     return [nbest[0].text for nbest in translate_nbest(engine, lines, decode, **kwargs)]
 
 
-def format_nbest(index: int, hyps: Sequence[Translation]) -> list[str]:
-    """n-best lines `INDEX ||| TEXT ||| SCORE` for input line `index` (0-based)."""
-    return [f"{index} ||| {h.text} ||| {h.score:.4f}" for h in hyps]
+def format_nbest(index: int, hyps: Sequence[Translation], alignment: bool = False) -> list[str]:
+    """n-best lines `INDEX ||| TEXT ||| SCORE` (`||| ALIGNMENT` added with alignment) for input line
+    `index` (0-based)."""
+    return [f"{index} ||| {h.text} ||| {h.score:.4f}" + (f" ||| {h.format_alignment()}" if alignment else "")
+            for h in hyps]
+
+
+def format_results(results: Sequence[list[Translation]], decode: DecodeConfig, first_line: int) -> str:
+    """The output lines of `nmt translate` for consecutive input lines, newline-terminated."""
+    if decode.nbest > 1:
+        return "".join(line + "\n" for k, r in enumerate(results)
+                       for line in format_nbest(first_line + k, r, decode.alignment))
+    if decode.alignment:
+        return "".join(f"{r[0].text} ||| {r[0].format_alignment()}\n" for r in results)
+    return "".join(r[0].text + "\n" for r in results)
+
+
+def protect_report(n_lines: int, n_exact: int) -> str:
+    return (f"protect: {n_exact} of {n_lines} line{'s' if n_lines != 1 else ''} with protected spans had every span "
+            f"restored exactly once ({n_lines - n_exact} dropped or duplicated a span)")
 
 
 # --------------------------------------------------------------------------- command
@@ -244,42 +317,63 @@ def load_for_command(path: str, kind: str, device: str, overrides: dict[str, Any
     """(engine, decode settings) for a command: the overrides are checked before the model loads."""
     decode_config(None, overrides, check_rules=False)  # a bad flag fails before any work
     engine = load_engine(path, kind, device, workers=overrides.get("workers"))
-    return engine, decode_config(engine.decode, overrides)
+    decode = decode_config(engine.decode, overrides)
+    if decode.alignment and engine.name != "torch":
+        raise UserError(f"--alignment is not supported by the {engine.name} engine (translate with the checkpoint "
+                        "and --engine torch)")
+    return engine, decode
 
 
 def translate_command(path: str, input: str | None, output: str | None, *, engine: str = "auto",
-                      device: str = "auto", overrides: dict[str, Any] | None = None, quiet: bool = False,
-                      stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+                      device: str = "auto", overrides: dict[str, Any] | None = None, prefix: str | None = None,
+                      quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
                       stderr: IO[str] | None = None, chunk_lines: int = CHUNK_LINES) -> int:
     """`nmt translate`: input file or stdin -> output file or stdout, with the checkpoint (or
     CTranslate2 export) at `path`. `overrides` {decode key: value} replace the model's `decode`
-    settings. A progress bar (stderr) is shown when reading a file, unless quiet; quiet also
-    silences the truncation warning. Returns 0."""
+    settings; `prefix`: a file with one target prefix per input line. A progress bar (stderr) is
+    shown when reading a file, unless quiet; quiet also silences the truncation warning and the
+    protect report. Returns 0."""
     stderr = stderr if stderr is not None else sys.stderr
     overrides = overrides or {}
-    textio.check_paths({"--input": input, "--checkpoint": path}, {"--output": output},
-                       stdin=stdin, stdout=stdout, input_dirs=("--checkpoint",))
-    eng, decode = load_for_command(path, engine, device, overrides)
+    inputs = {"--input": input, "--checkpoint": path, **({"--prefix": prefix} if prefix is not None else {})}
+    textio.check_paths(inputs, {"--output": output}, stdin=stdin, stdout=stdout, input_dirs=("--checkpoint",))
     from_file = not textio.is_stdin(input)
+    if prefix is not None and textio.is_stdin(prefix):
+        raise UserError("--prefix must be a file (standard input is the text to translate)")
+    n_prefixes = textio.count_lines(prefix) if prefix is not None else None
+    if n_prefixes is not None and from_file and n_prefixes != textio.count_lines(input):
+        raise UserError(f"line counts differ: {textio.count_lines(input)} lines in {input} but {n_prefixes} "
+                        f"prefixes in {prefix}")
+    eng, decode = load_for_command(path, engine, device, overrides)
+    if decode.protect:
+        check_protect(eng.tokenizer)
     from tqdm import tqdm
 
     total = textio.count_lines(input) if from_file and not quiet else None
     lines = textio.iter_lines(input, stdin)
+    prefix_chunks = textio.iter_lines(prefix) if prefix is not None else None
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
         chunk_lines = 1  # interactive: answer each line as it is typed
-    n_truncated, index = 0, 0
+    n_truncated, index, protected, exact = 0, 0, 0, 0
     with textio.open_output(output, stdout) as out, \
             tqdm(total=total, disable=quiet or not from_file, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         for chunk in textio.iter_chunks(lines, chunk_lines):
-            results, n = translate_chunk(eng, chunk, decode, bar.update)
+            prefixes = None
+            if prefix_chunks is not None:
+                prefixes = [line for _, line in zip(chunk, prefix_chunks)]
+                if len(prefixes) < len(chunk):
+                    raise UserError(f"{prefix} has fewer lines ({index + len(prefixes)}) than the input")
+            results, n = translate_chunk(eng, chunk, decode, bar.update, first_line=index, prefixes=prefixes)
             n_truncated += n
-            if decode.nbest == 1:
-                text = "".join(r[0].text + "\n" for r in results)
-            else:
-                text = "".join(line + "\n" for k, r in enumerate(results) for line in format_nbest(index + k, r))
-            index += len(chunk)
-            out.write(text.encode("utf-8"))
+            protected += sum(r[0].protected is not None for r in results)
+            exact += sum(bool(r[0].protected) for r in results)
+            out.write(format_results(results, decode, index).encode("utf-8"))
             out.flush()
+            index += len(chunk)
+        if prefix_chunks is not None and next(prefix_chunks, None) is not None:
+            raise UserError(f"{prefix} has more lines than the input ({index})")
     if n_truncated and not quiet:
         print(truncation_warning(n_truncated, eng.max_positions), file=stderr, flush=True)
+    if decode.protect and not quiet:
+        print(protect_report(protected, exact), file=stderr, flush=True)
     return 0

@@ -1,0 +1,102 @@
+"""Protected spans: placeholders and markup that a translation must copy, never translate.
+
+Software strings carry format specifiers and markup (`Deleted %d files`, `Hello {name}`,
+`<b>Save</b> &amp; exit`). `mask` replaces each such span by a placeholder token
+`<ph_K>` (K = 0, 1, ... in order of appearance) before SentencePiece; `restore` puts the
+spans back after decoding. A model trained with `data.protect: true` saw the same
+placeholders on both sides of its training pairs (`mask_pair`), so it learned to copy
+them; the placeholders are user-defined SentencePiece symbols (one token each).
+
+Spans (PATTERNS, tried left to right; an extra user regex is tried first):
+- printf: `%s`, `%d`, `%5.2f`, `%1$s`, `%-10s`, `%lld`, `%%`, `%@`, and `%(name)s`;
+- braces: `{0}`, `{name}`, `{0:.2f}`, `{}`, `{user.name}`;
+- markup tags: `<b>`, `</b>`, `<br/>`, `<a href="x">`;
+- character references: `&amp;`, `&#39;`, `&#x27;`.
+At most MAX_SPANS spans per line are protected; later ones stay text.
+
+`restore` never invents text: a placeholder the model produced without a matching
+source span is dropped, and a line counts as exact only if every span came back
+exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_SPANS = 16
+PLACEHOLDERS = tuple(f"<ph_{k}>" for k in range(MAX_SPANS))  # SentencePiece user-defined symbols
+
+PATTERNS = (
+    r"%\([A-Za-z_][A-Za-z0-9_]*\)[-+#0]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]",  # %(name)s
+    r"%(?:\d+\$)?[-+#0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcspn%@]",  # printf
+    r"\{[A-Za-z0-9_.\[\]]*(?:![rsa])?(?::[^{}]*)?\}",  # {0} {name} {0:.2f}
+    r"</?[A-Za-z][\w:.-]*(?:\s+[^<>]*?)?\s*/?>",  # <b> </b> <br/> <a href="..."> (also a literal <ph_0>)
+    r"&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);",  # &amp; &#39; &#x27;
+)
+_PLACEHOLDER = re.compile(r"<ph_(\d+)>")
+_cache: dict[str | None, re.Pattern] = {}
+
+
+def pattern(extra: str | None = None) -> re.Pattern:
+    """The compiled alternation of `extra` (first) and PATTERNS."""
+    if extra not in _cache:
+        _cache[extra] = re.compile("|".join(([f"(?:{extra})"] if extra else []) + [f"(?:{p})" for p in PATTERNS]))
+    return _cache[extra]
+
+
+def mask(text: str, extra: str | None = None) -> tuple[str, list[str]]:
+    """(text with each protected span replaced by <ph_K>, the spans in order)."""
+    spans: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        if len(spans) >= MAX_SPANS:
+            return m.group(0)
+        spans.append(m.group(0))
+        return PLACEHOLDERS[len(spans) - 1]
+    return pattern(extra).sub(sub, text), spans
+
+
+def mask_like(text: str, spans: list[str], extra: str | None = None) -> str:
+    """Mask `text` (a target or a prefix) with the placeholders of `spans` (its source's): a span
+    with the same text as an unused source span gets that span's placeholder; others stay text."""
+    used: set[int] = set()
+
+    def sub(m: re.Match) -> str:
+        for k, span in enumerate(spans):
+            if span == m.group(0) and k not in used:
+                used.add(k)
+                return PLACEHOLDERS[k]
+        return m.group(0)
+    return pattern(extra).sub(sub, text)
+
+
+def mask_pair(src: str, tgt: str, extra: str | None = None) -> tuple[str, str]:
+    """A training pair with the same placeholder for the same span on both sides."""
+    masked, spans = mask(src, extra)
+    return masked, mask_like(tgt, spans, extra)
+
+
+@dataclass
+class Restored:
+    text: str
+    exact: bool  # every span restored exactly once, no unknown placeholder
+
+
+def restore(text: str, spans: list[str]) -> Restored:
+    """Put the spans back into a translation of a masked line (module docstring)."""
+    counts = [0] * len(spans)
+    unknown = False
+
+    def sub(m: re.Match) -> str:
+        nonlocal unknown
+        k = int(m.group(1))
+        if k < len(spans):
+            counts[k] += 1
+            return spans[k]
+        unknown = True
+        return ""
+    out = _PLACEHOLDER.sub(sub, text)
+    if unknown:
+        out = " ".join(out.split())  # a dropped placeholder leaves no double space
+    return Restored(out, not unknown and all(c == 1 for c in counts))
