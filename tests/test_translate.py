@@ -147,9 +147,9 @@ def test_workers_give_the_sequential_results(loaded, beam, monkeypatch):
     seen = []  # (thread name, intra-op threads) of each batch
     real = engine.search_batch
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         seen.append((threading.current_thread().name, torch.get_num_threads()))
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(engine, "search_batch", spy)
     sequential = tr.translate_nbest(engine, lines, decode, warn=lambda m: None)
@@ -179,7 +179,8 @@ def test_auto_workers(loaded, monkeypatch):
     decode = decode_config(engine.decode, dict(workers=0))
     seen = []
     real = engine.search_batch
-    monkeypatch.setattr(engine, "search_batch", lambda *a: seen.append(threading.current_thread().name) or real(*a))
+    monkeypatch.setattr(engine, "search_batch",
+                        lambda *a, **k: seen.append(threading.current_thread().name) or real(*a, **k))
     before = torch.get_num_threads()
     try:
         for threads, pooled in ((1, False), (2, True)):
