@@ -315,8 +315,8 @@ def load_engine(path: str, kind: str = "auto", device: str = "auto", *, workers:
 
 def load_for_command(path: str, kind: str, device: str, overrides: dict[str, Any]):
     """(engine, decode settings) for a command: the overrides are checked before the model loads."""
-    decode_config(None, overrides, check_rules=False)  # a bad flag fails before any work
-    engine = load_engine(path, kind, device, workers=overrides.get("workers"))
+    given = decode_config(None, overrides, check_rules=False)  # a bad flag fails before any work
+    engine = load_engine(path, kind, device, workers=given.workers if overrides.get("workers") is not None else None)
     decode = decode_config(engine.decode, overrides)
     if decode.alignment and engine.name != "torch":
         raise UserError(f"--alignment is not supported by the {engine.name} engine (translate with the checkpoint "

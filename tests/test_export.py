@@ -419,6 +419,8 @@ def test_cli_export_and_translate(trained, tmp_path, capsys):
     assert len(first) == 2 and all(first)
     assert main(["translate", "-c", out, "-i", str(src), "-q", "--device", "cpu"]) == 0  # an export dir as --checkpoint
     assert capsys.readouterr().out.splitlines() == first
+    assert main(["translate", "--model", out, "-i", str(src), "-q", "--workers", "2", "--beam", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
 
 
 def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path):
