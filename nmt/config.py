@@ -172,6 +172,9 @@ class TrainConfig:
     log_every: int = _f(100, "Log training statistics every this many steps.", min=1)
     max_nan_steps: int = _f(10, "Stop with an error after this many non-finite losses in a row.", min=1)
     device: str = _f("auto", "`auto` (CUDA if available), `cpu`, `cuda`, `cuda:N`.")
+    init_from: Optional[str] = _f(None, "Start this NEW run from another run's checkpoint (fine-tuning): its weights and its tokenizer; the architecture and data.tokenizer must match it. Ignored by --resume.")
+    init_reset: list[Literal["optimizer", "schedule", "counters"]] = _f(["optimizer", "schedule", "counters"], "With init_from, what starts fresh (leave an item out to carry it over from the checkpoint): optimizer (Adam moments), schedule (the learning-rate schedule's position), counters (the step count).")
+    keep_best: int = _f(0, "Also keep the step checkpoints of the best this many validations (by `metric`), besides the last `keep_last`.", min=0)
     threads: int = _f(0, "CPU threads for torch; 0 = torch's default.", min=0)
 
 
@@ -372,6 +375,10 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
     _check_decode(dec, "decode", errors)
     if t.metric in ("bleu", "chrf") and not t.valid_bleu:
         errors.append(f"'train.metric: {t.metric}' needs 'train.valid_bleu: true' (or choose metric loss/ppl)")
+    if t.init_from is not None and check_files and not os.path.isfile(t.init_from):
+        errors.append(f"checkpoint not found: 'train.init_from': {t.init_from}")
+    if len(set(t.init_reset)) != len(t.init_reset):
+        errors.append(f"invalid value for 'train.init_reset': {t.init_reset} (an item is repeated)")
     if t.schedule in ("cosine", "linear") and t.max_steps == 0:
         errors.append(f"'train.schedule: {t.schedule}' needs 'train.max_steps' > 0 (the step where the decay ends)")
     if d.max_len + 2 > m.max_positions:

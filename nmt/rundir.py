@@ -98,16 +98,27 @@ def check_start(run_dir: str, resume: bool) -> None:
                         f"name or output_dir (or copy one of them to latest.pt and pass --resume)")
 
 
+def best_steps(history: list, k: int, higher_is_better: bool) -> set[int]:
+    """The steps of the k best validations in history [[step, value], ...] (earlier first on ties)."""
+    if k <= 0:
+        return set()
+    ranked = sorted(history, key=lambda sv: (-sv[1] if higher_is_better else sv[1], sv[0]))
+    return {int(step) for step, _ in ranked[:k]}
+
+
 def save_checkpoints(run_dir: str, payload: dict, step: int, *, improved: bool, keep_last: int,
-                     with_step: bool) -> None:
-    """latest.pt always; step_N.pt (pruned to keep_last) and best.pt as hard links of it."""
+                     with_step: bool, keep_steps: set[int] = frozenset()) -> None:
+    """latest.pt always; step_N.pt and best.pt as hard links of it. Step files are kept for the
+    last `keep_last` steps and for `keep_steps` (the best validations, train.keep_best)."""
     d = os.path.join(run_dir, "checkpoints")
     latest = os.path.join(d, "latest.pt")
     ckpt.save_checkpoint(payload, latest)
-    if with_step and keep_last > 0:
+    if with_step and (keep_last > 0 or step in keep_steps):
         ckpt.link_checkpoint(latest, os.path.join(d, f"step_{step}.pt"))
-        steps = sorted((int(m.group(1)), f) for f in os.listdir(d) if (m := STEP_FILE.match(f)))
-        for _, f in steps[:-keep_last]:
-            os.unlink(os.path.join(d, f))
+        steps = sorted(int(m.group(1)) for f in os.listdir(d) if (m := STEP_FILE.match(f)))
+        last = set(steps[-keep_last:]) if keep_last > 0 else set()
+        for n in steps:
+            if n not in last and n not in keep_steps:
+                os.unlink(os.path.join(d, f"step_{n}.pt"))
     if improved:
         ckpt.link_checkpoint(latest, os.path.join(d, "best.pt"))

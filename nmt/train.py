@@ -54,7 +54,7 @@ from torch import nn
 
 from nmt import checkpoint as ckpt
 from nmt import distributed as dist
-from nmt import rundir
+from nmt import finetune, rundir
 from nmt.config import Config, save_config, to_dict
 from nmt.data import collate, epoch_batches, load_data
 from nmt.distributed import DistEnv
@@ -86,6 +86,7 @@ class TrainState:
     elapsed: float = 0.0  # seconds trained, over all sessions
     last_valid_step: int = -1
     world_size: int = 1  # processes that shared the data (batch_offset is per rank)
+    valid_history: list = dataclasses.field(default_factory=list)  # [step, value of train.metric] per validation
 
 
 class SignalStop:
@@ -181,11 +182,18 @@ def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet
         torch.set_num_threads(threads)
 
 
-def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger, env: DistEnv):
+def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger, env: DistEnv,
+                  source: dict | None = None):
     """(tokenizer, Data): rank 0 trains/loads the tokenizer and encodes the corpora (cache
-    files) while the others wait; then they get the tokenizer from rank 0 and load the cache."""
+    files) while the others wait; then they get the tokenizer from rank 0 and load the cache.
+    The tokenizer of a resumed run is its checkpoint's, of a fine-tuning run its source's."""
     def on_main():
-        if saved is not None:
+        if source is not None:
+            tokenizer = Tokenizer.from_bytes(source["tokenizer"], threads=cfg.data.tokenizer.threads)
+            tokenizer.save(run_dir)
+            log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {source.get('step')}; "
+                     f"fresh: {', '.join(cfg.train.init_reset) or 'nothing'})")
+        elif saved is not None:
             _check_same_model(saved["config"].get("model", {}), cfg, run_dir)
             if saved["config"].get("data") != to_dict(cfg.data) or saved["config"].get("seed") != cfg.seed:
                 log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
@@ -250,7 +258,8 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
         raise UserError(f"cannot resume from {latest}: it has no training state (an averaged checkpoint?); "
                         "--resume needs a checkpoint written by nmt train (to start a new run from these "
                         "weights, set train.init_from)")
-    tokenizer, (train_data, valid_data, valid_lines) = _prepare_data(cfg, run_dir, saved, log, env)
+    source = finetune.load_source(cfg, run_dir) if t.init_from and not resume else None
+    tokenizer, (train_data, valid_data, valid_lines) = _prepare_data(cfg, run_dir, saved, log, env, source)
 
     torch.manual_seed(cfg.seed)  # parameter init (the same on every rank); dropout continues from this generator
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
@@ -265,7 +274,10 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
     if saved is not None:
         state = _restore(saved, model, optimizer, scheduler, precision, cfg, env, log)
         del saved
-    elif env.rank:
+    elif source is not None:
+        state.step = finetune.apply(source, cfg, model, optimizer, scheduler)
+        del source
+    if saved is None and env.rank:
         torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
     ddp = dist.wrap_model(env, model, device)
     fwd = torch.compile(ddp) if t.compile else ddp
@@ -281,8 +293,9 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             payload = _checkpoint_dict(model, cfg, tokenizer, optimizer, scheduler, precision,
                                        dataclasses.replace(state, elapsed=state.elapsed + time.perf_counter() - start),
                                        rngs)
+            best = rundir.best_steps(state.valid_history, t.keep_best, HIGHER_IS_BETTER[t.metric])
             rundir.save_checkpoints(run_dir, payload, state.step, improved=improved, keep_last=t.keep_last,
-                                    with_step=with_step)
+                                    keep_steps=best, with_step=with_step)
 
     last_valid: dict = {}
 
@@ -298,11 +311,12 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
                 state.best, state.bad_validations = value, 0
             else:
                 state.bad_validations += 1
+            state.valid_history.append([state.step, value])
             log.scalars("valid", metrics, state.step)
             log.info(f"valid step {state.step} | {format_stats(metrics)} | best {t.metric} {state.best:.4g}"
                      f"{' (new best)' if improved else f' ({state.bad_validations} without improvement)'}")
-            shared = (metrics, improved, state.best, state.bad_validations)
-        metrics, improved, state.best, state.bad_validations = env.broadcast(shared)
+            shared = (metrics, improved, state.best, state.bad_validations, state.valid_history)
+        metrics, improved, state.best, state.bad_validations, state.valid_history = env.broadcast(shared)
         last_valid.update(metrics)
         state.last_valid_step = state.step
         save(improved, with_step=True)

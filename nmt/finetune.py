@@ -1,0 +1,85 @@
+"""Starting a new run from another run's checkpoint: `train.init_from` (fine-tuning).
+
+A fine-tuning run is a NEW run (its own run directory, config, checkpoints) whose model
+starts from the source checkpoint's weights and whose tokenizer IS the source's (the
+vocabulary is part of the model). By default everything else starts fresh: optimizer
+moments, learning-rate schedule, step counter, epoch and data order, best score.
+`train.init_reset` lists what starts fresh; leave an item out to carry it over:
+
+- `optimizer`: Adam's moment estimates (the new config's lr, betas, eps and weight decay
+  apply all the same);
+- `schedule`: the learning-rate schedule's position (it continues from the source's step,
+  with the new config's schedule settings);
+- `counters`: the step count (max_steps, valid_every, log_every count on from the source's
+  step; epochs, the data order and the best score start fresh).
+
+Carrying any of them over needs a training checkpoint (with `train_state`); an averaged
+checkpoint (`nmt average`) holds weights only, which is all the default needs.
+
+Rules (one-line UserErrors): the source must exist and be an nmt checkpoint; its
+architecture keys must equal the new config's (dropout rates may differ), and so must
+`data.tokenizer` (except `threads`); the new run directory must not contain the source
+(a fine-tuning run never writes into its source's run directory).
+"""
+
+from __future__ import annotations
+
+import os
+
+from nmt import checkpoint as ckpt
+from nmt.config import Config, to_dict
+from nmt.errors import UserError
+
+MAY_DIFFER = frozenset({"dropout", "attention_dropout", "activation_dropout"})  # model keys fine-tuning may change
+RESETS = ("optimizer", "schedule", "counters")
+
+
+def load_source(cfg: Config, run_dir: str) -> dict:
+    """The checkpoint of train.init_from, checked against `cfg` (module docstring)."""
+    path = cfg.train.init_from
+    if not os.path.isfile(path):
+        raise UserError(f"train.init_from: checkpoint not found: {path}")
+    src_dir = os.path.realpath(os.path.dirname(path))
+    here = os.path.realpath(run_dir)
+    if src_dir == here or src_dir.startswith(here + os.sep):
+        raise UserError(f"train.init_from {path} lies inside this run's directory {run_dir}: a fine-tuning run needs "
+                        "its own run directory (choose another name or output_dir)")
+    source = ckpt.load_checkpoint(path, mmap=True)
+    saved = source["config"]
+    new = to_dict(cfg)
+    diff = [f"model.{k}" for k, v in new["model"].items() if k not in MAY_DIFFER and saved.get("model", {}).get(k) != v]
+    if diff:
+        raise UserError(f"train.init_from {path}: the architecture differs from the checkpoint's "
+                        f"({', '.join(diff)}); a fine-tuning run keeps the source's architecture "
+                        "(only dropout rates may change)")
+    mine = {k: v for k, v in new["data"]["tokenizer"].items() if k != "threads"}
+    theirs = {k: v for k, v in saved.get("data", {}).get("tokenizer", {}).items() if k != "threads"}
+    diff = [f"data.tokenizer.{k}" for k in mine if theirs.get(k) != mine[k]]
+    if diff:
+        raise UserError(f"train.init_from {path}: {', '.join(diff)} differ from the checkpoint's; a fine-tuning "
+                        "run uses its source's tokenizer: copy the source's data.tokenizer section")
+    kept = [r for r in RESETS if r not in cfg.train.init_reset]
+    if kept and "train_state" not in source:
+        raise UserError(f"train.init_from {path} has no training state (an averaged checkpoint?): it cannot carry "
+                        f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
+    return source
+
+
+def apply(source: dict, cfg: Config, model, optimizer, scheduler) -> int:
+    """Load the source's weights (and what init_reset leaves out) into the fresh run's objects;
+    returns the step count to start from (0 unless counters are carried over)."""
+    model.load_state_dict(source["model"])
+    reset, ts = cfg.train.init_reset, source.get("train_state", {})
+    if "optimizer" not in reset:
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        optimizer.load_state_dict(ts["optimizer"])
+        for group, settings in zip(optimizer.param_groups, fresh):  # the new config's hyper-parameters
+            group.update(settings)
+    if "schedule" not in reset:  # the source's position, with the new config's lr and schedule
+        base_lrs = list(scheduler.base_lrs)
+        scheduler.load_state_dict(ts["scheduler"])
+        scheduler.base_lrs = base_lrs
+        for group, base, fn in zip(optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * fn(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    return int(source.get("step", 0)) if "counters" not in reset else 0

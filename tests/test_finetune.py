@@ -1,0 +1,157 @@
+"""train.init_from (fine-tuning), train.init_reset, train.keep_best."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import sacrebleu
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt.checkpoint import unwrap
+from nmt.config import ConfigError, config_from_dict
+from nmt.engine import TorchEngine
+from nmt.errors import UserError
+from nmt.translate import translate_lines
+import nmt.train as train_mod
+from nmt.train import train
+
+sys.path.insert(0, os.path.dirname(__file__))
+from synthetic import NOUNS, make_pairs, tiny_config_dict  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SWAP = {"dog": "cat", "cat": "dog", "house": "tree", "tree": "house"}  # the shifted task: other nouns, same words
+
+
+def shifted(directory: str, n: int, seed: int, name: str) -> tuple[str, str]:
+    """A corpus of the synthetic task where four nouns translate differently."""
+    pairs = [(s, " ".join(SWAP.get(w, w) for w in t.split())) for s, t in make_pairs(n, seed)]
+    paths = []
+    for side, col in (("es", 0), ("en", 1)):
+        path = os.path.join(directory, f"{name}.{side}")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(p[col] + "\n" for p in pairs))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("base"))
+    raw = tiny_config_dict(d, max_steps=300, valid_every=150)
+    cfg = config_from_dict(raw)
+    train(cfg, quiet=True)
+    return raw, os.path.join(cfg.run_dir, "checkpoints", "latest.pt")
+
+
+def finetune_raw(base_raw: dict, source: str, directory: str, **train_kw) -> dict:
+    os.makedirs(directory, exist_ok=True)
+    raw = {**base_raw, "name": "ft", "output_dir": os.path.join(directory, "runs")}
+    train_src, train_tgt = shifted(directory, 3000, 5, "train")
+    valid_src, valid_tgt = shifted(directory, 100, 6, "valid")
+    raw["data"] = {**base_raw["data"], "train": {"src": train_src, "tgt": train_tgt},
+                   "valid": {"src": valid_src, "tgt": valid_tgt}}
+    raw["train"] = {**base_raw["train"], "init_from": source, "max_steps": 150, "valid_every": 150,
+                    "warmup_steps": 10, "lr": 1e-3, **train_kw}
+    raw["model"] = {**base_raw["model"], "dropout": 0.2}  # dropout may change
+    return raw
+
+
+def bleu(checkpoint: str, src: str, tgt: str) -> float:
+    engine = TorchEngine.load(checkpoint, "cpu")
+    hyps = translate_lines(engine, open(src).read().splitlines(), engine.decode)
+    return sacrebleu.corpus_bleu(hyps, [open(tgt).read().splitlines()]).score
+
+
+def test_finetuning_learns_the_shifted_task_and_starts_exactly_from_the_source(base, tmp_path, monkeypatch):
+    base_raw, source = base
+    raw = finetune_raw(base_raw, source, str(tmp_path))
+    test_src, test_tgt = shifted(str(tmp_path), 200, 7, "test")
+    before = bleu(source, test_src, test_tgt)
+    first = {}
+    real_step = train_mod.train_step
+
+    def spy(model, batches, *args, **kwargs):  # the first forward pass equals the source model's
+        if not first:
+            m = unwrap(model).eval()
+            ref, _, _ = ckpt.load_for_inference(source, "cpu")
+            b = batches[0]
+            with torch.no_grad():
+                first["max_diff"] = (m(b.src, b.src_mask, b.tgt_in) - ref(b.src, b.src_mask, b.tgt_in)).abs().max().item()
+            m.train()
+        return real_step(model, batches, *args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "train_step", spy)
+    result = train(config_from_dict(raw), quiet=True)
+    assert first["max_diff"] == 0.0
+    assert result["step"] == 150  # a new step counter
+    run = os.path.join(raw["output_dir"], "ft")
+    after = bleu(os.path.join(run, "checkpoints", "best.pt"), test_src, test_tgt)
+    assert before < 80 and after > 95, (before, after)
+    assert os.path.isfile(os.path.join(run, "spm.model"))  # the run directory is self-contained
+    src_tok = ckpt.load_checkpoint(source)["tokenizer"]
+    assert ckpt.load_checkpoint(os.path.join(run, "checkpoints", "latest.pt"))["tokenizer"] == src_tok
+    state = ckpt.load_checkpoint(os.path.join(run, "checkpoints", "latest.pt"))["train_state"]
+    assert state["best"] is not None and state["epoch"] >= 1
+
+
+def test_init_reset_carries_over_what_is_left_out(base, tmp_path):
+    base_raw, source = base
+    src_state = ckpt.load_checkpoint(source)["train_state"]
+    raw = finetune_raw(base_raw, source, str(tmp_path), init_reset=[], max_steps=310, valid_every=1000,
+                       valid_bleu=False, metric="loss")
+    result = train(config_from_dict(raw), quiet=True)
+    assert result["step"] == 310  # counters: 300 from the source + 10
+    saved = ckpt.load_checkpoint(os.path.join(raw["output_dir"], "ft", "checkpoints", "latest.pt"))["train_state"]
+    assert saved["scheduler"]["last_epoch"] == src_state["scheduler"]["last_epoch"] + 10
+    assert saved["optimizer"]["state"][0]["step"] == src_state["optimizer"]["state"][0]["step"] + 10
+
+
+def test_averaged_checkpoints_are_sources_and_errors_are_one_line(base, tmp_path):
+    base_raw, source = base
+    avg = str(tmp_path / "avg.pt")
+    ckpt.average_checkpoints([source, os.path.join(os.path.dirname(source), "step_150.pt")], avg)
+    raw = finetune_raw(base_raw, avg, str(tmp_path), max_steps=5, valid_bleu=False, metric="loss")
+    assert train(config_from_dict(raw), quiet=True)["step"] == 5
+    cases = [
+        (dict(init_reset=["counters"]), "no training state"),
+    ]
+    for kw, message in cases:
+        bad = finetune_raw(base_raw, avg, str(tmp_path / "x"), **kw)
+        with pytest.raises(UserError, match=message):
+            train(config_from_dict(bad), quiet=True)
+    bad = finetune_raw(base_raw, source, str(tmp_path / "arch"))
+    bad["model"] = {**bad["model"], "ffn_dim": 64, "layers": 3}
+    with pytest.raises(UserError, match=r"architecture differs.*model.layers.*model.ffn_dim|model.ffn_dim.*model.layers"):
+        train(config_from_dict(bad), quiet=True)
+    bad = finetune_raw(base_raw, source, str(tmp_path / "tok"))
+    bad["data"] = {**bad["data"], "tokenizer": {**bad["data"]["tokenizer"], "vocab_size": 100}}
+    with pytest.raises(UserError, match="data.tokenizer.vocab_size differ.*copy the source's data.tokenizer"):
+        train(config_from_dict(bad), quiet=True)
+    bad = finetune_raw(base_raw, str(tmp_path / "missing.pt"), str(tmp_path / "m"))
+    with pytest.raises(ConfigError, match="train.init_from"):
+        config_from_dict(bad)
+    inside = {**base_raw, "train": {**base_raw["train"], "init_from": source}}  # the source's own run directory
+    with pytest.raises(UserError, match="already holds checkpoints|inside this run's directory"):
+        train(config_from_dict(inside), quiet=True)
+    assert ckpt.load_checkpoint(source)["step"] == 300  # untouched
+
+
+def test_keep_best_keeps_the_best_step_checkpoints(tmp_path, monkeypatch):
+    values = iter([3.0, 1.0, 2.5, 1.5, 2.8, 2.9])  # loss: best at validations 2 and 4
+
+    def scripted(model, cfg, *args, **kwargs):
+        v = next(values)
+        return {"loss": v, "nll": v, "ppl": math.exp(v)}
+
+    monkeypatch.setattr(train_mod, "validate", scripted)
+    raw = tiny_config_dict(str(tmp_path), max_steps=12, valid_every=2, keep_last=1, keep_best=2,
+                           valid_bleu=False, metric="loss")
+    result = train(config_from_dict(raw), quiet=True)
+    names = sorted(os.listdir(os.path.join(result["run_dir"], "checkpoints")))
+    assert names == ["best.pt", "latest.pt", "step_12.pt", "step_4.pt", "step_8.pt"]
+    assert ckpt.load_checkpoint(os.path.join(result["run_dir"], "checkpoints", "best.pt"))["step"] == 4
