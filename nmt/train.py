@@ -273,12 +273,12 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
     state = TrainState(world_size=env.world_size)
     if saved is not None:
         state = _restore(saved, model, optimizer, scheduler, precision, cfg, env, log)
-        del saved
-    elif source is not None:
-        state.step = finetune.apply(source, cfg, model, optimizer, scheduler)
-        del source
-    if saved is None and env.rank:
-        torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
+    else:
+        if source is not None:
+            state.step = finetune.apply(source, cfg, model, optimizer, scheduler)
+        if env.rank:
+            torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
+    saved = source = None  # free the loaded checkpoints
     ddp = dist.wrap_model(env, model, device)
     fwd = torch.compile(ddp) if t.compile else ddp
     log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"

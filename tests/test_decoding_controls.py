@@ -178,7 +178,6 @@ def test_uniform_noise_is_uniform_and_independent():
 
 # --------------------------------------------------------------------------- through the pipeline and the CLI
 
-import io  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 

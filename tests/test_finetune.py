@@ -20,7 +20,7 @@ import nmt.train as train_mod
 from nmt.train import train
 
 sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import NOUNS, make_pairs, tiny_config_dict  # noqa: E402
+from synthetic import make_pairs, tiny_config_dict  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
