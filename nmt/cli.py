@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", "-r", required=True, metavar="FILE", help="reference translations, one per line")
     p.add_argument("--hyp", metavar="FILE", help="hypotheses to score, one per line (- = stdin)")
     _add_model_options(p, "to translate --src with, then score")
-    p.add_argument("--src", metavar="FILE", help="source sentences (with --checkpoint or --model)")
+    p.add_argument("--src", metavar="FILE", help="source sentences: translated with --checkpoint or --model; with --hyp "
+                   "only used by the degeneration report (copied sources)")
     p.add_argument("--save-hyps", metavar="FILE", help="also write the hypotheses here (written when complete)")
     p.add_argument("--metrics", "-m", nargs="+", default=["bleu", "chrf"], choices=("bleu", "chrf", "ter"), help="metrics (default: bleu chrf)")
     p.add_argument("--tokenize", metavar="{" + ",".join(TOKENIZERS) + "}",

@@ -14,8 +14,9 @@ checkpoint and then scores. Output: one human-readable line per metric,
     BLEU = 34.56 66.0/41.2/28.1/19.6 (BP = 1.000 ratio = 1.012 hyp_len = 2530 ref_len = 2500) [nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0]
     chrF2 = 58.12 [nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0]
 
-(the score, sacreBLEU's verbose details, the signature in brackets), or with
-`json_out=True` one JSON object: see `score` for its fields.
+(the score, sacreBLEU's verbose details, the signature in brackets), then one line of
+the degeneration report (nmt/degeneration.py); or with `json_out=True` one JSON object:
+see `score` for its fields.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 from typing import IO, Any, Iterable, Sequence
 
 from nmt import textio
+from nmt.degeneration import degeneration, format_report
 from nmt.errors import UserError
 
 METRICS = ("bleu", "chrf", "ter")
@@ -121,8 +123,10 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     `save_hyps` writes the hypotheses (atomically). `tokenize` / `lowercase`: sacreBLEU's options.
     Prints one line per metric, or one JSON object with `json_out`:
     `{"hyp": path, "ref": path, "n_sentences": N, "bleu": {...}, ...}` with the fields of
-    `score` (less `text`); when translating, also `src` and `checkpoint`, and `hyp` is
-    `save_hyps` (or null). Everything is checked before any work. Returns 0.
+    `score` (less `text`) and `degeneration` (nmt/degeneration.py, with the flagged line numbers);
+    when translating, also `src` and `checkpoint`, and `hyp` is `save_hyps` (or null). With
+    `hyp`, `src` is optional: the report then also counts copied sources. Everything is
+    checked before any work. Returns 0.
     """
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
@@ -142,27 +146,28 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
             raise UserError("evaluate scores one translation per line: --nbest must be 1 (use nmt translate for n-best lists)")
         inputs = {"--ref": ref, "--src": src, "--checkpoint": checkpoint}
     else:
-        if src is not None:
-            raise UserError("--src needs --checkpoint (to translate it)")
-        inputs = {"--ref": ref, "--hyp": hyp}
+        inputs = {"--ref": ref, "--hyp": hyp, **({"--src": src} if src is not None else {})}
     textio.check_paths(inputs, {"--save-hyps": save_hyps} if save_hyps else {}, stdin=stdin,
                        input_dirs=("--checkpoint",))
     refs = textio.read_lines(ref)
+    lines = textio.read_lines(src) if src is not None else None
+    if lines is not None and len(lines) != len(refs):
+        raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
+    finished = None
     if translating:
-        lines = textio.read_lines(src)
-        if len(lines) != len(refs):
-            raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
-        from nmt.translate import load_for_command, translate_lines
+        from nmt.translate import load_for_command, translate_nbest
 
         eng, decode = load_for_command(checkpoint, engine, device, {**overrides, "nbest": 1})
         warn = (lambda msg: None) if quiet else (lambda msg: print(msg, file=stderr))
-        hyps = translate_lines(eng, lines, decode, progress=not quiet, warn=warn)
+        out = [r[0] for r in translate_nbest(eng, lines, decode, progress=not quiet, warn=warn)]
+        hyps, finished = [t.text for t in out], [t.finished for t in out]
         hyp_name = f"{src} (translated by {checkpoint})"
     else:
         hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
     if len(hyps) != len(refs):
         raise UserError(f"line counts differ: {len(hyps)} lines in {hyp_name} but {len(refs)} in {ref}")
     results = score(hyps, refs, names, tokenize=tokenize, lowercase=lowercase)
+    report = degeneration(hyps, refs, lines, finished, tokenize=tokenize)
     if save_hyps:
         textio.write_lines(save_hyps, hyps)
     if json_out:
@@ -171,9 +176,11 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
             obj.update(src=src, checkpoint=checkpoint)
         for name, entry in results.items():
             obj[name] = {k: v for k, v in entry.items() if k != "text"}
+        obj["degeneration"] = report
         stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     else:
         for entry in results.values():
             stdout.write(entry["text"] + "\n")
+        stdout.write(format_report(report) + "\n")
     stdout.flush()
     return 0

@@ -39,20 +39,28 @@ def validate(model: nn.Module, cfg: Config, tokenizer: Tokenizer, valid, valid_l
 
 
 def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precision, log: RunLogger, step: int) -> dict:
+    """Greedy translations of the validation sources: BLEU, chrF, BP, length ratio and the
+    degeneration report (nmt/degeneration.py: train.log line and TensorBoard scalars)."""
+    from nmt.degeneration import degeneration, format_report, scalars
     from nmt.engine import TorchEngine
     from nmt.evaluate import score
-    from nmt.translate import translate_lines
+    from nmt.translate import translate_nbest
 
     src, ref = valid_lines
     n = cfg.train.valid_max_sentences or len(src)
     src, ref = src[:n], ref[:n]
-    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1)
+    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False)
     with precision.autocast():
-        hyps = translate_lines(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)
+        out = [r[0] for r in translate_nbest(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)]
+    hyps = [t.text for t in out]
     scores = score(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
+    report = degeneration(hyps, ref, src, [t.finished for t in out], tokenize=cfg.train.valid_tokenize)
+    log.info(f"valid step {step} | {format_report(report)}")
     k = min(cfg.train.num_samples, len(src))
     picks = sorted({i * len(src) // k for i in range(k)}) if k else []
     for j, i in enumerate(picks):
         log.info(f"sample {j + 1}/{len(picks)} (line {i + 1})\n  src: {src[i]}\n  ref: {ref[i]}\n  hyp: {hyps[i]}")
         log.text(f"valid/sample_{j + 1}", f"**src:** {src[i]}  \n**ref:** {ref[i]}  \n**hyp:** {hyps[i]}", step)
-    return {"bleu": scores["bleu"]["score"], "chrf": scores["chrf"]["score"]}
+    bleu = scores["bleu"]
+    return {"bleu": bleu["score"], "chrf": scores["chrf"]["score"], "bp": bleu["bp"], "len_ratio": bleu["ratio"],
+            **scalars(report)}

@@ -76,7 +76,7 @@ def test_evaluate_command_text_and_json(tmp_path):
     out = io.StringIO()
     assert evaluate_command(hyp, ref, stdout=out) == 0
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3 and lines[2].startswith("degeneration (7 lines; lengths against the reference): loops")
     assert lines[0].startswith(f"BLEU = {expected['BLEU']['score']:.2f} ")
     assert lines[0].endswith(f"[{expected['BLEU']['signature']}]")
     assert lines[1] == f"chrF2 = {expected['chrF2']['score']:.2f} [{expected['chrF2']['signature']}]"
