@@ -149,6 +149,8 @@ class TrainConfig:
     weight_decay: float = _f(0.0, "Weight decay (decoupled for adamw).", min=0.0)
     schedule: Literal["inverse_sqrt", "noam", "cosine", "linear", "constant"] = _f("inverse_sqrt", "Learning-rate schedule; all warm up linearly over `warmup_steps`. inverse_sqrt: lr*sqrt(warmup/step) after warmup; noam: lr*d_model^-0.5*min(step^-0.5, step*warmup^-1.5); cosine/linear: decay to `min_lr` at `max_steps`.")
     warmup_steps: int = _f(4000, "Linear warmup steps.", min=0)
+    warmup_fraction: float = _f(0.0, "If > 0: the warmup is this share of the budget (max_steps, or max_time with schedule_clock: time) instead of warmup_steps.", min=0.0, max=1.0)
+    schedule_clock: Literal["steps", "time"] = _f("steps", "What the schedule follows: optimizer steps, or `time`: the seconds trained so far out of `max_time` (cosine/linear then reach min_lr exactly when the time budget ends; not reproducible bit for bit).")
     min_lr: float = _f(0.0, "Final learning rate of the cosine/linear schedules.", min=0.0)
     label_smoothing: float = _f(0.1, "Label smoothing epsilon (PyTorch's formula: epsilon spread over all V classes).", min=0.0, max=1.0)
     clip_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0)
@@ -159,6 +161,7 @@ class TrainConfig:
     max_epochs: int = _f(0, "Stop after this many epochs; 0 = no limit.", min=0)
     max_time: float = _f(0.0, "Stop after this many seconds of wall clock; 0 = no limit.", min=0.0)
     valid_every: int = _f(1000, "Validate (and save) every this many steps; also at the end.", min=1)
+    valid_every_minutes: float = _f(0.0, "Also validate (and save) whenever this many minutes of training passed since the last validation; 0 = off.", min=0.0)
     valid_bleu: bool = _f(True, "Greedy-decode the validation set for BLEU/chrF at each validation.")
     valid_max_sentences: int = _f(0, "Decode at most this many validation sentences for BLEU; 0 = all.", min=0)
     valid_tokenize: Literal["13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none"] = _f(
@@ -379,8 +382,13 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
         errors.append(f"checkpoint not found: 'train.init_from': {t.init_from}")
     if len(set(t.init_reset)) != len(t.init_reset):
         errors.append(f"invalid value for 'train.init_reset': {t.init_reset} (an item is repeated)")
-    if t.schedule in ("cosine", "linear") and t.max_steps == 0:
-        errors.append(f"'train.schedule: {t.schedule}' needs 'train.max_steps' > 0 (the step where the decay ends)")
+    if t.schedule_clock == "time" and t.max_time == 0:
+        errors.append("'train.schedule_clock: time' needs 'train.max_time' > 0 (the budget the schedule spans)")
+    elif t.schedule in ("cosine", "linear") and t.schedule_clock == "steps" and t.max_steps == 0:
+        errors.append(f"'train.schedule: {t.schedule}' needs 'train.max_steps' > 0 (the step where the decay ends), "
+                      "or 'train.schedule_clock: time' with 'train.max_time'")
+    if t.warmup_fraction >= 1:
+        errors.append(f"invalid value for 'train.warmup_fraction': {t.warmup_fraction} (must be < 1)")
     if d.max_len + 2 > m.max_positions:
         errors.append(f"invalid value for 'data.max_len': {d.max_len} (max_len + 2 must be <= model.max_positions={m.max_positions})")
     tok = d.tokenizer

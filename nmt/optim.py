@@ -14,6 +14,13 @@ step 1 to their peak at step `warmup_steps`:
 - linear:        min_lr + (lr - min_lr) * (1 - p)
   with p = (step - warmup) / (max_steps - warmup) clamped to [0, 1].
 
+The clock (`train.schedule_clock`): `steps` (above), or `time`: the same formulas with
+"step" the seconds trained so far and max_steps replaced by train.max_time, so that
+cosine/linear reach min_lr exactly when the time budget ends (the best model a machine
+can train in N minutes). `train.warmup_fraction` > 0 gives the warmup as a share of the
+budget (max_steps or max_time) instead of warmup_steps. A time-keyed schedule depends on
+the machine's speed: runs are not reproducible bit for bit.
+
 Weight decay (only when `weight_decay > 0`): applied to matrices (dim >= 2:
 linear weights and embeddings, which double as the tied output projection),
 never to biases and norm gains (dim < 2), as in nanoGPT / GPT-2. `adamw` decays
@@ -23,6 +30,7 @@ decoupled; `adam` adds the L2 term to the gradient (PyTorch's Adam).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -30,10 +38,20 @@ from torch import nn
 from nmt.config import TrainConfig
 
 
-def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
-    """Learning rate of the `step`-th optimizer update (1-based); a pure function."""
-    step = max(step, 1)
-    lr, warmup = cfg.lr, max(cfg.warmup_steps, 1)
+def schedule_span(cfg: TrainConfig) -> tuple[float, float]:
+    """(warmup, end) of the schedule in units of its clock: steps, or seconds of train.max_time
+    with `schedule_clock: time`. warmup_fraction > 0 makes the warmup that share of the end."""
+    end = float(cfg.max_time if cfg.schedule_clock == "time" else cfg.max_steps)
+    warmup = cfg.warmup_fraction * end if cfg.warmup_fraction > 0 else float(cfg.warmup_steps)
+    return warmup, end
+
+
+def lr_at(step: float, cfg: TrainConfig, d_model: int) -> float:
+    """Learning rate at `step` of the schedule's clock: the step-th optimizer update (1-based), or
+    the seconds trained so far with `schedule_clock: time`; a pure function."""
+    warmup, end = schedule_span(cfg)
+    step = max(step, 1.0 if cfg.schedule_clock == "steps" else 1e-3)
+    lr, warmup = cfg.lr, max(warmup, 1.0 if cfg.schedule_clock == "steps" else 1e-3)
     if cfg.schedule == "noam":
         return lr * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
     if step < warmup:
@@ -42,7 +60,7 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
         return lr
     if cfg.schedule == "inverse_sqrt":
         return lr * math.sqrt(warmup / step)
-    span = max(cfg.max_steps - warmup, 1)
+    span = max(end - warmup, 1e-9)
     p = min(max((step - warmup) / span, 0.0), 1.0)
     if cfg.schedule == "cosine":
         return cfg.min_lr + (lr - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
@@ -72,8 +90,14 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
                eps=cfg.eps, **fast)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig,
-                    d_model: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """LambdaLR giving `lr_at(k)` for the k-th update; sets the lr of update 1 at once."""
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, d_model: int,
+                    clock: Callable[[], float] | None = None) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR giving `lr_at(k)` for the k-th update (sets the lr of update 1 at once); with
+    `schedule_clock: time`, `lr_at(clock())` where clock() gives the seconds trained so far (the
+    clock train.max_time is measured with), read at each update."""
     base = cfg.lr
+    if cfg.schedule_clock == "time":
+        if clock is None:
+            raise ValueError("schedule_clock 'time' needs a clock")
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(clock(), cfg, d_model) / base)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(i + 1, cfg, d_model) / base)

@@ -85,6 +85,7 @@ class TrainState:
     nan_total: int = 0  # skipped non-finite steps in total
     elapsed: float = 0.0  # seconds trained, over all sessions
     last_valid_step: int = -1
+    last_valid_time: float = 0.0  # `elapsed` at the last validation (train.valid_every_minutes)
     world_size: int = 1  # processes that shared the data (batch_offset is per rank)
     valid_history: list = dataclasses.field(default_factory=list)  # [step, value of train.metric] per validation
 
@@ -268,9 +269,11 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
 
         fast.install_for_training(model)  # numpy dropout masks (nmt/fast.py)
     optimizer = build_optimizer(model, t, device)
-    scheduler = build_scheduler(optimizer, t, cfg.model.d_model)
-    precision = setup_precision(t.precision, device)
+    now = [0.0]  # rank 0's seconds trained (over all sessions; max_time's clock) at this step, shared by its collective
+    clock = lambda: now[0]
     state = TrainState(world_size=env.world_size)
+    scheduler = build_scheduler(optimizer, t, cfg.model.d_model, clock)
+    precision = setup_precision(t.precision, device)
     if saved is not None:
         state = _restore(saved, model, optimizer, scheduler, precision, cfg, env, log)
     else:
@@ -318,7 +321,7 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             shared = (metrics, improved, state.best, state.bad_validations, state.valid_history)
         metrics, improved, state.best, state.bad_validations, state.valid_history = env.broadcast(shared)
         last_valid.update(metrics)
-        state.last_valid_step = state.step
+        state.last_valid_step, state.last_valid_time = state.step, clock()
         save(improved, with_step=True)
         log.flush()
         return t.patience > 0 and state.bad_validations >= t.patience
@@ -334,9 +337,11 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
         for i in range(0, len(batches), t.update_freq):
             dist.simulate_failure(env, state.step)
             group = [collate(train_data, b).to(device, non_blocking=True) for b in batches[i:i + t.update_freq]]
-            # one collective: the step's global token count, and rank 0's stop decision
-            local = _stop_code(t, state, state.elapsed + time.perf_counter() - start, stop) if env.is_main else (0, 0)
-            n_tokens, code, signum = env.sum_values([sum(b.n_tgt_tokens for b in group), *local], device)
+            # one collective: the step's global token count, rank 0's stop decision and clock (milliseconds)
+            elapsed = state.elapsed + time.perf_counter() - start
+            local = (*_stop_code(t, state, elapsed, stop), round(elapsed * 1000)) if env.is_main else (0, 0, 0)
+            n_tokens, code, signum, ms = env.sum_values([sum(b.n_tgt_tokens for b in group), *local], device)
+            now[0] = ms / 1000
             if code:
                 stop.announce(log.info)
                 reason = {1: f"max_steps {t.max_steps}", 2: f"max_time {t.max_time:g}s",
@@ -362,7 +367,8 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             log.progress(1)
             if state.step % t.log_every == 0:
                 meter.report(log, state, scheduler.get_last_lr()[0])
-            if state.step % t.valid_every == 0:
+            due = t.valid_every_minutes and clock() - state.last_valid_time >= 60 * t.valid_every_minutes
+            if state.step % t.valid_every == 0 or due:
                 t_valid = time.perf_counter()
                 stop_early = run_validation()
                 meter.t0 += time.perf_counter() - t_valid  # tokens/s counts training time only

@@ -86,3 +86,31 @@ def test_adamw_step_matches_reference_and_is_fused_on_cpu():
     # first Adam step: m/(sqrt(v)+eps) = sign(g) after bias correction; decoupled decay on the weight only
     torch.testing.assert_close(lin.weight.detach(), w0 * (1 - 0.1 * 0.5) - 0.1)
     torch.testing.assert_close(lin.bias.detach(), b0 + 0.1)
+
+
+# --------------------------------------------------------------------------- time-keyed schedules
+
+def test_time_clock_cosine_reaches_min_lr_at_the_budget_end():
+    cfg = TrainConfig(lr=1e-3, schedule="cosine", schedule_clock="time", max_time=600.0, warmup_fraction=0.1,
+                      min_lr=1e-5)
+    assert lr_at(30.0, cfg, 512) == pytest.approx(1e-3 * 30 / 60)  # warmup: 10% of 600 s
+    assert lr_at(60.0, cfg, 512) == pytest.approx(1e-3)
+    assert lr_at(330.0, cfg, 512) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)  # half way through the decay
+    assert lr_at(600.0, cfg, 512) == pytest.approx(1e-5) and lr_at(900.0, cfg, 512) == pytest.approx(1e-5)
+    lin = TrainConfig(lr=1e-3, schedule="linear", max_steps=100, warmup_fraction=0.2)  # steps clock, fractional warmup
+    assert lr_at(10, lin, 512) == pytest.approx(0.5e-3) and lr_at(60, lin, 512) == pytest.approx(0.5e-3)
+
+
+def test_time_clock_scheduler_reads_the_clock_at_each_update():
+    cfg = TrainConfig(lr=1e-3, schedule="linear", schedule_clock="time", max_time=100.0, warmup_fraction=0.0,
+                      warmup_steps=0, min_lr=0.0)
+    now = [0.0]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    sched = build_scheduler(opt, cfg, 512, lambda: now[0])
+    for t, want in ((25.0, 0.75e-3), (50.0, 0.5e-3), (100.0, 0.0)):
+        now[0] = t
+        opt.step()
+        sched.step()
+        assert opt.param_groups[0]["lr"] == pytest.approx(want, abs=1e-8)
+    with pytest.raises(ValueError, match="clock"):
+        build_scheduler(opt, cfg, 512)

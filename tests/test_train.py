@@ -2,6 +2,7 @@
 synthetic task, resume equivalence, signals, TensorBoard output."""
 
 import math
+import re
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, ModelConfig, config_from_dict, load_config, replace
+from nmt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config, replace
 from nmt.data import collate
 from nmt.engine import TorchEngine
 from nmt.errors import UserError
@@ -312,3 +313,21 @@ def test_max_epochs_and_max_time(tmp_path):
     assert result["step"] == sum(per_epoch) and result["epoch"] == 3 and result["reason"] == "max_epochs 2"
     timed = train(_small(tmp_path, "timed", max_time=1e-6), quiet=True)
     assert timed["step"] == 0 and timed["reason"].startswith("max_time")
+
+
+def test_time_keyed_schedule_and_validation_every_minutes(tmp_path):
+    """schedule_clock time: the lr warms up over 20% of max_time then decays to min_lr as the budget
+    runs out; valid_every_minutes validates on the clock, not on the step count."""
+    cfg = _small(tmp_path, "timed_cosine", max_steps=0, max_time=4.0, schedule="cosine", schedule_clock="time",
+                 warmup_fraction=0.2, min_lr=1e-6, lr=1e-3, log_every=1, valid_every=100_000,
+                 valid_every_minutes=0.01)
+    result = train(cfg, quiet=True)
+    assert result["reason"].startswith("max_time")
+    log = open(os.path.join(result["run_dir"], "train.log")).read()
+    lrs = [float(x) for x in re.findall(r"\| lr ([0-9.e+-]+) \|", log)]
+    peak = lrs.index(max(lrs))
+    assert max(lrs) > 5e-4 and lrs[-1] < 0.2 * max(lrs)  # warmed up, then decayed with the clock
+    assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1:]))
+    assert log.count("valid step") >= 3  # every 0.6 s of training, and at the end
+    with pytest.raises(ConfigError, match="schedule_clock: time' needs 'train.max_time'"):
+        _small(tmp_path, "bad", schedule_clock="time")
