@@ -10,7 +10,7 @@ temporary directory; its outputs are meaningless, so every sentence then decodes
 
 Each engine translates the same lines text-to-text (SentencePiece encoding, search, decoding)
 with the same search settings (beam, length limits, batches of --batch-tokens padded source
-tokens): nmt through nmt.translate.translate_nbest, CTranslate2 through nmt.ct2.Ct2Translator
+tokens): both through nmt.translate.translate_lines, with nmt.engine.TorchEngine and nmt.ct2.Ct2Engine
 (float32: `nmt export`; int8: `nmt export --quantization int8`). Threads: torch.set_num_threads
 and CTranslate2's intra_threads. Every timed run is a fresh process (this script with --worker)
 that loads its engine, warms up on 8 lines and times the rest: torch's and CTranslate2's OpenMP

@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from nmt import fast as runtime
+from nmt import fast
 from nmt.config import ModelConfig
 from nmt.fast import FAST_OPS, NumpyDropout, blocked_argmax, blocked_topk, install_for_training
 from nmt.model import Transformer
@@ -39,7 +39,7 @@ def tiny_pair(seed: int = 0):
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     packed = copy.deepcopy(model)
-    return model, packed, runtime.pack_linear_weights(packed, min_weight=0)  # every layer, however small
+    return model, packed, fast.pack_linear_weights(packed, min_weight=0)  # every layer, however small
 
 
 def batch(seed: int = 1):
@@ -63,7 +63,7 @@ def test_packs_every_linear_and_keeps_the_state_dict():
 @needs_onednn
 def test_small_layers_keep_f_linear():
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 1024)).eval()
-    assert runtime.pack_linear_weights(model) == 1
+    assert fast.pack_linear_weights(model) == 1
     assert not hasattr(model[0], "_packed_weight") and hasattr(model[1], "_packed_weight")
 
 
@@ -71,7 +71,7 @@ def test_small_layers_keep_f_linear():
 def test_packed_linear_matches_f_linear_for_few_and_many_rows():
     lin = torch.nn.Linear(24, 40).eval()
     ref = copy.deepcopy(lin)
-    runtime.pack_linear_weights(lin, max_rows=16, min_weight=0)
+    fast.pack_linear_weights(lin, max_rows=16, min_weight=0)
     with torch.inference_mode():
         for shape in [(24,), (1, 24), (7, 24), (3, 5, 24), (16, 24), (17, 24), (0, 24)]:  # packed up to 16 rows, then F.linear
             x = torch.randn(*shape)
@@ -110,7 +110,7 @@ def test_training_mode_bypasses_the_packed_weights():
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("NMT_CPU_TUNING", "0")
-    assert not runtime.enabled()
+    assert not fast.enabled()
     _, packed, n = tiny_pair()
     assert n == 0 and not any(hasattr(m, "_packed_weight") for m in packed.modules())
 
