@@ -153,7 +153,8 @@ class TorchEngine:
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
                      prefixes: Sequence[list[int]] | None = None) -> list[list]:
-        from nmt.search import beam_search, greedy_search, sample_search
+        from nmt.sampling import sample_search
+        from nmt.search import beam_search, greedy_search
 
         src, src_mask = self._source(src_ids)
         kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,

@@ -9,7 +9,7 @@ the batch as soon as it is finished, so the work shrinks as decoding goes on.
 Shapes: B sentences, S source length, K beam, V target vocabulary,
 N active sentences, t the current step (1-based).
 
-Conventions (shared by all searches; `_Rules` applies them at every step):
+Conventions (shared by all searches; `StepRules` applies them at every step):
 - Step t generates token t. PAD and BOS are never generated (log-prob -inf);
   EOS is forbidden while t <= min_len, so an output has >= min_len tokens.
 - A target prefix (per sentence, optional) is forced: at steps t <= len(prefix) only
@@ -28,10 +28,7 @@ Conventions (shared by all searches; `_Rules` applies them at every step):
   vocabulary, not renormalised after masking or by a temperature);
   `score = log_prob / lp(length)`. Greedy search and sampling apply no length
   penalty: their `score == log_prob`.
-- Sampling draws each token by the Gumbel-max trick with noise that is a hash of
-  (seed, sentence key, sample number, step, token): a sentence's samples depend
-  only on the seed and its key (the pipeline uses the input line number), not on
-  batching, workers or other sentences.
+Sampling (`sample_search`) lives in nmt/sampling.py and uses the same step loop.
 """
 
 from __future__ import annotations
@@ -156,7 +153,7 @@ def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: in
     return cls(model, memory, src_mask, max(limits), ops), max_lens
 
 
-class _Rules:
+class StepRules:
     """What may be generated at each step (module docstring): PAD/BOS never, EOS not before
     min_len, the forced prefix, no repeated N-gram. Rows are mapped to their sentence by `sent`."""
 
@@ -217,7 +214,7 @@ def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
         logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
 
 
-# --------------------------------------------------------------------------- greedy and sampling
+# --------------------------------------------------------------------------- greedy
 
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
@@ -225,55 +222,14 @@ def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max
                   use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
-    _check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
-    out = _token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b,
-                          _Rules(src.shape[0], src.device, min_len, no_repeat_ngram, prefixes), prefixes, use_cache, ops)
+    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
+    out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b,
+                          StepRules(src.shape[0], src.device, min_len, no_repeat_ngram, prefixes), prefixes, use_cache, ops)
     return [hyps[0] for hyps in out]
 
 
-@torch.inference_mode()
-def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sampling: str = "topk", topk: int = 10,
-                  topp: float = 0.9, temperature: float = 1.0, seed: int = 1, keys: Sequence[int] | None = None,
-                  max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
-                  prefixes: Sequence[list[int]] | None = None, use_cache: bool = True,
-                  ops: SearchOps = PLAIN_OPS) -> list[list[Hypothesis]]:
-    """`samples` independent samples per sentence, best log_prob first (score == log_prob).
-
-    Each step draws from the model's distribution divided by `temperature` and cut to its
-    `topk` most probable tokens (sampling "topk") or to the smallest set of tokens whose
-    probability reaches `topp` (sampling "topp", nucleus sampling), after the step rules.
-    keys [B]: one integer per sentence (default 0..B-1); with the seed they fix its samples.
-    """
-    _check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
-    if sampling not in SAMPLING:
-        raise ValueError(f"unknown sampling {sampling!r} (expected one of {', '.join(SAMPLING)})")
-    if samples < 1 or topk < 1 or not 0.0 < topp <= 1.0 or not temperature > 0.0:
-        raise ValueError(f"need samples >= 1, topk >= 1, 0 < topp <= 1, temperature > 0; got {samples}, {topk}, "
-                         f"{topp}, {temperature}")
-    B = src.shape[0]
-    keys = list(range(B)) if keys is None else list(keys)
-    row_keys = torch.tensor([_row_key(seed, key, k) for key in keys for k in range(samples)], dtype=torch.long,
-                            device=src.device)  # [B*samples]
-
-    def choose(logp: Tensor, t: int, rows: Tensor) -> Tensor:
-        x = logp / temperature
-        if sampling == "topk" and topk < x.shape[1]:
-            kth = x.topk(topk, dim=1).values[:, -1:]  # [R,1]
-            x = x.masked_fill(x < kth, NEG_INF)
-        elif sampling == "topp":
-            probs, order = F.softmax(x, dim=1).sort(dim=1, descending=True)
-            drop = (probs.cumsum(dim=1) - probs) >= topp  # tokens after the nucleus is full
-            x = x.masked_fill(torch.zeros_like(drop).scatter_(1, order, drop), NEG_INF)
-        gumbel = -torch.log(-torch.log(uniform_noise(row_keys.index_select(0, rows), t, x.shape[1])))
-        return (x + gumbel.float()).argmax(dim=1)
-
-    out = _token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b,
-                          _Rules(B, src.device, min_len, no_repeat_ngram, prefixes), prefixes, use_cache, ops)
-    return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
-
-
-def _token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: int, max_len_a: float,
-                    max_len_b: int, rules: _Rules, prefixes, use_cache: bool, ops: SearchOps) -> list[list[Hypothesis]]:
+def token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: int, max_len_a: float,
+                    max_len_b: int, rules: StepRules, prefixes, use_cache: bool, ops: SearchOps) -> list[list[Hypothesis]]:
     """One token per row per step: the best one (choose None) or choose(logp, t, rows) -> tokens.
     per_sentence rows per sentence (samples). Finished rows leave the batch. -> per sentence its rows'
     hypotheses, in row order."""
@@ -316,43 +272,6 @@ def _token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: 
     return out  # type: ignore[return-value]
 
 
-# --------------------------------------------------------------------------- sampling noise
-
-_M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's constants
-
-
-def _i64(x: int) -> int:
-    """An unsigned 64-bit value as the int64 with the same bits."""
-    x &= (1 << 64) - 1
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-def _shr(x: Tensor, s: int) -> Tensor:
-    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(x: Tensor) -> Tensor:
-    """splitmix64's finaliser on int64 tensors (multiplication wraps modulo 2^64)."""
-    x = (x ^ _shr(x, 30)) * _i64(_M2)
-    x = (x ^ _shr(x, 27)) * _i64(_M3)
-    return x ^ _shr(x, 31)
-
-
-def _row_key(seed: int, key: int, sample: int) -> int:
-    """A 64-bit key per (seed, sentence key, sample number), mixed so that neighbours differ everywhere."""
-    x = torch.tensor([_i64(seed * _M1 + key)], dtype=torch.long)
-    x = _mix(_mix(x) + _i64((sample + 1) * _M1))
-    return int(x)
-
-
-def uniform_noise(row_keys: Tensor, t: int, V: int) -> Tensor:
-    """[R, V] float64 in (0, 1): a hash of (row key, step t, token), uniform to 2^-53."""
-    counter = (t * V + torch.arange(V, device=row_keys.device)) * _i64(_M1)  # [V]
-    x = _mix(row_keys[:, None] + counter[None, :])  # [R, V]
-    return (_shr(x, 11).double() + 0.5) * 2.0 ** -53
-
-
 # --------------------------------------------------------------------------- beam
 
 @torch.inference_mode()
@@ -372,13 +291,13 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     finished hypothesis, which is wrong with a length penalty). Early stop: see `_stopped`.
     """
     _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type)
-    _check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
+    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
     alpha, kind, K = length_penalty, length_penalty_type, beam_size
     if src.shape[0] == 0:
         return []
     decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
-    rules = _Rules(B, device, min_len, no_repeat_ngram, prefixes)
+    rules = StepRules(B, device, min_len, no_repeat_ngram, prefixes)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty
@@ -467,7 +386,7 @@ def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str) -> Non
         raise ValueError(f"length_penalty must be >= 0, got {alpha}")
 
 
-def _check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int) -> None:
+def check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int) -> None:
     """The search boundary's guard for the settings every search takes."""
     if min_len < 0:
         raise ValueError(f"min_len must be >= 0, got {min_len}")

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.search import beam_search, greedy_search, sample_search, uniform_noise
+from nmt.sampling import sample_search, uniform_noise
+from nmt.search import beam_search, greedy_search
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 sys.path.insert(0, os.path.dirname(__file__))
