@@ -199,36 +199,37 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     todo = [i for i, ids in enumerate(src_ids) if ids]  # lines without tokens give "" (or their prefix)
     for i in set(range(len(lines))) - set(todo):
         if prefixes is not None and prefixes[i]:
-            results[i] = [Translation(textio.one_line(protect.restore(prefixes[i], spans[i]).text), 0.0, 0.0, False)] \
+            results[i] = [Translation(textio.one_line(protect.restore(prefixes[i], spans[i]).text), 0.0, 0.0)] \
                 * decode.nbest
     if on_batch is not None and len(todo) < len(lines):
         on_batch(len(lines) - len(todo))
 
-    def search(batch: list[int]) -> list[list]:
+    def search(batch: list[int]) -> tuple[list[list], list | None]:
+        """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
         nbests = engine.search_batch([src_ids[i] for i in rows], decode, keys=[first_line + i for i in rows],
                                      prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None)
         if not decode.alignment:
-            return nbests
+            return nbests, None
         pairs = [(src_ids[i], h.tokens) for i, hyps in zip(rows, nbests) for h in hyps]
-        aligned = iter(engine.align_batch([x for x, _ in pairs], [y for _, y in pairs]))
-        return [[(h, next(aligned)) for h in hyps] for hyps in nbests]
+        return nbests, engine.align_batch([x for x, _ in pairs], [y for _, y in pairs])
 
-    detok = engine.tokenizer.decode_tgt
-    for batch, nbests in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo], decode, on_batch):
-        flat = [h if not decode.alignment else h[0] for hyps in nbests for h in hyps]
-        texts = iter(detok([h.tokens for h in flat]))
+    for batch, (nbests, alignments) in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo], decode,
+                                                  on_batch):
+        flat = [h for hyps in nbests for h in hyps]
+        texts = engine.tokenizer.decode_tgt([h.tokens for h in flat])
+        alignments = alignments or [None] * len(flat)
+        k = 0
         for j, hyps in zip(batch, nbests):
-            i = todo[j]
-            out = []
-            for item in hyps:
-                h, align = item if decode.alignment else (item, None)
-                text, exact = next(texts), None
+            i, out = todo[j], []
+            for h in hyps:
+                text, exact = texts[k], None
                 if spans[i]:
                     restored = protect.restore(text, spans[i])
                     text, exact = restored.text, restored.exact
-                out.append(Translation(textio.one_line(text), float(h.score), float(h.log_prob), h.finished, align,
-                                       exact))
+                out.append(Translation(textio.one_line(text), float(h.score), float(h.log_prob), h.finished,
+                                       alignments[k], exact))
+                k += 1
             results[i] = out
     return results, n_truncated
 
