@@ -191,8 +191,8 @@ def batch_indices(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int,
     efficiency (lognormal lengths, 20k-31k pairs, budget 4096): 0.95-0.97,
     vs 0.91-0.96 for sorting by (S, T). Every pair appears in exactly one batch.
     """
-    s = np.asarray(src_lens, np.int64) + 1
-    t = np.asarray(tgt_lens, np.int64) + 1
+    s = np.add(src_lens, 1, dtype=np.int32)  # [N] S per pair; int32 halves the memory of these [N] arrays
+    t = np.add(tgt_lens, 1, dtype=np.int32)  # [N] T per pair
     m = np.maximum(s, t)
     shape = np.where(m % 2 == 0, s - t, t - s)
     rng = np.random.default_rng([seed, epoch])

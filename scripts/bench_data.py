@@ -33,6 +33,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -167,6 +168,9 @@ def child_prepare(config: str, out: str) -> None:
 
 def child_steps(config: str, steps: int, out: str) -> None:
     """Mean time of `steps` training steps (collate + train_step) after 2 untimed ones, on the cached data."""
+    from nmt.runtime import tune_malloc
+
+    tune_malloc()  # as `nmt train` does
     import torch
 
     from nmt.config import load_config
@@ -205,10 +209,13 @@ def child_steps(config: str, steps: int, out: str) -> None:
 
 
 def measured(cmd: list[str], env: dict, log: str) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in GiB, exit code) of one child command; its output goes to `log`."""
+    """(wall seconds, peak RSS in GiB, exit code) of one child command; its output goes to `log`.
+
+    The child runs in the code's directory: `python -m nmt` puts the working directory first
+    on sys.path, so that is the `nmt` it runs."""
     with open(log, "w") as f:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=env["PYTHONPATH"])
         _, status, usage = os.wait4(proc.pid, 0)  # this child's rusage (Linux: ru_maxrss in KiB)
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -225,7 +232,8 @@ def main() -> int:
     ap.add_argument("--max-sentences", type=int, default=1_000_000, help="data.tokenizer.max_sentences")
     ap.add_argument("--vocab-size", type=int, default=8000)
     ap.add_argument("--steps", type=int, default=10, help="timed training steps")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["first_step", "steps"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["prepare", "first_step", "steps"],
+                    help="phases to leave out (prepare: reuse the run directory a previous call prepared)")
     ap.add_argument("--json", metavar="OUT")
     if sys.argv[1:2] == ["--child"]:  # a measured child: --child prepare CONFIG OUT | steps CONFIG N OUT
         kind, *rest = sys.argv[2:]
@@ -234,29 +242,34 @@ def main() -> int:
     args = ap.parse_args()
 
     code = os.path.abspath(args.code)
+    args.dir = os.path.abspath(args.dir)
     name = args.name or f"bench-{os.path.basename(code.rstrip('/'))}"
     gen = generate(args.dir, args.pairs, args.gzip)
     print(f"corpus: {gen['pairs']:,} pairs, {sum(gen['bytes'].values()) / 1e6:,.0f} MB "
           f"({'gzip' if gen['gzip'] else 'plain'}), generated in {gen['seconds']:.0f} s", flush=True)
     config = write_config(args.dir, name, args.gzip, args.max_sentences, args.vocab_size)
     run_dir = os.path.join(args.dir, "runs", name)
-    subprocess.run(["rm", "-rf", run_dir], check=True)
     env = dict(os.environ, PYTHONPATH=code, OMP_NUM_THREADS="2")
     me = [sys.executable, os.path.abspath(__file__), "--child"]
     result: dict = {"pairs": args.pairs, "code": code, "corpus": gen, "max_sentences": args.max_sentences}
 
     out = os.path.join(args.dir, f"{name}.prepare.json")
-    wall, rss, rc = measured(me + ["prepare", config, out], env, os.path.join(args.dir, f"{name}.prepare.log"))
-    if rc:
-        print(f"prepare failed (exit {rc}): see {args.dir}/{name}.prepare.log", file=sys.stderr)
-        return 1
-    with open(out) as f:
-        result["prepare"] = {**json.load(f), "wall_s": wall, "peak_rss_gib": rss}
-    p = result["prepare"]
-    print(f"prepare: {p['prepare_s']:.1f} s (tokenizer {p['tokenizer_s']:.1f} s, of which SentencePiece training "
-          f"{p['spm_train_s']:.1f} s; encode+filter+cache {p['encode_s']:.1f} s, of which SentencePiece encoding "
-          f"{p['spm_encode_s']:.1f} s), peak RSS {rss:.2f} GiB, {p['kept']:,} pairs kept, "
-          f"cache {p['cache_bytes'] / 1e6:,.0f} MB", flush=True)
+    if "prepare" not in args.skip:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        wall, rss, rc = measured(me + ["prepare", config, out], env, os.path.join(args.dir, f"{name}.prepare.log"))
+        if rc:
+            print(f"prepare failed (exit {rc}): see {args.dir}/{name}.prepare.log", file=sys.stderr)
+            return 1
+        with open(out) as f:
+            result["prepare"] = {**json.load(f), "wall_s": wall, "peak_rss_gib": rss}
+    else:
+        shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # a second run without a checkpoint
+    if "prepare" in result:
+        p = result["prepare"]
+            print(f"prepare: {p['prepare_s']:.1f} s (tokenizer {p['tokenizer_s']:.1f} s, of which SentencePiece training "
+              f"{p['spm_train_s']:.1f} s; encode+filter+cache {p['encode_s']:.1f} s, of which SentencePiece encoding "
+              f"{p['spm_encode_s']:.1f} s), peak RSS {p['peak_rss_gib']:.2f} GiB, {p['kept']:,} pairs kept, "
+              f"cache {p['cache_bytes'] / 1e6:,.0f} MB", flush=True)
 
     if "first_step" not in args.skip:
         cmd = [sys.executable, "-m", "nmt", "train", "--config", config, "--set", "train.max_steps=1"]
