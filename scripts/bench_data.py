@@ -266,7 +266,7 @@ def main() -> int:
         shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # a second run without a checkpoint
     if "prepare" in result:
         p = result["prepare"]
-            print(f"prepare: {p['prepare_s']:.1f} s (tokenizer {p['tokenizer_s']:.1f} s, of which SentencePiece training "
+        print(f"prepare: {p['prepare_s']:.1f} s (tokenizer {p['tokenizer_s']:.1f} s, of which SentencePiece training "
               f"{p['spm_train_s']:.1f} s; encode+filter+cache {p['encode_s']:.1f} s, of which SentencePiece encoding "
               f"{p['spm_encode_s']:.1f} s), peak RSS {p['peak_rss_gib']:.2f} GiB, {p['kept']:,} pairs kept, "
               f"cache {p['cache_bytes'] / 1e6:,.0f} MB", flush=True)
