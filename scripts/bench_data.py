@@ -21,7 +21,9 @@
    i.e. Python + torch start-up, tokenizer reuse, mapping the cache, the first epoch's batches
    (sorting every pair), one step, one validation on 200 pairs (loss only) and a checkpoint.
 4. step time (child): after loading the prepared data, `--steps` training steps timed
-   (collate + forward/backward/update, as in the training loop) after 2 untimed ones.
+   (collate + forward/backward/update, as in the training loop) after 2 untimed ones, and
+   `collate` alone over the epoch's first 200 batches: the data part of a step, the only part
+   that could depend on the corpus size (the model's part is noisy on a shared machine).
 
 `--code DIR` runs the children with another checkout's `nmt` (PYTHONPATH=DIR), e.g. the code
 before issue 17, for a same-run before/after; its run directory is DIR-specific (`runs/<name>`).
@@ -203,7 +205,12 @@ def child_steps(config: str, steps: int, out: str) -> None:
         train_step(model, [batch], optimizer, scheduler, precision, label_smoothing=t.label_smoothing,
                    clip_norm=t.clip_norm)
         times.append(time.perf_counter() - t_start)
-    res = {"load_cached_s": t1 - t0, "epoch_batches_s": t2 - t1, "step_s": sum(times[2:]) / steps}
+    t_start = time.perf_counter()
+    for b in batches[:200]:  # the data part of a step alone: the model's part cannot depend on the corpus size
+        collate(data.train, b)
+    collate_s = (time.perf_counter() - t_start) / len(batches[:200])
+    res = {"load_cached_s": t1 - t0, "epoch_batches_s": t2 - t1, "step_s": sum(times[2:]) / steps,
+           "collate_s": collate_s}
     with open(out, "w") as f:
         json.dump(res, f)
 
@@ -285,9 +292,9 @@ def main() -> int:
             with open(out) as f:
                 result["steps"] = {**json.load(f), "peak_rss_gib": rss}
             s = result["steps"]
-            print(f"training step (collate + step, mean of {args.steps}): {s['step_s'] * 1000:.0f} ms; "
-                  f"loading the cached corpus {s['load_cached_s']:.2f} s, one epoch's batches "
-                  f"{s['epoch_batches_s']:.2f} s", flush=True)
+            print(f"training step (collate + step, mean of {args.steps}): {s['step_s'] * 1000:.0f} ms, of which "
+                  f"collate (mean of 200 batches) {s['collate_s'] * 1000:.2f} ms; loading the cached corpus "
+                  f"{s['load_cached_s']:.2f} s, one epoch's batches {s['epoch_batches_s']:.2f} s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
