@@ -449,18 +449,44 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), parsed
 
 
+_INDEXED = re.compile(r"(.+)\[(\d+)\]")
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `KEY=VALUE` overrides to a copy of raw; `data.train[1].weight=0.5` indexes a list of corpora."""
     raw = _deepcopy(raw)
     for text in overrides:
         path, value = parse_override(text)
         node = raw
-        for part in path[:-1]:
+        for depth, part in enumerate(path):
+            indexed = _INDEXED.fullmatch(part)
+            name = indexed.group(1) if indexed else part
+            last = depth == len(path) - 1
+            if indexed:
+                items = node.get(name)
+                i = int(indexed.group(2))
+                if not isinstance(items, list) or i >= len(items):
+                    size = len(items) if isinstance(items, list) else 0
+                    raise ConfigError(f"invalid override {text!r}: '{'.'.join(path[:depth] + [name])}' has no item {i} "
+                                      f"(it is {'a list of ' + str(size) if isinstance(items, list) else 'not a list'})")
+                if last:
+                    items[i] = value
+                    break
+                if not isinstance(items[i], dict):
+                    items[i] = {}
+                node = items[i]
+                continue
+            if last:
+                node[part] = value
+                break
             child = node.get(part)
+            if isinstance(child, list):
+                raise ConfigError(f"invalid override {text!r}: '{'.'.join(path[:depth + 1])}' is a list; "
+                                  f"name an item, e.g. {'.'.join(path[:depth] + [part + '[0]'] + path[depth + 1:])}=...")
             if not isinstance(child, dict):
                 child = {}
                 node[part] = child
             node = child
-        node[path[-1]] = value
     return raw
 
 

@@ -142,6 +142,15 @@ def test_several_training_corpora(files):
     assert single.data.train_corpora == (single.data.train,) and single.data.train_key(0) == "data.train"
     assert "weight: 1.0" in dump_config(single)  # a single mapping stays a mapping
     assert "- src:" not in dump_config(single)
+    path = write(files, raw, "two.yaml")
+    over = load_config(path, ["data.train[1].weight=3", "data.train[0].src_tag=<R>"])
+    assert [(c.weight, c.src_tag) for c in over.data.train] == [(1.0, "<R>"), (3.0, "<BT>")]
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["data.train.weight=3"])
+    assert e.value.errors == ["invalid override 'data.train.weight=3': 'data.train' is a list; name an item, "
+                              "e.g. data.train[0].weight=..."]
+    with pytest.raises(ConfigError, match=r"'data.train' has no item 2 \(it is a list of 2\)"):
+        load_config(path, ["data.train[2].weight=3"])
 
 
 @pytest.mark.parametrize("train,valid,expected", [
