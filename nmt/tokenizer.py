@@ -119,23 +119,22 @@ class Tokenizer:
     def save(self, run_dir: str, settings: dict | None = None) -> None:
         """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, then `settings` as spm.json.
 
-        Each file is written to a temporary name and renamed. spm.json goes
-        first away and last in, so a model is never described by older
-        settings; the other layout's model files are removed.
+        Each file is written to a temporary name and renamed. spm.json and the
+        other layout's model files are removed first and spm.json is written
+        last, so a model is never described by older settings.
         """
         os.makedirs(run_dir, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(run_dir, SETTINGS_FILE))
         files = [(JOINT_FILE, self._src_proto)] if self.joint else \
             [(SRC_FILE, self._src_proto), (TGT_FILE, self._tgt_proto)]
+        stale = [SETTINGS_FILE] + sorted({JOINT_FILE, SRC_FILE, TGT_FILE} - {name for name, _ in files})
+        for name in stale:  # first: the settings, and the other layout's models (load prefers spm.model)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(run_dir, name))
         for name, data in files + ([(SETTINGS_FILE, json.dumps(settings, indent=1).encode())] if settings else []):
             path = os.path.join(run_dir, name)
             with open(path + ".tmp", "wb") as f:
                 f.write(data)
             os.replace(path + ".tmp", path)
-        for name in {JOINT_FILE, SRC_FILE, TGT_FILE} - {name for name, _ in files}:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(run_dir, name))
 
     @classmethod
     def load(cls, run_dir: str, *, threads: int = 1) -> "Tokenizer | None":
