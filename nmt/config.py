@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -35,9 +36,10 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any, help: str, *, min: float | None = None, max: float | None = None,
-       exclusive_min: bool = False) -> Any:
-    """A dataclass field with help text and an optional numeric range."""
-    meta = {"help": help, "min": min, "max": max, "exclusive_min": exclusive_min}
+       exclusive_min: bool = False, train_only: bool = False) -> Any:
+    """A dataclass field with help text and an optional numeric range (`train_only`: documented under
+    `data.train` only)."""
+    meta = {"help": help, "min": min, "max": max, "exclusive_min": exclusive_min, "train_only": train_only}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -73,6 +75,8 @@ class CorpusConfig:
     src_field: Optional[str] = _f(None, "Column holding the source sentence; default `translation[src_lang]`. A dotted path like `translation.de` also works.")
     tgt_field: Optional[str] = _f(None, "Column holding the target sentence; default `translation[tgt_lang]`.")
     max_sentences: Optional[int] = _f(None, "Read at most this many pairs (the first N); null = all.", min=1)
+    weight: float = _f(1.0, "Sampling share per epoch (training corpora only). Each epoch has as many pairs as all training corpora together (after filtering); this corpus gives weight / (sum of weights) of them: whole passes, then a seeded random subset of the rest. 0 = not used.", min=0.0, train_only=True)
+    src_tag: Optional[str] = _f(None, "A tag `<NAME>` (letters, digits, `_`, `-`, `.`) put before every non-empty source sentence of this corpus, e.g. `<BT>` for back-translated data (training corpora only). A trained tokenizer gets it as a user-defined symbol: always one token.", train_only=True)
 
     @property
     def kind(self) -> str:
@@ -98,7 +102,7 @@ class TokenizerConfig:
 class DataConfig:
     src_lang: str = _req("Source language code, e.g. `es`.")
     tgt_lang: str = _req("Target language code, e.g. `en`.")
-    train: CorpusConfig = _req("Training corpus.")
+    train: CorpusConfig | list[CorpusConfig] = _req("Training corpus, or a list of corpora mixed by their `weight` (see `data.train.weight`, `data.train.src_tag`).")
     valid: CorpusConfig = _req("Validation corpus (loss, BLEU, early stopping).")
     test: Optional[CorpusConfig] = _f(None, "Test corpus (optional; used by recipes and docs).")
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig, metadata={"help": "SentencePiece settings."})
@@ -107,6 +111,19 @@ class DataConfig:
     batch_tokens: int = _f(4096, "Token budget per batch: B x max(S, T) <= batch_tokens, i.e. neither the padded source tensor nor the padded target tensor holds more than this many positions (fairseq's --max-tokens).", min=1)
     max_batch_size: int = _f(0, "Cap on sentences per batch; 0 = no cap.", min=0)
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
+
+    @property
+    def train_corpora(self) -> tuple[CorpusConfig, ...]:
+        """`train` as a tuple, whether the config gives one corpus or a list."""
+        return tuple(self.train) if isinstance(self.train, list) else (self.train,)
+
+    def train_key(self, i: int) -> str:
+        """The config key of training corpus i: `data.train` or `data.train[i]`."""
+        return f"data.train[{i}]" if isinstance(self.train, list) else "data.train"
+
+
+TAG_FORMAT = re.compile(r"<[A-Za-z0-9_.\-]+>")
+RESERVED_TAGS = ("<pad>", "<unk>", "<s>", "</s>")
 
 
 # --------------------------------------------------------------------------- model
@@ -249,7 +266,10 @@ def _convert(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(value, inner[0], key, errors)
+        lists = [a for a in inner if typing.get_origin(a) is list]
+        others = [a for a in inner if typing.get_origin(a) is not list]
+        arm = (lists or others) if isinstance(value, list) else (others or lists)  # a list takes the list arm
+        return _convert(value, arm[0], key, errors)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             errors.append(f"'{key}' must be a mapping, got {value!r}")
@@ -398,34 +418,63 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
         errors.append("'data.tokenizer.model' is a joint model but 'data.tokenizer.joint' is false (use src_model and tgt_model)")
     if not tok.joint and bool(tok.src_model) != bool(tok.tgt_model):
         errors.append("'data.tokenizer.src_model' and 'data.tokenizer.tgt_model' must be given together")
-    for split in ("train", "valid", "test"):
-        c = getattr(d, split)
-        if c is None:
-            continue
-        key = f"data.{split}"
-        if c.hf_path is None:
-            if not c.src or not c.tgt:
-                errors.append(f"'{key}' needs either 'src' and 'tgt' text files or 'hf_path'")
-                continue
-            if check_files:
-                for side in ("src", "tgt"):
-                    path = getattr(c, side)
-                    if not os.path.isfile(path):
-                        errors.append(f"data file not found: '{key}.{side}': {path}")
-        else:
-            if c.src or c.tgt:
-                errors.append(f"'{key}' sets both text files ('src'/'tgt') and 'hf_path'; choose one")
-            if c.hf_path in ("json", "csv", "parquet") and not c.hf_data_files:
-                errors.append(f"'{key}.hf_path: {c.hf_path}' needs '{key}.hf_data_files'")
-            if check_files and c.hf_data_files:
-                for p in c.hf_data_files:
-                    if not os.path.exists(p):
-                        errors.append(f"data file not found: '{key}.hf_data_files': {p}")
+    corpora = [(d.train_key(i), c) for i, c in enumerate(d.train_corpora)]
+    corpora += [(f"data.{split}", getattr(d, split)) for split in ("valid", "test") if getattr(d, split) is not None]
+    if not d.train_corpora:
+        errors.append("'data.train' is an empty list (give at least one corpus)")
+    for key, c in corpora:
+        _check_corpus(c, key, errors, check_files)
+    _check_mix(d, errors)
     if check_files:
         for key in ("model", "src_model", "tgt_model"):
             p = getattr(tok, key)
             if p and not os.path.isfile(p):
                 errors.append(f"data file not found: 'data.tokenizer.{key}': {p}")
+
+
+def _check_corpus(c: CorpusConfig, key: str, errors: list[str], check_files: bool) -> None:
+    if c.hf_path is None:
+        if not c.src or not c.tgt:
+            errors.append(f"'{key}' needs either 'src' and 'tgt' text files or 'hf_path'")
+            return
+        if check_files:
+            for side in ("src", "tgt"):
+                path = getattr(c, side)
+                if not os.path.isfile(path):
+                    errors.append(f"data file not found: '{key}.{side}': {path}")
+    else:
+        if c.src or c.tgt:
+            errors.append(f"'{key}' sets both text files ('src'/'tgt') and 'hf_path'; choose one")
+        if c.hf_path in ("json", "csv", "parquet") and not c.hf_data_files:
+            errors.append(f"'{key}.hf_path: {c.hf_path}' needs '{key}.hf_data_files'")
+        if check_files and c.hf_data_files:
+            for p in c.hf_data_files:
+                if not os.path.exists(p):
+                    errors.append(f"data file not found: '{key}.hf_data_files': {p}")
+
+
+def _check_mix(d: DataConfig, errors: list[str]) -> None:
+    """Weights and tags: only on training corpora; weights finite with a positive sum; tags <NAME>."""
+    for split in ("valid", "test"):
+        c = getattr(d, split)
+        if c is not None and c.weight != 1.0:
+            errors.append(f"'data.{split}.weight' is set, but weights apply only to training corpora (data.train)")
+        if c is not None and c.src_tag is not None:
+            errors.append(f"'data.{split}.src_tag' is set, but tags apply only to training corpora (data.train)")
+    weights = [c.weight for c in d.train_corpora]
+    for i, c in enumerate(d.train_corpora):  # (weights are finite: `_convert` rejects nan and inf)
+        key = d.train_key(i)
+        tag = c.src_tag
+        if tag is None:
+            continue
+        if tag in RESERVED_TAGS:
+            errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for SentencePiece's special "
+                          f"tokens {', '.join(RESERVED_TAGS)}; choose another name, e.g. <BT>)")
+        elif not TAG_FORMAT.fullmatch(tag):
+            errors.append(f"invalid value for '{key}.src_tag': {tag!r} (expected <NAME> with NAME made of letters, "
+                          "digits, '_', '-' and '.', e.g. <BT>)")
+    if weights and not sum(weights) > 0:
+        errors.append(f"the weights of 'data.train' sum to {sum(weights):g} (at least one corpus needs a weight > 0)")
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -459,18 +508,44 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), parsed
 
 
+_INDEXED = re.compile(r"(.+)\[(\d+)\]")
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `KEY=VALUE` overrides to a copy of raw; `data.train[1].weight=0.5` indexes a list of corpora."""
     raw = _deepcopy(raw)
     for text in overrides:
         path, value = parse_override(text)
         node = raw
-        for part in path[:-1]:
+        for depth, part in enumerate(path):
+            indexed = _INDEXED.fullmatch(part)
+            name = indexed.group(1) if indexed else part
+            last = depth == len(path) - 1
+            if indexed:
+                items = node.get(name)
+                i = int(indexed.group(2))
+                if not isinstance(items, list) or i >= len(items):
+                    size = len(items) if isinstance(items, list) else 0
+                    raise ConfigError(f"invalid override {text!r}: '{'.'.join(path[:depth] + [name])}' has no item {i} "
+                                      f"(it is {'a list of ' + str(size) if isinstance(items, list) else 'not a list'})")
+                if last:
+                    items[i] = value
+                    break
+                if not isinstance(items[i], dict):
+                    items[i] = {}
+                node = items[i]
+                continue
+            if last:
+                node[part] = value
+                break
             child = node.get(part)
+            if isinstance(child, list):
+                raise ConfigError(f"invalid override {text!r}: '{'.'.join(path[:depth + 1])}' is a list; "
+                                  f"name an item, e.g. {'.'.join(path[:depth] + [part + '[0]'] + path[depth + 1:])}=...")
             if not isinstance(child, dict):
                 child = {}
                 node[part] = child
             node = child
-        node[path[-1]] = value
     return raw
 
 
@@ -588,6 +663,8 @@ def iter_fields(cls: type = Config, prefix: str = ""):
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
+        if f.metadata.get("train_only") and prefix != "data.train":
+            continue
         tp = hints[f.name]
         inner = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
         if dataclasses.is_dataclass(inner[0]):

@@ -1,9 +1,19 @@
 """Reading parallel corpora: text files (plain or gzip) and Hugging Face `datasets`.
 
-`read_corpus` returns two aligned lists of stripped sentences. Every problem a
-user can cause is a one-line `UserError` naming the file (and line) or the
-field. `datasets` is imported only inside `read_hf` (start-up time; some
-machines do not have it).
+Everything streams: `iter_pairs` yields aligned chunks of at most `chunk`
+pairs (two lists of stripped sentences), `iter_side` one side's sentences, so
+memory does not grow with the corpus. `read_corpus` collects the chunks into
+two lists (for small corpora: validation, tests).
+
+Text files are read by the one line rule of `nmt.textio.iter_lines` (gzip by
+content, split on "\\n", strict UTF-8, stripped). Hugging Face datasets are
+read from their memory-mapped Arrow table in batches (`with_format("arrow")`),
+never copied whole into Python lists. `datasets` is imported only where a
+Hugging Face source is read (start-up time; some machines do not have it).
+
+Every problem a user can cause is a one-line `UserError` naming the file (and
+line) or the field; source and target files with different line counts name
+both counts.
 
 `source_fingerprint` describes a corpus for cache keys without reading it:
 paths with size and modification time (ns) of every file involved; for a hub
@@ -12,66 +22,95 @@ dataset, its name, configuration and split.
 
 from __future__ import annotations
 
-import gzip
+import itertools
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from nmt.config import CorpusConfig
 from nmt.errors import UserError
+from nmt.textio import count_lines, iter_lines
 
-_GZIP_MAGIC = b"\x1f\x8b"
+CHUNK = 100_000  # pairs per chunk: bounds the Python strings held at once
 
 
-def _open_binary(path: str):
+def _text_lines(path: str) -> Iterator[str]:
+    """`iter_lines(path)` with data-file messages: missing files, unreadable files."""
     if not os.path.isfile(path):
         raise UserError(f"data file not found: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
-
-
-def read_lines(path: str, limit: int | None = None) -> tuple[list[str], int]:
-    """(the first `limit` lines of `path`, stripped; the total number of lines in the file).
-
-    Splits on b"\\n" only (a stray \\r inside a line cannot shift alignment),
-    strips surrounding whitespace and a UTF-8 byte-order mark, and checks
-    UTF-8 strictly. Lines past `limit` are counted but not decoded.
-    """
-    lines: list[str] = []
-    n = 0
     try:
-        with _open_binary(path) as f:
-            for n, raw in enumerate(f, 1):
-                if limit is not None and n > limit:
-                    continue
-                try:
-                    lines.append(raw.decode("utf-8").strip())
-                except UnicodeDecodeError as e:
-                    raise UserError(f"{path}: line {n}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-    except (OSError, EOFError) as e:  # corrupt gzip, unreadable file
+        yield from iter_lines(path)
+    except OSError as e:  # permission denied, I/O error
         raise UserError(f"cannot read {path}: {e}") from None
-    if lines and lines[0].startswith("\ufeff"):
-        lines[0] = lines[0][1:].strip()
-    return lines, n
 
 
-def read_text_pair(src_path: str, tgt_path: str, max_sentences: int | None = None) -> tuple[list[str], list[str]]:
-    """Aligned lines of two text files; UserError if their line counts differ."""
-    src, n_src = read_lines(src_path, max_sentences)
-    tgt, n_tgt = read_lines(tgt_path, max_sentences)
+def _mismatch(src_path: str, n_src: int, tgt_path: str, n_tgt: int) -> UserError:
+    return UserError(f"source and target files have different line counts: "
+                     f"{src_path} has {n_src}, {tgt_path} has {n_tgt}")
+
+
+def iter_text_pairs(src_path: str, tgt_path: str, limit: int | None = None,
+                    chunk: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
+    """Aligned chunks of two text files (the first `limit` pairs); UserError if their line counts differ.
+
+    The whole files are counted even when `limit` stops reading early, so a
+    misaligned pair of files is refused whatever `limit` is. A mismatch is
+    found when the shorter file ends, i.e. after the chunks before it.
+    """
+    chunk = chunk or CHUNK
+    src_it, tgt_it = _text_lines(src_path), _text_lines(tgt_path)
+    n = 0
+    while limit is None or n < limit:
+        take = chunk if limit is None else min(chunk, limit - n)
+        src = list(itertools.islice(src_it, take))
+        tgt = list(itertools.islice(tgt_it, len(src) or 1))
+        if len(src) != len(tgt):  # one file ended first: count the rest of the other
+            n_src = n + len(src) + sum(1 for _ in src_it)
+            n_tgt = n + len(tgt) + sum(1 for _ in tgt_it)
+            raise _mismatch(src_path, n_src, tgt_path, n_tgt)
+        if not src:
+            return
+        n += len(src)
+        yield src, tgt
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)  # stopped at `limit`: the files must still agree
     if n_src != n_tgt:
-        raise UserError(f"source and target files have different line counts: "
-                        f"{src_path} has {n_src}, {tgt_path} has {n_tgt}")
-    return src, tgt
+        raise _mismatch(src_path, n_src, tgt_path, n_tgt)
+
+
+def _check_text(corpus: CorpusConfig) -> None:
+    if not corpus.src or not corpus.tgt:
+        raise UserError("a text corpus needs both 'src' and 'tgt' files")
+
+
+def iter_pairs(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
+               chunk: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
+    """(source lines, target lines) chunks of at most `chunk` (default CHUNK) aligned pairs, stripped."""
+    if corpus.kind == "hf":
+        yield from _iter_hf(corpus, src_lang, tgt_lang, chunk or CHUNK)
+        return
+    _check_text(corpus)
+    yield from iter_text_pairs(corpus.src, corpus.tgt, corpus.max_sentences, chunk)
+
+
+def iter_side(corpus: CorpusConfig, side: str, src_lang: str, tgt_lang: str) -> Iterator[str]:
+    """The stripped sentences of one side ("src" or "tgt"), in order; alignment is not checked here."""
+    if corpus.kind == "hf":
+        col = 0 if side == "src" else 1
+        for chunk in _iter_hf(corpus, src_lang, tgt_lang, CHUNK):  # (src, tgt) lists
+            yield from chunk[col]
+        return
+    _check_text(corpus)
+    lines = _text_lines(corpus.src if side == "src" else corpus.tgt)
+    yield from lines if corpus.max_sentences is None else itertools.islice(lines, corpus.max_sentences)
 
 
 def read_corpus(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
-    """(source lines, target lines) of a text or Hugging Face corpus, aligned and stripped."""
-    if corpus.kind == "hf":
-        return read_hf(corpus, src_lang, tgt_lang)
-    if not corpus.src or not corpus.tgt:
-        raise UserError("a text corpus needs both 'src' and 'tgt' files")
-    return read_text_pair(corpus.src, corpus.tgt, corpus.max_sentences)
+    """(source lines, target lines) of a text or Hugging Face corpus, aligned and stripped, in memory."""
+    src: list[str] = []
+    tgt: list[str] = []
+    for s, t in iter_pairs(corpus, src_lang, tgt_lang):
+        src += s
+        tgt += t
+    return src, tgt
 
 
 # --------------------------------------------------------------------------- Hugging Face
@@ -127,23 +166,23 @@ def _one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text[:300]}"
 
 
-def _text_column(flat: Any, field: str, corpus: CorpusConfig) -> list[str]:
-    """Column `field` (dotted names after flatten) of a flat dataset, as stripped strings."""
+def _check_field(flat: Any, field: str, corpus: CorpusConfig) -> None:
+    """UserError unless `field` (a dotted name after flatten) is a text column."""
     if field not in flat.column_names:
         raise UserError(f"{_describe(corpus)} has no field '{field}' (fields: {', '.join(flat.column_names)})")
     feature = flat.features[field]
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
         raise UserError(f"{_describe(corpus)}: field '{field}' is not a text column ({feature})")
-    values = flat.with_format("arrow")[field].to_pylist()
-    return ["" if v is None else v.strip() for v in values]
 
 
-def read_hf(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
-    """(source, target) lines of a Hugging Face dataset.
+def _iter_hf(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
+             chunk: int) -> Iterator[tuple[list[str], list[str]]]:
+    """(source, target) chunks of a Hugging Face dataset, read from its Arrow table `chunk` rows at a time.
 
     Fields are column names or dotted paths into nested columns
     (`translation.de`); the default is `translation.<lang>`. Null values read
-    as empty strings (dropped later by filtering).
+    as empty strings (dropped later by filtering). `flatten`, `select` of the
+    first rows and `select_columns` are zero-copy views of the memory-mapped table.
     """
     ds = _load_dataset(corpus)
     if corpus.max_sentences is not None and corpus.max_sentences < len(ds):
@@ -151,7 +190,12 @@ def read_hf(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> tuple[list[st
     src_field = corpus.src_field or f"translation.{src_lang}"
     tgt_field = corpus.tgt_field or f"translation.{tgt_lang}"
     flat = ds.flatten()
-    return _text_column(flat, src_field, corpus), _text_column(flat, tgt_field, corpus)
+    _check_field(flat, src_field, corpus)
+    _check_field(flat, tgt_field, corpus)
+    columns = flat.select_columns(list(dict.fromkeys([src_field, tgt_field]))).with_format("arrow")
+    for table in columns.iter(batch_size=chunk):  # a pyarrow.Table of <= chunk rows
+        yield tuple(["" if v is None else v.strip() for v in table.column(f).to_pylist()]  # type: ignore[misc]
+                    for f in (src_field, tgt_field))
 
 
 # --------------------------------------------------------------------------- cache keys
@@ -164,12 +208,18 @@ def _stat(path: str) -> list:
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
 
 
+def file_fingerprint(path: str) -> list:
+    """[absolute path, size, mtime in ns] (None, None when the file is missing)."""
+    return _stat(path)
+
+
 def source_fingerprint(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> list:
     """A JSON-able description of a corpus that changes when its data changes.
 
     Files are identified by absolute path, size and mtime (not content); a
     save_to_disk directory by those of every file in it; a hub dataset only by
     its name, configuration and split (the hub's own cache handles versions).
+    Weights and tags are not part of it (the callers that need them add them).
     """
     fp: list = [corpus.kind, src_lang, tgt_lang, corpus.max_sentences]
     if corpus.kind == "text":

@@ -5,28 +5,42 @@ PAD_ID = 0, UNK_ID = 1, BOS_ID = 2, EOS_ID = 3. SentencePiece adds none of
 them while encoding; `nmt.data.collate` adds EOS to sources and BOS/EOS to
 targets.
 
-A run directory holds `spm.model` (joint) or `spm.src.model` + `spm.tgt.model`.
-`build_tokenizer` reuses those files when they exist (resume), else loads the
-configured `.model` files or trains new models on the training corpus.
-Training is deterministic: a seeded sample of at most `max_sentences`
-sentences per model, and SentencePiece's own generator seeded as well.
+A run directory holds `spm.model` (joint) or `spm.src.model` + `spm.tgt.model`,
+and `spm.json`: the settings they were made with (`tokenizer_settings`: the
+`data.tokenizer` section without `threads`, the seed, the source tags and the
+fingerprints of the training corpora or of the loaded model files).
+`build_tokenizer` (a run without a checkpoint) reuses those files only when
+the settings are equal, else it loads the configured `.model` files or trains
+new models on the training corpora (and says why in one log line).
+
+Training is deterministic and streams the text: a first pass counts the
+non-empty sentences, `sample_indices` picks a seeded sample of at most
+`max_sentences` of them (the same draw as picking from an in-memory list), and
+a second pass feeds just those sentences to SentencePiece; its own generator
+is seeded as well. Source tags (`data.train[i].src_tag`, e.g. `<BT>`) become
+user-defined symbols `▁<BT>` (with SentencePiece's word-start mark, so that
+"<BT> hola" encodes to the tag's id first): always exactly one token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
+import json
 import os
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
-from nmt.config import Config, TokenizerConfig
+from nmt.config import Config, TokenizerConfig, to_dict
 from nmt.errors import UserError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode (UNK is kept)
-JOINT_FILE, SRC_FILE, TGT_FILE = "spm.model", "spm.src.model", "spm.tgt.model"
+JOINT_FILE, SRC_FILE, TGT_FILE, SETTINGS_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "spm.json"
+WORD_START = "\u2581"  # SentencePiece's whitespace mark
 
 
 def _processor(proto: bytes, name: str) -> spm.SentencePieceProcessor:
@@ -108,15 +122,24 @@ class Tokenizer:
     def from_bytes(cls, d: dict, *, threads: int = 1) -> "Tokenizer":
         return cls(d["src"], None if d["joint"] else d["tgt"], threads=threads)
 
-    def save(self, run_dir: str) -> None:
-        """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, atomically."""
+    def save(self, run_dir: str, settings: dict | None = None) -> None:
+        """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, then `settings` as spm.json.
+
+        Each file is written to a temporary name and renamed. spm.json and the
+        other layout's model files are removed first and spm.json is written
+        last, so a model is never described by older settings.
+        """
         os.makedirs(run_dir, exist_ok=True)
         files = [(JOINT_FILE, self._src_proto)] if self.joint else \
             [(SRC_FILE, self._src_proto), (TGT_FILE, self._tgt_proto)]
-        for name, proto in files:
+        stale = [SETTINGS_FILE] + sorted({JOINT_FILE, SRC_FILE, TGT_FILE} - {name for name, _ in files})
+        for name in stale:  # first: the settings, and the other layout's models (load prefers spm.model)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(run_dir, name))
+        for name, data in files + ([(SETTINGS_FILE, json.dumps(settings, indent=1).encode())] if settings else []):
             path = os.path.join(run_dir, name)
             with open(path + ".tmp", "wb") as f:
-                f.write(proto)
+                f.write(data)
             os.replace(path + ".tmp", path)
 
     @classmethod
@@ -130,25 +153,74 @@ class Tokenizer:
         return None
 
 
-def sample_sentences(lines: list[str], max_sentences: int, seed: int) -> list[str]:
+
+
+def tag_symbol(tag: str) -> str:
+    """The user-defined SentencePiece symbol of a source tag: "<BT>" -> "▁<BT>"."""
+    return WORD_START + tag
+
+
+def check_tags(tokenizer: Tokenizer, tags: Sequence[str], model: str) -> None:
+    """UserError unless every tag encodes to exactly one known source token (`model` names the model)."""
+    for tag in tags:
+        ids = tokenizer.encode_src([tag])[0]
+        if len(ids) != 1 or ids[0] == UNK_ID:
+            pieces = ", ".join(repr(p) for p in tokenizer.src_pieces(tag))
+            raise UserError(f"src_tag {tag} is not one token of the source SentencePiece model {model} "
+                            f"(it encodes to {pieces}); train that model with user_defined_symbols={tag_symbol(tag)} "
+                            "or let nmt train the tokenizer")
+
+
+# --------------------------------------------------------------------------- training
+
+def sample_indices(n: int, max_sentences: int, seed: int) -> np.ndarray | None:
+    """Sorted positions [m] int64 of a seeded sample of max_sentences among n sentences; None = all."""
+    if n <= max_sentences:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, max_sentences, replace=False))
+
+
+def iter_sample(lines: Iterable[str], keep: np.ndarray | None) -> Iterator[str]:
+    """The non-empty lines whose position among the non-empty lines is in `keep` (sorted; None = all)."""
+    nonempty = (x for x in lines if x)
+    if keep is None:
+        yield from nonempty
+        return
+    wanted = iter(keep.tolist())
+    target = next(wanted, None)
+    for i, line in enumerate(nonempty):
+        if target is None:
+            return  # past the last chosen line: stop reading
+        if i == target:
+            yield line
+            target = next(wanted, None)
+
+
+def sample_sentences(lines: Sequence[str], max_sentences: int, seed: int) -> list[str]:
     """At most max_sentences non-empty lines, a seeded uniform sample in corpus order."""
-    lines = [x for x in lines if x]
-    if len(lines) <= max_sentences:
-        return lines
-    keep = np.sort(np.random.default_rng(seed).choice(len(lines), max_sentences, replace=False))
-    return [lines[i] for i in keep]
+    n = sum(1 for x in lines if x)
+    return list(iter_sample(lines, sample_indices(n, max_sentences, seed)))
 
 
-def train_sentencepiece(lines: list[str], tok: TokenizerConfig, *, seed: int, what: str,
-                        log: Callable[[str], None] = print) -> bytes:
+def train_sentencepiece(lines: Sequence[str] | Callable[[], Iterable[str]], tok: TokenizerConfig, *, seed: int,
+                        what: str, log: Callable[[str], None] = print, symbols: Sequence[str] = (),
+                        count: int | None = None) -> bytes:
     """Train one model on a seeded sample of `lines`; returns the serialized model.
 
-    `what` names the model in messages ("joint", "source", "target"). If the
-    corpus is too small for `tok.vocab_size`, retrains with a soft vocabulary
-    limit (a smaller vocabulary) and logs it.
+    `lines` is a list, or a function that returns a fresh iterator over the
+    text each time it is called (streaming: one pass to count the non-empty
+    lines unless `count` gives their number, one to feed the sample, another
+    if training is retried). The sample is the same either way. `symbols` are
+    user-defined symbols (source tags). `what` names the model in messages
+    ("joint", "source", "target"). If the corpus is too small for
+    `tok.vocab_size`, retrains with a soft vocabulary limit (a smaller
+    vocabulary) and logs it.
     """
-    sample = sample_sentences(lines, tok.max_sentences, seed)
-    if not sample:
+    stream = (lambda: iter(lines)) if not callable(lines) else lines
+    n = count if count is not None else sum(1 for x in stream() if x)
+    keep = sample_indices(n, tok.max_sentences, seed)
+    size = n if keep is None else len(keep)
+    if not size:
         raise UserError(f"cannot train the {what} SentencePiece model: the training corpus has no text")
     options = dict(
         vocab_size=tok.vocab_size, model_type=tok.model_type,
@@ -157,11 +229,14 @@ def train_sentencepiece(lines: list[str], tok: TokenizerConfig, *, seed: int, wh
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         minloglevel=2,  # errors only: no training chatter on stderr
     )
+    if symbols:
+        options["user_defined_symbols"] = list(symbols)
 
     def run(**extra) -> bytes:
         spm.set_random_generator_seed(seed)
         out = io.BytesIO()
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(sample), model_writer=out, **options, **extra)
+        spm.SentencePieceTrainer.train(sentence_iterator=iter_sample(stream(), keep), model_writer=out,
+                                       **options, **extra)
         return out.getvalue()
 
     try:
@@ -171,52 +246,113 @@ def train_sentencepiece(lines: list[str], tok: TokenizerConfig, *, seed: int, wh
             if "Vocabulary size too high" not in str(e):
                 raise
             proto = run(hard_vocab_limit=False)
-            size = spm.SentencePieceProcessor(model_proto=proto).vocab_size()
+            got = spm.SentencePieceProcessor(model_proto=proto).vocab_size()
             log(f"tokenizer: vocab_size {tok.vocab_size} is too large for this corpus; "
-                f"the {what} model has {size} pieces")
+                f"the {what} model has {got} pieces")
     except RuntimeError as e:
         reason = str(e).split("] ")[-1].strip().replace("\n", " ")
-        raise UserError(f"SentencePiece could not train the {what} model on {len(sample)} sentences: "
+        raise UserError(f"SentencePiece could not train the {what} model on {size} sentences: "
                         f"{reason} (change data.tokenizer.vocab_size / character_coverage)") from None
     return proto
 
 
-def build_tokenizer(cfg: Config, run_dir: str, log: Callable[[str], None] = print,
-                    read_train: Callable[[], tuple[list[str], list[str]]] | None = None) -> Tokenizer:
-    """The run's tokenizer: reuse run_dir's models, else load or train them, and save into run_dir.
+# --------------------------------------------------------------------------- the run's tokenizer
 
-    `read_train()` returns the training text (source lines, target lines); it
-    is called only when a model must be trained. Default: read `cfg.data.train`.
-    """
+def train_tags(cfg: Config) -> list[str]:
+    """The distinct source tags of the training corpora, in order."""
+    return list(dict.fromkeys(c.src_tag for c in cfg.data.train_corpora if c.src_tag))
+
+
+def tokenizer_settings(cfg: Config) -> dict:
+    """What a run's tokenizer depends on (saved as spm.json): reuse it only when this is equal."""
+    from nmt.sources import file_fingerprint, source_fingerprint  # local: the tokenizer alone needs no data code
+
+    tok, d = cfg.data.tokenizer, cfg.data
+    section = {k: v for k, v in to_dict(tok).items() if k != "threads"}
+    if tok.model or tok.src_model:
+        sources = [file_fingerprint(p) for p in (tok.model, tok.src_model, tok.tgt_model) if p]
+    else:
+        sources = [source_fingerprint(c, d.src_lang, d.tgt_lang) for c in d.train_corpora]
+    return {"tokenizer": section, "seed": cfg.seed, "tags": train_tags(cfg), "sources": sources}
+
+
+def _stale_reason(run_dir: str, settings: dict) -> str | None:
+    """Why the model saved in run_dir cannot be reused (None: it can)."""
+    try:
+        with open(os.path.join(run_dir, SETTINGS_FILE), encoding="utf-8") as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        return f"it has no settings file {SETTINGS_FILE}"
+    except (OSError, ValueError):
+        return f"its settings file {SETTINGS_FILE} is unreadable"
+    if saved == settings:
+        return None
+    if not isinstance(saved, dict):
+        saved = {}
+    names = {"seed": "seed", "tags": "data.train src_tag", "sources": "the training corpora or model files"}
+    diff = [f"data.tokenizer.{k}" for k in settings["tokenizer"]
+            if saved.get("tokenizer", {}).get(k) != settings["tokenizer"][k]]
+    diff += [names[k] for k in names if saved.get(k) != settings[k]]
+    return "it was made with other settings (" + (", ".join(diff) or "format") + ")"
+
+
+def _count_nonempty(cfg: Config) -> list[tuple[int, int]]:
+    """Per training corpus: (non-empty source lines, non-empty target lines); checks alignment."""
+    from nmt.sources import iter_pairs
+
+    d = cfg.data
+    counts = []
+    for c in d.train_corpora:
+        n_src = n_tgt = 0
+        for src, tgt in iter_pairs(c, d.src_lang, d.tgt_lang):
+            n_src += sum(1 for x in src if x)
+            n_tgt += sum(1 for x in tgt if x)
+        counts.append((n_src, n_tgt))
+    return counts
+
+
+def _train(cfg: Config, log: Callable[[str], None]) -> Tokenizer:
+    """Train the run's model(s) on the training corpora, streaming (tags are not part of the text)."""
+    from nmt.sources import iter_side
+
+    d, tok = cfg.data, cfg.data.tokenizer
+    counts = _count_nonempty(cfg)
+
+    def side(s: str) -> Callable[[], Iterator[str]]:
+        return lambda: itertools.chain.from_iterable(iter_side(c, s, d.src_lang, d.tgt_lang) for c in d.train_corpora)
+    symbols = [tag_symbol(t) for t in train_tags(cfg)]
+    n_src, n_tgt = sum(a for a, _ in counts), sum(b for _, b in counts)
+    train = lambda lines, what, sym, n: train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log,
+                                                            symbols=sym, count=n)
+    if tok.joint:  # the stream is all source lines, then all target lines
+        both = lambda: itertools.chain(side("src")(), side("tgt")())
+        return Tokenizer(train(both, "joint", symbols, n_src + n_tgt), threads=tok.threads)
+    return Tokenizer(train(side("src"), "source", symbols, n_src), train(side("tgt"), "target", (), n_tgt),
+                     threads=tok.threads)
+
+
+def build_tokenizer(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -> Tokenizer:
+    """The tokenizer of a run without a checkpoint: reuse run_dir's models when made with the same
+    settings (`tokenizer_settings`), else load the configured files or train, and save into run_dir."""
     tok = cfg.data.tokenizer
+    settings = tokenizer_settings(cfg)
     found = Tokenizer.load(run_dir, threads=tok.threads)
     if found is not None:
-        if found.joint != tok.joint:
-            have = "a joint model" if found.joint else "separate source/target models"
-            raise UserError(f"{run_dir} holds {have} but data.tokenizer.joint is {tok.joint}; "
-                            "use a new run name or delete the run directory's spm*.model files")
-        log(f"tokenizer: loaded from {run_dir} (vocab src {found.src_vocab_size}, tgt {found.tgt_vocab_size})")
-        return found
+        why = _stale_reason(run_dir, settings)
+        if why is None:
+            log(f"tokenizer: loaded from {run_dir} (vocab src {found.src_vocab_size}, tgt {found.tgt_vocab_size})")
+            return found
+        log(f"tokenizer: not reusing the model in {run_dir}: {why}; making a new one")
     if tok.model or tok.src_model:
         if tok.joint:
             result = Tokenizer(read_model_file(tok.model), threads=tok.threads)
         else:
             result = Tokenizer(read_model_file(tok.src_model), read_model_file(tok.tgt_model), threads=tok.threads)
+        check_tags(result, train_tags(cfg), tok.model or tok.src_model)
         log(f"tokenizer: loaded {tok.model or (tok.src_model + ', ' + tok.tgt_model)}")
     else:
-        if read_train is None:
-            from nmt.sources import read_corpus  # local: the tokenizer alone needs no data code
-            src, tgt = read_corpus(cfg.data.train, cfg.data.src_lang, cfg.data.tgt_lang)
-        else:
-            src, tgt = read_train()
-        if tok.joint:
-            result = Tokenizer(train_sentencepiece(src + tgt, tok, seed=cfg.seed, what="joint", log=log),
-                               threads=tok.threads)
-        else:
-            result = Tokenizer(train_sentencepiece(src, tok, seed=cfg.seed, what="source", log=log),
-                               train_sentencepiece(tgt, tok, seed=cfg.seed, what="target", log=log),
-                               threads=tok.threads)
+        result = _train(cfg, log)
         log(f"tokenizer: trained {tok.model_type} ({'joint' if tok.joint else 'separate'}), "
             f"vocab src {result.src_vocab_size}, tgt {result.tgt_vocab_size}")
-    result.save(run_dir)
+    result.save(run_dir, settings)
     return result

@@ -55,7 +55,7 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     hyps = [t.text for t in out]
     scores = score(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
     report = degeneration(hyps, ref, src, [t.finished for t in out], tokenize=cfg.train.valid_tokenize)
-    log.info(f"valid step {step} | {format_report(report)}")
+    log.info(f"valid step {step} {format_report(report)}")
     k = min(cfg.train.num_samples, len(src))
     picks = sorted({i * len(src) // k for i in range(k)}) if k else []
     for j, i in enumerate(picks):

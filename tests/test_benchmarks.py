@@ -4,6 +4,8 @@ inputs and check what they count (not how fast anything is: timings are never as
 - bench_decode with --force-len N must decode exactly N tokens per sentence on every path
   (greedy, beam, cached, uncached and CTranslate2), since equal work is the point of the flag.
 - bench_train must count exactly the real target tokens of the batches it timed.
+- bench_data must generate exactly N pairs, each copy of the Bible text different from the
+  original, and prepare all of them (every pair read and counted).
 """
 
 from __future__ import annotations
@@ -111,3 +113,26 @@ def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
     assert all(r["sentences"] == 4 and r["sent_per_s"] > 0 for r in rows)
     assert rows[0]["same_as_nmt"] == 1.0 and rows[0]["speedup"] == 1.0
     assert res["force_len"] == 4 and res["decode"]["min_len"] == 4 and res["decode"]["beam_size"] == 2
+
+
+def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):
+    import gzip
+
+    out = tmp_path / "data.json"
+    run_script("bench_data.py", "--pairs", "30000", "--dir", str(tmp_path), "--gzip", "--max-sentences", "3000",
+               "--vocab-size", "500", "--steps", "1", "--skip", "first_step", "--json", str(out))
+    res = json.loads(out.read_text())
+    bible = {}
+    for side in ("es", "en"):
+        lines = gzip.open(tmp_path / f"train.{side}.gz", "rt", encoding="utf-8").read().split("\n")[:-1]
+        bible[side] = gzip.open(os.path.join(ROOT, "data", "bible-es-en", f"train.{side}.gz"), "rt",
+                                encoding="utf-8").read().split("\n")[:-1]
+        n = len(bible[side])
+        assert len(lines) == 30000 and lines[:n] == bible[side]  # copy 0 is the text itself
+        copy1 = lines[n:]
+        assert all(a != b.strip() for a, b in zip(copy1, bible[side]))  # copy 1 differs line by line
+        assert all(x.endswith(" qb") for x in copy1)
+    p = res["prepare"]
+    assert p["pairs"] == 30000 and 0 < p["kept"] <= 30000 and p["src_tokens"] > 0
+    assert p["peak_rss_gib"] > 0 and p["prepare_s"] >= p["tokenizer_s"] >= p["spm_train_s"] > 0
+    assert res["steps"]["step_s"] > 0 and "first_step" not in res

@@ -131,6 +131,52 @@ def test_hf_source_and_requirements(files):
     assert errors_of(files, raw) == ["'data.train.hf_path: json' needs 'data.train.hf_data_files'"]
 
 
+def test_several_training_corpora(files):
+    raw = minimal(files)
+    one = dict(raw["data"]["train"])
+    raw["data"]["train"] = [one, {**one, "weight": 0.25, "src_tag": "<BT>"}]
+    cfg = load_config(write(files, raw))
+    assert [c.weight for c in cfg.data.train_corpora] == [1.0, 0.25] and cfg.data.train[1].src_tag == "<BT>"
+    assert load_config(write(files, yaml.safe_load(dump_config(cfg)), "resolved.yaml")) == cfg  # round trip
+    single = load_config(write(files, minimal(files), "single.yaml"))
+    assert single.data.train_corpora == (single.data.train,) and single.data.train_key(0) == "data.train"
+    assert "weight: 1.0" in dump_config(single)  # a single mapping stays a mapping
+    assert "- src:" not in dump_config(single)
+    path = write(files, raw, "two.yaml")
+    over = load_config(path, ["data.train[1].weight=3", "data.train[0].src_tag=<R>"])
+    assert [(c.weight, c.src_tag) for c in over.data.train] == [(1.0, "<R>"), (3.0, "<BT>")]
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["data.train.weight=3"])
+    assert e.value.errors == ["invalid override 'data.train.weight=3': 'data.train' is a list; name an item, "
+                              "e.g. data.train[0].weight=..."]
+    with pytest.raises(ConfigError, match=r"'data.train' has no item 2 \(it is a list of 2\)"):
+        load_config(path, ["data.train[2].weight=3"])
+
+
+@pytest.mark.parametrize("train,valid,expected", [
+    ([{"weight": 0}, {"weight": 0.0}], {}, ["the weights of 'data.train' sum to 0 (at least one corpus needs a weight > 0)"]),
+    ([{"weight": -1}], {}, ["invalid value for 'data.train[0].weight': -1.0 (must be >= 0)"]),
+    ([{}, {"weight": float("nan")}], {}, ["invalid value for 'data.train[1].weight': nan (must be a finite number)"]),
+    ([{"src_tag": "BT"}], {}, ["invalid value for 'data.train[0].src_tag': 'BT' (expected <NAME> with NAME made of "
+                               "letters, digits, '_', '-' and '.', e.g. <BT>)"]),
+    ([{"src_tag": "<B T>"}], {}, ["invalid value for 'data.train[0].src_tag': '<B T>' (expected <NAME> with NAME made "
+                                  "of letters, digits, '_', '-' and '.', e.g. <BT>)"]),
+    ([{"src_tag": "<unk>"}], {}, ["invalid value for 'data.train[0].src_tag': '<unk>' (reserved for SentencePiece's "
+                                  "special tokens <pad>, <unk>, <s>, </s>; choose another name, e.g. <BT>)"]),
+    ([{"wieght": 2}], {}, ["unknown key 'data.train[0].wieght' - did you mean 'data.train[0].weight'?"]),
+    ([{}], {"weight": 2, "src_tag": "<BT>"},
+     ["'data.valid.weight' is set, but weights apply only to training corpora (data.train)",
+      "'data.valid.src_tag' is set, but tags apply only to training corpora (data.train)"]),
+    ([], {}, ["'data.train' is an empty list (give at least one corpus)"]),
+])
+def test_weight_and_tag_errors(files, train, valid, expected):
+    raw = minimal(files)
+    one = raw["data"]["train"]
+    raw["data"]["train"] = [{**one, **c} for c in train]
+    raw["data"]["valid"].update(valid)
+    assert errors_of(files, raw) == expected
+
+
 def test_overrides_apply_and_validate(files):
     path = write(files, minimal(files))
     cfg = load_config(path, ["train.lr=5e-4", "model.layers=4", "data.tokenizer.vocab_size=1000", "name=x"])

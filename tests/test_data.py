@@ -1,18 +1,25 @@
-"""Reading sources, encoding + cache, filtering, batching, collate, sharding, and every data error."""
+"""Reading sources (streamed in chunks), filtering, loading, several corpora and their epoch mix,
+batching, collate, sharding, and every data error. Encoding and the cache: test_corpus.py."""
 
 import gzip
+import hashlib
 import json
+import os
 import random
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from nmt import data as D
+from nmt import sources
 from nmt.config import CorpusConfig, config_from_dict
 from nmt.errors import UserError
 from nmt.sources import read_corpus
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+
+sys.path.insert(0, os.path.dirname(__file__))
 
 ES = "casa perro gato árbol niño libro agua sol luna mar cielo tierra fuego viento año señor".split()
 EN = "house dog cat tree child book water sun moon sea sky earth fire wind year lord".split()
@@ -44,13 +51,14 @@ def quiet(msg):
     pass
 
 
-def from_lists(src, tgt, dtype=np.int16):
-    """An EncodedCorpus built by hand from lists of ids."""
+def from_lists(src, tgt, dtype=np.int16, parts=None):
+    """An EncodedCorpus built by hand from lists of ids (`parts`: pairs per corpus)."""
     def side(seqs):
         off = np.zeros(len(seqs) + 1, np.int64)
         off[1:] = np.cumsum([len(x) for x in seqs])
         return np.array([i for x in seqs for i in x], dtype), off
-    return D.EncodedCorpus(*side(src), *side(tgt))
+    stats = {"corpora": [{"kept": n} for n in parts]} if parts else {}
+    return D.EncodedCorpus(*side(src), *side(tgt), stats)
 
 
 # --------------------------------------------------------------------------- sources
@@ -86,6 +94,31 @@ def test_line_count_mismatch(tmp_path):
     assert "a.es has 3" in msg and "a.en has 2" in msg and "\n" not in msg
     with pytest.raises(UserError, match="different line counts"):  # also when only a prefix is read
         read_corpus(make_cfg(tmp_path, {**c, "max_sentences": 1}).data.train, "es", "en")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_iter_pairs_streams_chunks(tmp_path, gz):
+    src, tgt = corpus(50)
+    c = make_cfg(tmp_path, corpus_cfg(write(tmp_path / "a.es", src, gz), write(tmp_path / "a.en", tgt, gz))).data.train
+    chunks = list(sources.iter_pairs(c, "es", "en", chunk=7))
+    assert [(len(a), len(b)) for a, b in chunks] == [(7, 7)] * 7 + [(1, 1)]
+    assert sum((a for a, _ in chunks), []) == src and sum((b for _, b in chunks), []) == tgt
+    capped = CorpusConfig(**{**c.__dict__, "max_sentences": 10})
+    assert [len(a) for a, _ in sources.iter_pairs(capped, "es", "en", chunk=7)] == [7, 3]
+    assert list(sources.iter_side(c, "tgt", "es", "en")) == tgt
+    assert list(sources.iter_side(capped, "src", "es", "en")) == src[:10]
+
+
+@pytest.mark.parametrize("short", ["src", "tgt"])
+def test_line_count_mismatch_found_while_streaming(tmp_path, short):
+    src, tgt = corpus(50)
+    src, tgt = (src[:-1], tgt) if short == "src" else (src, tgt[:-1])
+    c = make_cfg(tmp_path, corpus_cfg(write(tmp_path / "a.es", src), write(tmp_path / "a.en", tgt))).data.train
+    it = sources.iter_pairs(c, "es", "en", chunk=7)
+    assert len(next(it)[0]) == 7  # chunks come before the end is known
+    with pytest.raises(UserError) as e:
+        list(it)
+    assert f"a.es has {len(src)}, " in str(e.value) and str(e.value).endswith(f"a.en has {len(tgt)}")
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -130,6 +163,19 @@ def test_hf_save_to_disk(tmp_path, hf_cache):
         read_corpus(hf_cfg(tmp_path, hf_path=str(tmp_path / "one")), "fr", "en")
     with pytest.raises(UserError, match="'id' is not a text column"):
         read_corpus(hf_cfg(tmp_path, hf_path=str(tmp_path / "one"), src_field="id"), "es", "en")
+
+
+def test_hf_reads_arrow_batches(tmp_path, hf_cache):
+    src, tgt = corpus(20)
+    hf_cache.Dataset.from_dict({"translation": [{"es": s, "en": t} for s, t in zip(src, tgt)]}
+                               ).save_to_disk(str(tmp_path / "one"))
+    c = hf_cfg(tmp_path, hf_path=str(tmp_path / "one"))
+    chunks = list(sources.iter_pairs(c, "es", "en", chunk=6))
+    assert [len(a) for a, _ in chunks] == [6, 6, 6, 2]
+    assert sum((a for a, _ in chunks), []) == src and sum((b for _, b in chunks), []) == tgt
+    capped = hf_cfg(tmp_path, hf_path=str(tmp_path / "one"), max_sentences=8)
+    assert [len(a) for a, _ in sources.iter_pairs(capped, "es", "en", chunk=6)] == [6, 2]
+    assert list(sources.iter_side(capped, "tgt", "es", "en")) == tgt[:8]
 
 
 @pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "parquet"])
@@ -183,22 +229,6 @@ def test_filter_pairs_counts():
     assert counts["too_long"] == 2 and counts["kept"] == 8 and counts["empty"] == 0
 
 
-def test_encoded_corpus_compact_and_subset(tmp_path):
-    src, tgt = corpus(100)
-    c = corpus_cfg(write(tmp_path / "a.es", src), write(tmp_path / "a.en", tgt))
-    tok = build_tokenizer(make_cfg(tmp_path, c), str(tmp_path / "run"), log=quiet)
-    enc = D.encode_corpus(tok, src, tgt)
-    assert enc.src_tokens.dtype == np.int16 and enc.src_offsets.dtype == np.int64
-    assert D.token_dtype(32768) == np.int16 and D.token_dtype(32769) == np.int32
-    ref_src, ref_tgt = tok.encode_src(src), tok.encode_tgt(tgt)
-    assert [enc.src(i).tolist() for i in range(len(enc))] == ref_src
-    assert [enc.tgt(i).tolist() for i in range(len(enc))] == ref_tgt
-    keep = np.arange(100) % 3 == 0
-    sub = enc.subset(keep)
-    assert len(sub) == 34 and [sub.tgt(i).tolist() for i in range(34)] == ref_tgt[::3]
-    assert sub.src_lens.tolist() == [len(x) for x in ref_src[::3]]
-
-
 def dirty_corpus(tmp_path):
     """300 clean pairs plus 2 with an empty side, 2 over-long, 1 with a bad length ratio."""
     src, tgt = corpus(300)
@@ -229,29 +259,6 @@ def test_load_data_filters_and_logs(tmp_path):
     valid, (vsrc, vref) = data.valid, data.valid_lines
     assert (vsrc, vref) == (src, tgt)  # every raw pair kept for BLEU
     assert len(valid) == 303 and valid.stats["too_long"] == 2  # loss: only over-long pairs dropped
-
-
-def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
-    train, src, tgt = dirty_corpus(tmp_path)
-    cfg = make_cfg(tmp_path, train)
-    run = str(tmp_path / "run")
-    tok = build_tokenizer(cfg, run, log=quiet)
-    first = D.load_data(cfg, tok, run, log=quiet)
-
-    def no_encode(*a, **k):
-        raise AssertionError("must load from the cache")
-    monkeypatch.setattr(D, "encode_corpus", no_encode)
-    logs = []
-    second = D.load_data(cfg, tok, run, log=logs.append, read_train=lambda: no_encode())
-    assert any(m.startswith("data train: loaded encoded corpus from") for m in logs)
-    for a, b in ((first.train, second.train), (first.valid, second.valid)):
-        assert np.array_equal(a.src_tokens, b.src_tokens) and np.array_equal(a.tgt_offsets, b.tgt_offsets)
-        assert a.stats == b.stats
-    with pytest.raises(AssertionError, match="must load from the cache"):  # other filter settings: new key
-        D.load_data(make_cfg(tmp_path, train, max_len=20), tok, run, log=quiet)
-    write(tmp_path / "t.es", src[::-1])  # changed file (size/mtime): new key
-    with pytest.raises(AssertionError, match="must load from the cache"):
-        D.load_data(cfg, tok, run, log=quiet)
 
 
 def test_empty_corpus_errors(tmp_path):
@@ -349,3 +356,125 @@ def test_collate_by_hand():
     assert rev.src.tolist() == [[10, EOS_ID, PAD_ID, PAD_ID], [5, 6, 7, EOS_ID]]
     empty_tgt = D.collate(from_lists([[4]], [[]]), np.array([0]))
     assert empty_tgt.tgt_in.tolist() == [[BOS_ID]] and empty_tgt.tgt_out.tolist() == [[EOS_ID]]
+
+
+# --------------------------------------------------------------------------- several corpora, epoch mix
+
+def old_epoch_batches(corpus, cfg, epoch, *, rank=0, world_size=1, offset=0):
+    """`epoch_batches` before issue 17 (one corpus, no mix), kept as the reference."""
+    d = cfg.data
+    batches = D.batch_indices(corpus.src_lens, corpus.tgt_lens, d.batch_tokens, cfg.seed, epoch,
+                              max_batch_size=d.max_batch_size, pool_size=d.pool_size)
+    return D.shard_batches(batches, rank, world_size)[offset:]
+
+
+def digest(batches):
+    flat = np.concatenate([np.concatenate(batches), [len(b) for b in batches]]).astype(np.int64)
+    return hashlib.sha256(flat.tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("train", [{"src": "x", "tgt": "y"}, [{"src": "x", "tgt": "y"}],
+                                   [{"src": "x", "tgt": "y", "weight": 2.5}]])
+def test_one_corpus_gives_todays_batches(tmp_path, train):
+    s, t = lognormal_lengths(2000)
+    enc = from_lists([[5] * n for n in s], [[6] * n for n in t])
+    raw = {"data": {"src_lang": "es", "tgt_lang": "en", "train": train, "valid": {"src": "x", "tgt": "y"},
+                    "batch_tokens": 1024, "pool_size": 500}, "seed": 7}
+    cfg = config_from_dict(raw, check_files=False)
+    # digests of the batches computed with the code before issue 17 (commit 1e9da51)
+    for epoch, expected in ((1, "bcd183ddb0385173"), (2, "da769e0ddff7d617")):
+        assert digest(D.epoch_batches(enc, cfg, epoch)) == expected
+        for rank, offset in ((0, 0), (1, 3)):
+            new = D.epoch_batches(enc, cfg, epoch, rank=rank, world_size=2, offset=offset)
+            old = old_epoch_batches(enc, cfg, epoch, rank=rank, world_size=2, offset=offset)
+            assert [b.tolist() for b in new] == [b.tolist() for b in old]
+
+
+def test_epoch_mix_counts_and_draws():
+    parts, weights = [10, 1000, 37, 5], [1.0, 0.5, 3.0, 0.0]
+    counts = D.mix_counts(parts, weights)
+    assert counts == [round(w / 4.5 * 1052) for w in weights] == [234, 117, 701, 0]
+    chosen = D.epoch_pairs(parts, weights, seed=1, epoch=2)
+    assert chosen.dtype == np.int64 and len(chosen) == sum(counts)
+    starts = np.cumsum([0] + parts)
+    for i, (size, n) in enumerate(zip(parts, counts)):
+        mine = chosen[(chosen >= starts[i]) & (chosen < starts[i] + size)] - starts[i]
+        seen = np.bincount(mine, minlength=size)
+        whole, rest = divmod(n, size)
+        # whole passes, then `rest` different pairs once more (a subset without replacement)
+        assert set(seen.tolist()) <= {whole, whole + 1} and int((seen == whole + 1).sum()) == rest
+    again = D.epoch_pairs(parts, weights, seed=1, epoch=2)
+    assert np.array_equal(chosen, again)  # a pure function of (seed, epoch)
+    assert not np.array_equal(chosen, D.epoch_pairs(parts, weights, seed=1, epoch=3))
+    assert not np.array_equal(chosen, D.epoch_pairs(parts, weights, seed=2, epoch=2))
+    # each corpus draws from its own generator (seed, epoch, index): corpus 1's subset does not
+    # depend on the other corpora's draws
+    other = D.epoch_pairs([10, 1000, 37, 5], [1.0, 0.5, 3.0, 0.0], seed=1, epoch=2)
+    sub = lambda ch: ch[(ch >= 10) & (ch < 1010)]
+    assert np.array_equal(sub(chosen), sub(other))
+    assert D.epoch_pairs([10, 20], [1, 2], seed=1, epoch=1) is None  # shares equal sizes: every pair once
+    assert D.epoch_pairs([30], [0.3], seed=1, epoch=1) is None
+
+
+def test_mixed_epoch_batches_cover_the_mix_and_resume(tmp_path):
+    s, t = lognormal_lengths(900)
+    enc = from_lists([[5] * n for n in s], [[6] * n for n in t], parts=[600, 300])
+    train = [{"src": "x", "tgt": "y"}, {"src": "x2", "tgt": "y2", "weight": 3.0, "src_tag": "<BT>"}]
+    cfg = make_cfg(tmp_path, train, valid={"src": "x", "tgt": "y"}, batch_tokens=1024)
+    full = D.epoch_batches(enc, cfg, epoch=3)
+    flat = np.concatenate(full)
+    assert np.array_equal(np.sort(flat), np.sort(D.epoch_pairs([600, 300], [1.0, 3.0], cfg.seed, 3)))
+    assert len(flat) == 900 and (flat < 600).sum() == 225 and (flat >= 600).sum() == 675
+    for b in full:  # the budget holds on the real pairs
+        assert len(b) * max(s[b].max() + 1, t[b].max() + 1) <= 1024 or len(b) == 1
+    assert [b.tolist() for b in D.epoch_batches(enc, cfg, epoch=3, offset=5)] == [b.tolist() for b in full[5:]]
+    r1 = D.epoch_batches(enc, cfg, epoch=3, rank=1, world_size=2, offset=2)
+    assert [b.tolist() for b in r1] == [b.tolist() for b in D.shard_batches(full, 1, 2)[2:]]
+    with pytest.raises(ValueError, match="parts"):
+        D.epoch_batches(from_lists([[5]], [[6]]), cfg, epoch=1)
+
+
+def test_several_corpora_tags_stats_and_logs(tmp_path):
+    src, tgt = corpus(200)
+    bt_src, bt_tgt = corpus(120, seed=5)
+    real = corpus_cfg(write(tmp_path / "real.es", src), write(tmp_path / "real.en", tgt))
+    bt = {**corpus_cfg(write(tmp_path / "bt.es", bt_src + [""]), write(tmp_path / "bt.en", bt_tgt + ["x"])),
+          "weight": 0.5, "src_tag": "<BT>"}
+    cfg = make_cfg(tmp_path, [real, bt], valid=real, max_ratio=100.0)
+    logs = []
+    tok, data = D.prepare_data(cfg, str(tmp_path / "run"), log=logs.append)
+    train = data.train
+    assert train.parts == (200, 120) and len(train) == 320
+    assert [c["name"] for c in train.stats["corpora"]] == ["real.es", "bt.es"]
+    assert train.stats["corpora"][1]["pairs"] == 121 and train.stats["corpora"][1]["empty"] == 1
+    assert train.stats["pairs"] == 321 and train.stats["kept"] == 320
+    (tag_id,) = tok.encode_src(["<BT>"])[0]
+    assert [train.src(i).tolist() for i in range(200)] == tok.encode_src(src)  # untagged
+    assert [train.src(200 + i).tolist() for i in range(120)] == [[tag_id] + x for x in tok.encode_src(bt_src)]
+    assert any(m.startswith("data train[0] real.es: 200 pairs read;") for m in logs)
+    assert any(m.startswith("data train[1] bt.es, tag <BT>: 121 pairs read; dropped 1 with an empty side") for m in logs)
+    mix = [m for m in logs if "epoch mix" in m]
+    assert mix == ["data train: epoch mix of 2 corpora (320 pairs an epoch): "
+                   "real.es 200 pairs x1.06 (66.6%), bt.es 120 pairs x0.89 (33.4%)"]  # 213 and 107 pairs
+
+
+def test_one_corpus_as_a_list_trains_the_same(tmp_path):
+    """`data.train: X` and `data.train: [X]` give the same run: same batches, same weights."""
+    import torch
+
+    from nmt import checkpoint as ckpt
+    from nmt.train import train
+    from synthetic import tiny_config_dict
+
+    results = []
+    for name, wrap in (("mapping", False), ("list", True)):
+        raw = tiny_config_dict(tmp_path, max_steps=4, valid_every=4, valid_bleu=False, metric="loss")
+        raw["name"] = name
+        if wrap:
+            raw["data"]["train"] = [raw["data"]["train"]]
+        result = train(config_from_dict(raw), quiet=True)
+        saved = ckpt.load_checkpoint(os.path.join(result["run_dir"], "checkpoints", "latest.pt"))
+        results.append((result["valid"]["loss"], saved["model"]))
+    (loss_a, model_a), (loss_b, model_b) = results
+    assert loss_a == loss_b
+    assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)

@@ -256,8 +256,8 @@ def test_one_run_directory_one_event_file_one_log(ddp_run):
     cfg, proc, _ = ddp_run
     run = cfg.run_dir
     assert sorted(os.listdir(os.path.dirname(run))) == ["ddp"]
-    assert sorted(os.listdir(run)) == [".lock", "cache", "checkpoints", "config.yaml", "spm.model", "tensorboard",
-                                       "train.log"]
+    assert sorted(os.listdir(run)) == [".lock", "cache", "checkpoints", "config.yaml", "spm.json", "spm.model",
+                                       "tensorboard", "train.log"]
     events = [f for _, _, files in os.walk(os.path.join(run, "tensorboard")) for f in files]
     assert len(events) == 1 and events[0].startswith("events.out.tfevents"), events
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["best.pt", "latest.pt", "step_10.pt", "step_5.pt"]
