@@ -145,6 +145,7 @@ class Source(NamedTuple):
     describe: str                                             # how errors name it
     chunks: Callable[[], Iterator[tuple[list[str], list[str]]]]  # aligned (src, tgt) chunks
     tag: str | None = None                                    # prepended to non-empty source lines
+    protect: bool = False                                     # protected spans -> placeholders (nmt/protect.py)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -153,10 +154,15 @@ def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.nda
     return np.fromiter(itertools.chain.from_iterable(seqs), dtype, int(lens.sum())), lens
 
 
-def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str | None = None
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(src tokens, src lens [n], tgt tokens, tgt lens [n]) of aligned lines; `tag + " "` goes
-    before every non-empty source line (an empty one stays empty, so the pair is dropped)."""
+def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str | None = None,
+                 protect: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(src tokens, src lens [n], tgt tokens, tgt lens [n]) of aligned lines; with `protect` each pair's
+    spans become placeholders (`protect.mask_pair`); `tag + " "` goes before every non-empty source
+    line (an empty one stays empty, so the pair is dropped)."""
+    if protect:
+        from nmt.protect import mask_pair
+
+        src, tgt = map(list, zip(*(mask_pair(a, b) for a, b in zip(src, tgt)))) if src else (src, tgt)
     if tag:
         src = [f"{tag} {x}" if x else x for x in src]
     st, sl = _flatten(tokenizer.encode_src(src), token_dtype(tokenizer.src_vocab_size))
@@ -229,7 +235,7 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
         for src in sources:
             counts = dict.fromkeys(COUNTS, 0)
             for src_lines, tgt_lines in src.chunks():
-                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag)
+                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, src.protect)
                 keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None)
                 writer.add("src", st[np.repeat(keep, sl)], sl[keep])
                 writer.add("tgt", tt[np.repeat(keep, tl)], tl[keep])

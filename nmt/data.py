@@ -33,7 +33,9 @@ import torch
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import (EncodedCorpus, Source, cache_prefix, cached_split, chunked, filter_pairs,
                         token_dtype)
+from nmt.errors import UserError
 from nmt.masks import padding_mask
+from nmt.protect import PLACEHOLDERS
 from nmt.sources import iter_pairs, read_corpus, source_fingerprint
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, build_tokenizer, check_tags, train_tags
 
@@ -72,17 +74,18 @@ def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[
     d = cfg.data
     corpora = d.train_corpora
     key = [[[source_fingerprint(c, d.src_lang, d.tgt_lang), c.src_tag] for c in corpora],
-           _tokenizer_hash(tokenizer), d.max_len, d.max_ratio]
-    sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, d.src_lang, d.tgt_lang), c.src_tag)
-               for c in corpora]
+           _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else [])
+    sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, d.src_lang, d.tgt_lang), c.src_tag,
+                      d.protect) for c in corpora]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
 
 
 def _load_valid(cfg: Config, tokenizer: Tokenizer, run_dir: str, lines: tuple[list[str], list[str]],
                 log: Callable[[str], None]) -> EncodedCorpus:
     d = cfg.data
-    key = [[[source_fingerprint(d.valid, d.src_lang, d.tgt_lang), None]], _tokenizer_hash(tokenizer), d.max_len, None]
-    sources = [Source(corpus_name(d.valid), _describe(d.valid), lambda: iter(chunked(*lines)))]
+    key = [[[source_fingerprint(d.valid, d.src_lang, d.tgt_lang), None]], _tokenizer_hash(tokenizer), d.max_len,
+           None] + ([True] if d.protect else [])
+    sources = [Source(corpus_name(d.valid), _describe(d.valid), lambda: iter(chunked(*lines)), None, d.protect)]
     return cached_split(cache_prefix(run_dir, "valid", key), "valid", sources, tokenizer, d.max_len, d.max_ratio,
                         log, filter_ratio=False)
 
@@ -122,6 +125,9 @@ def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[st
     """
     d = cfg.data
     check_tags(tokenizer, train_tags(cfg), "in use")
+    if d.protect and not all(tokenizer.is_target_symbol(p) for p in PLACEHOLDERS):
+        raise UserError(f"data.protect: the tokenizer in use has no placeholder tokens {PLACEHOLDERS[0]} ... "
+                        f"{PLACEHOLDERS[-1]} (it was made without data.protect, e.g. a fine-tuning source's)")
     train = _load_train(cfg, tokenizer, run_dir, log)
     _log_train(cfg, train, log)
     valid_lines = read_corpus(d.valid, d.src_lang, d.tgt_lang)

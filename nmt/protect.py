@@ -21,8 +21,11 @@ exactly once.
 
 from __future__ import annotations
 
+import random
 import re
+import zlib
 from dataclasses import dataclass
+from typing import Sequence
 
 MAX_SPANS = 16
 PLACEHOLDERS = tuple(f"<ph_{k}>" for k in range(MAX_SPANS))  # SentencePiece user-defined symbols
@@ -45,26 +48,34 @@ def pattern(extra: str | None = None) -> re.Pattern:
     return _cache[extra]
 
 
-def mask(text: str, extra: str | None = None) -> tuple[str, list[str]]:
-    """(text with each protected span replaced by <ph_K>, the spans in order)."""
-    spans: list[str] = []
+def mask(text: str, extra: str | None = None, numbers: Sequence[int] | None = None) -> tuple[str, list[str]]:
+    """(text with each protected span replaced by <ph_K>, the spans by K). K = 0, 1, ... in order
+    of appearance, or `numbers[i]` for the i-th span (training: `mask_pair` draws them)."""
+    found: list[tuple[int, str]] = []
 
     def sub(m: re.Match) -> str:
-        if len(spans) >= MAX_SPANS:
+        if len(found) >= MAX_SPANS:
             return m.group(0)
-        spans.append(m.group(0))
-        return PLACEHOLDERS[len(spans) - 1]
-    return pattern(extra).sub(sub, text), spans
+        k = numbers[len(found)] if numbers is not None else len(found)
+        found.append((k, m.group(0)))
+        return PLACEHOLDERS[k]
+    masked = pattern(extra).sub(sub, text)
+    spans = [""] * (max((k for k, _ in found), default=-1) + 1)
+    for k, span in found:
+        spans[k] = span
+    return masked, spans
 
 
 def mask_like(text: str, spans: list[str], extra: str | None = None) -> str:
     """Mask `text` (a target or a prefix) with the placeholders of `spans` (its source's): a span
-    with the same text as an unused source span gets that span's placeholder; others stay text."""
+    with the same text as an unused source span gets that span's placeholder (the first such, in
+    the order the source had them); others stay text."""
     used: set[int] = set()
+    order = sorted((k for k, span in enumerate(spans) if span), key=lambda k: spans.index(spans[k]))
 
     def sub(m: re.Match) -> str:
-        for k, span in enumerate(spans):
-            if span == m.group(0) and k not in used:
+        for k in order:
+            if spans[k] == m.group(0) and k not in used:
                 used.add(k)
                 return PLACEHOLDERS[k]
         return m.group(0)
@@ -72,8 +83,12 @@ def mask_like(text: str, spans: list[str], extra: str | None = None) -> str:
 
 
 def mask_pair(src: str, tgt: str, extra: str | None = None) -> tuple[str, str]:
-    """A training pair with the same placeholder for the same span on both sides."""
-    masked, spans = mask(src, extra)
+    """A training pair with the same placeholder for the same span on both sides. The placeholder
+    numbers are drawn at random (seeded by the source text, so a pair always masks the same way):
+    the model must copy the number it sees, not count spans, and every placeholder gets trained."""
+    n = min(len(pattern(extra).findall(src)), MAX_SPANS)
+    numbers = random.Random(zlib.crc32(src.encode("utf-8"))).sample(range(MAX_SPANS), n)
+    masked, spans = mask(src, extra, numbers)
     return masked, mask_like(tgt, spans, extra)
 
 
@@ -91,7 +106,7 @@ def restore(text: str, spans: list[str]) -> Restored:
     def sub(m: re.Match) -> str:
         nonlocal unknown
         k = int(m.group(1))
-        if k < len(spans):
+        if k < len(spans) and spans[k]:
             counts[k] += 1
             return spans[k]
         unknown = True
@@ -99,4 +114,4 @@ def restore(text: str, spans: list[str]) -> Restored:
     out = _PLACEHOLDER.sub(sub, text)
     if unknown:
         out = " ".join(out.split())  # a dropped placeholder leaves no double space
-    return Restored(out, not unknown and all(c == 1 for c in counts))
+    return Restored(out, not unknown and all(c == 1 for c, span in zip(counts, spans) if span))

@@ -36,6 +36,7 @@ import sentencepiece as spm
 
 from nmt.config import Config, TokenizerConfig, to_dict
 from nmt.errors import UserError
+from nmt.protect import PLACEHOLDERS
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode (UNK is kept)
@@ -105,10 +106,13 @@ class Tokenizer:
         return self._tgt.decode(clean) if clean else []
 
     def is_target_symbol(self, text: str) -> bool:
-        """True when `text` is one piece, never split, of the source and the target models
-        (a SentencePiece user-defined symbol, such as a placeholder or a tag)."""
-        return all(sp.piece_to_id(text) != UNK_ID and text in sp.encode(text, out_type=str)
-                   for sp in (self._src, self._tgt))
+        """True when `text` alone encodes to one known piece of the source and the target models (a
+        SentencePiece user-defined symbol, such as a placeholder; with a `word` model, the piece of
+        the whitespace-separated word)."""
+        def one_piece(sp: spm.SentencePieceProcessor) -> bool:
+            pieces = [p for p in sp.encode(text, out_type=str) if p != WORD_START]
+            return len(pieces) == 1 and pieces[0] in (text, WORD_START + text) and sp.piece_to_id(pieces[0]) != UNK_ID
+        return one_piece(self._src) and one_piece(self._tgt)
 
     def src_pieces(self, line: str) -> list[str]:
         """Source subword pieces of one line (for inspection and logs)."""
@@ -273,7 +277,8 @@ def tokenizer_settings(cfg: Config) -> dict:
         sources = [file_fingerprint(p) for p in (tok.model, tok.src_model, tok.tgt_model) if p]
     else:
         sources = [source_fingerprint(c, d.src_lang, d.tgt_lang) for c in d.train_corpora]
-    return {"tokenizer": section, "seed": cfg.seed, "tags": train_tags(cfg), "sources": sources}
+    return {"tokenizer": section, "seed": cfg.seed, "tags": train_tags(cfg), "sources": sources,
+            "protect": cfg.data.protect}
 
 
 def _stale_reason(run_dir: str, settings: dict) -> str | None:
@@ -289,7 +294,8 @@ def _stale_reason(run_dir: str, settings: dict) -> str | None:
         return None
     if not isinstance(saved, dict):
         saved = {}
-    names = {"seed": "seed", "tags": "data.train src_tag", "sources": "the training corpora or model files"}
+    names = {"seed": "seed", "tags": "data.train src_tag", "sources": "the training corpora or model files",
+             "protect": "data.protect"}
     diff = [f"data.tokenizer.{k}" for k in settings["tokenizer"]
             if saved.get("tokenizer", {}).get(k) != settings["tokenizer"][k]]
     diff += [names[k] for k in names if saved.get(k) != settings[k]]
@@ -320,14 +326,15 @@ def _train(cfg: Config, log: Callable[[str], None]) -> Tokenizer:
 
     def side(s: str) -> Callable[[], Iterator[str]]:
         return lambda: itertools.chain.from_iterable(iter_side(c, s, d.src_lang, d.tgt_lang) for c in d.train_corpora)
-    symbols = [tag_symbol(t) for t in train_tags(cfg)]
+    placeholders = list(PLACEHOLDERS) if d.protect else []  # plain symbols: a span may touch a word
+    symbols = [tag_symbol(t) for t in train_tags(cfg)] + placeholders
     n_src, n_tgt = sum(a for a, _ in counts), sum(b for _, b in counts)
     train = lambda lines, what, sym, n: train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log,
                                                             symbols=sym, count=n)
     if tok.joint:  # the stream is all source lines, then all target lines
         both = lambda: itertools.chain(side("src")(), side("tgt")())
         return Tokenizer(train(both, "joint", symbols, n_src + n_tgt), threads=tok.threads)
-    return Tokenizer(train(side("src"), "source", symbols, n_src), train(side("tgt"), "target", (), n_tgt),
+    return Tokenizer(train(side("src"), "source", symbols, n_src), train(side("tgt"), "target", placeholders, n_tgt),
                      threads=tok.threads)
 
 
@@ -349,6 +356,10 @@ def build_tokenizer(cfg: Config, run_dir: str, log: Callable[[str], None] = prin
         else:
             result = Tokenizer(read_model_file(tok.src_model), read_model_file(tok.tgt_model), threads=tok.threads)
         check_tags(result, train_tags(cfg), tok.model or tok.src_model)
+        if cfg.data.protect and not all(result.is_target_symbol(p) for p in PLACEHOLDERS):
+            raise UserError(f"data.protect needs the placeholder tokens {PLACEHOLDERS[0]} ... {PLACEHOLDERS[-1]} as "
+                            f"user-defined symbols of {tok.model or tok.src_model} (train it with them, or let nmt "
+                            "train the tokenizer)")
         log(f"tokenizer: loaded {tok.model or (tok.src_model + ', ' + tok.tgt_model)}")
     else:
         result = _train(cfg, log)

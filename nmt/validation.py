@@ -49,7 +49,8 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     src, ref = valid_lines
     n = cfg.train.valid_max_sentences or len(src)
     src, ref = src[:n], ref[:n]
-    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False)
+    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False,
+                                 protect=cfg.data.protect)
     with precision.autocast():
         out = [r[0] for r in translate_nbest(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)]
     hyps = [t.text for t in out]
