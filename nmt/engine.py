@@ -12,7 +12,7 @@ nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported with `nmt export`).
         decode: DecodeConfig            the model's default search settings (its config's `decode`)
         max_positions: int              longest sequence the model accepts
         torch_device: torch.device | None   a PyTorch model's device (None: the engine runs its own threads)
-        workers: int | None             batches the engine searches at once (None: decided per call, see translate.resolve_workers)
+        workers: int | None             batches the engine searches at once (None: decided per call, `resolve_workers`)
         def running() -> ContextManager  around a run of calls: the model in eval mode
         def search_batch(src_ids, decode, keys=None, prefixes=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
