@@ -12,7 +12,9 @@ step 1 to their peak at step `warmup_steps`:
                  (its own warmup; peak lr * (d_model * warmup)^-0.5 at step = warmup)
 - cosine:        min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
 - linear:        min_lr + (lr - min_lr) * (1 - p)
-  with p = (step - warmup) / (max_steps - warmup) clamped to [0, 1].
+  with p = (step - warmup) / (max_steps - warmup) clamped to [0, 1]; with
+  `decay_fraction` f < 1 the lr stays at its peak until the last f of that span and
+  decays over it (warmup-stable-decay): p = (step - (max_steps - f * span)) / (f * span).
 
 The clock (`train.schedule_clock`): `steps` (above), or `time`: the same formulas with
 "step" the seconds trained so far and max_steps replaced by train.max_time, so that
@@ -60,8 +62,8 @@ def lr_at(step: float, cfg: TrainConfig, d_model: int) -> float:
         return lr
     if cfg.schedule == "inverse_sqrt":
         return lr * math.sqrt(warmup / step)
-    span = max(end - warmup, 1e-9)
-    p = min(max((step - warmup) / span, 0.0), 1.0)
+    span = max(end - warmup, 1e-9) * cfg.decay_fraction  # the decay: the last decay_fraction of the budget
+    p = min(max((step - (end - span)) / span, 0.0), 1.0)
     if cfg.schedule == "cosine":
         return cfg.min_lr + (lr - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
     if cfg.schedule == "linear":

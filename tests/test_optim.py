@@ -114,3 +114,17 @@ def test_time_clock_scheduler_reads_the_clock_at_each_update():
         assert opt.param_groups[0]["lr"] == pytest.approx(want, abs=1e-8)
     with pytest.raises(ValueError, match="clock"):
         build_scheduler(opt, cfg, 512)
+
+
+def test_decay_fraction_holds_the_peak_then_decays():
+    """Warmup-stable-decay: with decay_fraction f the lr stays at its peak until the last f of the
+    post-warmup span, then decays (linear or cosine) to min_lr at the end."""
+    lin = TrainConfig(lr=1e-3, schedule="linear", max_steps=100, warmup_steps=10, decay_fraction=0.5, min_lr=0.0)
+    assert [lr_at(s, lin, 512) for s in (10, 54, 55)] == pytest.approx([1e-3, 1e-3, 1e-3])
+    assert lr_at(77.5, lin, 512) == pytest.approx(0.5e-3) and lr_at(100, lin, 512) == pytest.approx(0.0)
+    cos = TrainConfig(lr=1e-3, schedule="cosine", max_time=100.0, schedule_clock="time", warmup_fraction=0.1,
+                      decay_fraction=0.2, min_lr=1e-5)
+    assert lr_at(50.0, cos, 512) == pytest.approx(1e-3) and lr_at(82.0, cos, 512) == pytest.approx(1e-3)
+    assert lr_at(91.0, cos, 512) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5) and lr_at(100.0, cos, 512) == pytest.approx(1e-5)
+    assert lr_at(60, TrainConfig(lr=1e-3, schedule="linear", max_steps=100, warmup_steps=10), 512) == \
+        pytest.approx(1e-3 * (1 - 50 / 90))  # decay_fraction 1 (the default): decay over the whole span
