@@ -240,6 +240,14 @@ class ReusingDecoderCache(DecoderCache):
 FAST_OPS = SearchOps(topk=blocked_topk, argmax=blocked_argmax, cache_cls=ReusingDecoderCache)
 
 
+def search_ops(device: torch.device) -> SearchOps:
+    """The fast SearchOps on CPU (plain elsewhere, or with NMT_CPU_TUNING=0): for searching a model
+    whose weights keep changing (validation during training), without packing them."""
+    from nmt.search import PLAIN_OPS
+
+    return FAST_OPS if enabled() and device.type == "cpu" else PLAIN_OPS
+
+
 def install_for_inference(model: nn.Module) -> SearchOps:
     """Pack the model's larger linear layers (CPU) and return the fast SearchOps (plain ones when
     NMT_CPU_TUNING=0)."""

@@ -44,6 +44,7 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     from nmt.degeneration import degeneration, format_report, scalars
     from nmt.engine import TorchEngine
     from nmt.evaluate import score
+    from nmt.fast import search_ops
     from nmt.translate import translate_nbest
 
     src, ref = valid_lines
@@ -51,8 +52,9 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     src, ref = src[:n], ref[:n]
     decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False,
                                  protect=cfg.data.protect)
+    engine = TorchEngine(model, tokenizer, decode, search_ops(device))
     with precision.autocast():
-        out = [r[0] for r in translate_nbest(TorchEngine(model, tokenizer, decode), src, decode, warn=log.info)]
+        out = [r[0] for r in translate_nbest(engine, src, decode, warn=log.info)]
     hyps = [t.text for t in out]
     scores = score(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
     report = degeneration(hyps, ref, src, [t.finished for t in out], tokenize=cfg.train.valid_tokenize)
