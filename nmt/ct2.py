@@ -22,8 +22,8 @@ Search settings follow nmt.search exactly where CTranslate2 allows it:
   are finished; nmt's beam search goes on until no live beam can still win. With patience 1,
   CTranslate2 often settles for short, poor hypotheses (4% of sentences differed on a small
   post-norm model); patience 2 (`DEFAULT_PATIENCE`) gave the same outputs. Without a penalty
-  both stop when the best beam ends. CTranslate2 also refills a beam slot whose candidate
-  ended; nmt leaves it empty for that step. Greedy search is the same search in both.
+  both stop when the best beam ends. Both refill a beam slot whose candidate ended from
+  the top 2K candidates. Greedy search is the same search in both.
 """
 
 from __future__ import annotations

@@ -282,13 +282,14 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
-    Each step extends the K live beams of a sentence, ranks the K*V candidates by summed
-    log-probability and keeps the top K. Candidates among them that end (EOS or maximum
-    length) go to the sentence's finished list, ranked by penalised score; the others are
-    the next live beams (a slot whose candidate ended stays empty for that step). With K = 1
-    this is exactly greedy search, whatever the length penalty (fairseq instead keeps K live
-    beams out of the top 2K, so its beam 1 is greedy only because it stops at the first
-    finished hypothesis, which is wrong with a length penalty). Early stop: see `_stopped`.
+    Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
+    log-probability. Candidates in the top K that end (EOS or maximum length) go to the
+    sentence's finished list, ranked by penalised score; the next live beams are the K best
+    candidates that do not end, taken from the top 2K (as fairseq and CTranslate2 do: an
+    ending candidate does not cost the search a live beam, which would bias it towards
+    short outputs). Early stop: see `_stopped` (with a length penalty the search goes on
+    while a live beam can still win, so even K = 1 may return a longer output than greedy
+    search; with `length_penalty_type: none`, K = 1 is greedy search).
     """
     _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type)
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
@@ -309,19 +310,23 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
         logp = rules.log_probs(decoder.step(tokens), t, history, sent.repeat_interleave(k))  # [N*k, V]
         V = logp.shape[1]
-        top, idx = _topk(logp.add_(scores.view(-1, 1)).view(N, k * V), K, ops)  # [N, K] each (in place: logp is fresh)
-        word = idx % V  # [N, K] token of each candidate
-        rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, K] row of its parent beam
+        top, idx = _topk(logp.add_(scores.view(-1, 1)).view(N, k * V), 2 * K, ops)  # [N, 2K] (in place: logp is fresh)
+        word = idx % V  # [N, 2K] token of each candidate
+        rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
         alive = top > NEG_INF
-        ends = (word == EOS_ID) | (max_lens <= t)[:, None]  # [N, K]
-        ended = ends & alive
-        score = top / length_penalty_factor(t, alpha, kind)  # [N, K] penalised score if the candidate ends now
+        ends = (word == EOS_ID) | (max_lens <= t)[:, None]  # [N, 2K]
+        ended = ends & alive & (torch.arange(2 * K, device=device) < K)  # endings in the top K finish
+        score = top / length_penalty_factor(t, alpha, kind)  # [N, 2K] penalised score if the candidate ends now
         enters = ended & (score > kth_best[:, -1:])  # can still be in the n-best
         if bool(enters.any()):
             _collect(finished, enters, sent, history, rows, word, top, score)
             new = score.masked_fill(~ended, NEG_INF)
             kth_best = torch.cat([kth_best, new], dim=1).topk(nbest, dim=1).values
-        scores = top.masked_fill(ends | ~alive, NEG_INF)  # [N, K] live beams only
+        live = alive & ~ends  # [N, 2K]
+        rank = torch.arange(2 * K, device=device)
+        sel = torch.where(live, rank, rank + 2 * K).argsort(dim=1)[:, :K]  # [N, K] the K best live candidates
+        scores = top.gather(1, sel).masked_fill(~live.gather(1, sel), NEG_INF)  # [N, K] live beams; -inf = empty
+        rows, word = rows.gather(1, sel), word.gather(1, sel)
         keep = ~_stopped(scores, kth_best, best_possible_lp)  # [N]
         if not bool(keep.all()):
             if not bool(keep.any()):

@@ -262,9 +262,9 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
     """Same hypotheses as nmt.search on >= 99% of 300 sentences (greedy, beam 4 with our default
     gnmt penalty), equal log-probabilities and scores. Where they differ, the difference is the
     search's, not the conversion's: CTranslate2's hypothesis, rescored by our PyTorch model, has
-    the log-probability CTranslate2 reported. (The searches differ: CTranslate2 refills a beam
-    slot whose candidate ended, nmt leaves it empty for that step; either may then find the
-    better hypothesis. It shows most with the `average` penalty, which favours long outputs.)"""
+    the log-probability CTranslate2 reported. (The searches still differ in when they stop:
+    CTranslate2 after beam_size * patience finished hypotheses, nmt when no live beam can win;
+    it shows most with the `average` penalty, which favours long outputs.)"""
     from nmt.ct2 import Ct2Engine
     from nmt.engine import TorchEngine
     from nmt.search import max_output_lengths

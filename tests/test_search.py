@@ -134,8 +134,9 @@ def fake_score(model: FakeModel, src: tuple, tokens: list[int], eos: bool, alpha
 
 def reference_beam(model: FakeModel, src: tuple, K: int, max_len: int, min_len: int, alpha: float, kind: str):
     """Plain one-sentence beam search with the documented semantics, run to max_len (no early stop):
-    top K of all extensions of the live beams; ended candidates (EOS / max length) are finished,
-    the rest are the live beams. Returns finished [(score, log_prob, tokens)] best first."""
+    rank all extensions of the live beams; the ending candidates (EOS / max length) among the top K
+    are finished, and the next live beams are the K best non-ending candidates among the top 2K.
+    Returns finished [(score, log_prob, tokens)] best first."""
     beams, finished = [((BOS_ID,), 0.0)], []
     for t in range(1, max_len + 1):
         cands = []
@@ -147,11 +148,12 @@ def reference_beam(model: FakeModel, src: tuple, K: int, max_len: int, min_len: 
                 cands.append((lp + float(logp[w]), prefix + (w,)))
         cands.sort(key=lambda c: -c[0])
         beams = []
-        for lp, seq in cands[:K]:
+        for rank, (lp, seq) in enumerate(cands[: 2 * K]):
             if seq[-1] == EOS_ID or t == max_len:
-                toks = list(seq[1:-1]) if seq[-1] == EOS_ID else list(seq[1:])
-                finished.append((lp / penalty(t, alpha, kind), lp, toks))
-            else:
+                if rank < K:
+                    toks = list(seq[1:-1]) if seq[-1] == EOS_ID else list(seq[1:])
+                    finished.append((lp / penalty(t, alpha, kind), lp, toks))
+            elif len(beams) < K:
                 beams.append((seq, lp))
         if not beams:
             break
@@ -311,15 +313,22 @@ def test_transformer_beam_vs_brute_force(model, kind, alpha):
             assert h.score <= ref[order[0]][0] + 1e-5
 
 
-def test_transformer_beam1_equals_greedy(model):
+def test_transformer_beam1_equals_greedy_without_penalty(model):
+    """Beam 1 without a length penalty is greedy search. With a penalty it searches on past an
+    ending (the top 2 candidates: a live beam is refilled), so its penalised score is at least
+    greedy's."""
     src, src_mask = model_batch([7, 2, 5, 9, 4], seed=7)
     kw = dict(max_len_a=1.5, max_len_b=3)
     greedy = greedy_search(model, src, src_mask, **kw)
-    for kind in ("gnmt", "average", "none"):
-        beam = beam_search(model, src, src_mask, beam_size=1, length_penalty_type=kind, **kw)
-        assert [b[0].tokens for b in beam] == [g.tokens for g in greedy]
-        assert [b[0].log_prob for b in beam] == pytest.approx([g.log_prob for g in greedy], abs=1e-6)
+    beam = beam_search(model, src, src_mask, beam_size=1, length_penalty_type="none", **kw)
+    assert [b[0].tokens for b in beam] == [g.tokens for g in greedy]
+    assert [b[0].log_prob for b in beam] == pytest.approx([g.log_prob for g in greedy], abs=1e-6)
     assert len({len(g.tokens) for g in greedy}) > 1  # the batch really has sentences ending at different steps
+    for kind in ("gnmt", "average"):
+        beam = beam_search(model, src, src_mask, beam_size=1, length_penalty_type=kind, **kw)
+        for (b,), g in zip(beam, greedy):
+            length = len(g.tokens) + g.finished
+            assert b.score >= g.log_prob / penalty(length, 1.0, kind) - 1e-6
 
 
 def test_transformer_batch_independence_and_cache(model):
