@@ -170,7 +170,7 @@ class TrainConfig:
     max_steps: int = _f(0, "Stop after this many optimizer steps; 0 = no limit.", min=0)
     max_epochs: int = _f(0, "Stop after this many epochs; 0 = no limit.", min=0)
     max_time: float = _f(0.0, "Stop after this many seconds of wall clock; 0 = no limit.", min=0.0)
-    valid_every: int = _f(1000, "Validate (and save) every this many steps; also at the end.", min=1)
+    valid_every: int = _f(1000, "Validate (and save) every this many steps (0 = by steps never; see valid_every_minutes); also at the end.", min=0)
     valid_every_minutes: float = _f(0.0, "Also validate (and save) whenever this many minutes of training passed since the last validation; 0 = off.", min=0.0)
     valid_bleu: bool = _f(True, "Greedy-decode the validation set for BLEU/chrF at each validation.")
     valid_max_sentences: int = _f(0, "Decode at most this many validation sentences for BLEU; 0 = all.", min=0)

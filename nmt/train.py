@@ -368,7 +368,7 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
             if state.step % t.log_every == 0:
                 meter.report(log, state, scheduler.get_last_lr()[0])
             due = t.valid_every_minutes and clock() - state.last_valid_time >= 60 * t.valid_every_minutes
-            if state.step % t.valid_every == 0 or due:
+            if (t.valid_every and state.step % t.valid_every == 0) or due:
                 t_valid = time.perf_counter()
                 stop_early = run_validation()
                 meter.t0 += time.perf_counter() - t_valid  # tokens/s counts training time only

@@ -331,3 +331,11 @@ def test_time_keyed_schedule_and_validation_every_minutes(tmp_path):
     assert log.count("valid step") >= 3  # every 0.6 s of training, and at the end
     with pytest.raises(ConfigError, match="schedule_clock: time' needs 'train.max_time'"):
         _small(tmp_path, "bad", schedule_clock="time")
+
+
+def test_valid_every_zero_validates_only_at_the_end(tmp_path):
+    """valid_every 0 turns step-count validation off (a time budget uses valid_every_minutes): one
+    validation, at the end."""
+    result = train(_small(tmp_path, "end_only", max_steps=7, valid_every=0, log_every=1), quiet=True)
+    log = open(os.path.join(result["run_dir"], "train.log")).read()
+    assert re.findall(r"valid step (\d+) \|", log) == ["7"]
