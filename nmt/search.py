@@ -286,8 +286,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     log-probability. Candidates in the top K that end (EOS or maximum length) go to the
     sentence's finished list, ranked by penalised score; the next live beams are the K best
     candidates that do not end, taken from the top 2K (as fairseq and CTranslate2 do: an
-    ending candidate does not cost the search a live beam, which would bias it towards
-    short outputs). Early stop: see `_stopped` (with a length penalty the search goes on
+    ending candidate does not cost the search a live beam). Early stop: see `_stopped` (with a length penalty the search goes on
     while a live beam can still win, so even K = 1 may return a longer output than greedy
     search; with `length_penalty_type: none`, K = 1 is greedy search).
     """

@@ -4,7 +4,8 @@
         --input data/bible-es-en/test.es.gz --sentences 500 --rounds 3 --json out.json
 
 Each variant is the same command plus some flags, at batch 32 (`--batch-size 32`), beam 5
-and greedy; the variants run round-robin, `--rounds` times, so that the machine's load hits
+and greedy, from a plain search (no sampling, no n-gram blocking, whatever the checkpoint's
+`decode` section says); the variants run round-robin, `--rounds` times, so that the machine's load hits
 them alike, and the median sentences/s is reported with its ratio to the plain command.
 The prefix variant forces, per line, the first 3 words of the plain command's own output
 (a prefix the model would produce anyway: the search work stays comparable).
@@ -35,7 +36,8 @@ VARIANTS = {
 
 def run(args, inp: str, out: str, extra: list[str], beam: int) -> float:
     cmd = [sys.executable, "-m", "nmt", "translate", "-c", args.checkpoint, "-i", inp, "-o", out, "--beam", str(beam),
-           "--batch-size", "32", "-q", *extra]
+           "--batch-size", "32", "--sampling", "none", "--no-repeat-ngram", "0", "-q", *extra]  # plain, whatever the
+    # checkpoint's decode defaults; a variant's own flags come later and win
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=os.path.join(os.path.dirname(__file__), ".."))
     return time.perf_counter() - t0
