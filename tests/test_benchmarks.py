@@ -136,3 +136,39 @@ def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):
     assert p["pairs"] == 30000 and 0 < p["kept"] <= 30000 and p["src_tokens"] > 0
     assert p["peak_rss_gib"] > 0 and p["prepare_s"] >= p["tokenizer_s"] >= p["spm_train_s"] > 0
     assert res["steps"]["step_s"] > 0 and "first_step" not in res
+
+
+def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
+    """scripts/length_report.py (teacher-forced EOS statistics, BENCHMARKS.md "Quality per
+    CPU-minute"), batched and padded, against each pair scored alone: log p(EOS) at the
+    reference's end equals the engine's forced-decoding score of that EOS (nmt score's path), and
+    the early-EOS figures equal a per-pair recount of the same model's forward pass."""
+    import importlib.util
+
+    import torch
+
+    from nmt.engine import TorchEngine
+    from nmt.tokenizer import BOS_ID, EOS_ID
+    from synthetic import make_pairs
+
+    spec = importlib.util.spec_from_file_location("length_report", os.path.join(SCRIPTS, "length_report.py"))
+    length_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(length_report)
+    engine = TorchEngine.load(make_tiny_checkpoint(str(tmp_path / "tiny.pt"), seed=3), "cpu", fast=False)
+    pairs = make_pairs(23, 5)
+    src, ref = [p[0] for p in pairs], [p[1] for p in pairs]
+    stats = length_report.eos_statistics(engine, src, ref, batch=4)  # several padded batches
+    xs, ys = engine.tokenizer.encode_src(src), engine.tokenizer.encode_tgt(ref)
+    final, early, positions, sentences = [], 0, 0, 0
+    with torch.inference_mode():
+        for x, y in zip(xs, ys):
+            final.append(engine.score_batch([x], [y])[0][-1])
+            s, m = engine._source([x])
+            logits = engine.model(s, m, torch.tensor([[BOS_ID] + y]))[0].float()
+            logits[:, [0, BOS_ID]] = float("-inf")
+            hits = int((logits[:len(y)].argmax(-1) == EOS_ID).sum())
+            early, positions, sentences = early + hits, positions + len(y), sentences + (hits > 0)
+    assert stats["sentences"] == len(pairs) and 0 < early < positions, (stats, early)  # a case with EOS argmax
+    assert abs(stats["final_eos_logp"] - sum(final) / len(final)) < 1e-4
+    assert abs(stats["early_eos_argmax"] - early / positions) < 1e-9
+    assert abs(stats["sentences_early_argmax"] - sentences / len(pairs)) < 1e-9
