@@ -33,8 +33,8 @@ VERBS = {"come": "eats", "ve": "sees", "tiene": "has", "lee": "reads"}
 ARTICLES = {"el": "the", "la": "the"}
 
 
-def _phrase(rng: random.Random) -> tuple[list[str], list[str]]:
-    art, noun = rng.choice(list(ARTICLES)), rng.choice(list(NOUNS))
+def _phrase(rng: random.Random, nouns: list[str]) -> tuple[list[str], list[str]]:
+    art, noun = rng.choice(list(ARTICLES)), rng.choice(nouns)
     src, tgt = [art, noun], [ARTICLES[art], NOUNS[noun]]
     if rng.random() < 0.6:
         adj = rng.choice(list(ADJECTIVES))
@@ -42,21 +42,23 @@ def _phrase(rng: random.Random) -> tuple[list[str], list[str]]:
     return src, tgt
 
 
-def _clause(rng: random.Random) -> tuple[list[str], list[str]]:
-    s1, t1 = _phrase(rng)
+def _clause(rng: random.Random, nouns: list[str]) -> tuple[list[str], list[str]]:
+    s1, t1 = _phrase(rng, nouns)
     verb = rng.choice(list(VERBS))
-    s2, t2 = _phrase(rng)
+    s2, t2 = _phrase(rng, nouns)
     return s1 + [verb] + s2, t1 + [VERBS[verb]] + t2
 
 
-def make_pairs(n: int, seed: int) -> list[tuple[str, str]]:
-    """`n` (source, target) sentence pairs, deterministic for `seed`."""
+def make_pairs(n: int, seed: int, nouns: list[str] | None = None) -> list[tuple[str, str]]:
+    """`n` (source, target) sentence pairs, deterministic for `seed`; `nouns`: the source nouns
+    used (default: all of NOUNS)."""
     rng = random.Random(seed)
+    nouns = list(NOUNS) if nouns is None else list(nouns)
     pairs = []
     for _ in range(n):
-        src, tgt = _clause(rng)
+        src, tgt = _clause(rng, nouns)
         if rng.random() < 0.3:
-            s2, t2 = _clause(rng)
+            s2, t2 = _clause(rng, nouns)
             src, tgt = src + ["y"] + s2, tgt + ["and"] + t2
         pairs.append((" ".join(src), " ".join(tgt)))
     return pairs

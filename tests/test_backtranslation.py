@@ -17,7 +17,7 @@ from nmt.translate import translate_lines
 from nmt.train import train
 
 sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import make_pairs, tiny_config_dict  # noqa: E402
+from synthetic import NOUNS, make_pairs, tiny_config_dict  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,7 +31,11 @@ def write(path, lines):
 
 def test_back_translation_in_two_commands(tmp_path):
     d = str(tmp_path)
-    real = make_pairs(100, 30)  # little real data for the forward direction ...
+    # Robust by design (not by a margin that depends on the CPU's float sums): the few real pairs use
+    # only half the nouns, so a model trained on them alone has never seen the others (its word
+    # vocabulary lacks them) and cannot translate a test sentence that has one; the monolingual text
+    # and the reverse model cover every noun, so back-translation supplies what real data lacks.
+    real = make_pairs(100, 30, nouns=list(NOUNS)[:5])  # little real data for the forward direction ...
     mono = [t for _, t in make_pairs(3000, 31)]  # ... and a lot of monolingual target text
     test = make_pairs(200, 32)
     paths = {"real.es": write(tmp_path / "real.es", [s for s, _ in real]),
@@ -78,5 +82,6 @@ def test_back_translation_in_two_commands(tmp_path):
     with_bt, without = test_bleu("fwd_bt"), test_bleu("fwd_real")
     engine = TorchEngine.load(os.path.join(fwd["output_dir"], "fwd_bt", "checkpoints", "best.pt"), "cpu")
     assert engine.tokenizer.is_target_symbol("▁<BT>") or len(engine.tokenizer.encode_src(["<BT>"])[0]) == 1
-    assert with_bt > without + 3, (with_bt, without)  # the synthetic pairs help when real data is scarce
+    # measured on a 2-core Intel Xeon: 88.2 vs 55.8; the gap is structural (half the nouns never seen)
+    assert with_bt > without + 15, (with_bt, without)  # the synthetic pairs help when real data is scarce
     print(f"test BLEU with back-translation {with_bt:.1f}, real pairs only {without:.1f}")
