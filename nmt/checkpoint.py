@@ -197,7 +197,7 @@ def build_model_from_checkpoint(state: dict, path: str) -> tuple[nn.Module, Any,
     try:
         cfg = config_from_dict(state["config"], check_files=False)
         tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-        model = Transformer(cfg.model, state["vocab"]["src"], state["vocab"]["tgt"])
+        model = Transformer(cfg.model, state["vocab"]["src"], state["vocab"]["tgt"], tokenizer.specials.pad)
         model.load_state_dict(state["model"])
     except (KeyError, ConfigError, RuntimeError, ValueError) as e:
         raise UserError(f"checkpoint {path} is incomplete or does not match its config: "

@@ -37,7 +37,7 @@ from nmt.engine import parse_device, resolve_workers
 from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.search import Hypothesis, length_penalty_factor, max_output_lengths
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from nmt.tokenizer import Tokenizer
 
 DEFAULT_PATIENCE = 2.0  # finished hypotheses per beam slot before CTranslate2 stops (see above)
 
@@ -96,7 +96,8 @@ class Ct2Engine:
         src, tgt = vocabularies(tokenizer)
         self.src_pieces, self.tgt_pieces = src, tgt
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
-        self.suppress = [[tgt[PAD_ID]], [tgt[BOS_ID]]]
+        self.specials = tokenizer.specials
+        self.suppress = [[tgt[i]] for i in self.specials.never_generated]
         self.patience = patience
 
     # ------------------------------------------------------------------ search
@@ -134,7 +135,8 @@ class Ct2Engine:
         pieces = [[self.src_pieces[t] for t in src_ids[i]] for i in idx]
         prefix = [[self.tgt_pieces[t] for t in prefixes[i]] for i in idx] if prefixes is not None else None
         hyps = self._search_batch(pieces, prefix, limit, decode, suppress=False)
-        redo = [j for j, h in enumerate(hyps) if any(t in (PAD_ID, BOS_ID) for x in h for t in x.tokens)]
+        never = self.specials.never_generated
+        redo = [j for j, h in enumerate(hyps) if any(t in never for x in h for t in x.tokens)]
         if redo:
             again = self._search_batch([pieces[j] for j in redo], [prefix[j] for j in redo] if prefix else None,
                                        limit, decode, suppress=True)
@@ -170,15 +172,16 @@ class Ct2Engine:
         """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty. rescore: the
         source pieces, when log_prob must be computed again by forced decoding (sampling, prefixes)."""
         hyps = []
-        tokens = [[self.tgt_ids.get(p, UNK_ID) for p in pieces] for pieces in result.hypotheses]
+        EOS = self.specials.eos
+        tokens = [[self.tgt_ids.get(p, self.specials.unk) for p in pieces] for pieces in result.hypotheses]
         if rescore is not None:
             forced = self.translator.score_batch([rescore] * len(tokens),
-                                                 [[self.tgt_pieces[t] for t in ids if t != EOS_ID] for ids in tokens],
+                                                 [[self.tgt_pieces[t] for t in ids if t != EOS] for ids in tokens],
                                                  max_batch_size=0, max_input_length=0)
         for k, (ids, ct2_score) in enumerate(zip(tokens, result.scores)):
             length = len(ids)  # generated tokens, EOS included when it ended with one
             log_prob = ct2_score * length ** ct2_alpha if ct2_alpha else ct2_score  # undo CTranslate2's len ** alpha
-            finished = bool(ids) and ids[-1] == EOS_ID
+            finished = bool(ids) and ids[-1] == EOS
             if finished:
                 ids.pop()
             if rescore is not None:

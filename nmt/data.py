@@ -1,11 +1,8 @@
-"""Parallel data: load the encoded corpora, mix several training corpora, token-budget batches, `Batch`.
+"""Parallel data: load the encoded corpora, mix several training corpora, token-budget batches.
 
-Sequence layout (fairseq style), with x = source ids and y = target ids:
-    src     = x + [EOS]             (no BOS on the source)
-    tgt_in  = [BOS] + y             (decoder input, teacher forcing)
-    tgt_out = y + [EOS]             (labels)
-padded on the right with PAD = 0, so a pair occupies len(x)+1 source and
-len(y)+1 target positions; "tokens" in budgets and counts mean these positions.
+The sequence layout (x + EOS, BOS + y, y + EOS, padded) and `collate` are nmt/layout.py's:
+a pair occupies len(x)+1 source and len(y)+1 target positions; "tokens" in budgets and
+counts mean these positions.
 
 Reading, encoding, filtering and the cache are `nmt.sources` and
 `nmt.corpus`: they stream, and the encoded corpora are memory-mapped files in
@@ -24,24 +21,21 @@ corpus are those of `batch_indices` over the whole corpus.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
-import torch
 
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import (EncodedCorpus, Source, cache_prefix, cached_split, chunked, filter_pairs,
                         token_dtype)
 from nmt.errors import UserError
-from nmt.masks import padding_mask
 from nmt.protect import PLACEHOLDERS
 from nmt.sources import iter_pairs, read_corpus, source_fingerprint
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, build_tokenizer, check_tags, train_tags
+from nmt.tokenizer import Tokenizer, check_tags, train_tags
 
-__all__ = ["read_corpus", "EncodedCorpus", "filter_pairs", "token_dtype", "load_data", "Data", "prepare_data",
+__all__ = ["read_corpus", "EncodedCorpus", "filter_pairs", "token_dtype", "load_data", "Data",
            "corpus_name", "mix_counts", "epoch_pairs", "batch_indices", "shard_batches", "epoch_batches",
-           "padding_efficiency", "Batch", "collate", "iter_batches"]
+           "padding_efficiency"]
 
 
 # --------------------------------------------------------------------------- loading
@@ -134,12 +128,6 @@ def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[st
     valid = _load_valid(cfg, tokenizer, run_dir, valid_lines, log)
     log(f"data valid: {_stats_line(valid.stats, d.max_len, None)}")
     return Data(train, valid, valid_lines)
-
-
-def prepare_data(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -> tuple[Tokenizer, Data]:
-    """build_tokenizer + load_data."""
-    tokenizer = build_tokenizer(cfg, run_dir, log)
-    return tokenizer, load_data(cfg, tokenizer, run_dir, log)
 
 
 # --------------------------------------------------------------------------- epoch mix
@@ -269,78 +257,3 @@ def padding_efficiency(src_lens: np.ndarray, tgt_lens: np.ndarray, batches: list
     real = sum(int(s[b].sum() + t[b].sum()) for b in batches)
     padded = sum(len(b) * int(s[b].max() + t[b].max()) for b in batches)
     return real / padded if padded else 1.0
-
-
-# --------------------------------------------------------------------------- Batch
-
-@dataclass
-class Batch:
-    """A padded batch (int64 ids, PAD = 0 on the right).
-
-    src [B,S] = x + EOS; src_mask [B,S] True = real token; tgt_in [B,T] = BOS + y;
-    tgt_out [B,T] = y + EOS; src_lengths [B] = len(x)+1; tgt_lengths [B] = len(y)+1;
-    n_src_tokens / n_tgt_tokens = their sums (n_tgt_tokens = positions in the
-    loss); indices [B] = positions of the pairs in the corpus.
-    """
-
-    src: torch.Tensor
-    src_mask: torch.Tensor
-    tgt_in: torch.Tensor
-    tgt_out: torch.Tensor
-    src_lengths: torch.Tensor
-    tgt_lengths: torch.Tensor
-    n_src_tokens: int
-    n_tgt_tokens: int
-    indices: torch.Tensor
-
-    def __len__(self) -> int:
-        return self.src.shape[0]
-
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Batch":
-        return Batch(**{f.name: fn(v) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
-                        for f in fields(self)})
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return self._map(lambda x: x.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> "Batch":
-        """Page-locked copies for fast asynchronous host-to-GPU copies (no-op without CUDA)."""
-        return self._map(lambda x: x.pin_memory()) if torch.cuda.is_available() else self
-
-
-def _pad_rows(tokens: np.ndarray, starts: np.ndarray, lens: np.ndarray, width: int, shift: int) -> np.ndarray:
-    """[B, width] int64 array with row b = tokens[starts[b] : starts[b]+lens[b]] placed at column shift."""
-    out = np.full((len(lens), width), PAD_ID, np.int64)
-    if tokens.size:
-        cols = np.arange(width - shift)[None, :]  # [1, width-shift]
-        real = cols < lens[:, None]
-        gather = np.minimum(starts[:, None] + cols, tokens.size - 1)
-        out[:, shift:] = np.where(real, tokens[gather], PAD_ID)
-    return out
-
-
-def collate(corpus: EncodedCorpus, indices: np.ndarray, *, pin_memory: bool = False) -> Batch:
-    """The Batch of the given pair indices (see `Batch` for the layout)."""
-    idx = np.asarray(indices, np.int64)
-    rows = np.arange(len(idx))
-    sl, tl = corpus.src_lens[idx].astype(np.int64), corpus.tgt_lens[idx].astype(np.int64)  # [B]
-    S, T = int(sl.max()) + 1, int(tl.max()) + 1
-    src = _pad_rows(corpus.src_tokens, corpus.src_offsets[idx], sl, S, 0)
-    src[rows, sl] = EOS_ID
-    tgt_in = _pad_rows(corpus.tgt_tokens, corpus.tgt_offsets[idx], tl, T, 1)
-    tgt_in[:, 0] = BOS_ID
-    tgt_out = _pad_rows(corpus.tgt_tokens, corpus.tgt_offsets[idx], tl, T, 0)
-    tgt_out[rows, tl] = EOS_ID
-    src_lengths = torch.from_numpy(sl + 1)
-    batch = Batch(src=torch.from_numpy(src), src_mask=padding_mask(src_lengths, S),
-                  tgt_in=torch.from_numpy(tgt_in), tgt_out=torch.from_numpy(tgt_out),
-                  src_lengths=src_lengths, tgt_lengths=torch.from_numpy(tl + 1),
-                  n_src_tokens=int(sl.sum()) + len(idx), n_tgt_tokens=int(tl.sum()) + len(idx),
-                  indices=torch.from_numpy(idx.copy()))
-    return batch.pin_memory() if pin_memory else batch
-
-
-def iter_batches(corpus: EncodedCorpus, batches: list[np.ndarray], *, pin_memory: bool = False) -> Iterator[Batch]:
-    """Collate the given index batches lazily, in order."""
-    for b in batches:
-        yield collate(corpus, b, pin_memory=pin_memory)

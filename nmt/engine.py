@@ -139,17 +139,10 @@ class TorchEngine:
             self.model.train(was_training)
 
     def _source(self, src_ids: Sequence[list[int]]):
-        """Padded [B,S] ids with EOS appended, and the mask [B,S] (True = token)."""
-        import torch
+        """src [B,S] (x + EOS, padded) and src_mask [B,S] on the model's device."""
+        from nmt.layout import source_tensors
 
-        from nmt.masks import padding_mask
-        from nmt.tokenizer import EOS_ID, PAD_ID
-
-        width = max(len(ids) for ids in src_ids) + 1
-        src = torch.tensor([ids + [EOS_ID] + [PAD_ID] * (width - len(ids) - 1) for ids in src_ids],
-                           device=self.torch_device)  # [B,S]
-        lengths = torch.tensor([len(ids) + 1 for ids in src_ids], device=self.torch_device)  # [B]
-        return src, padding_mask(lengths, width)
+        return source_tensors(src_ids, self.tokenizer.specials, self.torch_device)
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
                      prefixes: Sequence[list[int]] | None = None) -> list[list]:
@@ -158,7 +151,8 @@ class TorchEngine:
 
         src, src_mask = self._source(src_ids)
         kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
-                  no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops)
+                  no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops,
+                  specials=self.tokenizer.specials)
         if decode.sampling != "none":
             return sample_search(self.model, src, src_mask, samples=decode.nbest, sampling=decode.sampling,
                                  topk=decode.topk, topp=decode.topp, temperature=decode.temperature, seed=decode.seed,
@@ -174,12 +168,10 @@ class TorchEngine:
         import torch
         import torch.nn.functional as F
 
-        from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+        from nmt.layout import target_tensors
 
         src, src_mask = self._source(src_ids)
-        T = max(len(y) for y in tgt_ids) + 1
-        tgt_in = torch.tensor([[BOS_ID] + y + [PAD_ID] * (T - 1 - len(y)) for y in tgt_ids], device=self.torch_device)
-        tgt_out = torch.tensor([y + [EOS_ID] + [PAD_ID] * (T - 1 - len(y)) for y in tgt_ids], device=self.torch_device)
+        tgt_in, tgt_out = target_tensors(tgt_ids, self.tokenizer.specials, self.torch_device)  # [B,T]
         with torch.inference_mode():
             logits = self.model(src, src_mask, tgt_in)  # [B,T,V]
             logp = F.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[:, :, None]).squeeze(-1)  # [B,T]
@@ -191,12 +183,12 @@ class TorchEngine:
         last-layer cross-attention weight, averaged over heads, when predicting token j."""
         import torch
 
-        from nmt.tokenizer import BOS_ID, PAD_ID
+        from nmt.layout import target_tensors
 
         src, src_mask = self._source(src_ids)
         T = max(max(len(y) for y in tgt_ids), 1)
-        tgt_in = torch.tensor([[BOS_ID] + y[:-1] + [PAD_ID] * (T - len(y)) if y else [BOS_ID] + [PAD_ID] * (T - 1)
-                               for y in tgt_ids], device=self.torch_device)  # [B,T]: the input that predicts each token
+        # [B,T]: at position j the decoder input that predicts target token j
+        tgt_in = target_tensors(tgt_ids, self.tokenizer.specials, self.torch_device)[0][:, :T]
         with torch.inference_mode():
             weights = self.model.alignment(src, src_mask, tgt_in)  # [B,T,S]
         out = []

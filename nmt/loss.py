@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-PAD_ID = 0  # == nmt.tokenizer.PAD_ID (fixed in every SentencePiece model we train)
+from nmt.layout import PAD_ID
 
 
 def label_smoothed_nll(

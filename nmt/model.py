@@ -26,9 +26,8 @@ from torch import Tensor, nn
 
 from nmt.cache import DecoderCache
 from nmt.config import ModelConfig
+from nmt.layout import PAD_ID
 from nmt.masks import attention_mask
-
-PAD_ID = 0  # same as nmt.tokenizer.PAD_ID; kept here so the model does not import the tokenizer
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
@@ -253,19 +252,20 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
     """Encoder-decoder Transformer returning logits (no softmax, no loss)."""
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = PAD_ID):
+        """pad_id: the vocabulary's padding id (its embedding row starts at zero and gets no gradient)."""
         super().__init__()
         if cfg.d_model % cfg.n_heads:
             raise ValueError(f"n_heads={cfg.n_heads} must divide d_model={cfg.d_model}")
         if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(f"share_embeddings needs equal vocabularies, got source {src_vocab_size} "
                              f"and target {tgt_vocab_size}")
-        self.cfg = cfg
+        self.cfg, self.pad_id = cfg, pad_id
         self.max_positions = cfg.max_positions
         self.embed_scale = math.sqrt(cfg.d_model)
         D = cfg.d_model
-        self.src_embed = nn.Embedding(src_vocab_size, D, padding_idx=PAD_ID)
-        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(tgt_vocab_size, D, padding_idx=PAD_ID)
+        self.src_embed = nn.Embedding(src_vocab_size, D, padding_idx=pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(tgt_vocab_size, D, padding_idx=pad_id)
         if cfg.positions == "learned":
             self.src_positions = nn.Embedding(cfg.max_positions, D)
             self.tgt_positions = nn.Embedding(cfg.max_positions, D)
@@ -291,7 +291,7 @@ class Transformer(nn.Module):
         for embed in embeds:  # a list, not a set: a fixed order keeps the init reproducible
             nn.init.normal_(embed.weight, 0.0, std)
             with torch.no_grad():
-                embed.weight[PAD_ID].zero_()
+                embed.weight[self.pad_id].zero_()
         if self.cfg.positions == "learned":
             nn.init.normal_(self.src_positions.weight, 0.0, std)
             nn.init.normal_(self.tgt_positions.weight, 0.0, std)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.layout import NMT_SPECIALS, Specials
 from nmt.search import NEG_INF, PLAIN_OPS, SAMPLING, Hypothesis, SearchOps, StepRules, check_common, token_by_token
 
 
@@ -26,11 +27,11 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
                   topp: float = 0.9, temperature: float = 1.0, seed: int = 1, keys: Sequence[int] | None = None,
                   max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
                   prefixes: Sequence[list[int]] | None = None, use_cache: bool = True,
-                  ops: SearchOps = PLAIN_OPS) -> list[list[Hypothesis]]:
+                  ops: SearchOps = PLAIN_OPS, specials: Specials = NMT_SPECIALS) -> list[list[Hypothesis]]:
     """`samples` independent samples per sentence (module docstring), best log_prob first
     (score == log_prob). keys [B]: one integer per sentence (default 0..B-1); with the seed
     they fix its samples."""
-    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
+    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
     if sampling not in SAMPLING:
         raise ValueError(f"unknown sampling {sampling!r} (expected one of {', '.join(SAMPLING)})")
     if samples < 1 or topk < 1 or not 0.0 < topp <= 1.0 or not temperature > 0.0:
@@ -54,7 +55,7 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
         return (x + gumbel.float()).argmax(dim=1)
 
     out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b,
-                          StepRules(B, src.device, min_len, no_repeat_ngram, prefixes), prefixes, use_cache, ops)
+                          StepRules(B, src.device, min_len, no_repeat_ngram, prefixes, specials), prefixes, use_cache, ops)
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
 
 

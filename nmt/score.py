@@ -46,17 +46,15 @@ def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], deco
                 on_batch=None) -> tuple[list[PairScore], int]:
     """(a PairScore per pair, in order; the number of pairs truncated on either side).
     Batching and workers follow `decode` (default: the engine's decode settings)."""
-    from nmt.translate import encode_sources, run_engine
+    from nmt.translate import run_engine
 
     if len(src_lines) != len(tgt_lines):
         raise UserError(f"{len(src_lines)} sources but {len(tgt_lines)} targets: the line counts must match")
     decode = decode or engine.decode
-    src_ids, _ = encode_sources(engine, src_lines)
     limit = engine.max_positions - 1
-    tgt_full = engine.tokenizer.encode_tgt(list(tgt_lines))
-    tgt_ids = [ids[:limit] for ids in tgt_full]
-    n_truncated = sum(len(a) > limit or len(b) > limit
-                      for a, b in zip(engine.tokenizer.encode_src(list(src_lines)), tgt_full))
+    src_full, tgt_full = engine.tokenizer.encode_src(list(src_lines)), engine.tokenizer.encode_tgt(list(tgt_lines))
+    src_ids, tgt_ids = [ids[:limit] for ids in src_full], [ids[:limit] for ids in tgt_full]
+    n_truncated = sum(len(a) > limit or len(b) > limit for a, b in zip(src_full, tgt_full))
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
     out: list[PairScore | None] = [None] * len(src_lines)
     fn = lambda batch: engine.score_batch([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])

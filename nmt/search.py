@@ -9,9 +9,13 @@ the batch as soon as it is finished, so the work shrinks as decoding goes on.
 Shapes: B sentences, S source length, K beam, V target vocabulary,
 N active sentences, t the current step (1-based).
 
+Special ids come from `specials` (nmt/layout.py; the tokenizer's): the decoder starts from
+`specials.start` (BOS for nmt's own models) and a hypothesis ends with `specials.eos`.
+
 Conventions (shared by all searches; `StepRules` applies them at every step):
-- Step t generates token t. PAD and BOS are never generated (log-prob -inf);
-  EOS is forbidden while t <= min_len, so an output has >= min_len tokens.
+- Step t generates token t. PAD and the start token are never generated (log-prob -inf;
+  `Specials.never_generated`); EOS is forbidden while t <= min_len, so an output has
+  >= min_len tokens.
 - A target prefix (per sentence, optional) is forced: at steps t <= len(prefix) only
   prefix[t-1] may be generated (its log-probability counts), then the search continues.
 - no_repeat_ngram N > 0: a token that would complete an N-gram already present in the
@@ -43,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.cache import DecoderCache
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.layout import NMT_SPECIALS, Specials
 
 PENALTY_TYPES = ("gnmt", "average", "none")
 SAMPLING = ("topk", "topp")
@@ -154,17 +158,18 @@ def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: in
 
 
 class StepRules:
-    """What may be generated at each step (module docstring): PAD/BOS never, EOS not before
+    """What may be generated at each step (module docstring): PAD/start never, EOS not before
     min_len, the forced prefix, no repeated N-gram. Rows are mapped to their sentence by `sent`."""
 
     def __init__(self, B: int, device, min_len: int = 0, no_repeat_ngram: int = 0,
-                 prefixes: Sequence[list[int]] | None = None):
-        self.min_len, self.n = min_len, no_repeat_ngram
+                 prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS):
+        self.min_len, self.n, self.specials = min_len, no_repeat_ngram, specials
+        self.banned = list(specials.never_generated)
         self.prefix = self.prefix_len = None
         self.longest_prefix = 0
         if prefixes is not None and any(prefixes):
             self.longest_prefix = max(len(p) for p in prefixes)
-            self.prefix = torch.tensor([list(p) + [PAD_ID] * (self.longest_prefix - len(p)) for p in prefixes],
+            self.prefix = torch.tensor([list(p) + [specials.pad] * (self.longest_prefix - len(p)) for p in prefixes],
                                        dtype=torch.long, device=device)  # [B, P]
             self.prefix_len = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=device)  # [B]
 
@@ -172,11 +177,12 @@ class StepRules:
         """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
         history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence."""
         logp = F.log_softmax(logits.float(), dim=-1)
-        logp[:, PAD_ID] = NEG_INF
-        logp[:, BOS_ID] = NEG_INF
-        eos = logp[:, EOS_ID].clone() if self.n else None
+        for i in self.banned:
+            logp[:, i] = NEG_INF
+        EOS = self.specials.eos
+        eos = logp[:, EOS].clone() if self.n else None
         if t <= self.min_len:
-            logp[:, EOS_ID] = NEG_INF
+            logp[:, EOS] = NEG_INF
         forced = None
         if self.prefix is not None and t <= self.longest_prefix:
             rows = (self.prefix_len.index_select(0, sent) >= t).nonzero().squeeze(1)  # rows still in their prefix
@@ -187,7 +193,7 @@ class StepRules:
             _block_repeats(logp, history, self.n)
             dead = ~torch.isfinite(logp).any(dim=1)  # nothing left to generate: the row may end
             if bool(dead.any()):
-                logp[dead, EOS_ID] = eos[dead]
+                logp[dead, EOS] = eos[dead]
         if forced is not None:
             rows, token, value = forced
             logp[rows] = NEG_INF
@@ -219,12 +225,13 @@ def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
                   no_repeat_ngram: int = 0, prefixes: Sequence[list[int]] | None = None,
-                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[Hypothesis]:
+                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
+                  specials: Specials = NMT_SPECIALS) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
-    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
-    out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b,
-                          StepRules(src.shape[0], src.device, min_len, no_repeat_ngram, prefixes), prefixes, use_cache, ops)
+    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
+    rules = StepRules(src.shape[0], src.device, min_len, no_repeat_ngram, prefixes, specials)
+    out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [hyps[0] for hyps in out]
 
 
@@ -242,7 +249,8 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: i
     if per_sentence > 1:
         decoder.reorder(torch.arange(B, device=device).repeat_interleave(per_sentence))
         max_lens = max_lens.repeat_interleave(per_sentence)
-    tokens = torch.full((R,), BOS_ID, dtype=torch.long, device=device)  # [N] input of this step
+    EOS = rules.specials.eos
+    tokens = torch.full((R,), rules.specials.start, dtype=torch.long, device=device)  # [N] input of this step
     log_prob = torch.zeros(R, device=device)  # [N]
     history = torch.empty(R, 0, dtype=torch.long, device=device)  # [N, t-1]
     out: list[list[Hypothesis | None]] = [[None] * per_sentence for _ in range(B)]
@@ -255,12 +263,12 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: i
             best = logp.gather(1, tokens[:, None]).squeeze(1)
         log_prob = log_prob + best
         history = torch.cat([history, tokens[:, None]], dim=1)
-        ends = (tokens == EOS_ID) | (max_lens <= t)  # [N]
+        ends = (tokens == EOS) | (max_lens <= t)  # [N]
         if not bool(ends.any()):
             continue
         idx = ends.nonzero().squeeze(1)
         for r, toks, lp in zip(rows[idx].tolist(), history[idx].tolist(), log_prob[idx].tolist()):
-            finished = toks[-1] == EOS_ID
+            finished = toks[-1] == EOS
             if finished:
                 toks.pop()
             out[r // per_sentence][r % per_sentence] = Hypothesis(toks, lp, lp, finished)
@@ -279,7 +287,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 length_penalty: float = 1.0, length_penalty_type: str = "gnmt",
                 max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
                 prefixes: Sequence[list[int]] | None = None,
-                use_cache: bool = True, ops: SearchOps = PLAIN_OPS) -> list[list[Hypothesis]]:
+                use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
+                specials: Specials = NMT_SPECIALS) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
@@ -291,17 +300,17 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     search; with `length_penalty_type: none`, K = 1 is greedy search).
     """
     _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type)
-    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0])
-    alpha, kind, K = length_penalty, length_penalty_type, beam_size
+    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
+    alpha, kind, K, EOS = length_penalty, length_penalty_type, beam_size, specials.eos
     if src.shape[0] == 0:
         return []
     decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
-    rules = StepRules(B, device, min_len, no_repeat_ngram, prefixes)
+    rules = StepRules(B, device, min_len, no_repeat_ngram, prefixes, specials)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty
-    tokens = torch.full((B,), BOS_ID, dtype=torch.long, device=device)  # [N*k] input of this step
+    tokens = torch.full((B,), specials.start, dtype=torch.long, device=device)  # [N*k] input of this step
     history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N*k, t-1] generated tokens
     kth_best = torch.full((B, nbest), NEG_INF, device=device)  # [N, nbest] best finished scores, sorted
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -313,12 +322,12 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         word = idx % V  # [N, 2K] token of each candidate
         rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
         alive = top > NEG_INF
-        ends = (word == EOS_ID) | (max_lens <= t)[:, None]  # [N, 2K]
+        ends = (word == EOS) | (max_lens <= t)[:, None]  # [N, 2K]
         ended = ends & alive & (torch.arange(2 * K, device=device) < K)  # endings in the top K finish
         score = top / length_penalty_factor(t, alpha, kind)  # [N, 2K] penalised score if the candidate ends now
         enters = ended & (score > kth_best[:, -1:])  # can still be in the n-best
         if bool(enters.any()):
-            _collect(finished, enters, sent, history, rows, word, top, score)
+            _collect(finished, enters, sent, history, rows, word, top, score, EOS)
             new = score.masked_fill(~ended, NEG_INF)
             kth_best = torch.cat([kth_best, new], dim=1).topk(nbest, dim=1).values
         live = alive & ~ends  # [N, 2K]
@@ -370,13 +379,13 @@ def _topk(cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor]:
 
 
 def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, history: Tensor,
-             rows: Tensor, word: Tensor, log_prob: Tensor, score: Tensor) -> None:
+             rows: Tensor, word: Tensor, log_prob: Tensor, score: Tensor, eos: int) -> None:
     """Append the candidates marked in enters [N,K] to `finished` (one host transfer per tensor)."""
     s, j = enters.nonzero(as_tuple=True)
     prefixes = history.index_select(0, rows[s, j]).tolist()  # each t-1 tokens
     for sid, prefix, w, lp, sc in zip(sent[s].tolist(), prefixes, word[s, j].tolist(),
                                       log_prob[s, j].tolist(), score[s, j].tolist()):
-        finished[sid].append(Hypothesis(prefix if w == EOS_ID else prefix + [w], sc, lp, w == EOS_ID))
+        finished[sid].append(Hypothesis(prefix if w == eos else prefix + [w], sc, lp, w == eos))
 
 
 def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str) -> None:
@@ -390,7 +399,7 @@ def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str) -> Non
         raise ValueError(f"length_penalty must be >= 0, got {alpha}")
 
 
-def check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int) -> None:
+def check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int, specials: Specials = NMT_SPECIALS) -> None:
     """The search boundary's guard for the settings every search takes."""
     if min_len < 0:
         raise ValueError(f"min_len must be >= 0, got {min_len}")
@@ -399,5 +408,5 @@ def check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int) -> None:
     if prefixes is not None:
         if len(prefixes) != B:
             raise ValueError(f"{len(prefixes)} prefixes for {B} sentences")
-        if any(t in (PAD_ID, BOS_ID, EOS_ID) for p in prefixes for t in p):
-            raise ValueError("a prefix cannot contain PAD, BOS or EOS")
+        if any(t in (specials.pad, specials.start, specials.eos) for p in prefixes for t in p):
+            raise ValueError("a prefix cannot contain PAD, the start token or EOS")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from nmt.data import Batch
+from nmt.layout import PAD_ID, Batch
 from nmt.logging_utils import RunLogger, format_stats
 from nmt.loss import label_smoothed_nll
 
@@ -74,7 +74,7 @@ class StepResult:
 def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.optim.Optimizer,
                scheduler: Any, precision: Precision, *, label_smoothing: float, clip_norm: float,
                grad_denominator: float | None = None,
-               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, pad_id: int = PAD_ID) -> StepResult:
     """One optimizer update over `batches` (micro-batches already on the device).
 
     Each micro-batch's loss sum is divided by `grad_denominator` (default: the total
@@ -96,7 +96,7 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
         with sync_ctx:
             with precision.autocast():
                 logits = model(batch.src, batch.src_mask, batch.tgt_in)  # [B,T,V]
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing)
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing, pad_id)
             scaled = loss / denom
             (precision.scaler.scale(scaled) if precision.scaler is not None else scaled).backward()
         loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()

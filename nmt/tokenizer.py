@@ -1,9 +1,9 @@
 """SentencePiece tokenization: train or load, encode, decode, serialize.
 
 Every model used by nmt has the same fixed special ids (checked on load):
-PAD_ID = 0, UNK_ID = 1, BOS_ID = 2, EOS_ID = 3. SentencePiece adds none of
-them while encoding; `nmt.data.collate` adds EOS to sources and BOS/EOS to
-targets.
+PAD_ID = 0, UNK_ID = 1, BOS_ID = 2, EOS_ID = 3 (`Tokenizer.specials`, nmt/layout.py).
+SentencePiece adds none of them while encoding; nmt/layout.py adds EOS to sources
+and BOS/EOS to targets.
 
 A run directory holds `spm.model` (joint) or `spm.src.model` + `spm.tgt.model`,
 and `spm.json`: the settings they were made with (`tokenizer_settings`: the
@@ -36,9 +36,11 @@ import sentencepiece as spm
 
 from nmt.config import Config, TokenizerConfig, to_dict
 from nmt.errors import UserError
+from nmt.layout import BOS_ID, EOS_ID, NMT_SPECIALS, PAD_ID, UNK_ID
 from nmt.protect import PLACEHOLDERS
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "build_tokenizer", "check_tags", "read_model_file",
+           "tag_symbol", "train_sentencepiece", "train_tags", "tokenizer_settings"]
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode (UNK is kept)
 JOINT_FILE, SRC_FILE, TGT_FILE, SETTINGS_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "spm.json"
 WORD_START = "\u2581"  # SentencePiece's whitespace mark
@@ -76,6 +78,8 @@ class Tokenizer:
     Encoding returns subword ids without specials; decoding drops PAD/BOS/EOS.
     `threads` is the number of threads SentencePiece uses for batch encoding.
     """
+
+    specials = NMT_SPECIALS  # the ids of every SentencePiece model nmt uses (checked on load)
 
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, *, threads: int = 1):
         self.joint = tgt_proto is None

@@ -56,10 +56,11 @@ from nmt import checkpoint as ckpt
 from nmt import distributed as dist
 from nmt import finetune, rundir
 from nmt.config import Config, save_config, to_dict
-from nmt.data import collate, epoch_batches, load_data
+from nmt.data import epoch_batches, load_data
 from nmt.distributed import DistEnv
 from nmt.engine import resolve_torch_device
 from nmt.errors import UserError
+from nmt.layout import collate
 from nmt.logging_utils import RunLogger, format_stats
 from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
@@ -263,7 +264,7 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
     tokenizer, (train_data, valid_data, valid_lines) = _prepare_data(cfg, run_dir, saved, log, env, source)
 
     torch.manual_seed(cfg.seed)  # parameter init (the same on every rank); dropout continues from this generator
-    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.specials.pad).to(device)
     if device.type == "cpu":
         from nmt import fast
 
@@ -336,7 +337,8 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
                                 offset=state.batch_offset)
         for i in range(0, len(batches), t.update_freq):
             dist.simulate_failure(env, state.step)
-            group = [collate(train_data, b).to(device, non_blocking=True) for b in batches[i:i + t.update_freq]]
+            group = [collate(train_data, b, tokenizer.specials, pin_memory=device.type == "cuda").to(device)
+                     for b in batches[i:i + t.update_freq]]
             # one collective: the step's global token count, rank 0's stop decision and clock (milliseconds)
             elapsed = state.elapsed + time.perf_counter() - start
             local = (*_stop_code(t, state, elapsed, stop), round(elapsed * 1000)) if env.is_main else (0, 0, 0)
@@ -349,7 +351,8 @@ def _train(cfg: Config, run_dir: str, resume: bool, device: torch.device, log: R
                 break
             sync = dict(grad_denominator=n_tokens / env.world_size, reduce=env.all_reduce_sum) if env.distributed else {}
             res = train_step(fwd, group, optimizer, scheduler, precision,
-                             label_smoothing=t.label_smoothing, clip_norm=t.clip_norm, **sync)
+                             label_smoothing=t.label_smoothing, clip_norm=t.clip_norm, pad_id=tokenizer.specials.pad,
+                             **sync)
             state.batch_offset += len(group)
             meter.add(res, group, n_tokens)
             if not res.updated:

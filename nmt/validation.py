@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from nmt.config import Config
-from nmt.data import batch_indices, iter_batches
+from nmt.data import batch_indices
+from nmt.layout import iter_batches
 from nmt.logging_utils import RunLogger
 from nmt.loss import label_smoothed_nll
 from nmt.step import Precision
@@ -25,10 +26,10 @@ def validate(model: nn.Module, cfg: Config, tokenizer: Tokenizer, valid, valid_l
     n_tokens = 0
     order = batch_indices(valid.src_lens, valid.tgt_lens, cfg.data.batch_tokens, cfg.seed, 0)
     with torch.inference_mode(), precision.autocast():
-        for batch in iter_batches(valid, order):
-            batch = batch.to(device, non_blocking=True)
+        for batch in iter_batches(valid, order, tokenizer.specials, pin_memory=device.type == "cuda"):
+            batch = batch.to(device)
             loss, nll = label_smoothed_nll(model(batch.src, batch.src_mask, batch.tgt_in), batch.tgt_out,
-                                           cfg.train.label_smoothing)
+                                           cfg.train.label_smoothing, tokenizer.specials.pad)
             loss_sum, nll_sum, n_tokens = loss_sum + loss, nll_sum + nll, n_tokens + batch.n_tgt_tokens
     loss_v, nll_v = (loss_sum / n_tokens).item(), (nll_sum / n_tokens).item()
     metrics = {"loss": loss_v, "nll": nll_v, "ppl": math.exp(min(nll_v, 50.0))}

@@ -176,7 +176,8 @@ def child_steps(config: str, steps: int, out: str) -> None:
     import torch
 
     from nmt.config import load_config
-    from nmt.data import collate, epoch_batches, load_data
+    from nmt.data import epoch_batches, load_data
+    from nmt.layout import collate
     from nmt.model import Transformer
     from nmt.optim import build_optimizer, build_scheduler
     from nmt.step import setup_precision, train_step

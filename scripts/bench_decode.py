@@ -45,10 +45,10 @@ def peak_rss_mb() -> float:
 
 
 def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1, ops=None):
-    """Encode + search src_ids in batches of batch_size sentences (sorted by length);
+    """Encode + search src_ids (subword ids, no EOS) in batches of batch_size sentences (sorted by length);
     with workers > 1 on CPU, as `nmt translate --workers` runs them. -> (seconds, output tokens)."""
+    from nmt.layout import source_tensors
     from nmt.search import PLAIN_OPS, beam_search, greedy_search
-    from nmt.tokenizer import PAD_ID
     from nmt.translate import batch_cost, run_batches
 
     ops = ops or PLAIN_OPS
@@ -57,9 +57,7 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
 
     def search(batch):
-        width = max(len(x) for x in batch)
-        src = torch.tensor([x + [PAD_ID] * (width - len(x)) for x in batch], device=device)
-        src_mask = src != PAD_ID
+        src, src_mask = source_tensors(batch, device=device)  # x + EOS, padded
         if beam == 1:
             return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, ops=ops, **kw))
         hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, ops=ops, **kw)
@@ -69,7 +67,7 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    costs = [batch_cost([len(x) for x in b]) for b in batches]  # as nmt translate schedules them
+    costs = [batch_cost([len(x) + 1 for x in b]) for b in batches]  # as nmt translate schedules them
     n_tokens = sum(n for _, n in run_batches(search, batches, workers, device, costs))
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -178,7 +176,7 @@ def main() -> int:
     engine = TorchEngine.load(args.checkpoint, args.device)  # on CPU with nmt/fast.py's paths, as nmt translate
     model, tokenizer, ops = engine.model, engine.tokenizer, engine.ops
     lines = read_lines(args.input, args.sentences)
-    src_ids = [ids + [3] for ids in tokenizer.encode_src(lines)]  # x + EOS, as in training
+    src_ids = tokenizer.encode_src(lines)
     load_s = time.perf_counter() - t0
     device = next(model.parameters()).device
     print(f"# {len(lines)} sentences, device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "

@@ -92,7 +92,9 @@ def main() -> int:
     import torch
 
     from nmt.config import load_config, replace
-    from nmt.data import collate, epoch_batches, prepare_data
+    from nmt.data import epoch_batches, load_data
+    from nmt.layout import collate
+    from nmt.tokenizer import build_tokenizer
     from nmt.model import Transformer
     from nmt.optim import build_optimizer, build_scheduler
     from nmt.step import setup_precision, train_step
@@ -104,7 +106,8 @@ def main() -> int:
     device = resolve_device(args.device if args.device != "auto" else cfg.train.device)
     workdir = args.workdir or tempfile.mkdtemp(prefix="nmt-bench-")
     os.makedirs(workdir, exist_ok=True)
-    tokenizer, data = prepare_data(cfg, workdir, lambda m: None)
+    tokenizer = build_tokenizer(cfg, workdir, lambda m: None)
+    data = load_data(cfg, tokenizer, workdir, lambda m: None)
     train = data.train
 
     torch.manual_seed(cfg.seed)
@@ -132,7 +135,7 @@ def main() -> int:
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        group = [b.to(device, non_blocking=True) for b in group]
+        group = [b.to(device) for b in group]
         res = train_step(fwd, group, optimizer, scheduler, precision, label_smoothing=t.label_smoothing,
                          clip_norm=t.clip_norm)
         if device.type == "cuda":
@@ -142,7 +145,7 @@ def main() -> int:
             continue
         step_times.append(dt)
         for b in group:
-            sl, tl = b.src_lengths.cpu().numpy(), b.tgt_lengths.cpu().numpy()
+            sl, tl = b.src_mask.sum(1).cpu().numpy(), (b.tgt_out != tokenizer.specials.pad).sum(1).cpu().numpy()
             real_src += int(sl.sum())
             real_tgt += int(tl.sum())
             padded += b.src.numel() + b.tgt_in.numel()

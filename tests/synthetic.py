@@ -115,3 +115,12 @@ def random_corpus(n: int, vocab: int = 20, seed: int = 0) -> EncodedCorpus:
     t_tok = rng.integers(4, vocab, int(t_lens.sum())).astype(np.int16)
     off = lambda lens: np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     return EncodedCorpus(s_tok, off(s_lens), t_tok, off(t_lens))
+
+
+def prepare_data(cfg: Config, run_dir: str, log=print):
+    """(tokenizer, Data) as `nmt train` prepares them: build_tokenizer, then load_data."""
+    from nmt.data import load_data
+    from nmt.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(cfg, run_dir, log)
+    return tokenizer, load_data(cfg, tokenizer, run_dir, log)

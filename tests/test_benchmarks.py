@@ -88,7 +88,8 @@ def test_bench_train_counts_the_real_target_tokens(tmp_path):
     # independent count: the same batches (epoch 1; one warm-up step, then 3 timed ones) from the
     # corpus' token lengths (+1 each for EOS), not from the collated tensors the script reads
     from nmt.config import load_config
-    from nmt.data import epoch_batches, prepare_data
+    from nmt.data import epoch_batches
+    from synthetic import prepare_data
 
     cfg = load_config(str(cfg_path))
     _, data = prepare_data(cfg, str(work), lambda m: None)
@@ -148,6 +149,7 @@ def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
     import torch
 
     from nmt.engine import TorchEngine
+    from nmt.layout import source_tensors
     from nmt.tokenizer import BOS_ID, EOS_ID
     from synthetic import make_pairs
 
@@ -163,7 +165,7 @@ def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
     with torch.inference_mode():
         for x, y in zip(xs, ys):
             final.append(engine.score_batch([x], [y])[0][-1])
-            s, m = engine._source([x])
+            s, m = source_tensors([x])
             logits = engine.model(s, m, torch.tensor([[BOS_ID] + y]))[0].float()
             logits[:, [0, BOS_ID]] = float("-inf")
             hits = int((logits[:len(y)].argmax(-1) == EOS_ID).sum())

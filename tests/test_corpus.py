@@ -10,6 +10,7 @@ from nmt import corpus as C
 from nmt import data as D
 from nmt import sources
 from nmt.errors import UserError
+from nmt.layout import collate
 from nmt.tokenizer import build_tokenizer
 
 from test_data import corpus, corpus_cfg, dirty_corpus, make_cfg, quiet, write
@@ -152,5 +153,5 @@ def test_empty_side_arrays_map(tmp_path):
     tok = build_tokenizer(make_cfg(tmp_path, good), run, log=quiet)
     valid = D.load_data(make_cfg(tmp_path, good, empty_tgt), tok, run, log=quiet).valid
     assert len(valid) == 3 and valid.tgt_lens.tolist() == [0, 0, 0] and valid.tgt_tokens.size == 0
-    batch = D.collate(valid, np.arange(3))
+    batch = collate(valid, np.arange(3))
     assert batch.tgt_out[:, 0].tolist() == [3, 3, 3]  # EOS only

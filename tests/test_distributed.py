@@ -25,7 +25,8 @@ import yaml
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, config_from_dict
-from nmt.data import collate, epoch_batches, load_data
+from nmt.data import epoch_batches, load_data
+from nmt.layout import collate
 from nmt.distributed import DistEnv, main_first, simulate_failure, timeout_seconds
 from nmt.errors import UserError
 from nmt.model import Transformer
@@ -135,7 +136,7 @@ STEP_WORKER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
     import nmt.step as train_mod
-    from nmt.data import collate
+    from nmt.layout import collate
     from nmt.distributed import DistEnv, process_group, wrap_model
     from synthetic import random_corpus
     from test_distributed import MICRO, CLIP, FP32, _NoSchedule, _model

@@ -15,7 +15,7 @@ import torch
 
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config, replace
-from nmt.data import collate
+from nmt.layout import collate
 from nmt.engine import TorchEngine
 from nmt.errors import UserError
 from nmt.model import Transformer
