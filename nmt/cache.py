@@ -4,8 +4,8 @@ Shapes: B rows (sentences x beams), N distinct source sentences, H heads,
 Tmax = max_len, S source length, Dh head dim.
 
 - Self-attention K/V, per layer `[B,H,Tmax,Dh]`, preallocated by `DecoderCache.create`
-  and filled one position per step by `Transformer.decode_step` (the past is never
-  re-copied by a step). Positions `0 .. length-1` are filled.
+  and filled one position per step (the past is never re-copied by a step). Positions
+  `0 .. length-1` are filled.
 - Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder
   output. They are stored once per *source sentence*, not per row: rows
   `n*group .. (n+1)*group-1` all translate source n (its beams), and their
@@ -13,11 +13,13 @@ Tmax = max_len, S source length, Dh head dim.
   reordering therefore never copies them; dropping finished sentences selects N.
 - `src_mask [N,S]` (True = token) and its attention form `cross_mask [N,1,1,S]`.
 
-The cache is a mutable state object: `Transformer.decode_step` writes one position
-into it and advances `length`; `reorder(indices)` replaces its rows in place (beam
-reordering, expanding sentences to beams, dropping finished sentences). Both return
-None. (nmt/fast.py's `ReusingDecoderCache` reorders with fewer copies and no
-allocations; same contents.)
+The cache owns its buffers: it is the only code that writes, advances or reorders them.
+A decoding step asks it, layer by layer, to `append(layer, k, v)` the new position's
+self-attention keys/values (it returns the filled views to attend to) and reads the
+cross-attention keys/values with `cross(layer)`; after the last layer the model calls
+`advance()`. The search calls `reorder(indices)` (beam reordering, expanding sentences to
+beams, dropping finished sentences). nmt/fast.py's `ReusingDecoderCache` reorders with
+fewer copies and no allocations; same contents.
 """
 
 from __future__ import annotations
@@ -70,6 +72,24 @@ class DecoderCache:
             raise ValueError(f"decoder cache is full: it holds max_len={self.max_len} positions "
                              f"(pass a larger max_len to init_cache)")
         return self.length
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this step's self-attention keys/values k, v [B,H,Dh] of `layer` at position
+        `length`; returns that layer's filled keys and values [B,H,length+1,Dh] (views)."""
+        pos = self.length
+        k_buf, v_buf = self.self_k[layer], self.self_v[layer]
+        k_buf[:, :, pos] = k
+        v_buf[:, :, pos] = v
+        return k_buf[:, :, : pos + 1], v_buf[:, :, : pos + 1]
+
+    def advance(self) -> None:
+        """The step is complete in every layer: the next one writes the following position."""
+        self.length += 1
+
+    def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention keys, values [N,H,S,Dh] of `layer` and their mask [N,1,1,S]; the
+        `group` rows of a source sentence share its entry."""
+        return self.cross_k[layer], self.cross_v[layer], self.cross_mask
 
     def reorder(self, indices: Tensor) -> None:
         """Row i becomes row indices[i] of the old rows. indices [B'] (long, any B').

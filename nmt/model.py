@@ -69,14 +69,13 @@ class SelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
 
-    def step(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, pos: int) -> Tensor:
-        """One new position per row. x [B,D]; writes its K/V at `pos` of k/v_cache [B,H,Tmax,Dh]
-        and attends to positions 0..pos (all earlier positions are real: no mask). -> [B,D]."""
+    def step(self, x: Tensor, cache: DecoderCache, layer: int) -> Tensor:
+        """One new position per row. x [B,D]; its K/V go into `cache` (layer `layer`), and it
+        attends to every filled position (all earlier positions are real: no mask). -> [B,D]."""
         B, D = x.shape
         q, k, v = self.qkv_proj(x).view(B, 3, self.n_heads, self.head_dim).unbind(1)  # 3 x [B,H,Dh]
-        k_cache[:, :, pos] = k
-        v_cache[:, :, pos] = v
-        y = F.scaled_dot_product_attention(q[:, :, None], k_cache[:, :, : pos + 1], v_cache[:, :, : pos + 1])  # [B,H,1,Dh]
+        keys, values = cache.append(layer, k, v)  # [B,H,t,Dh]
+        y = F.scaled_dot_product_attention(q[:, :, None], keys, values)  # [B,H,1,Dh]
         return self.out_proj(y.view(B, D))
 
 
@@ -206,14 +205,14 @@ class DecoderLayer(_Sublayers):
         Cross-attention runs per source group: the `cache.group` rows of one source sentence
         (its beams) are that sentence's `group` queries against its single K/V copy.
         """
-        x = self.residual(x, self.norm1, self.self_attn.step, cache.self_k[i], cache.self_v[i], cache.length)
+        x = self.residual(x, self.norm1, self.self_attn.step, cache, i)
         x = self.residual(x, self.norm2, self._cross_step, cache, i)
         return self.residual(x, self.norm3, self.ffn)
 
     def _cross_step(self, x: Tensor, cache: DecoderCache, i: int) -> Tensor:
         """x [B,D] -> [B,D]: rows viewed as [N, group, D], i.e. `group` queries per source."""
         B, D = x.shape
-        y = self.cross_attn.attend(x.view(-1, cache.group, D), cache.cross_k[i], cache.cross_v[i], cache.cross_mask)
+        y = self.cross_attn.attend(x.view(-1, cache.group, D), *cache.cross(i))
         return y.view(B, D)
 
 
@@ -362,14 +361,14 @@ class Transformer(nn.Module):
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens [B] at position cache.length -> logits [B,V] for the next token.
 
-        Writes this position's self-attention K/V into the cache and advances
-        `cache.length` (the cache is changed in place). Logits come in the output
+        Each layer appends this position's self-attention K/V to the cache, which then
+        advances (the cache changes in place; it owns its buffers). Logits come in the output
         projection's dtype: float32, or bfloat16/float16 under autocast (callers apply .float()).
         """
         pos = cache.next_position()  # raises if the cache is full
         x = self.tgt_embed(tokens) * self.embed_scale + self._positions("tgt", pos, 1)  # [B,D]
         h = self.decoder.step(self.dropout(x), cache)
-        cache.length += 1
+        cache.advance()
         return self.output_proj(h)
 
 

@@ -6,10 +6,11 @@ beam-like rows, source length `--src-len`.
 
 Variants, timed per step at several target positions:
 - cached:    init_cache once, decode_step per step, beam-like `reorder` after
-             each step (a random permutation inside each sentence's rows). The
-             DecoderCache layout: self K/V preallocated to max_len, reorder gathers
-             the filled prefix into reused spare buffers; cross K/V stored once per
-             sentence (never copied by beam reorders).
+             each step (a random permutation inside each sentence's rows), with the
+             cache `nmt translate` uses on CPU (nmt.fast.ReusingDecoderCache): self K/V
+             preallocated to max_len, reorder gathers the filled prefix into reused
+             spare buffers; cross K/V stored once per sentence (never copied by beam
+             reorders).
 - cached-rows: the same, but cross K/V kept per row and gathered at every
              reorder (fairseq's layout), to measure what grouping saves.
 - cat:       self K/V grown by torch.cat each step and gathered whole into new
@@ -34,7 +35,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from nmt.cache import DecoderCache  # noqa: E402
 from nmt.config import ModelConfig  # noqa: E402
+from nmt.fast import ReusingDecoderCache  # noqa: E402
 from nmt.masks import padding_mask  # noqa: E402
 from nmt.model import Transformer  # noqa: E402
 
@@ -53,9 +56,22 @@ def beam_indices(n_src: int, beam: int, gen: torch.Generator) -> torch.Tensor:
     return (perm + torch.arange(n_src)[:, None] * beam).flatten()
 
 
-def _grow(t: torch.Tensor) -> torch.Tensor:
-    """torch.cat growth by one position: [B,H,t,Dh] -> [B,H,t+1,Dh], a full copy of the past."""
-    return torch.cat([t, t.new_empty(t.shape[:2] + (1,) + t.shape[3:])], dim=2)
+class CatCache(DecoderCache):
+    """fairseq's self-attention cache: one position at first, grown by torch.cat at every
+    step, gathered whole into new tensors at every reorder (the variant `cat`)."""
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.length == self.self_k[layer].shape[2]:  # full: grow by one position (a copy of the past)
+            grow = lambda t: torch.cat([t, t.new_empty(t.shape[:2] + (1,) + t.shape[3:])], dim=2)  # noqa: E731
+            self.self_k[layer], self.self_v[layer] = grow(self.self_k[layer]), grow(self.self_v[layer])
+        return super().append(layer, k, v)
+
+    def next_position(self) -> int:
+        return self.length
+
+    def _reorder_self(self, indices: torch.Tensor) -> None:
+        self.self_k = [t.index_select(0, indices) for t in self.self_k]
+        self.self_v = [t.index_select(0, indices) for t in self.self_v]
 
 
 def run_cached(model, src, src_mask, steps, beam, variant, seed, clock) -> list[float]:
@@ -69,21 +85,16 @@ def run_cached(model, src, src_mask, steps, beam, variant, seed, clock) -> list[
         memory = model.encode(src, src_mask)
         if variant == "cached-rows":  # per-row cross K/V: every reorder gathers them
             cache = model.init_cache(memory[expand], src_mask[expand], steps)
-        else:  # "cat" starts with one slot and grows
-            cache = model.init_cache(memory, src_mask, 1 if variant == "cat" else steps).reorder(expand)
+        else:
+            cls = CatCache if variant == "cat" else ReusingDecoderCache
+            cache = model.init_cache(memory, src_mask, 1 if variant == "cat" else steps, cache_cls=cls)
+            cache.reorder(expand)
         tokens = torch.randint(4, VOCAB, (n_src * beam,), generator=gen)
-        for p, idx in enumerate(reorders):
+        for idx in reorders:
             t0 = clock()
-            if variant == "cat" and p > 0:
-                cache.self_k = [_grow(t) for t in cache.self_k]
-                cache.self_v = [_grow(t) for t in cache.self_v]
-            logits, cache = model.decode_step(tokens, cache)
+            logits = model.decode_step(tokens, cache)
             tokens = logits.argmax(-1)[idx]
-            if variant == "cat":  # a torch.cat cache is gathered whole, into new tensors
-                cache.self_k = [t.index_select(0, idx) for t in cache.self_k]
-                cache.self_v = [t.index_select(0, idx) for t in cache.self_v]
-            else:
-                cache = cache.reorder(idx)
+            cache.reorder(idx)
             times.append(clock() - t0)
     return times
 

@@ -174,3 +174,14 @@ def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
     assert abs(stats["final_eos_logp"] - sum(final) / len(final)) < 1e-4
     assert abs(stats["early_eos_argmax"] - early / positions) < 1e-9
     assert abs(stats["sentences_early_argmax"] - sentences / len(pairs)) < 1e-9
+
+
+def test_bench_cache_runs_every_variant_through_the_cache_api(tmp_path):
+    """Each variant (including fairseq's torch.cat cache, as a DecoderCache subclass) decodes through
+    the cache's own append/advance/reorder."""
+    out = tmp_path / "cache.json"
+    run_script("bench_cache.py", "--steps", "6", "--batch", "2", "--beam", "2", "--src-len", "5", "--threads", "1",
+        "--repeats", "1", "--json", str(out))
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"cached", "cached-rows", "cat", "uncached"}
+    assert all(results[v]["total_s"] > 0 for v in ("cached", "cached-rows", "cat"))

@@ -169,6 +169,21 @@ def test_cache_shapes_and_contract():
     assert cache.self_k[0].shape == (2, 4, 7, 8) and cache.cross_k[0].shape == (2, 4, 5, 8)
     with pytest.raises(ValueError):
         DecoderCache(cache.self_k, cache.self_v, cache.cross_k, cache.cross_v, src_mask, group=2)
+    # append writes at `length` and returns the filled positions; only advance moves on
+    k1, v1 = torch.full((2, 4, 8), 1.0), torch.full((2, 4, 8), -1.0)
+    keys, values = cache.append(1, k1, v1)
+    assert keys.shape == values.shape == (2, 4, 1, 8) and torch.equal(keys[:, :, 0], k1) and cache.length == 0
+    keys, _ = cache.append(1, 2 * k1, 2 * v1)  # the same position again (no advance): overwritten
+    assert keys.shape[2] == 1 and torch.equal(keys[:, :, 0], 2 * k1)
+    cache.advance()
+    keys, values = cache.append(1, 3 * k1, 3 * v1)
+    assert keys.shape[2] == 2 and torch.equal(keys[:, :, 0], 2 * k1) and torch.equal(values[:, :, 1], 3 * v1)
+    k, v, mask = cache.cross(0)
+    assert k is cache.cross_k[0] and v is cache.cross_v[0] and mask.shape == (2, 1, 1, 5)
+    for _ in range(6):
+        cache.advance()
+    with pytest.raises(ValueError, match="full"):
+        cache.next_position()
 
 
 @torch.no_grad()
