@@ -33,7 +33,7 @@ import os
 from typing import Iterator, Sequence
 
 from nmt.config import ConfigError, DecodeConfig, decode_config
-from nmt.engine import parse_device, resolve_workers
+from nmt.device import parse_device, resolve_workers
 from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.search import Hypothesis, length_penalty_factor, max_output_lengths

@@ -16,7 +16,7 @@ checkpoint and then scores. Output: one human-readable line per metric,
 
 (the score, sacreBLEU's verbose details, the signature in brackets), then one line of
 the degeneration report (nmt/degeneration.py); or with `json_out=True` one JSON object:
-see `score` for its fields.
+see `corpus_metrics` for its fields.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
     raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
 
 
-def score(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("bleu", "chrf"), *,
-          lowercase: bool = False, tokenize: str | None = None) -> dict:
+def corpus_metrics(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("bleu", "chrf"), *,
+                   lowercase: bool = False, tokenize: str | None = None) -> dict:
     """Corpus scores of `hyps` against one reference per line.
 
     Returns `{metric: {...}}` in the order asked, for each metric
@@ -106,9 +106,56 @@ def score(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("b
 
 # --------------------------------------------------------------------------- command
 
-def read_lines(path: str) -> list[str]:
-    """Lines of a text file by nmt's one rule (nmt/textio.py: gzip by content, UTF-8, stripped)."""
-    return textio.read_lines(path)
+def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin) -> None:
+    """Everything `evaluate_command` can check before any work (UserError)."""
+    for name in names:
+        if name not in METRICS:
+            raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+    check_tokenize(tokenize)
+    if checkpoint is not None:
+        if hyp is not None:
+            raise UserError("give either a hypothesis file or --checkpoint with --src, not both")
+        if src is None:
+            raise UserError("--checkpoint needs --src: the source file to translate")
+        if overrides.get("nbest") not in (None, 1, "1"):
+            raise UserError("evaluate scores one translation per line: --nbest must be 1 (use nmt translate for n-best lists)")
+        inputs = {"--ref": ref, "--src": src, "--checkpoint": checkpoint}
+    else:
+        inputs = {"--ref": ref, "--hyp": hyp, **({"--src": src} if src is not None else {})}
+    textio.check_paths(inputs, {"--save-hyps": save_hyps} if save_hyps else {}, stdin=stdin,
+                       input_dirs=("--checkpoint",))
+
+
+def _translate(checkpoint: str, engine: str, device: str, overrides: dict, lines: list[str], quiet: bool,
+               stderr: IO[str]) -> tuple[list[str], list[bool]]:
+    """(hypotheses, finished flags) of `lines` translated by the model at `checkpoint`."""
+    from tqdm import tqdm
+
+    from nmt.api import Translator
+    from nmt.translate import truncation_warning
+
+    translator = Translator(checkpoint, engine=engine, device=device, **{**overrides, "nbest": 1})
+    with tqdm(total=len(lines), disable=quiet, unit="sent", file=stderr, dynamic_ncols=True) as bar:
+        results = translator.translate(lines, on_batch=bar.update)
+    n_truncated = sum(r.truncated for r in results)
+    if n_truncated and not quiet:
+        print(truncation_warning(n_truncated, translator.max_positions), file=stderr)
+    return [r.text for r in results], [r.finished for r in results]
+
+
+def _write_report(results: dict, report: dict, json_out: bool, header: dict, stdout: IO[str]) -> None:
+    """sacreBLEU's lines and the degeneration line, or one JSON object (`evaluate_command`)."""
+    if json_out:
+        obj = dict(header)
+        for name, entry in results.items():
+            obj[name] = {k: v for k, v in entry.items() if k != "text"}
+        obj["degeneration"] = report
+        stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    else:
+        for entry in results.values():
+            stdout.write(entry["text"] + "\n")
+        stdout.write(format_report(report) + "\n")
+    stdout.flush()
 
 
 def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None, engine: str = "auto",
@@ -123,64 +170,33 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     `save_hyps` writes the hypotheses (atomically). `tokenize` / `lowercase`: sacreBLEU's options.
     Prints one line per metric, or one JSON object with `json_out`:
     `{"hyp": path, "ref": path, "n_sentences": N, "bleu": {...}, ...}` with the fields of
-    `score` (less `text`) and `degeneration` (nmt/degeneration.py, with the flagged line numbers);
-    when translating, also `src` and `checkpoint`, and `hyp` is `save_hyps` (or null). With
-    `hyp`, `src` is optional: the report then also counts copied sources. Everything is
+    `corpus_metrics` (less `text`) and `degeneration` (nmt/degeneration.py, with the flagged line
+    numbers); when translating, also `src` and `checkpoint`, and `hyp` is `save_hyps` (or null).
+    With `hyp`, `src` is optional: the report then also counts copied sources. Everything is
     checked before any work. Returns 0.
     """
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
     overrides = dict(overrides or {})
     names = [m.lower() for m in metrics]
-    for name in names:
-        if name not in METRICS:
-            raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
-    check_tokenize(tokenize)
-    translating = checkpoint is not None
-    if translating:
-        if hyp is not None:
-            raise UserError("give either a hypothesis file or --checkpoint with --src, not both")
-        if src is None:
-            raise UserError("--checkpoint needs --src: the source file to translate")
-        if overrides.get("nbest") not in (None, 1, "1"):
-            raise UserError("evaluate scores one translation per line: --nbest must be 1 (use nmt translate for n-best lists)")
-        inputs = {"--ref": ref, "--src": src, "--checkpoint": checkpoint}
-    else:
-        inputs = {"--ref": ref, "--hyp": hyp, **({"--src": src} if src is not None else {})}
-    textio.check_paths(inputs, {"--save-hyps": save_hyps} if save_hyps else {}, stdin=stdin,
-                       input_dirs=("--checkpoint",))
+    _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin)
     refs = textio.read_lines(ref)
     lines = textio.read_lines(src) if src is not None else None
     if lines is not None and len(lines) != len(refs):
         raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
     finished = None
-    if translating:
-        from nmt.translate import load_for_command, translate_nbest
-
-        eng, decode = load_for_command(checkpoint, engine, device, {**overrides, "nbest": 1})
-        warn = (lambda msg: None) if quiet else (lambda msg: print(msg, file=stderr))
-        out = [r[0] for r in translate_nbest(eng, lines, decode, progress=not quiet, warn=warn)]
-        hyps, finished = [t.text for t in out], [t.finished for t in out]
+    if checkpoint is not None:
+        hyps, finished = _translate(checkpoint, engine, device, overrides, lines, quiet, stderr)
         hyp_name = f"{src} (translated by {checkpoint})"
     else:
         hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
     if len(hyps) != len(refs):
         raise UserError(f"line counts differ: {len(hyps)} lines in {hyp_name} but {len(refs)} in {ref}")
-    results = score(hyps, refs, names, tokenize=tokenize, lowercase=lowercase)
+    results = corpus_metrics(hyps, refs, names, tokenize=tokenize, lowercase=lowercase)
     report = degeneration(hyps, refs, lines, finished, tokenize=tokenize)
     if save_hyps:
         textio.write_lines(save_hyps, hyps)
-    if json_out:
-        obj: dict = {"hyp": hyp_name if not translating else save_hyps, "ref": ref, "n_sentences": len(refs)}
-        if translating:
-            obj.update(src=src, checkpoint=checkpoint)
-        for name, entry in results.items():
-            obj[name] = {k: v for k, v in entry.items() if k != "text"}
-        obj["degeneration"] = report
-        stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    else:
-        for entry in results.values():
-            stdout.write(entry["text"] + "\n")
-        stdout.write(format_report(report) + "\n")
-    stdout.flush()
+    header = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs),
+              **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {})}
+    _write_report(results, report, json_out, header, stdout)
     return 0

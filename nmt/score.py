@@ -29,10 +29,11 @@ from nmt.config import DecodeConfig
 from nmt.errors import UserError
 
 
-@dataclass
+@dataclass(frozen=True)
 class PairScore:
     log_prob: float  # summed over the target tokens and EOS
     n_tokens: int  # target tokens + EOS
+    truncated: bool = False  # the source or the target was cut to the model's maximum length
 
     @property
     def per_token(self) -> float:
@@ -43,10 +44,10 @@ class PairScore:
 
 
 def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], decode: DecodeConfig | None = None,
-                on_batch=None) -> tuple[list[PairScore], int]:
-    """(a PairScore per pair, in order; the number of pairs truncated on either side).
-    Batching and workers follow `decode` (default: the engine's decode settings)."""
-    from nmt.translate import run_engine
+                on_batch=None) -> list[PairScore]:
+    """A PairScore per pair, in order. Batching and workers follow `decode` (default: the
+    engine's decode settings)."""
+    from nmt.batching import run_engine
 
     if len(src_lines) != len(tgt_lines):
         raise UserError(f"{len(src_lines)} sources but {len(tgt_lines)} targets: the line counts must match")
@@ -54,21 +55,22 @@ def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], deco
     limit = engine.max_positions - 1
     src_full, tgt_full = engine.tokenizer.encode_src(list(src_lines)), engine.tokenizer.encode_tgt(list(tgt_lines))
     src_ids, tgt_ids = [ids[:limit] for ids in src_full], [ids[:limit] for ids in tgt_full]
-    n_truncated = sum(len(a) > limit or len(b) > limit for a, b in zip(src_full, tgt_full))
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
     out: list[PairScore | None] = [None] * len(src_lines)
-    fn = lambda batch: engine.score_batch([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])
+    fn = lambda batch: engine.score_batch([src_ids[i] for i in batch], [tgt_ids[i] for i in batch])  # noqa: E731
     for batch, rows in run_engine(engine, fn, lengths, decode, on_batch):
         for i, row in zip(batch, rows):
-            out[i] = PairScore(float(sum(row)), len(row))
-    return out, n_truncated  # type: ignore[return-value]
+            out[i] = PairScore(float(sum(row)), len(row), len(src_full[i]) > limit or len(tgt_full[i]) > limit)
+    return out  # type: ignore[return-value]
 
 
 def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: str = "auto", device: str = "auto",
                   overrides: dict[str, Any] | None = None, quiet: bool = False, stdout: IO[bytes] | None = None,
                   stderr: IO[str] | None = None) -> int:
     """`nmt score`: one line per (src, tgt) pair (module docstring) to `output` (stdout when None)."""
-    from nmt.translate import load_for_command
+    from tqdm import tqdm
+
+    from nmt.api import Translator
 
     stderr = stderr if stderr is not None else sys.stderr
     textio.check_paths({"--src": src, "--tgt": tgt, "--checkpoint": path}, {"--output": output},
@@ -76,19 +78,17 @@ def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: 
     n_src, n_tgt = textio.count_lines(src), textio.count_lines(tgt)
     if n_src != n_tgt:
         raise UserError(f"line counts differ: {n_src} lines in {src} but {n_tgt} in {tgt}")
-    eng, decode = load_for_command(path, engine, device, overrides or {})
-    from tqdm import tqdm
-
+    translator = Translator(path, engine=engine, device=device, **(overrides or {}))
     n_truncated = 0
     with textio.open_output(output, stdout) as out, \
             tqdm(total=n_src, disable=quiet, unit="pair", file=stderr, dynamic_ncols=True) as bar:
         for src_chunk, tgt_chunk in zip(textio.iter_chunks(textio.iter_lines(src), 10_000),
                                         textio.iter_chunks(textio.iter_lines(tgt), 10_000)):
-            scores, n = score_pairs(eng, src_chunk, tgt_chunk, decode, bar.update)
-            n_truncated += n
+            scores = translator.score(src_chunk, tgt_chunk, on_batch=bar.update)
+            n_truncated += sum(s.truncated for s in scores)
             out.write("".join(s.format() + "\n" for s in scores).encode("utf-8"))
             out.flush()
     if n_truncated and not quiet:
-        print(f"warning: {n_truncated} pair{'s' if n_truncated != 1 else ''} longer than {eng.max_positions - 1} "
+        print(f"warning: {n_truncated} pair{'s' if n_truncated != 1 else ''} longer than {translator.max_positions - 1} "
               f"tokens on a side {'were' if n_truncated != 1 else 'was'} truncated", file=stderr, flush=True)
     return 0

@@ -58,7 +58,7 @@ from nmt import finetune, rundir
 from nmt.config import Config, save_config, to_dict
 from nmt.data import epoch_batches, load_data
 from nmt.distributed import DistEnv
-from nmt.engine import resolve_torch_device
+from nmt.device import resolve_torch_device
 from nmt.errors import UserError
 from nmt.layout import collate
 from nmt.logging_utils import RunLogger, format_stats

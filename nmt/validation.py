@@ -43,9 +43,9 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     """Greedy translations of the validation sources: BLEU, chrF, BP, length ratio and the
     degeneration report (nmt/degeneration.py: train.log line and TensorBoard scalars)."""
     from nmt.degeneration import degeneration, format_report, scalars
-    from nmt.engine import TorchEngine
-    from nmt.evaluate import score
+    from nmt.evaluate import corpus_metrics
     from nmt.fast import search_ops
+    from nmt.torch_engine import TorchEngine
     from nmt.translate import translate_nbest
 
     src, ref = valid_lines
@@ -53,11 +53,10 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     src, ref = src[:n], ref[:n]
     decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False,
                                  protect=cfg.data.protect)
-    engine = TorchEngine(model, tokenizer, decode, search_ops(device))
-    with precision.autocast():
-        out = [r[0] for r in translate_nbest(engine, src, decode, warn=log.info)]
+    engine = TorchEngine(model, tokenizer, decode, search_ops(device), autocast=precision.dtype)
+    out = [r[0] for r in translate_nbest(engine, src, decode, warn=log.info)]
     hyps = [t.text for t in out]
-    scores = score(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
+    scores = corpus_metrics(hyps, ref, ("bleu", "chrf"), tokenize=cfg.train.valid_tokenize)
     report = degeneration(hyps, ref, src, [t.finished for t in out], tokenize=cfg.train.valid_tokenize)
     log.info(f"valid step {step} {format_report(report)}")
     k = min(cfg.train.num_samples, len(src))

@@ -10,7 +10,7 @@ temporary directory; its outputs are meaningless, so every sentence then decodes
 
 Each engine translates the same lines text-to-text (SentencePiece encoding, search, decoding)
 with the same search settings (beam, length limits, batches of --batch-tokens padded source
-tokens): both through nmt.translate.translate_lines, with nmt.engine.TorchEngine and nmt.ct2.Ct2Engine
+tokens): both through nmt.translate.translate_lines, with nmt.torch_engine.TorchEngine and nmt.ct2.Ct2Engine
 (float32: `nmt export`; int8: `nmt export --quantization int8`). Threads: torch.set_num_threads
 and CTranslate2's intra_threads. Every timed run is a fresh process (this script with --worker)
 that loads its engine, warms up on 8 lines and times the rest: torch's and CTranslate2's OpenMP
@@ -96,7 +96,7 @@ def worker(args) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)
-        from nmt.engine import TorchEngine
+        from nmt.torch_engine import TorchEngine
 
         engine = TorchEngine.load(args.checkpoint, "cpu")
     else:  # no torch computation in this process

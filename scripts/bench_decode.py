@@ -49,7 +49,7 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     with workers > 1 on CPU, as `nmt translate --workers` runs them. -> (seconds, output tokens)."""
     from nmt.layout import source_tensors
     from nmt.search import PLAIN_OPS, beam_search, greedy_search
-    from nmt.translate import batch_cost, run_batches
+    from nmt.batching import batch_cost, run_batches
 
     ops = ops or PLAIN_OPS
 
@@ -170,7 +170,7 @@ def main() -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from nmt.engine import TorchEngine
+    from nmt.torch_engine import TorchEngine
 
     t0 = time.perf_counter()
     engine = TorchEngine.load(args.checkpoint, args.device)  # on CPU with nmt/fast.py's paths, as nmt translate

@@ -98,7 +98,7 @@ def main() -> int:
     from nmt.model import Transformer
     from nmt.optim import build_optimizer, build_scheduler
     from nmt.step import setup_precision, train_step
-    from nmt.engine import resolve_torch_device as resolve_device
+    from nmt.device import resolve_torch_device as resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)

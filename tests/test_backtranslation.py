@@ -12,12 +12,11 @@ import sacrebleu
 import yaml
 
 from nmt.config import config_from_dict
-from nmt.engine import TorchEngine
+from nmt.torch_engine import TorchEngine
 from nmt.translate import translate_lines
 from nmt.train import train
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import NOUNS, make_pairs, tiny_config_dict  # noqa: E402
+from helpers import NOUNS, make_pairs, tiny_config_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")

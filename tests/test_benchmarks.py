@@ -18,8 +18,8 @@ import sys
 import pytest
 import yaml
 
-from synthetic import tiny_config_dict
-from test_translate import make_tiny_checkpoint
+from helpers import tiny_config_dict
+from helpers import make_tiny_checkpoint
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -89,7 +89,7 @@ def test_bench_train_counts_the_real_target_tokens(tmp_path):
     # corpus' token lengths (+1 each for EOS), not from the collated tensors the script reads
     from nmt.config import load_config
     from nmt.data import epoch_batches
-    from synthetic import prepare_data
+    from helpers import prepare_data
 
     cfg = load_config(str(cfg_path))
     _, data = prepare_data(cfg, str(work), lambda m: None)
@@ -148,10 +148,10 @@ def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
 
     import torch
 
-    from nmt.engine import TorchEngine
+    from nmt.torch_engine import TorchEngine
     from nmt.layout import source_tensors
     from nmt.tokenizer import BOS_ID, EOS_ID
-    from synthetic import make_pairs
+    from helpers import make_pairs
 
     spec = importlib.util.spec_from_file_location("length_report", os.path.join(SCRIPTS, "length_report.py"))
     length_report = importlib.util.module_from_spec(spec)

@@ -13,7 +13,7 @@ from nmt.errors import UserError
 from nmt.layout import collate
 from nmt.tokenizer import build_tokenizer
 
-from test_data import corpus, corpus_cfg, dirty_corpus, make_cfg, quiet, write
+from helpers import corpus, corpus_cfg, dirty_corpus, make_cfg, quiet, write
 
 
 def reference_encode(tok, src, tgt, max_len, max_ratio, tag=None):

@@ -5,8 +5,6 @@ import gzip
 import hashlib
 import json
 import os
-import random
-import sys
 
 import numpy as np
 import pytest
@@ -20,48 +18,7 @@ from nmt.sources import read_corpus
 from nmt.layout import collate
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import prepare_data  # noqa: E402
-
-ES = "casa perro gato árbol niño libro agua sol luna mar cielo tierra fuego viento año señor".split()
-EN = "house dog cat tree child book water sun moon sea sky earth fire wind year lord".split()
-
-
-def corpus(n=300, seed=0):
-    r = random.Random(seed)
-    pairs = [[r.randrange(len(ES)) for _ in range(r.randint(1, 12))] for _ in range(n)]
-    return [" ".join(ES[i] for i in k) for k in pairs], [" ".join(EN[i] for i in k) for k in pairs]
-
-
-def write(path, lines, gz=False):
-    text = ("\n".join(lines) + "\n").encode("utf-8")
-    path.write_bytes(gzip.compress(text) if gz else text)
-    return str(path)
-
-
-def corpus_cfg(src, tgt):
-    return {"src": str(src), "tgt": str(tgt)}
-
-
-def make_cfg(tmp_path, train, valid=None, **data):
-    d = {"src_lang": "es", "tgt_lang": "en", "train": train, "valid": valid or train,
-         "tokenizer": {"vocab_size": 60, "threads": 2}, **data}
-    return config_from_dict({"data": d, "output_dir": str(tmp_path), "name": "run"}, check_files=False)
-
-
-def quiet(msg):
-    pass
-
-
-def from_lists(src, tgt, dtype=np.int16, parts=None):
-    """An EncodedCorpus built by hand from lists of ids (`parts`: pairs per corpus)."""
-    def side(seqs):
-        off = np.zeros(len(seqs) + 1, np.int64)
-        off[1:] = np.cumsum([len(x) for x in seqs])
-        return np.array([i for x in seqs for i in x], dtype), off
-    stats = {"corpora": [{"kept": n} for n in parts]} if parts else {}
-    return D.EncodedCorpus(*side(src), *side(tgt), stats)
-
+from helpers import corpus, corpus_cfg, dirty_corpus, from_lists, make_cfg, prepare_data, quiet, write
 
 # --------------------------------------------------------------------------- sources
 
@@ -229,15 +186,6 @@ def test_filter_pairs_counts():
     assert keep.tolist() == ref_keep
     keep, counts = D.filter_pairs(s, t, max_len=10, max_ratio=None)  # valid: only over-long pairs go
     assert counts["too_long"] == 2 and counts["kept"] == 8 and counts["empty"] == 0
-
-
-def dirty_corpus(tmp_path):
-    """300 clean pairs plus 2 with an empty side, 2 over-long, 1 with a bad length ratio."""
-    src, tgt = corpus(300)
-    long_es, long_en = " ".join(["casa perro"] * 40), " ".join(["house dog"] * 40)
-    src += ["", "gato", long_es, "sol", "perro perro perro perro perro perro perro perro perro perro"]
-    tgt += ["cat", "", "sun", long_en, "dog"]
-    return corpus_cfg(write(tmp_path / "t.es", src), write(tmp_path / "t.en", tgt)), src, tgt
 
 
 def test_load_data_filters_and_logs(tmp_path):
@@ -465,7 +413,7 @@ def test_one_corpus_as_a_list_trains_the_same(tmp_path):
 
     from nmt import checkpoint as ckpt
     from nmt.train import train
-    from synthetic import tiny_config_dict
+    from helpers import tiny_config_dict
 
     results = []
     for name, wrap in (("mapping", False), ("list", True)):

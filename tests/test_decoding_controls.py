@@ -17,8 +17,7 @@ from nmt.sampling import sample_search, uniform_noise
 from nmt.search import beam_search, greedy_search
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_search import FakeCache, FakeModel, fake_batch  # noqa: E402
+from helpers import FakeCache, FakeModel, fake_batch
 
 V = 8
 
@@ -179,14 +178,14 @@ def test_uniform_noise_is_uniform_and_independent():
 
 # --------------------------------------------------------------------------- through the pipeline and the CLI
 
-import re  # noqa: E402
-import subprocess  # noqa: E402
+import re
+import subprocess
 
-from nmt.config import decode_config  # noqa: E402
-from nmt.engine import TorchEngine  # noqa: E402
-from nmt.translate import translate_command, translate_nbest  # noqa: E402
-from synthetic import make_pairs  # noqa: E402
-from test_translate import make_tiny_checkpoint  # noqa: E402
+from nmt.config import decode_config
+from nmt.torch_engine import TorchEngine
+from nmt.translate import translate_command, translate_nbest
+from helpers import make_pairs
+from helpers import make_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -26,18 +26,18 @@ import yaml
 from nmt import checkpoint as ckpt
 from nmt.config import Config, ModelConfig, config_from_dict
 from nmt.data import epoch_batches, load_data
-from nmt.layout import collate
 from nmt.distributed import DistEnv, main_first, simulate_failure, timeout_seconds
 from nmt.errors import UserError
+from nmt.layout import collate
 from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
-from nmt.tokenizer import Tokenizer
 from nmt.step import setup_precision, train_step
+from nmt.tokenizer import Tokenizer
+
+from helpers import random_corpus, tiny_config_dict
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-sys.path.insert(0, TESTS)
-from synthetic import random_corpus, tiny_config_dict  # noqa: E402
 
 CPU = torch.device("cpu")
 FP32 = setup_precision("fp32", CPU)
@@ -138,7 +138,7 @@ STEP_WORKER = textwrap.dedent("""
     import nmt.step as train_mod
     from nmt.layout import collate
     from nmt.distributed import DistEnv, process_group, wrap_model
-    from synthetic import random_corpus
+    from helpers import random_corpus
     from test_distributed import MICRO, CLIP, FP32, _NoSchedule, _model
 
     env = DistEnv.from_env()

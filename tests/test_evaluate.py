@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from nmt.errors import UserError
-from nmt.evaluate import evaluate_command, read_lines, score
+from nmt.evaluate import corpus_metrics, evaluate_command
+from nmt.textio import read_lines
 
 # Hand-made pairs: punctuation, casing, Unicode, an empty line, trailing spaces, a CRLF line.
 REF = ("The cat sat on the mat.\n"
@@ -49,7 +50,7 @@ def _sacrebleu_json(ref: str, hyp: str, metrics: list[str]) -> list[dict]:
 def test_scores_match_sacrebleu_command(tmp_path, hyp_text):
     ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", hyp_text)
     expected = {e["name"]: e for e in _sacrebleu_json(ref, hyp, ["bleu", "chrf", "ter"])}
-    ours = score(read_lines(hyp), read_lines(ref), ("bleu", "chrf", "ter"))
+    ours = corpus_metrics(read_lines(hyp), read_lines(ref), ("bleu", "chrf", "ter"))
     assert list(ours) == ["bleu", "chrf", "ter"]
     assert {e["name"] for e in ours.values()} == set(expected) == {"BLEU", "chrF2", "TER"}
     for entry in ours.values():
@@ -61,7 +62,7 @@ def test_scores_match_sacrebleu_command(tmp_path, hyp_text):
 
 
 def test_default_metrics_and_text(tmp_path):
-    ours = score(["The cat sat on the mat."], ["The cat sat on the mat."])
+    ours = corpus_metrics(["The cat sat on the mat."], ["The cat sat on the mat."])
     assert list(ours) == ["bleu", "chrf"]
     assert ours["bleu"]["score"] == pytest.approx(100.0) and ours["chrf"]["score"] == pytest.approx(100.0)
     assert ours["bleu"]["text"].startswith("BLEU = 100.00 100.0/100.0/100.0/100.0 (BP = 1.000")
@@ -113,7 +114,7 @@ def test_line_count_mismatch_names_counts_and_files(tmp_path):
     msg = str(e.value)
     assert "2" in msg and "3" in msg and hyp in msg and ref in msg
     with pytest.raises(UserError, match="2 hypotheses but 3 references"):
-        score(["a", "b"], ["a", "b", "c"])
+        corpus_metrics(["a", "b"], ["a", "b", "c"])
 
 
 def test_missing_file_and_bad_input(tmp_path):
@@ -123,9 +124,9 @@ def test_missing_file_and_bad_input(tmp_path):
     with pytest.raises(UserError, match="file not found"):
         evaluate_command(ref, str(tmp_path / "nope.txt"), stdout=io.StringIO())
     with pytest.raises(UserError, match="unknown metric"):
-        score(["a"], ["a"], ("meteor",))
+        corpus_metrics(["a"], ["a"], ("meteor",))
     with pytest.raises(UserError, match="nothing to score"):
-        score([], [])
+        corpus_metrics([], [])
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe\n")
     with pytest.raises(UserError, match="line 1: invalid UTF-8"):

@@ -21,7 +21,7 @@ from nmt.config import Config, CorpusConfig, DataConfig, ModelConfig, TokenizerC
 from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
-from synthetic import make_pairs, tiny_config_dict
+from helpers import make_pairs, tiny_config_dict
 
 CT2_REASON = 'ctranslate2 is an optional extra: pip install -e ".[ct2]"'
 
@@ -266,7 +266,7 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
     CTranslate2 after beam_size * patience finished hypotheses, nmt when no live beam can win;
     it shows most with the `average` penalty, which favours long outputs.)"""
     from nmt.ct2 import Ct2Engine
-    from nmt.engine import TorchEngine
+    from nmt.torch_engine import TorchEngine
     from nmt.search import max_output_lengths
 
     checkpoint, out = trained
@@ -297,7 +297,7 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
 def test_forced_length_as_benchmarks_use_it(trained, pairs):
     """min_len >= max_len forces every output to exactly max_len tokens, in both engines."""
     from nmt.ct2 import Ct2Engine
-    from nmt.engine import TorchEngine
+    from nmt.torch_engine import TorchEngine
 
     checkpoint, out = trained
     torch_engine = TorchEngine.load(checkpoint, "cpu")
@@ -426,9 +426,9 @@ def test_cli_export_and_translate(trained, tmp_path, capsys):
 def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path):
     """nmt evaluate --engine ctranslate2 --model DIR scores what nmt translate with that engine
     writes; nmt score with CTranslate2 equals the PyTorch scores (the same model, exported)."""
-    from nmt.engine import TorchEngine
+    from nmt.torch_engine import TorchEngine
     from nmt.ct2 import Ct2Engine
-    from nmt.evaluate import evaluate_command, score
+    from nmt.evaluate import corpus_metrics, evaluate_command
     from nmt.score import score_pairs
     from nmt.translate import translate_command
 
@@ -441,9 +441,9 @@ def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path
     got = io.StringIO()
     evaluate_command(None, str(ref), checkpoint=out, engine="ctranslate2", src=str(src), json_out=True,
                      device="cpu", quiet=True, stdout=got)
-    assert json.loads(got.getvalue())["bleu"]["score"] == score(hyps, [p[1] for p in pairs[:50]])["bleu"]["score"]
+    assert json.loads(got.getvalue())["bleu"]["score"] == corpus_metrics(hyps, [p[1] for p in pairs[:50]])["bleu"]["score"]
     lines_src, lines_tgt = [p[0] for p in pairs[:30]] + [""], [p[1] for p in pairs[:30]] + ["the sun"]
-    a, _ = score_pairs(TorchEngine.load(checkpoint, "cpu"), lines_src, lines_tgt)
-    b, _ = score_pairs(Ct2Engine(out, "cpu", intra_threads=1), lines_src, lines_tgt)
+    a = score_pairs(TorchEngine.load(checkpoint, "cpu"), lines_src, lines_tgt)
+    b = score_pairs(Ct2Engine(out, "cpu", intra_threads=1), lines_src, lines_tgt)
     assert [x.n_tokens for x in a] == [y.n_tokens for y in b]
     assert [x.log_prob for x in a] == pytest.approx([y.log_prob for y in b], abs=1e-3)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 import pytest
 import sacrebleu
@@ -13,14 +12,13 @@ import torch
 from nmt import checkpoint as ckpt
 from nmt.checkpoint import unwrap
 from nmt.config import ConfigError, config_from_dict
-from nmt.engine import TorchEngine
+from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
 from nmt.translate import translate_lines
 import nmt.train as train_mod
 from nmt.train import train
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import make_pairs, tiny_config_dict  # noqa: E402
+from helpers import make_pairs, tiny_config_dict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -70,13 +70,12 @@ def test_mask_pair_uses_the_same_placeholder_for_the_same_span():
 
 # --------------------------------------------------------------------------- training with data.protect
 
-import os  # noqa: E402
-import random  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
+import os
+import random
+import subprocess
+import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import NOUNS, VERBS, make_pairs, tiny_config_dict  # noqa: E402
+from helpers import NOUNS, VERBS, make_pairs, tiny_config_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

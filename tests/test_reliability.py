@@ -28,9 +28,8 @@ from nmt.config import ConfigError, config_from_dict, load_config
 from nmt.errors import UserError
 from nmt.train import SignalStop, train
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import make_pairs, tiny_config_dict  # noqa: E402
-from test_translate import make_tiny_checkpoint  # noqa: E402
+from helpers import make_pairs, tiny_config_dict
+from helpers import make_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
@@ -296,11 +295,11 @@ def test_evaluate_rejects_nbest_and_uses_batch_size(model_ckpt, tmp_path, monkey
     src = write(tmp_path / "src.es", [p[0] for p in make_pairs(9, 4)])
     one_line_error(nmt("evaluate", "-c", model_ckpt, "--src", src, "--ref", src, "--nbest", "2", "--beam", "2"),
                    2, "--nbest must be 1")
-    import nmt.translate as tr
+    import nmt.batching as batching
 
     seen = []
-    real = tr.make_batches
-    monkeypatch.setattr(tr, "make_batches", lambda lengths, bt, mbs: seen.append(mbs) or real(lengths, bt, mbs))
+    real = batching.make_batches
+    monkeypatch.setattr(batching, "make_batches", lambda lengths, bt, mbs: seen.append(mbs) or real(lengths, bt, mbs))
     evaluate_command(None, src, checkpoint=model_ckpt, src=src, overrides={"max_batch_size": "2"}, quiet=True,
                      stdout=io.StringIO())
     assert seen == [2]

@@ -12,14 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from nmt.config import decode_config
-from nmt.engine import TorchEngine
+from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
 from nmt.score import score_command, score_pairs
 from nmt.translate import translate_nbest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import make_pairs  # noqa: E402
-from test_translate import make_tiny_checkpoint  # noqa: E402
+from helpers import make_pairs
+from helpers import make_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,8 +45,8 @@ def test_scores_equal_the_teacher_forced_log_probability(engine):
     src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
     for workers in (1, 2):  # batching and workers do not change a score
         decode = decode_config(engine.decode, dict(batch_tokens=40, workers=workers))
-        scores, n_truncated = score_pairs(engine, src, tgt, decode)
-        assert n_truncated == 0 and len(scores) == len(pairs)
+        scores = score_pairs(engine, src, tgt, decode)
+        assert not any(s.truncated for s in scores) and len(scores) == len(pairs)
         for s, (a, b) in zip(scores, pairs):
             lp, n = reference(engine, a, b)
             assert s.n_tokens == n and s.log_prob == pytest.approx(lp, abs=1e-4)
@@ -64,7 +63,7 @@ def test_scores_equal_beam_search_log_probs_of_its_own_hypotheses(engine):
             if h.finished:  # ended with EOS: its log_prob counts EOS, as a score does
                 src.append(line), tgt.append(h.text), want.append(h.log_prob)
     assert len(want) >= 10
-    scores, _ = score_pairs(engine, src, tgt)
+    scores = score_pairs(engine, src, tgt)
     close = [s.log_prob == pytest.approx(w, abs=1e-4) for s, w in zip(scores, want)]
     # a hypothesis whose text re-encodes to other tokens (rare with a word model) cannot match
     assert sum(close) >= 0.95 * len(want), list(zip([s.log_prob for s in scores], want))
@@ -92,5 +91,5 @@ def test_command_output_errors_and_truncation(engine, tmp_path):
     with pytest.raises(UserError, match="line counts differ: 8 lines .* but 2"):
         score_command(str(ckpt), str(src), str(tgt), None)
     long = make_pairs(1, 1)[0][0]
-    scores, n = score_pairs(engine, [" ".join([long] * 5)], ["the sun"])
-    assert n == 1 and scores[0].n_tokens == 3
+    scores = score_pairs(engine, [" ".join([long] * 5)], ["the sun"])
+    assert scores[0].truncated and scores[0].n_tokens == 3

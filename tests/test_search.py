@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import zlib
 
 import pytest
 import torch
@@ -23,7 +22,9 @@ from nmt.model import Transformer
 from nmt.search import beam_search, greedy_search
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-V = 8  # 4 specials + 4 real tokens
+from helpers import V, FakeModel, fake_batch
+
+
 ALLOWED = [t for t in range(V) if t not in (PAD_ID, BOS_ID, EOS_ID)]  # UNK may be generated
 
 
@@ -34,86 +35,6 @@ def penalty(length: int, alpha: float, kind: str) -> float:
     if kind == "average":
         return length ** alpha
     return 1.0
-
-
-# --------------------------------------------------------------------------- scripted fake model
-
-class FakeCache:
-    """Rows' sources and prefixes (BOS first); reorder selects rows."""
-
-    def __init__(self, src: torch.Tensor, prefix: torch.Tensor):
-        self.src, self.prefix = src, prefix  # [R,S], [R,t]
-
-    @property
-    def length(self) -> int:
-        return self.prefix.shape[1]
-
-    def reorder(self, indices: torch.Tensor) -> None:
-        assert indices.dtype == torch.long and int(indices.max()) < self.src.shape[0]
-        self.src, self.prefix = self.src.index_select(0, indices), self.prefix.index_select(0, indices)
-
-
-class FakeModel:
-    """Next-token logits are a fixed function of (source tokens, prefix): a seeded table.
-
-    EOS gets more likely as the prefix grows, so hypotheses end at different lengths.
-    Records the rows of every decode_step call and counts full `decode` calls.
-    """
-
-    max_positions = 64
-
-    def __init__(self, seed: int = 0, scale: float = 2.0):
-        self.seed, self.scale = seed, scale
-        self.step_rows: list[int] = []
-        self.n_decode = 0
-        self._table: dict = {}
-
-    def logits(self, src: tuple, prefix: tuple) -> torch.Tensor:
-        key = (src, prefix)
-        if key not in self._table:
-            g = torch.Generator().manual_seed(zlib.crc32(repr((self.seed,) + key).encode()))
-            row = torch.randn(V, generator=g) * self.scale
-            row[EOS_ID] += 0.7 * len(prefix) - 1.5
-            self._table[key] = row
-        return self._table[key]
-
-    def log_probs(self, src: tuple, prefix: tuple) -> torch.Tensor:
-        return F.log_softmax(self.logits(src, prefix), dim=-1)
-
-    @staticmethod
-    def _src(src_row: torch.Tensor) -> tuple:
-        return tuple(t for t in src_row.tolist() if t != PAD_ID)
-
-    def encode(self, src, src_mask):
-        return src.float()[..., None]  # [B,S,1]: the source itself
-
-    def init_cache(self, memory, src_mask, max_len, cache_cls=None):
-        assert max_len <= self.max_positions
-        return FakeCache(memory[..., 0].long(), torch.empty(memory.shape[0], 0, dtype=torch.long))
-
-    def decode_step(self, tokens, cache):
-        self.step_rows.append(tokens.shape[0])
-        prefix = torch.cat([cache.prefix, tokens[:, None]], dim=1)
-        logits = torch.stack([self.logits(self._src(s), tuple(p.tolist())) for s, p in zip(cache.src, prefix)])
-        cache.prefix = prefix
-        return logits
-
-    def decode(self, tgt_in, memory, src_mask):
-        self.n_decode += 1
-        src = memory[..., 0].long()
-        return torch.stack([torch.stack([self.logits(self._src(s), tuple(p[: i + 1].tolist())) for i in range(len(p))])
-                            for s, p in zip(src, tgt_in)])
-
-
-def fake_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded random sources ending in EOS: src, src_mask [B,S]."""
-    g = torch.Generator().manual_seed(seed)
-    S = max(lengths)
-    src = torch.zeros(len(lengths), S, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        src[i, : n - 1] = torch.randint(4, V, (n - 1,), generator=g)
-        src[i, n - 1] = EOS_ID
-    return src, src != PAD_ID
 
 
 def enumerate_outputs(max_len: int, min_len: int):

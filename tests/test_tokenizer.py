@@ -243,7 +243,7 @@ def test_reused_only_with_the_same_settings(tmp_path, monkeypatch):
 def test_stale_tokenizer_is_not_reused(tmp_path):
     """Issue 15 item 5: a first attempt writes spm.model and then fails; the rerun with another
     data.tokenizer.vocab_size must not train with the old model."""
-    from synthetic import prepare_data
+    from helpers import prepare_data
 
     write_corpus(tmp_path)
     (tmp_path / "bad.es").write_text("uno\ndos\n", encoding="utf-8")

@@ -21,16 +21,17 @@ import time
 import pytest
 import torch
 
+from nmt import batching
 from nmt import translate as tr
-from nmt.checkpoint import average_command, load_checkpoint, load_for_inference, save_checkpoint
-from nmt.config import ConfigError, DecodeConfig, TokenizerConfig, config_from_dict, decode_config, to_dict
-from nmt.engine import TorchEngine, resolve_workers
+from nmt.checkpoint import average_command, load_checkpoint, load_for_inference
+from nmt.config import ConfigError, DecodeConfig, decode_config
+from nmt.device import resolve_workers
+from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.evaluate import evaluate_command, read_lines, score
+from nmt.evaluate import corpus_metrics, evaluate_command
+from nmt.textio import read_lines
 from nmt.search import beam_search, greedy_search
-from nmt.model import Transformer
-from nmt.tokenizer import Tokenizer, train_sentencepiece
-from synthetic import make_pairs
+from helpers import make_pairs, make_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_POSITIONS = 24  # sources longer than 23 tokens are truncated
@@ -38,28 +39,6 @@ NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def make_tiny_checkpoint(path: str, seed: int = 0) -> str:
-    """An untrained tiny model + word-level SentencePiece model saved as an nmt checkpoint."""
-    text = [s for pair in make_pairs(200, 0) for s in pair]
-    tok_cfg = TokenizerConfig(vocab_size=64, model_type="word", threads=1)
-    tokenizer = Tokenizer(train_sentencepiece(text, tok_cfg, seed=1, what="joint", log=lambda m: None))
-    raw = {"data": {"src_lang": "es", "tgt_lang": "en", "max_len": 20,
-                    "train": {"src": "train.es", "tgt": "train.en"}, "valid": {"src": "valid.es", "tgt": "valid.en"},
-                    "tokenizer": {"vocab_size": 64, "model_type": "word"}},
-           "model": {"d_model": 16, "n_heads": 2, "layers": 1, "ffn_dim": 32, "dropout": 0.0,
-                     "max_positions": MAX_POSITIONS, "tie_output": False},
-           "decode": {"beam_size": 2, "max_len_a": 0.5, "max_len_b": 4, "batch_tokens": 30, "max_batch_size": 3}}
-    cfg = config_from_dict(raw, check_files=False)
-    torch.manual_seed(seed)
-    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-    with torch.no_grad():  # flatter next-token distributions: varied outputs from an untrained model
-        model.output_proj.weight.normal_(0.0, 0.3)
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
-                     "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
-                     "step": seed, "epoch": 0}, path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +81,7 @@ def collect() -> tuple[list[str], callable]:
 def test_make_batches_budget_cap_and_coverage():
     rng = random.Random(0)
     lengths = [rng.randint(1, 40) for _ in range(200)] + [100]
-    batches = tr.make_batches(lengths, batch_tokens=64, max_batch_size=5)
+    batches = batching.make_batches(lengths, batch_tokens=64, max_batch_size=5)
     flat = [i for b in batches for i in b]
     assert sorted(flat) == list(range(len(lengths)))  # every sentence exactly once
     assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)  # longest first
@@ -143,7 +122,7 @@ def test_workers_give_the_sequential_results(loaded, beam, monkeypatch):
     engine = loaded
     lines = mixed_lines() * 2
     decode = decode_config(engine.decode, dict(beam_size=beam, nbest=beam, workers=1))
-    assert len(tr.make_batches([6] * len(lines), decode.batch_tokens, decode.max_batch_size)) >= 4
+    assert len(batching.make_batches([6] * len(lines), decode.batch_tokens, decode.max_batch_size)) >= 4
     seen = []  # (thread name, intra-op threads) of each batch
     real = engine.search_batch
 
@@ -203,8 +182,8 @@ def test_auto_workers(loaded, monkeypatch):
 def test_run_batches_shares_work_out_by_cost():
     """With costs, the pool takes the largest batches first, and batches that cannot be shared out
     evenly (one large, one small) run one at a time in the calling thread, with all threads."""
-    assert not tr._balanced([97, 3], 2) and not tr._balanced([97, 97, 97, 3], 2)
-    assert tr._balanced([5] * 16, 2) and tr._balanced([10, 9, 8, 7, 6, 5], 2) and tr._balanced([1], 1)
+    assert not batching._balanced([97, 3], 2) and not batching._balanced([97, 97, 97, 3], 2)
+    assert batching._balanced([5] * 16, 2) and batching._balanced([10, 9, 8, 7, 6, 5], 2) and batching._balanced([1], 1)
     lock, started = threading.Lock(), []
 
     def record(batch):
@@ -215,10 +194,10 @@ def test_run_batches_shares_work_out_by_cost():
 
     batches = [[i] for i in range(8)]
     costs = [10 + i for i in range(8)]  # the last batches are the largest
-    assert list(tr.run_batches(record, batches, 2, costs=costs)) == [(b, b[0]) for b in batches]
+    assert list(batching.run_batches(record, batches, 2, costs=costs)) == [(b, b[0]) for b in batches]
     assert {i for i, _ in started[:2]} == {7, 6} and all(name.startswith("nmt-decode") for _, name in started)
     started.clear()
-    assert list(tr.run_batches(record, [[0], [1]], 2, costs=[97, 3])) == [([0], 0), ([1], 1)]
+    assert list(batching.run_batches(record, [[0], [1]], 2, costs=[97, 3])) == [([0], 0), ([1], 1)]
     assert [name for _, name in started] == [threading.current_thread().name] * 2
 
 
@@ -229,8 +208,8 @@ def test_run_batches_keeps_order_and_propagates_errors():
         time.sleep(0.002 * (12 - batch[0]))
         return batch[0] * 10
 
-    assert list(tr.run_batches(slow_first, batches, 3)) == [(b, b[0] * 10) for b in batches]
-    assert list(tr.run_batches(slow_first, batches, 1)) == [(b, b[0] * 10) for b in batches]
+    assert list(batching.run_batches(slow_first, batches, 3)) == [(b, b[0] * 10) for b in batches]
+    assert list(batching.run_batches(slow_first, batches, 1)) == [(b, b[0] * 10) for b in batches]
 
     def fails(batch):
         if batch[0] == 2:
@@ -240,7 +219,7 @@ def test_run_batches_keeps_order_and_propagates_errors():
     threads_before = threading.active_count()
     got = []
     with pytest.raises(RuntimeError, match="batch 2 failed"):
-        with contextlib.closing(tr.run_batches(fails, batches, 2)) as done:
+        with contextlib.closing(batching.run_batches(fails, batches, 2)) as done:
             for batch, result in done:
                 got.append(result)
     assert got == [0, 1]
@@ -448,7 +427,7 @@ def test_evaluate_command_translates_then_scores(ckpt, loaded, tmp_path):
     assert hyps == tr.translate_lines(engine, [p[0] for p in pairs], decode_config(engine.decode, dict(beam_size=1)))
     obj = json.loads(out.getvalue())
     assert (obj["hyp"], obj["src"], obj["checkpoint"], obj["n_sentences"]) == (str(saved), str(src), ckpt, 8)
-    expected = score(hyps, [p[1] for p in pairs])
+    expected = corpus_metrics(hyps, [p[1] for p in pairs])
     assert obj["bleu"]["score"] == expected["bleu"]["score"] and obj["chrf"]["score"] == expected["chrf"]["score"]
     ref.write_text("one line\n", encoding="utf-8")
     with pytest.raises(UserError, match=f"8 lines in {src}.* 1 in {ref}"):

@@ -1,0 +1,92 @@
+"""`nmt.Translator`: the public Python API (CTranslate2's `Translator` is the model).
+
+    from nmt import Translator
+
+    translator = Translator("runs/quickstart/checkpoints/best.pt")   # or a CTranslate2 directory
+    for result in translator.translate(["Hola mundo."], beam_size=5, nbest=2):
+        print(result.text, result.score, [h.text for h in result.hypotheses])
+    scores = translator.score(["Hola mundo."], ["Hello world."])      # forced decoding
+
+One object, one call: the model, its engine, device and threads are fixed at construction;
+`translate` takes per-call decode options (any key of a config's `decode` section,
+validated as `nmt translate` validates its flags) and returns one frozen
+`TranslationResult` per input line, in order, with the same outputs as `nmt translate`
+(which, like `nmt serve`, goes through this class). Calls are thread-safe: they run one at
+a time (a call already batches its lines, and the CPU thread policy is process-wide); to
+translate across threads or requests at once, gather the lines into one call (as
+`nmt serve` does).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from nmt.batching import Progress
+from nmt.config import DecodeConfig, decode_config
+from nmt.engine import load_engine
+from nmt.errors import UserError
+from nmt.translate import TranslationResult, check_protect, translate_chunk
+
+
+class Translator:
+    """A translation model ready to use: a checkpoint file (PyTorch) or a directory written by
+    `nmt export` (CTranslate2), chosen by what `path` is unless `engine` says otherwise.
+
+    device: "auto" (CUDA if available), "cpu", "cuda", "cuda:N". Keyword decode options (e.g.
+    beam_size=4, workers=1) replace the model's own `decode` defaults for every call; they are
+    checked before the model loads (ConfigError, a ValueError, names every problem).
+    """
+
+    def __init__(self, path: str, *, engine: str = "auto", device: str = "auto", **decode_options: Any):
+        given = decode_config(None, decode_options, check_rules=False)  # a bad option fails before any work
+        workers = given.workers if decode_options.get("workers") is not None else None
+        self._engine = load_engine(path, engine, device, workers=workers)
+        self.decode = self._checked(decode_config(self._engine.decode, decode_options))
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> str:
+        """"torch" or "ctranslate2"."""
+        return self._engine.name
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence (in subword tokens) the model accepts."""
+        return self._engine.max_positions
+
+    def decode_settings(self, **decode_options: Any) -> DecodeConfig:
+        """This translator's decode settings with `decode_options` applied and validated."""
+        return self._checked(decode_config(self.decode, decode_options)) if decode_options else self.decode
+
+    def _checked(self, decode: DecodeConfig) -> DecodeConfig:
+        if decode.alignment and self._engine.name != "torch":
+            raise UserError(f"--alignment is not supported by the {self._engine.name} engine (translate with the "
+                            "checkpoint and --engine torch)")
+        if decode.protect:
+            check_protect(self._engine.tokenizer)
+        return decode
+
+    def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
+                  on_batch: Progress | None = None, **decode_options: Any) -> list[TranslationResult]:
+        """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
+        `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
+        first_line: the input line number of lines[0] (with sampling, a line's samples depend
+        only on the seed and its line number). on_batch(n): called as n more lines are done."""
+        decode = self.decode_settings(**decode_options)
+        if prefixes is not None and len(prefixes) != len(lines):
+            raise UserError(f"{len(prefixes)} prefixes for {len(lines)} lines")
+        with self._lock:
+            return translate_chunk(self._engine, list(lines), decode, on_batch, first_line=first_line,
+                                   prefixes=prefixes)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
+              **decode_options: Any) -> list:
+        """The model's log-probability of each target given its source (`nmt score`): one
+        `nmt.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only
+        the batching keys of decode_options matter (batch_tokens, max_batch_size, workers)."""
+        from nmt.score import score_pairs
+
+        decode = self.decode_settings(**decode_options)
+        with self._lock:
+            return score_pairs(self._engine, list(sources), list(targets), decode, on_batch)

@@ -1,0 +1,47 @@
+"""Devices and threads: which device a command runs on, and how many batches decode at once.
+
+Used by training (`nmt train`) and by both inference engines; torch is imported only
+where a torch device is resolved.
+"""
+
+from __future__ import annotations
+
+from nmt.errors import UserError
+
+
+def parse_device(name: str | None) -> tuple[str, int | None]:
+    """"auto"/None -> ("auto", None); "cpu" -> ("cpu", None); "cuda" -> ("cuda", None); "cuda:N" -> ("cuda", N).
+    Anything else is a one-line UserError (both engines parse devices with this)."""
+    if name is None or name == "auto":
+        return "auto", None
+    kind, sep, index = str(name).partition(":")
+    if kind not in ("cpu", "cuda") or (sep and not index.isdigit()) or (kind == "cpu" and sep):
+        raise UserError(f"invalid device {name!r} (use auto, cpu, cuda or cuda:N)")
+    return kind, int(index) if sep else None
+
+
+def resolve_torch_device(name):
+    """"auto"/None -> CUDA if available, else CPU; otherwise that device (UserError if unavailable)."""
+    import torch
+
+    if isinstance(name, torch.device):
+        return name
+    kind, index = parse_device(name)
+    if kind == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {name!r} requested but CUDA is not available")
+    return torch.device(kind, index) if index is not None else torch.device(kind)
+
+
+def resolve_workers(workers: int, device, threads: int | None = None) -> int:
+    """decode.workers with 0 (auto) resolved: 2 on a CPU with at least 2 threads (default: torch's
+    intra-op threads), else 1 (measurements: BENCHMARKS.md, "Decoding workers")."""
+    if workers:
+        return workers
+    kind = device.type if hasattr(device, "type") else parse_device(str(device))[0]
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return 2 if kind == "cpu" and threads >= 2 else 1

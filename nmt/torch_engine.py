@@ -1,0 +1,116 @@
+"""TorchEngine: a Transformer (any device) searched by nmt/search.py, behind nmt/engine.py's protocol."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from nmt.checkpoint import load_for_inference, unwrap
+from nmt.config import DecodeConfig
+from nmt.device import resolve_torch_device
+from nmt.layout import source_tensors, target_tensors
+from nmt.sampling import sample_search
+from nmt.search import PLAIN_OPS, Hypothesis, SearchOps, beam_search, greedy_search
+
+
+class TorchEngine:
+    """A Transformer searched by nmt/search.py.
+
+    `TorchEngine.load(checkpoint, device)` for the commands (on CPU with nmt/fast.py's
+    fast paths installed); `TorchEngine(model, tokenizer, decode, ops, autocast=dtype)` wraps a
+    live model (validation during training). Calls run inside `running()` (eval mode).
+
+    autocast: a reduced-precision dtype (torch.bfloat16 / torch.float16) the model's forward
+    passes run under, or None (fp32). Autocast is a thread-local setting, so every call enters
+    it itself, in the thread that runs the call (the pipeline may run batches in worker threads).
+    """
+
+    name = "torch"
+    workers = None
+
+    def __init__(self, model, tokenizer, decode: DecodeConfig, ops: SearchOps | None = None, *,
+                 autocast: torch.dtype | None = None):
+        self.model = unwrap(model)  # DDP / torch.compile wrappers: search runs the plain model
+        self.tokenizer, self.decode = tokenizer, decode
+        self.max_positions = self.model.max_positions
+        self.torch_device = next(self.model.parameters()).device
+        self.ops = ops if ops is not None else PLAIN_OPS
+        self.autocast = autocast
+
+    @classmethod
+    def load(cls, checkpoint: str, device: str = "auto", *, fast: bool = True) -> "TorchEngine":
+        """The checkpoint's model in eval mode on `device`, its tokenizer and decode settings.
+        On CPU (and with fast=True) nmt/fast.py's inference fast paths are installed."""
+        model, tokenizer, cfg = load_for_inference(checkpoint, resolve_torch_device(device))
+        ops = None
+        if fast and next(model.parameters()).device.type == "cpu":
+            from nmt import fast as fast_paths
+
+            ops = fast_paths.install_for_inference(model)
+        return cls(model, tokenizer, cfg.decode, ops)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The model in eval mode for a run of calls (from any thread); its mode restored afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
+    def _precision(self) -> contextlib.AbstractContextManager:
+        """The engine's autocast, entered in the calling thread (autocast is thread-local)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.torch_device.type, dtype=self.autocast)
+
+    def _source(self, src_ids: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """src [B,S] (x + EOS, padded) and src_mask [B,S] on the model's device."""
+        return source_tensors(src_ids, self.tokenizer.specials, self.torch_device)
+
+    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
+                     prefixes: Sequence[list[int]] | None = None) -> list[list[Hypothesis]]:
+        src, src_mask = self._source(src_ids)
+        kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
+                  no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops,
+                  specials=self.tokenizer.specials)
+        with self._precision():
+            if decode.sampling != "none":
+                return sample_search(self.model, src, src_mask, samples=decode.nbest, sampling=decode.sampling,
+                                     topk=decode.topk, topp=decode.topp, temperature=decode.temperature,
+                                     seed=decode.seed, keys=keys, **kw)
+            if decode.beam_size == 1:
+                return [[h] for h in greedy_search(self.model, src, src_mask, **kw)]
+            return beam_search(self.model, src, src_mask, beam_size=decode.beam_size, nbest=decode.nbest,
+                               length_penalty=decode.length_penalty, length_penalty_type=decode.length_penalty_type,
+                               **kw)
+
+    def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]:
+        """Teacher-forced log-probabilities of each target token and EOS (fp32 log-softmax over
+        the full vocabulary, as the search computes them)."""
+        src, src_mask = self._source(src_ids)
+        tgt_in, tgt_out = target_tensors(tgt_ids, self.tokenizer.specials, self.torch_device)  # [B,T]
+        with torch.inference_mode(), self._precision():
+            logits = self.model(src, src_mask, tgt_in)  # [B,T,V]
+            logp = F.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[:, :, None]).squeeze(-1)  # [B,T]
+        rows = logp.tolist()
+        return [row[: len(y) + 1] for row, y in zip(rows, tgt_ids)]
+
+    def align_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[tuple[int, int]]]:
+        """Per pair, for each target token j the source token i (EOS excluded) with the largest
+        last-layer cross-attention weight, averaged over heads, when predicting token j."""
+        src, src_mask = self._source(src_ids)
+        T = max(max(len(y) for y in tgt_ids), 1)
+        # [B,T]: at position j the decoder input that predicts target token j
+        tgt_in = target_tensors(tgt_ids, self.tokenizer.specials, self.torch_device)[0][:, :T]
+        with torch.inference_mode(), self._precision():
+            weights = self.model.alignment(src, src_mask, tgt_in)  # [B,T,S]
+        out = []
+        for b, (x, y) in enumerate(zip(src_ids, tgt_ids)):
+            best = weights[b, : len(y), : len(x)].argmax(dim=1).tolist()  # source EOS (index len(x)) excluded
+            out.append([(i, j) for j, i in enumerate(best)])
+        return out
