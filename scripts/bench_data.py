@@ -170,7 +170,7 @@ def child_prepare(config: str, out: str) -> None:
 
 def child_steps(config: str, steps: int, out: str) -> None:
     """Mean time of `steps` training steps (collate + train_step) after 2 untimed ones, on the cached data."""
-    from nmt.fast import install_for_training, tune_malloc
+    from nmt.fast import tune_malloc
 
     tune_malloc()  # as `nmt train` does
     import torch
@@ -178,41 +178,36 @@ def child_steps(config: str, steps: int, out: str) -> None:
     from nmt.config import load_config
     from nmt.data import epoch_batches, load_data
     from nmt.layout import collate
-    from nmt.model import Transformer
-    from nmt.optim import build_optimizer, build_scheduler
-    from nmt.step import setup_precision, train_step
+    from nmt.logging_utils import RunLogger
+    from nmt.step import train_step
     from nmt.tokenizer import build_tokenizer
+    from nmt.train import build_training
 
     torch.set_num_threads(2)
     cfg = load_config(config)
     quiet = lambda m: None  # noqa: E731
     tok = build_tokenizer(cfg, cfg.run_dir, quiet)
     t0 = time.perf_counter()
-    data = load_data(cfg, tok, cfg.run_dir, quiet)
+    load_data(cfg, tok, cfg.run_dir, quiet)  # the cached corpus, mapped: what a second run pays
     t1 = time.perf_counter()
-    batches = epoch_batches(data.train, cfg, 1)
+    tr = build_training(cfg, cfg.run_dir, torch.device("cpu"), RunLogger(cfg.run_dir, enabled=False))
     t2 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    device = torch.device("cpu")
-    model = Transformer(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size)
-    install_for_training(model)  # as nmt train does on CPU
-    t = cfg.train
-    optimizer = build_optimizer(model, t, device)
-    scheduler = build_scheduler(optimizer, t, cfg.model.d_model)
-    precision = setup_precision("fp32", device)
+    batches = epoch_batches(tr.train_data, cfg, 1)
+    t3 = time.perf_counter()
+    t, specials = cfg.train, tr.tokenizer.specials
     times = []
     for i in range(steps + 2):
         t_start = time.perf_counter()
-        batch = collate(data.train, batches[i])
-        train_step(model, [batch], optimizer, scheduler, precision, label_smoothing=t.label_smoothing,
-                   clip_norm=t.clip_norm)
+        batch = collate(tr.train_data, batches[i], specials)
+        train_step(tr.forward, [batch], tr.optimizer, tr.scheduler, tr.precision, label_smoothing=t.label_smoothing,
+                   clip_norm=t.clip_norm, pad_id=specials.pad)
         times.append(time.perf_counter() - t_start)
     t_start = time.perf_counter()
     for b in batches[:200]:  # the data part of a step alone: the model's part cannot depend on the corpus size
-        collate(data.train, b)
+        collate(tr.train_data, b, specials)
     collate_s = (time.perf_counter() - t_start) / len(batches[:200])
-    res = {"load_cached_s": t1 - t0, "epoch_batches_s": t2 - t1, "step_s": sum(times[2:]) / steps,
-           "collate_s": collate_s}
+    res = {"load_cached_s": t1 - t0, "build_training_s": t2 - t1, "epoch_batches_s": t3 - t2,
+           "step_s": sum(times[2:]) / steps, "collate_s": collate_s}
     with open(out, "w") as f:
         json.dump(res, f)
 

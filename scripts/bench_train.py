@@ -85,40 +85,31 @@ def main() -> int:
     args = ap.parse_args()
     if args.no_cpu_tuning:
         os.environ["NMT_CPU_TUNING"] = "0"
-    from nmt.fast import install_for_training, tune_malloc
+    from nmt.fast import tune_malloc
 
     tune_malloc()  # as `nmt train` does
     import numpy as np
     import torch
 
     from nmt.config import load_config, replace
-    from nmt.data import epoch_batches, load_data
-    from nmt.layout import collate
-    from nmt.tokenizer import build_tokenizer
-    from nmt.model import Transformer
-    from nmt.optim import build_optimizer, build_scheduler
-    from nmt.step import setup_precision, train_step
+    from nmt.data import epoch_batches
     from nmt.device import resolve_torch_device as resolve_device
+    from nmt.layout import collate
+    from nmt.logging_utils import RunLogger
+    from nmt.step import train_step
+    from nmt.train import build_training
 
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_config(args.config, args.overrides)
+    # a step budget the schedules accept whatever the config's budget is (only the first steps run)
+    cfg = replace(cfg, train=replace(cfg.train, max_steps=max(cfg.train.max_steps, 10**6), schedule_clock="steps"))
     device = resolve_device(args.device if args.device != "auto" else cfg.train.device)
     workdir = args.workdir or tempfile.mkdtemp(prefix="nmt-bench-")
     os.makedirs(workdir, exist_ok=True)
-    tokenizer = build_tokenizer(cfg, workdir, lambda m: None)
-    data = load_data(cfg, tokenizer, workdir, lambda m: None)
-    train = data.train
-
-    torch.manual_seed(cfg.seed)
-    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).to(device)
-    if device.type == "cpu":
-        install_for_training(model)  # as nmt train does
-    t = cfg.train
-    optimizer = build_optimizer(model, t, device)
-    scheduler = build_scheduler(optimizer, replace(t, max_steps=max(t.max_steps, 10**6)), cfg.model.d_model)
-    precision = setup_precision(t.precision, device)
-    fwd = torch.compile(model) if t.compile else model
+    tr = build_training(cfg, workdir, device, RunLogger(workdir, enabled=False))  # exactly what nmt train runs
+    train, tokenizer, model, precision = tr.train_data, tr.tokenizer, tr.model, tr.precision
+    optimizer, scheduler, fwd, t = tr.optimizer, tr.scheduler, tr.forward, cfg.train
     batches = epoch_batches(train, cfg, 1)
     need = (args.warmup + args.steps) * t.update_freq
     batches = (batches * (need // len(batches) + 1))[:need]
@@ -131,13 +122,14 @@ def main() -> int:
     flops = 0.0
     step_times = []
     for step in range(args.warmup + args.steps):
-        group = [collate(train, b) for b in batches[step * t.update_freq:(step + 1) * t.update_freq]]
+        group = [collate(train, b, tokenizer.specials, pin_memory=device.type == "cuda")
+                 for b in batches[step * t.update_freq:(step + 1) * t.update_freq]]
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         group = [b.to(device) for b in group]
         res = train_step(fwd, group, optimizer, scheduler, precision, label_smoothing=t.label_smoothing,
-                         clip_norm=t.clip_norm)
+                         clip_norm=t.clip_norm, pad_id=tokenizer.specials.pad)
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0

@@ -15,7 +15,7 @@ from nmt.config import ConfigError, config_from_dict
 from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
 from nmt.translate import translate_lines
-import nmt.train as train_mod
+import nmt.trainer as train_mod
 from nmt.train import train
 
 from helpers import make_pairs, tiny_config_dict

@@ -21,7 +21,7 @@ from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.optim import lr_at
 import nmt.step as step_mod
-import nmt.train as train_mod
+import nmt.trainer as train_mod
 from nmt.step import setup_precision, train_step
 from nmt.train import SignalStop, train
 

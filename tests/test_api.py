@@ -1,0 +1,131 @@
+"""nmt.Translator, the public Python API: the same outputs as the pipeline `nmt translate` uses,
+per-call options validated like the flags, frozen results, thread-safe calls, both engines."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from nmt.config import ConfigError, decode_config
+from nmt.errors import UserError
+from nmt.score import score_pairs
+from nmt.torch_engine import TorchEngine
+from nmt.translate import translate_nbest
+
+from helpers import make_pairs, make_tiny_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("api") / "tiny.pt"))
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    return [p[0] for p in make_pairs(12, 5)] + ["", "  "]
+
+
+def test_import_from_the_package_and_translate_equals_the_pipeline(ckpt, lines):
+    from nmt import Translator
+
+    translator = Translator(ckpt)
+    assert translator.engine == "torch" and translator.decode.beam_size == 2  # the checkpoint's decode section
+    engine = TorchEngine.load(ckpt)
+    for options in ({}, {"beam_size": 1}, {"beam_size": 2, "nbest": 2, "length_penalty_type": "average"},
+                    {"sampling": "topk", "topk": 3, "nbest": 2, "seed": 4}):
+        got = translator.translate(lines, **options)
+        want = translate_nbest(engine, lines, decode_config(engine.decode, options), warn=lambda m: None)
+        assert len(got) == len(lines)
+        assert [[(h.text, h.score, h.log_prob) for h in r.hypotheses] for r in got] == \
+            [[(h.text, h.score, h.log_prob) for h in nbest] for nbest in want]
+        assert [r.text for r in got] == [nbest[0].text for nbest in want]
+    assert got[-1].text == "" and got[-2].text == ""  # empty lines stay empty
+
+
+def test_results_are_frozen_and_options_are_validated(ckpt, lines):
+    from nmt import Translator
+
+    translator = Translator(ckpt)
+    result = translator.translate(lines[:2])[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.hypotheses = ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.hypotheses[0].text = "x"
+    with pytest.raises(ConfigError, match="nbest"):
+        translator.translate(lines, nbest=5)  # > beam_size 2
+    with pytest.raises(ConfigError, match="unknown key 'decode.beam'"):
+        translator.translate(lines, beam=3)
+    with pytest.raises(ConfigError, match="beam_size"):
+        Translator(ckpt, beam_size=0)  # checked before the model loads
+    with pytest.raises(UserError, match="checkpoint not found"):
+        Translator(ckpt + ".missing")
+    with pytest.raises(UserError, match="2 prefixes for 3 lines"):
+        translator.translate(lines[:3], prefixes=["a", "b"])
+
+
+def test_prefixes_and_first_line(ckpt, lines):
+    from nmt import Translator
+
+    translator = Translator(ckpt)
+    out = translator.translate(lines[:4], prefixes=["the", "", "the cat", ""])
+    assert out[0].text.startswith("the") and out[2].text.startswith("the cat")
+    sampled = dict(sampling="topp", topp=0.9, seed=2)
+    whole = translator.translate(lines[:6], **sampled)
+    tail = translator.translate(lines[3:6], first_line=3, **sampled)  # a line's sample depends on its number
+    assert [r.text for r in whole[3:]] == [r.text for r in tail]
+
+
+def test_concurrent_calls_from_threads_equal_sequential_calls(ckpt, lines):
+    from nmt import Translator
+
+    translator = Translator(ckpt, workers=2)
+    chunks = [lines[i:i + 4] for i in range(0, len(lines), 4)] * 3
+    want = [[r.text for r in translator.translate(c, beam_size=b)] for c, b in zip(chunks, [1, 2] * len(chunks))]
+    got: list = [None] * len(chunks)
+
+    def work(i: int) -> None:
+        got[i] = [r.text for r in translator.translate(chunks[i], beam_size=[1, 2][i % 2])]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(chunks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+def test_score_equals_score_pairs(ckpt):
+    from nmt import Translator
+
+    pairs = make_pairs(7, 9)
+    src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
+    got = Translator(ckpt).score(src, tgt, batch_tokens=20)
+    want = score_pairs(TorchEngine.load(ckpt), src, tgt)
+    assert [(s.log_prob, s.n_tokens) for s in got] == pytest.approx([(s.log_prob, s.n_tokens) for s in want])
+
+
+def test_a_ctranslate2_directory_gives_the_same_greedy_outputs(ckpt, lines, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
+    from nmt import Translator
+
+    out = tmp_path / "ct2"
+    subprocess.run([sys.executable, "-m", "nmt", "export", "-c", ckpt, "-o", str(out)], check=True,
+                   capture_output=True)
+    ct2 = Translator(str(out), workers=1)
+    assert ct2.engine == "ctranslate2"
+    assert [r.text for r in ct2.translate(lines, beam_size=1)] == \
+        [r.text for r in Translator(ckpt).translate(lines, beam_size=1)]
+    with pytest.raises(UserError, match="alignment is not supported"):
+        ct2.translate(lines, alignment=True)
+
+
+def test_import_nmt_does_not_import_torch():
+    """`import nmt` and `from nmt import Translator` stay light: torch loads with the first model."""
+    code = "import sys; from nmt import Translator; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
