@@ -67,8 +67,6 @@ def _add_model_options(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from nmt.evaluate import TOKENIZERS  # no torch, no sacrebleu at import
-
     parser = _Parser(
         prog="nmt",
         description="Neural machine translation: train a Transformer from a YAML config, translate with greedy or beam search, score with sacreBLEU.",
@@ -76,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nmt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for add in (_train_parser, _translate_parser, _evaluate_parser, _score_parser, _average_parser, _export_parser):
+        add(sub)
+    return parser
 
+
+def _train_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train a model from a YAML config",
         description="Train a Transformer from a YAML config. The run directory OUTPUT_DIR/NAME receives the resolved config, "
@@ -93,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar; log lines only (for CI and batch jobs)")
     p.add_argument("--check", action="store_true", help="validate the config, print it resolved, and exit")
 
+
+def _translate_parser(sub) -> None:
     p = sub.add_parser(
         "translate", help="translate text with a trained checkpoint",
         description="Translate one sentence per line, from a file or stdin, to a file or stdout. Output has exactly one line per input "
@@ -105,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "starts with its prefix, the search continues from it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings summary")
     _add_decode_options(p)
+
+
+def _evaluate_parser(sub) -> None:
+    from nmt.evaluate import TOKENIZERS  # no torch, no sacrebleu at import
 
     p = sub.add_parser(
         "evaluate", help="score translations with sacreBLEU (BLEU, chrF, TER)",
@@ -125,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_decode_options(p)
 
+
+def _score_parser(sub) -> None:
     p = sub.add_parser(
         "score", help="score given translations with a model (forced decoding)",
         description="Print the model's log-probability of each target line given its source line: one line per "
@@ -138,12 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings")
     _add_decode_options(p, SCORE_KEYS)
 
+
+def _average_parser(sub) -> None:
     p = sub.add_parser("average", help="average the parameters of several checkpoints",
                        description="Average model parameters over checkpoints of the same run (as fairseq and Marian do); "
                        "the result is a checkpoint that translate and evaluate accept.")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints to average")
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="where to write the averaged checkpoint")
 
+
+def _export_parser(sub) -> None:
     p = sub.add_parser("export", help="export a checkpoint for another inference engine (CTranslate2)",
                        description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`).")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to export")
@@ -152,7 +167,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", choices=("int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32"),
                    help="weight quantization (default: float32)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
-    return parser
 
 
 def _decode_overrides(args: argparse.Namespace) -> dict:

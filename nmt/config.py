@@ -56,54 +56,70 @@ def _convert(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
             errors.append(f"invalid value for '{key}': {value!r} (choose from {', '.join(map(str, choices))})")
             return None
         return value
-    if origin is tuple:
-        args = typing.get_args(tp)
+    if origin in (tuple, list):
+        return _convert_sequence(value, tp, key, errors)
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, key, errors)
+    raise TypeError(f"unsupported config type {tp!r} for {key}")  # programming error
+
+
+def _convert_sequence(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
+    """A fixed-length tuple or a list (a single string is a list of one)."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             errors.append(f"invalid value for '{key}': {value!r} (expected a list of {len(args)} numbers)")
             return None
-        out = [_convert(v, a, f"{key}[{i}]", errors) for i, (v, a) in enumerate(zip(value, args))]
-        return tuple(out)
-    if origin is list:
-        (arg,) = typing.get_args(tp)
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list):
-            errors.append(f"invalid value for '{key}': {value!r} (expected a list)")
-            return None
-        return [_convert(v, arg, f"{key}[{i}]", errors) for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            errors.append(f"invalid value for '{key}': {value!r} (expected true or false)")
-            return None
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            errors.append(f"invalid value for '{key}': {value!r} (expected an integer)")
-            return None
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML reads 5e-4 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            errors.append(f"invalid value for '{key}': {value!r} (expected a number)")
-            return None
-        if not math.isfinite(value):
-            errors.append(f"invalid value for '{key}': {value!r} (must be a finite number)")
-            return None
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return str(value)
-            errors.append(f"invalid value for '{key}': {value!r} (expected a string)")
-            return None
-        return value
-    raise TypeError(f"unsupported config type {tp!r} for {key}")  # programming error
+        return tuple(_convert(v, a, f"{key}[{i}]", errors) for i, (v, a) in enumerate(zip(value, args)))
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        errors.append(f"invalid value for '{key}': {value!r} (expected a list)")
+        return None
+    return [_convert(v, args[0], f"{key}[{i}]", errors) for i, v in enumerate(value)]
+
+
+def _to_bool(value: Any, key: str, errors: list[str]) -> Any:
+    if not isinstance(value, bool):
+        errors.append(f"invalid value for '{key}': {value!r} (expected true or false)")
+        return None
+    return value
+
+
+def _to_int(value: Any, key: str, errors: list[str]) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        errors.append(f"invalid value for '{key}': {value!r} (expected an integer)")
+        return None
+    return value
+
+
+def _to_float(value: Any, key: str, errors: list[str]) -> Any:
+    if isinstance(value, str):  # YAML reads 5e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        errors.append(f"invalid value for '{key}': {value!r} (expected a number)")
+        return None
+    if not math.isfinite(value):
+        errors.append(f"invalid value for '{key}': {value!r} (must be a finite number)")
+        return None
+    return float(value)
+
+
+def _to_str(value: Any, key: str, errors: list[str]) -> Any:
+    if not isinstance(value, str):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        errors.append(f"invalid value for '{key}': {value!r} (expected a string)")
+        return None
+    return value
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
 
 def _check_range(value: Any, f: dataclasses.Field, key: str, errors: list[str]) -> None:

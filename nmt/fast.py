@@ -123,7 +123,21 @@ def install_for_training(model: nn.Module) -> int:
 
 # --------------------------------------------------------------------------- inference: packed weights
 
-_linear_pointwise = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+# Private oneDNN ops (torch.ops.mkldnn): they can vanish or change in a torch upgrade, so they are
+# looked up once here; without both, `pack_linear_weights` packs nothing and inference runs the
+# plain F.linear path (tests/test_fast.py checks both the ops on the installed torch and the fallback).
+PRIVATE_OPS = ("_linear_pointwise", "_reorder_linear_weight")
+
+
+def _mkldnn_ops() -> tuple | None:
+    """(linear_pointwise, reorder_linear_weight), or None when this torch lacks oneDNN or either op."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    ops = tuple(getattr(torch.ops.mkldnn, name, None) for name in PRIVATE_OPS)
+    return ops if all(op is not None for op in ops) else None
+
+
+_MKLDNN = _mkldnn_ops()
 
 
 class PackedLinear(nn.Linear):
@@ -139,9 +153,10 @@ class PackedLinear(nn.Linear):
         if not (0 < rows <= self._max_rows and not self.training and x.is_cpu and x.dtype == torch.float32
                 and not (torch.is_grad_enabled() and self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
+        linear_pointwise = _MKLDNN[0]
         if len(shape) == 2:  # a decoding step's [rows, D]
-            return _linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
-        y = _linear_pointwise(x.reshape(rows, shape[-1]), self._packed_weight, self.bias, "none", [], "")
+            return linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
+        y = linear_pointwise(x.reshape(rows, shape[-1]), self._packed_weight, self.bias, "none", [], "")
         return y.view(*shape[:-1], y.shape[-1])
 
 
@@ -150,8 +165,9 @@ def pack_linear_weights(model: nn.Module, max_rows: int = 256, rows_hint: int = 
     used for inputs of at most `max_rows` rows in eval mode. Returns how many layers were packed (0 without
     oneDNN). Smaller layers keep `F.linear`: a oneDNN call costs more per call than MKL's, which a small
     matmul does not win back. Call again after changing the weights (the packed copies are snapshots)."""
-    if not enabled() or _linear_pointwise is None:
+    if not enabled() or _MKLDNN is None:
         return 0
+    reorder_linear_weight = _MKLDNN[1]
     n = 0
     with torch.no_grad():
         for module in model.modules():
@@ -159,7 +175,7 @@ def pack_linear_weights(model: nn.Module, max_rows: int = 256, rows_hint: int = 
                     or module.weight.dtype != torch.float32 or module.weight.numel() < min_weight:
                 continue
             try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows_hint)
+                packed = reorder_linear_weight(module.weight.detach(), rows_hint)
             except RuntimeError:
                 return n
             module.__class__ = PackedLinear

@@ -20,11 +20,6 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
     return positions[None, :] < lengths[:, None]  # [B, L]
 
 
-def causal_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
-    """[T, T] mask, True on and below the diagonal: position t may attend to <= t."""
-    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
-
-
 def attention_mask(key_mask: torch.Tensor) -> torch.Tensor:
     """key mask [B, S] -> [B, 1, 1, S], broadcastable over heads and query positions for SDPA."""
     return key_mask[:, None, None, :]

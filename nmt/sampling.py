@@ -55,7 +55,7 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
         return (x + gumbel.float()).argmax(dim=1)
 
     out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b,
-                          StepRules(B, src.device, min_len, no_repeat_ngram, prefixes, specials), prefixes, use_cache, ops)
+                          StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials), prefixes, use_cache, ops)
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
 
 

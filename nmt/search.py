@@ -54,7 +54,7 @@ SAMPLING = ("topk", "topp")
 NEG_INF = float("-inf")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Hypothesis:
     """One output. tokens: generated ids without BOS/EOS; log_prob: summed token
     log-probabilities (EOS included when it was generated); score: log_prob after the length
@@ -161,7 +161,7 @@ class StepRules:
     """What may be generated at each step (module docstring): PAD/start never, EOS not before
     min_len, the forced prefix, no repeated N-gram. Rows are mapped to their sentence by `sent`."""
 
-    def __init__(self, B: int, device, min_len: int = 0, no_repeat_ngram: int = 0,
+    def __init__(self, device, min_len: int = 0, no_repeat_ngram: int = 0,
                  prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS):
         self.min_len, self.n, self.specials = min_len, no_repeat_ngram, specials
         self.banned = list(specials.never_generated)
@@ -230,7 +230,7 @@ def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
-    rules = StepRules(src.shape[0], src.device, min_len, no_repeat_ngram, prefixes, specials)
+    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials)
     out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [hyps[0] for hyps in out]
 
@@ -306,7 +306,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         return []
     decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
-    rules = StepRules(B, device, min_len, no_repeat_ngram, prefixes, specials)
+    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty

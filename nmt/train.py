@@ -95,9 +95,11 @@ class Training:
 # --------------------------------------------------------------------------- main entry
 
 def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet: bool = False) -> dict:
-    """Train `cfg` (module docstring); returns the final metrics (the same on every torchrun rank)."""
+    """Train `cfg` (module docstring); returns the final metrics (the same on every torchrun rank).
+    The process-wide settings it changes (torch's intra-op threads, TF32 on CUDA) are restored on return."""
     env = DistEnv.from_env()
     threads = torch.get_num_threads()
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -117,6 +119,7 @@ def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet
                 log.close()
     finally:
         torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogger, env: DistEnv = DistEnv(), *,

@@ -27,8 +27,7 @@ from nmt.search import PLAIN_OPS, beam_search, greedy_search
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 needs_onednn = pytest.mark.skipif(
-    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
-    reason="this torch build has no oneDNN: pack_linear_weights is a no-op there")
+    fast._MKLDNN is None, reason="this torch build lacks oneDNN or its private ops: pack_linear_weights is a no-op")
 
 
 def tiny_pair(seed: int = 0):
@@ -48,6 +47,26 @@ def batch(seed: int = 1):
     src[1, 6:] = 0
     src[3, 4:] = 0
     return src, src != 0
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN at all")
+def test_the_private_onednn_ops_exist_on_the_installed_torch():
+    """fast.py relies on private torch.ops.mkldnn ops; a torch upgrade that drops them turns the packed
+    linear layers off silently (see the fallback test below): this test makes it loud."""
+    missing = [name for name in fast.PRIVATE_OPS if not hasattr(torch.ops.mkldnn, name)]
+    assert not missing, f"torch {torch.__version__} has no torch.ops.mkldnn.{missing}: PackedLinear is off"
+    assert fast._MKLDNN is not None
+
+
+def test_without_the_private_ops_inference_falls_back_to_the_plain_path(monkeypatch):
+    monkeypatch.setattr(fast, "_MKLDNN", None)
+    model, packed, n = tiny_pair()
+    assert n == 0 and not any(isinstance(m, fast.PackedLinear) for m in packed.modules())
+    assert fast.install_for_inference(packed) is FAST_OPS  # the search ops do not need oneDNN
+    src, src_mask = batch()
+    kw = dict(max_len_a=1.0, max_len_b=5)
+    assert [h.tokens for h in greedy_search(packed, src, src_mask, ops=FAST_OPS, **kw)] == \
+        [h.tokens for h in greedy_search(model, src, src_mask, **kw)]
 
 
 @needs_onednn

@@ -1,0 +1,49 @@
+"""The torch floor in pyproject.toml is a version whose API the code uses.
+
+The newest torch APIs nmt calls, with the release that added each (PyTorch's docs and release
+notes); the floor must be at least the newest of them, and each must exist on the installed torch.
+A new call to a newer API belongs in this table (and may raise the floor)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+NEWEST_APIS = {  # what nmt calls -> (torch release that added it, where nmt calls it)
+    "torch.nn.utils.get_total_norm": ((2, 6), "nmt/step.py"),
+    "fused=True for Adam/AdamW on CPU": ((2, 4), "nmt/optim.py"),
+    "torch.distributed.init_process_group(device_id=...)": ((2, 3), "nmt/distributed.py"),
+    "torch.amp.GradScaler(device)": ((2, 3), "nmt/step.py"),
+    "torch.load(mmap=True)": ((2, 1), "nmt/checkpoint.py"),
+}
+
+
+def floor() -> tuple[int, int]:
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        m = re.search(r'"torch>=(\d+)\.(\d+)', f.read())
+    assert m, "pyproject.toml declares no torch floor"
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_the_torch_floor_covers_every_api_the_code_uses():
+    newest = max(version for version, _ in NEWEST_APIS.values())
+    assert floor() >= newest, f"pyproject.toml allows torch {floor()} but the code needs {newest}"
+
+
+def test_each_listed_api_is_used_where_listed_and_exists_here():
+    for api, (_, path) in NEWEST_APIS.items():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            code = f.read()
+        key = {"fused=True for Adam/AdamW on CPU": '"fused"', "torch.amp.GradScaler(device)": "GradScaler(",
+               "torch.load(mmap=True)": "mmap=mmap", "torch.distributed.init_process_group(device_id=...)": "device_id="
+               }.get(api, api.split(".")[-1])
+        assert key in code, f"{api} is no longer used in {path}: update NEWEST_APIS"
+    assert callable(torch.nn.utils.get_total_norm)
+    assert "device_id" in inspect.signature(torch.distributed.init_process_group).parameters
+    assert "mmap" in inspect.signature(torch.load).parameters
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], fused=True)  # CPU fused kernels
