@@ -348,7 +348,7 @@ def _deepcopy(x: Any) -> Any:
     return x
 
 
-def config_from_dict(raw: dict, *, base_dir: str | None = None, check_files: bool = True) -> Config:
+def config_from_dict(raw: dict, *, check_files: bool = True) -> Config:
     """Build and validate a Config from a plain dict (already merged with overrides).
 
     Relative data paths are resolved against the current directory (as a user

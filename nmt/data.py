@@ -26,16 +26,14 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from nmt.config import Config, CorpusConfig
-from nmt.corpus import (EncodedCorpus, Source, cache_prefix, cached_split, chunked, filter_pairs,
-                        token_dtype)
+from nmt.corpus import EncodedCorpus, Source, cache_prefix, cached_split, chunked
 from nmt.errors import UserError
 from nmt.protect import PLACEHOLDERS
 from nmt.sources import iter_pairs, read_corpus, source_fingerprint
 from nmt.tokenizer import Tokenizer, check_tags, train_tags
 
-__all__ = ["read_corpus", "EncodedCorpus", "filter_pairs", "token_dtype", "load_data", "Data",
-           "corpus_name", "mix_counts", "epoch_pairs", "batch_indices", "shard_batches", "epoch_batches",
-           "padding_efficiency"]
+__all__ = ["load_data", "Data", "corpus_name", "mix_counts", "epoch_pairs", "batch_indices", "shard_batches",
+           "epoch_batches"]
 
 
 # --------------------------------------------------------------------------- loading
@@ -249,11 +247,3 @@ def epoch_batches(corpus: EncodedCorpus, cfg: Config, epoch: int, *, rank: int =
     if chosen is not None:
         batches = [chosen[b] for b in batches]
     return shard_batches(batches, rank, world_size)[offset:]
-
-
-def padding_efficiency(src_lens: np.ndarray, tgt_lens: np.ndarray, batches: list[np.ndarray]) -> float:
-    """Real positions / padded positions over both sides: sum(s+1 + t+1) / sum(B*(S+T))."""
-    s, t = np.asarray(src_lens) + 1, np.asarray(tgt_lens) + 1
-    real = sum(int(s[b].sum() + t[b].sum()) for b in batches)
-    padded = sum(len(b) * int(s[b].max() + t[b].max()) for b in batches)
-    return real / padded if padded else 1.0

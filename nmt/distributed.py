@@ -232,7 +232,7 @@ def check_shared_file(env: DistEnv, path: str) -> None:
 
 
 @contextlib.contextmanager
-def rank_errors(env: DistEnv, command: str = "nmt train") -> Iterator[None]:
+def rank_errors(env: DistEnv) -> Iterator[None]:
     """Make a failure on one rank of a distributed job visible as that rank's failure.
 
     UserError on a rank other than 0 gets a `rank R (host): ` prefix (the CLI
@@ -257,7 +257,7 @@ def rank_errors(env: DistEnv, command: str = "nmt train") -> Iterator[None]:
         else:
             hint = ""
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"{command}: error on {where}: {type(e).__name__}: {first}{hint}", file=sys.stderr, flush=True)
+        print(f"nmt train: error on {where}: {type(e).__name__}: {first}{hint}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
 

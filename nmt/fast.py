@@ -160,7 +160,10 @@ class PackedLinear(nn.Linear):
         return y.view(*shape[:-1], y.shape[-1])
 
 
-def pack_linear_weights(model: nn.Module, max_rows: int = 256, rows_hint: int = 32, min_weight: int = 100_000) -> int:
+ROWS_HINT = 32  # the batch rows oneDNN packs the weights for (decoding steps run tens to hundreds of rows)
+
+
+def pack_linear_weights(model: nn.Module, max_rows: int = 256, min_weight: int = 100_000) -> int:
     """Turn every fp32 CPU `nn.Linear` of `model` with at least `min_weight` weights into a `PackedLinear`,
     used for inputs of at most `max_rows` rows in eval mode. Returns how many layers were packed (0 without
     oneDNN). Smaller layers keep `F.linear`: a oneDNN call costs more per call than MKL's, which a small
@@ -175,7 +178,7 @@ def pack_linear_weights(model: nn.Module, max_rows: int = 256, rows_hint: int = 
                     or module.weight.dtype != torch.float32 or module.weight.numel() < min_weight:
                 continue
             try:
-                packed = reorder_linear_weight(module.weight.detach(), rows_hint)
+                packed = reorder_linear_weight(module.weight.detach(), ROWS_HINT)
             except RuntimeError:
                 return n
             module.__class__ = PackedLinear

@@ -20,7 +20,7 @@ from tqdm import tqdm
 class RunLogger:
     """train.log + stderr + TensorBoard + progress bar for one run directory."""
 
-    def __init__(self, run_dir: str, *, quiet: bool = False, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, run_dir: str, *, quiet: bool = False, enabled: bool = True):
         self.enabled, self.quiet = enabled, quiet
         self.bar: tqdm | None = None
         self._file = self._writer = None
@@ -28,10 +28,9 @@ class RunLogger:
             return
         os.makedirs(run_dir, exist_ok=True)
         self._file = open(os.path.join(run_dir, "train.log"), "a", encoding="utf-8", buffering=1)
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: slow, so only here
+        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: slow, so only here
 
-            self._writer = SummaryWriter(log_dir=os.path.join(run_dir, "tensorboard"))
+        self._writer = SummaryWriter(log_dir=os.path.join(run_dir, "tensorboard"))
 
     def info(self, msg: str) -> None:
         """A line in train.log and on stderr (above the progress bar when one is shown)."""

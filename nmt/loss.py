@@ -33,7 +33,7 @@ def label_smoothed_nll(
     logits [B,T,V] (any float dtype), target [B,T] (ignore_index = padding).
     Returns (loss_sum, nll_sum): fp32 scalars. `loss_sum` equals
     `F.cross_entropy(logits, target, label_smoothing=epsilon, ignore_index=..., reduction="sum")`
-    (see `cross_entropy_sum`); `nll_sum` is the same with epsilon = 0 (for perplexity).
+    (tests/test_loss.py checks it against `F.cross_entropy`); `nll_sum` is the same with epsilon = 0 (for perplexity).
     Both are differentiable (one backward). A fused autograd function: its backward
     writes softmax - q in place into the saved log-probabilities, instead of autograd
     through log-softmax, gather and sum (2x faster than F.cross_entropy on CPU).
@@ -79,10 +79,3 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         if eps:
             grad.sub_(w * (g_loss * (eps / V)))
         return grad.to(ctx.in_dtype), None, None, None
-
-
-def cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor, epsilon: float,
-                      ignore_index: int = PAD_ID) -> torch.Tensor:
-    """Reference: the smoothed loss sum via `F.cross_entropy` (logits [B,T,V], target [B,T])."""
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), target.reshape(-1),
-                           ignore_index=ignore_index, label_smoothing=epsilon, reduction="sum")

@@ -370,18 +370,3 @@ class Transformer(nn.Module):
         h = self.decoder.step(self.dropout(x), cache)
         cache.advance()
         return self.output_proj(h)
-
-
-def parameter_count_formula(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> int:
-    """Closed-form number of distinct parameters of `Transformer(cfg, src_vocab_size, tgt_vocab_size)`."""
-    D, F_ = cfg.d_model, cfg.ffn_dim
-    attn = 4 * D * D + 4 * D  # Q, K, V, out: weights + biases (self- and cross-attention alike)
-    ffn = 2 * D * F_ + F_ + D
-    norm = 2 * D
-    encoder = cfg.n_encoder_layers * (attn + ffn + 2 * norm)
-    decoder = cfg.n_decoder_layers * (2 * attn + ffn + 3 * norm)
-    finals = 2 * norm if cfg.norm == "pre" else 0
-    embeddings = src_vocab_size * D + (0 if cfg.share_embeddings else tgt_vocab_size * D)
-    positions = 2 * cfg.max_positions * D if cfg.positions == "learned" else 0
-    output = 0 if cfg.tie_output else tgt_vocab_size * D
-    return encoder + decoder + finals + embeddings + positions + output

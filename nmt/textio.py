@@ -109,14 +109,9 @@ def _reason(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def read_lines(path: str | None, limit: int | None = None, stdin: IO[bytes] | None = None) -> list[str]:
-    """All lines (or the first `limit`) of a file or standard input."""
-    out: list[str] = []
-    for line in iter_lines(path, stdin):
-        if limit is not None and len(out) >= limit:
-            break
-        out.append(line)
-    return out
+def read_lines(path: str | None, stdin: IO[bytes] | None = None) -> list[str]:
+    """All lines of a file or standard input."""
+    return list(iter_lines(path, stdin))
 
 
 def iter_chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:

@@ -204,12 +204,6 @@ def iter_sample(lines: Iterable[str], keep: np.ndarray | None) -> Iterator[str]:
             target = next(wanted, None)
 
 
-def sample_sentences(lines: Sequence[str], max_sentences: int, seed: int) -> list[str]:
-    """At most max_sentences non-empty lines, a seeded uniform sample in corpus order."""
-    n = sum(1 for x in lines if x)
-    return list(iter_sample(lines, sample_indices(n, max_sentences, seed)))
-
-
 def train_sentencepiece(lines: Sequence[str] | Callable[[], Iterable[str]], tok: TokenizerConfig, *, seed: int,
                         what: str, log: Callable[[str], None] = print, symbols: Sequence[str] = (),
                         count: int | None = None) -> bytes:

@@ -67,8 +67,9 @@ class Clock:
     `local()` is this process's reading; `now` is rank 0's reading as shared by the last step's
     collective (what every rank's schedule and validation timer follow)."""
 
-    def __init__(self, elapsed_before: float = 0.0):
-        self.before, self.start, self.now = elapsed_before, time.perf_counter(), 0.0
+    def __init__(self):
+        self.before = 0.0  # seconds trained in earlier sessions (set when a run resumes)
+        self.start, self.now = time.perf_counter(), 0.0
 
     def local(self) -> float:
         return self.before + time.perf_counter() - self.start

@@ -172,19 +172,16 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     return [TranslationResult(h, t) for h, t in zip(hyps, truncated)]
 
 
-def translate_nbest(engine, lines: Sequence[str], decode: DecodeConfig | None = None, *, progress: bool = False,
+def translate_nbest(engine, lines: Sequence[str], decode: DecodeConfig | None = None, *,
                     warn: Warn | None = None, prefixes: Sequence[str] | None = None) -> list[list[Translation]]:
     """Per input line `decode.nbest` Translations, best first (greedy when beam_size == 1).
 
     decode: default the engine's. Empty lines give `decode.nbest` copies of EMPTY. Over-long
     lines are truncated and counted in one warning passed to `warn` (default: stderr).
-    `progress` shows a tqdm bar (sentences) on stderr. prefixes: see translate_chunk.
+    prefixes: see translate_chunk.
     """
-    from tqdm import tqdm
-
     decode = decode or engine.decode
-    with tqdm(total=len(lines), disable=not progress, unit="sent", file=sys.stderr, dynamic_ncols=True) as bar:
-        results = translate_chunk(engine, lines, decode, bar.update, prefixes=prefixes)
+    results = translate_chunk(engine, lines, decode, prefixes=prefixes)
     n_truncated = sum(r.truncated for r in results)
     if n_truncated:
         (warn or _stderr_warn)(truncation_warning(n_truncated, engine.max_positions))

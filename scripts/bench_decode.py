@@ -92,7 +92,7 @@ def whole_command(args, lines, beam, batch_size) -> float:
         return time.perf_counter() - t0
 
 
-def run_ct2(args, lines) -> list[dict]:
+def run_ct2(args) -> list[dict]:
     """Time CTranslate2 in a fresh process (this one's torch OpenMP threads would compete with
     CTranslate2's: in one process it ran at 20.6 instead of 38.5 greedy sentences/s)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--ct2-worker", "--checkpoint", args.checkpoint, "--input", args.input,
@@ -211,7 +211,7 @@ def main() -> int:
             speedups[f"beam{beam}"] = c[0]["sent_per_s"] / u[0]["sent_per_s"]
             print(f"# cache speed-up, {'greedy' if beam == 1 else f'beam {beam}'}, batch 32: {speedups[f'beam{beam}']:.1f}x")
     if args.ct2_model:
-        results += run_ct2(args, lines)
+        results += run_ct2(args)
     whole = {}
     if args.whole_command:
         for beam in args.beams:

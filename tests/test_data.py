@@ -15,6 +15,7 @@ from nmt import sources
 from nmt.config import CorpusConfig, config_from_dict
 from nmt.errors import UserError
 from nmt.sources import read_corpus
+from nmt.corpus import filter_pairs
 from nmt.layout import collate
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 
@@ -174,7 +175,7 @@ def test_hf_hub_offline(tmp_path, hf_cache, monkeypatch):
 def test_filter_pairs_counts():
     s = np.array([0, 3, 5, 2, 9, 10, 4, 1, 0, 7])
     t = np.array([2, 0, 5, 7, 3, 10, 12, 3, 0, 14])
-    keep, counts = D.filter_pairs(s, t, max_len=10, max_ratio=3.0)
+    keep, counts = filter_pairs(s, t, max_len=10, max_ratio=3.0)
     expect = {"pairs": 10, "empty": 0, "too_long": 0, "ratio": 0, "kept": 0}
     ref_keep = []
     for a, b in zip(s, t):  # reference, rule by rule
@@ -184,7 +185,7 @@ def test_filter_pairs_counts():
         ref_keep.append(rule == "kept")
     assert counts == expect == {"pairs": 10, "empty": 3, "too_long": 2, "ratio": 1, "kept": 4}
     assert keep.tolist() == ref_keep
-    keep, counts = D.filter_pairs(s, t, max_len=10, max_ratio=None)  # valid: only over-long pairs go
+    keep, counts = filter_pairs(s, t, max_len=10, max_ratio=None)  # valid: only over-long pairs go
     assert counts["too_long"] == 2 and counts["kept"] == 8 and counts["empty"] == 0
 
 
@@ -260,7 +261,7 @@ def test_batches_deterministic_per_seed_and_epoch():
 def test_padding_efficiency():
     s, t = lognormal_lengths(20000)
     batches = D.batch_indices(s, t, 4096, seed=1, epoch=0)
-    eff = D.padding_efficiency(s, t, batches)
+    eff = padding_efficiency(s, t, batches)
     enc = from_lists([[5] * n for n in s], [[6] * n for n in t])  # independent count from collated tensors
     real = padded = 0
     for b in batches:
@@ -269,7 +270,7 @@ def test_padding_efficiency():
         padded += batch.src.numel() + batch.tgt_out.numel()
     assert eff == pytest.approx(real / padded)
     assert eff >= 0.90
-    assert D.padding_efficiency(s, t, D.batch_indices(s, t, 4096, 1, 0, pool_size=2000)) >= 0.85
+    assert padding_efficiency(s, t, D.batch_indices(s, t, 4096, 1, 0, pool_size=2000)) >= 0.85
 
 
 def test_shard_batches():
@@ -427,3 +428,11 @@ def test_one_corpus_as_a_list_trains_the_same(tmp_path):
     (loss_a, model_a), (loss_b, model_b) = results
     assert loss_a == loss_b
     assert all(torch.equal(model_a[k], model_b[k]) for k in model_a)
+
+
+def padding_efficiency(src_lens: np.ndarray, tgt_lens: np.ndarray, batches: list[np.ndarray]) -> float:
+    """Real positions / padded positions over both sides: sum(s+1 + t+1) / sum(B*(S+T))."""
+    s, t = np.asarray(src_lens) + 1, np.asarray(tgt_lens) + 1
+    real = sum(int(s[b].sum() + t[b].sum()) for b in batches)
+    padded = sum(len(b) * int(s[b].max() + t[b].max()) for b in batches)
+    return real / padded if padded else 1.0

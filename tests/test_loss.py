@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.loss import cross_entropy_sum, label_smoothed_nll
+from nmt.layout import PAD_ID
+from nmt.loss import label_smoothed_nll
 
 
 def test_hand_computed_value():
@@ -79,3 +80,10 @@ def test_bf16_logits_get_bf16_gradients():
     loss, _ = label_smoothed_nll(logits, torch.randint(1, 7, (2, 4)), 0.1)
     loss.backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+def cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor, epsilon: float,
+                      ignore_index: int = PAD_ID) -> torch.Tensor:
+    """Reference: the smoothed loss sum via `F.cross_entropy` (logits [B,T,V], target [B,T])."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), target.reshape(-1),
+                           ignore_index=ignore_index, label_smoothing=epsilon, reduction="sum")

@@ -13,8 +13,8 @@ import sentencepiece as spm
 from nmt import sources
 from nmt.config import config_from_dict
 from nmt.errors import UserError
-from nmt.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, read_model_file,
-                           sample_sentences)
+from nmt.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, iter_sample,
+                           read_model_file, sample_indices)
 
 ES = "casa perro gato árbol niño libro agua sol luna mar cielo tierra fuego viento año señor".split()
 EN = "house dog cat tree child book water sun moon sea sky earth fire wind year lord".split()
@@ -313,3 +313,9 @@ def test_tiny_corpus(tmp_path):
     with pytest.raises(UserError, match="vocab_size") as e:
         build_tokenizer(make_cfg(tmp_path, vocab_size=8), str(tmp_path / "run2"), log=quiet)
     assert "\n" not in str(e.value)
+
+
+def sample_sentences(lines: list[str], max_sentences: int, seed: int) -> list[str]:
+    """At most max_sentences non-empty lines, a seeded uniform sample in corpus order."""
+    n = sum(1 for x in lines if x)
+    return list(iter_sample(lines, sample_indices(n, max_sentences, seed)))
