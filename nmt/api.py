@@ -11,10 +11,11 @@ One object, one call: the model, its engine, device and threads are fixed at con
 `translate` takes per-call decode options (any key of a config's `decode` section,
 validated as `nmt translate` validates its flags) and returns one frozen
 `TranslationResult` per input line, in order, with the same outputs as `nmt translate`
-(which, like `nmt serve`, goes through this class). Calls are thread-safe: they run one at
-a time (a call already batches its lines, and the CPU thread policy is process-wide); to
-translate across threads or requests at once, gather the lines into one call (as
-`nmt serve` does).
+(which goes through this class, as do `nmt evaluate` and `nmt score`). Calls are
+thread-safe: calls of every Translator in the process run one at a time (a call already
+batches its lines and runs its batches on all the threads it is given; the CPU thread
+setting it changes while it runs, torch's intra-op threads, is process-wide). To translate
+for several threads or requests at once, gather their lines into one call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from nmt.config import DecodeConfig, decode_config
 from nmt.engine import load_engine
 from nmt.errors import UserError
 from nmt.translate import TranslationResult, check_protect, translate_chunk
+
+_CALLS = threading.Lock()  # one call at a time in the process (module docstring)
 
 
 class Translator:
@@ -43,7 +46,6 @@ class Translator:
         workers = given.workers if decode_options.get("workers") is not None else None
         self._engine = load_engine(path, engine, device, workers=workers)
         self.decode = self._checked(decode_config(self._engine.decode, decode_options))
-        self._lock = threading.Lock()
 
     @property
     def engine(self) -> str:
@@ -76,7 +78,7 @@ class Translator:
         decode = self.decode_settings(**decode_options)
         if prefixes is not None and len(prefixes) != len(lines):
             raise UserError(f"{len(prefixes)} prefixes for {len(lines)} lines")
-        with self._lock:
+        with _CALLS:
             return translate_chunk(self._engine, list(lines), decode, on_batch, first_line=first_line,
                                    prefixes=prefixes)
 
@@ -88,5 +90,5 @@ class Translator:
         from nmt.score import score_pairs
 
         decode = self.decode_settings(**decode_options)
-        with self._lock:
+        with _CALLS:
             return score_pairs(self._engine, list(sources), list(targets), decode, on_batch)

@@ -7,7 +7,8 @@ engine (nmt/engine.py) and is what the text pipeline (nmt/translate.py) and scor
 
 Thread policy on CPU: the workers share torch's intra-op threads (threads / workers each,
 set for the duration of the run and restored afterwards: `torch.set_num_threads` is
-process-wide, so runs must not overlap; `nmt.Translator` serialises its calls).
+process-wide, so runs must not overlap; `nmt.Translator` runs one call at a time in the
+process).
 """
 
 from __future__ import annotations

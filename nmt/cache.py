@@ -19,7 +19,8 @@ self-attention keys/values (it returns the filled views to attend to) and reads 
 cross-attention keys/values with `cross(layer)`; after the last layer the model calls
 `advance()`. The search calls `reorder(indices)` (beam reordering, expanding sentences to
 beams, dropping finished sentences). nmt/fast.py's `ReusingDecoderCache` reorders with
-fewer copies and no allocations; same contents.
+fewer copies and reuses its self-attention buffers while the number of rows is unchanged;
+same contents.
 """
 
 from __future__ import annotations

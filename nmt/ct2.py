@@ -112,8 +112,10 @@ class Ct2Engine:
         beam_size == 1. CTranslate2 takes one output limit per call: the batch's largest. Sentences
         whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
         grouped by limit, so no output exceeds its sentence's maximum length. With sampling,
-        CTranslate2's own generator is seeded with decode.seed for each batch (`keys` are not
-        used): the same batches give the same samples."""
+        `keys` are not used: CTranslate2 seeds each of its threads' generator once, from
+        decode.seed (`set_random_seed` stores the seed; a thread seeds its own generator on first
+        use), so a line's samples depend on the batches its thread sampled before: reproducible
+        with workers 1 and the same input, not across batchings (the PyTorch engine's are)."""
         batch = list(range(len(src_ids)))
         limits = max_output_lengths([len(ids) + 1 for ids in src_ids], decode.max_len_a, decode.max_len_b,
                                     self.max_positions, prefixes)

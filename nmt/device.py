@@ -1,7 +1,7 @@
 """Devices and threads: which device a command runs on, and how many batches decode at once.
 
-Used by training (`nmt train`) and by both inference engines; torch is imported only
-where a torch device is resolved.
+Used by training (`nmt train`) and by both inference engines; torch is imported only inside
+the functions that need it (resolving a torch device, reading torch's thread count).
 """
 
 from __future__ import annotations

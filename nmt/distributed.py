@@ -7,7 +7,7 @@ WORLD_SIZE=1) training is the plain single process and every helper below
 is a local no-op.
 
     env = DistEnv.from_env()
-    with process_group(env, "auto") as device:   # NCCL on cuda:LOCAL_RANK, else gloo on CPU
+    with process_group(env, resolve_torch_device("auto")) as device:   # NCCL on cuda:LOCAL_RANK, else gloo
         ...  env.broadcast(obj), env.all_reduce_sum(tensor), env.gather(obj), main_first(env, fn)
                                                   # destroyed on the way out, also on errors
 

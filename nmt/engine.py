@@ -1,9 +1,9 @@
 """Inference engines: the small interface between the text pipeline and a model, and `load_engine`.
 
-nmt/translate.py owns the one text pipeline (read, encode, truncate, batch, run
-workers, detokenize, restore order, write) for `nmt translate`, `nmt evaluate`,
-`nmt score`, validation during training and `nmt.Translator`. It talks to a model only
-through this protocol, which two engines implement: `TorchEngine` (nmt/torch_engine.py:
+nmt/translate.py owns the one text pipeline (read, encode, truncate, detokenize, restore
+order, write; batching and workers: nmt/batching.py) for `nmt translate`, `nmt evaluate`,
+validation during training and `nmt.Translator`; `nmt score` (nmt/score.py) batches through
+nmt/batching.py too. They talk to a model only through this protocol, which two engines implement: `TorchEngine` (nmt/torch_engine.py:
 a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported with
 `nmt export`). `load_engine(path)` picks one by what `path` is.
 
@@ -19,10 +19,11 @@ a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported w
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
         def align_batch(src_ids, tgt_ids) -> list[list[tuple[int, int]]]   (UserError where unsupported)
 
-`src_ids` are subword ids without EOS (at most max_positions - 1 each, at least one);
+`src_ids` are subword ids without EOS (at most max_positions - 1 each; at least one for
+search_batch, possibly none for score_batch);
 the engine appends EOS. `search_batch` returns per source up to `decode.nbest`
 hypotheses, best first (nmt.search.Hypothesis: tokens without BOS/EOS, score,
-log_prob, finished); `keys` (one integer per source, the input line number) fix the
+log_prob, finished); `keys` (one integer per source, the input line number) fix the (PyTorch engine's)
 samples with `decode.sampling`; `prefixes` (target ids per source) are forced.
 `score_batch` returns per pair the log-probability of each target token and of the
 final EOS under the model (teacher forcing). `align_batch` gives per pair the

@@ -1,7 +1,8 @@
-"""CPU fast paths, all in one opt-in place; the reference modules stay plain.
+"""CPU fast paths, all in one place (on by default; `NMT_CPU_TUNING=0` turns them off); the
+reference modules stay plain.
 
 model.py, cache.py and search.py are written like the paper and the search contract
-(`nn.Dropout`, `torch.topk`, a cache that allocates what it returns). Each function
+(`nn.Dropout`, `torch.topk`, a cache that gathers into new buffers at every reorder). Each function
 here installs a faster version of one of those pieces, computing the same thing
 (tests/test_fast.py checks each against the plain path), for CPU runs:
 
@@ -20,8 +21,10 @@ here installs a faster version of one of those pieces, computing the same thing
   and `ReusingDecoderCache` (beam reordering copies only the rows whose parent
   changed, and gathers into spare buffers instead of allocating new ones).
 
-`nmt train|translate|evaluate|score` use them on CPU; NMT_CPU_TUNING=0 turns all of
-them off (A/B benchmarks: BENCHMARKS.md).
+`nmt train|translate|evaluate|score` call `tune_malloc` at start (on any device: it is the
+process's allocator) and install the others on CPU; NMT_CPU_TUNING=0 turns all of them off
+(A/B benchmarks: BENCHMARKS.md). What changes process-wide: glibc's malloc thresholds (never
+restored); the class swaps change only the model objects they are applied to.
 """
 
 from __future__ import annotations

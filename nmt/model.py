@@ -252,7 +252,8 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer returning logits (no softmax, no loss)."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = PAD_ID):
-        """pad_id: the vocabulary's padding id (its embedding row starts at zero and gets no gradient)."""
+        """pad_id: the vocabulary's padding id. Its embedding row starts at zero and the embedding
+        lookup gives it no gradient (with tie_output it is still trained as PAD's output row)."""
         super().__init__()
         if cfg.d_model % cfg.n_heads:
             raise ValueError(f"n_heads={cfg.n_heads} must divide d_model={cfg.d_model}")

@@ -206,12 +206,13 @@ class DecodeConfig:
     max_batch_size: int = _f(256, "Cap on sentences per translation batch.", min=1)
     workers: int = _f(0, "CPU: batches decoded at once, each with torch threads / workers intra-op threads "
                       "(as CTranslate2's inter_threads); 0 = auto: 2 on a CPU with at least 2 threads, else 1. "
-                      "Each worker holds its own batch in memory. Ignored on GPU.", min=0)
+                      "Each worker holds its own batch in memory. PyTorch on GPU: ignored; CTranslate2: replicas "
+                      "(inter_threads) on any device.", min=0)
     sampling: Literal["none", "topk", "topp"] = _f("none", "Sample instead of searching: `topk` draws each token from the `topk` most probable, `topp` from the smallest set reaching probability `topp` (nucleus); `nbest` samples per line. For back-translation.")
     topk: int = _f(10, "Tokens to sample from with `sampling: topk`.", min=1)
     topp: float = _f(0.9, "Probability mass to sample from with `sampling: topp`.", min=0.0, max=1.0, exclusive_min=True)
     temperature: float = _f(1.0, "Sampling temperature: the distribution is p^(1/T), renormalised (< 1 sharper, > 1 flatter).", min=0.0, exclusive_min=True)
-    seed: int = _f(1, "Sampling seed: with it, each input line's samples depend only on the line number and the line.", min=0)
+    seed: int = _f(1, "Sampling seed: with it, each input line's samples depend only on the line number and the line (PyTorch engine; CTranslate2 seeds each of its threads once, so its samples depend on the batching).", min=0)
     no_repeat_ngram: int = _f(0, "Forbid any n-gram of this many target tokens from occurring twice in an output (greedy, beam and sampling); 0 = off.", min=0)
     protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; needs a model trained with `data.protect: true`.")
     protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with `protect`).")

@@ -4,9 +4,9 @@ Precision: `auto` = bf16 autocast on CUDA GPUs that support it, else fp16 with
 a GradScaler (fp16 overflow steps are skipped by the scaler and not counted as
 NaN steps); fp32 on CPU. TF32 matmuls on CUDA. The loss is always fp32.
 
-Host syncs: one per step (the finiteness check that decides whether to apply
-the update, as fairseq does); loss/grad-norm sums stay on the device and are
-read only by `Meter.report`.
+Host syncs: one per step in a single process (the finiteness check that decides whether to apply
+the update, as fairseq does); under torchrun also the read of the step's token count
+(nmt/trainer.py). Loss/grad-norm sums stay on the device and are read only by `Meter.report`.
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
     would overwrite an input.
 
     inputs / outputs: {option name: path}; None or "-" means standard input / output.
-    A path in `input_dirs` names an input that is a directory (a CTranslate2 model).
+    Inputs whose option is in `input_dirs` may be a directory (a CTranslate2 export) as well as a file.
     Outputs must not be directories, must have an existing parent directory, and must
     not be the same file as any input: compared by device and inode, so symlinks, hard
     links and the file behind standard input or output are caught.

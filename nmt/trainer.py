@@ -5,8 +5,8 @@
 
 `Trainer.run` reads as a list of steps: for each epoch, for each group of `update_freq`
 batches, ask whether to stop (`stop_reason`: max_steps, max_time or a signal; under
-torchrun rank 0 decides and its decision travels in the step's one collective with the
-token count and the clock), take an optimizer step (`step`), log, validate and save
+torchrun rank 0 decides and its decision travels in the all-reduce that opens each step,
+with the token count and the clock), take an optimizer step (`step`), log, validate and save
 (`validate`, `save`) when due. Everything the loop changes lives in one state object,
 `TrainState` (saved in every checkpoint), plus the shared `Clock`.
 """
@@ -186,7 +186,7 @@ class Trainer:
         return None
 
     def _sync(self, group: list[Batch]) -> tuple[int, StopReason, int]:
-        """The step's one collective: the global target-token count, rank 0's stop decision and its
+        """The all-reduce that opens each step: the global target-token count, rank 0's stop decision and its
         clock (milliseconds). Returns (tokens, StopReason, signal number)."""
         local = (0, 0, 0)
         if self.env.is_main:

@@ -1,5 +1,6 @@
-"""The one text pipeline: translation for `nmt translate`, `nmt evaluate`, `nmt score`,
-validation during training and `nmt.Translator`, for both engines (nmt/engine.py).
+"""The one text pipeline: translation for `nmt translate`, `nmt evaluate`, validation during
+training and `nmt.Translator`, for both engines (nmt/engine.py). (`nmt score` shares its
+encoding limits and batching, nmt/batching.py, but not its search.)
 
 `translate_chunk(engine, lines, decode)` masks protected spans, encodes the lines,
 sorts them by source length into token-budget batches (`decode.batch_tokens` padded
@@ -12,7 +13,7 @@ detokenizes, restores protected spans and the input order. Guarantees:
 - a line longer than the model accepts is truncated to `max_positions - 1` tokens (room
   for the source EOS), never dropped; its result says so (`TranslationResult.truncated`);
 - each sentence is searched independently of its batch companions, so results do not
-  depend on batching or workers;
+  depend on batching or workers (sampling with the CTranslate2 engine excepted: nmt/ct2.py);
 - every output text is one line (`textio.one_line`).
 
 `translate_command` (`nmt translate`) streams through `nmt.Translator`: the input is read

@@ -11,8 +11,8 @@ Variants, timed per step at several target positions:
              preallocated to max_len, reorder gathers the filled prefix into reused
              spare buffers; cross K/V stored once per sentence (never copied by beam
              reorders).
-- cached-rows: the same, but cross K/V kept per row and gathered at every
-             reorder (fairseq's layout), to measure what grouping saves.
+- cached-rows: the same cache class, but cross K/V kept per row and gathered at
+             every reorder (fairseq's layout), to measure what grouping saves.
 - cat:       self K/V grown by torch.cat each step and gathered whole into new
              tensors at each reorder (fairseq's self-attention cache).
 - uncached:  model.decode on the whole prefix, last position taken; timed at the
@@ -84,7 +84,7 @@ def run_cached(model, src, src_mask, steps, beam, variant, seed, clock) -> list[
     with torch.inference_mode():
         memory = model.encode(src, src_mask)
         if variant == "cached-rows":  # per-row cross K/V: every reorder gathers them
-            cache = model.init_cache(memory[expand], src_mask[expand], steps)
+            cache = model.init_cache(memory[expand], src_mask[expand], steps, cache_cls=ReusingDecoderCache)
         else:
             cls = CatCache if variant == "cat" else ReusingDecoderCache
             cache = model.init_cache(memory, src_mask, 1 if variant == "cat" else steps, cache_cls=cls)

@@ -27,6 +27,8 @@
 
 `--code DIR` runs the children with another checkout's `nmt` (PYTHONPATH=DIR), e.g. the code
 before issue 17, for a same-run before/after; its run directory is DIR-specific (`runs/<name>`).
+Phase 4 (the steps child) calls `nmt.train.build_training` (issue 23): with an older checkout
+that phase fails and the result has no `steps` entry (phases 1-3 still work).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def render() -> str:
             lines += ["### top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
             in_table = True
         tp_cell = tp.replace("|", "\\|")
-        lines.append(f"| `{key}` | {tp_cell} | {_fmt_default(default)} | {help.replace('|', '/')} |")
+        lines.append(f"| `{key}` | {tp_cell} | {_fmt_default(default)} | {help.replace('|', chr(92) + '|')} |")
     lines += ["", END]
     return "\n".join(lines)
 
