@@ -14,7 +14,7 @@ Cache entry `run_dir/cache/<split>-<key>`:
     .json             version, dtypes and lengths of the arrays, statistics
 The key hashes CACHE_VERSION, the split, each corpus' source fingerprint
 (`nmt.sources.source_fingerprint`) and tag, the tokenizer model bytes and the
-filter settings. Files are written under `.tmp` names and renamed; the .json
+filter settings and `data.protect`. Files are written under `.tmp` names and renamed; the .json
 marker comes last, so an entry is complete only when its .json exists. A cache
 miss first removes every file of the split (stale entries, partial writes).
 Loading maps the files read-only (`np.memmap`): ranks of one node that map
