@@ -195,7 +195,7 @@ def build_model_from_checkpoint(state: dict, path: str) -> tuple[nn.Module, Any,
     from nmt.tokenizer import Tokenizer
 
     try:
-        cfg = config_from_dict(state["config"], check_files=False)
+        cfg = config_from_dict(state["config"], check_files=False, training=False)
         tokenizer = Tokenizer.from_bytes(state["tokenizer"])
         model = Transformer(cfg.model, state["vocab"]["src"], state["vocab"]["tgt"])
         model.load_state_dict(state["model"])

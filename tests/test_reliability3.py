@@ -1,0 +1,128 @@
+"""Issue 29 (reliability round 3): budgets that mean what they say, SIGTERM as clean as Ctrl-C,
+a fine-tuning lifecycle without traps, a corpus cache that cannot be fooled, and the small ones.
+
+Each test reproduces one failure of the issue through the entry point a user meets: the config
+loader, the CLI in a subprocess where exit codes, signals and file-system effects matter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from nmt.config import ConfigError, config_from_dict, load_config
+
+sys.path.insert(0, os.path.dirname(__file__))
+from synthetic import tiny_config_dict  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def nmt(*args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, cwd=cwd, env=ENV,
+                          timeout=timeout, text=True)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int, *patterns: str) -> str:
+    err = proc.stderr
+    assert proc.returncode == code, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for pattern in patterns:
+        assert pattern in err, err
+    return err.strip()
+
+
+def write_yaml(path, raw: dict) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(raw, f)
+    return str(path)
+
+
+def config_errors(raw: dict, **kw) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw, **kw)
+    return e.value.errors
+
+
+# --------------------------------------------------------------------------- 1. warmup against the budget
+
+def test_a_warmup_as_long_as_the_step_budget_is_one_line_error(tmp_path):
+    """warmup_steps 4000 with max_steps 30 reached 0.8% of the peak lr and exited 0."""
+    raw = tiny_config_dict(str(tmp_path), warmup_steps=4000, max_steps=30)
+    (err,) = config_errors(raw)
+    assert "'train.warmup_steps: 4000'" in err and "'train.max_steps: 30'" in err
+    for warmup, ok in ((30, False), (29, True), (0, True)):
+        raw["train"].update(warmup_steps=warmup)
+        if ok:
+            config_from_dict(raw)
+        else:
+            config_errors(raw)
+    path = write_yaml(tmp_path / "c.yaml", tiny_config_dict(str(tmp_path), warmup_steps=4000, max_steps=30))
+    one_line_error(nmt("train", "--config", path, "--check"), 2, "nmt train: error: 'train.warmup_steps: 4000'",
+                   "train.max_steps")
+
+
+def test_a_time_clock_takes_its_warmup_as_a_fraction(tmp_path):
+    """With schedule_clock: time, warmup_steps counted seconds: its default 4000 swallowed an 8-second
+    budget (peak 6e-6 for lr 3e-3). warmup_steps now always counts steps, so a time clock needs
+    warmup_fraction (or no warmup)."""
+    timed = dict(schedule="cosine", schedule_clock="time", max_time=8.0, max_steps=0, lr=3e-3)
+    raw = tiny_config_dict(str(tmp_path), **timed, warmup_steps=4000)
+    (err,) = config_errors(raw)
+    assert "'train.warmup_steps: 4000'" in err and "'train.warmup_fraction'" in err and "schedule_clock: time" in err
+    del raw["train"]["warmup_steps"]  # the default (4000) too
+    assert config_errors(raw) == [err]
+    config_from_dict(tiny_config_dict(str(tmp_path), **timed, warmup_fraction=0.1))
+    config_from_dict(tiny_config_dict(str(tmp_path), **timed, warmup_steps=0))
+    with open(os.path.join(ROOT, "configs", "quickstart-30min.yaml"), encoding="utf-8") as f:
+        recipe = yaml.safe_load(f)
+    del recipe["train"]["warmup_fraction"]  # the issue's case: the lr ended at 0.45x its peak, no decay
+    path = write_yaml(tmp_path / "q.yaml", recipe)
+    one_line_error(nmt("train", "--config", path, "--check"), 2, "'train.warmup_fraction'")
+
+
+def test_warmup_fraction_needs_a_budget_it_is_a_share_of(tmp_path):
+    """warmup_fraction with an epochs-only budget gave no warmup at all."""
+    raw = tiny_config_dict(str(tmp_path), warmup_fraction=0.1, max_steps=0, max_epochs=3)
+    (err,) = config_errors(raw)
+    assert "'train.warmup_fraction: 0.1'" in err and "train.max_steps" in err and "train.warmup_steps" in err
+    raw["train"].update(max_time=60.0)  # a time budget with the step clock: still no step budget
+    assert config_errors(raw) == [err]
+    config_from_dict(tiny_config_dict(str(tmp_path), warmup_fraction=0.1, max_steps=100))
+
+
+@pytest.mark.parametrize("value", [1.0, 1.5])
+def test_warmup_fraction_has_one_range(tmp_path, value):
+    """1.5 said "must be <= 1" and 1.0 "must be < 1"."""
+    raw = tiny_config_dict(str(tmp_path), warmup_fraction=value)
+    assert config_errors(raw) == [f"invalid value for 'train.warmup_fraction': {value} (must be < 1)"]
+
+
+def test_a_checkpoint_stays_loadable_when_the_schedule_rules_grow(tmp_path):
+    """Rules about starting training (the schedule against the budget, init_from) are not applied to
+    the config of a trained model: checkpoints of older runs still translate."""
+    raw = tiny_config_dict(str(tmp_path), warmup_steps=4000, max_steps=30, init_from=str(tmp_path / "gone.pt"))
+    assert len(config_errors(raw)) == 2
+    cfg = config_from_dict(raw, training=False, check_files=False)
+    assert cfg.train.warmup_steps == 4000
+
+
+@pytest.mark.parametrize("path", ["quickstart.yaml", "quickstart-30min.yaml", "bible-es-en.yaml"])
+def test_shipped_schedules_are_unchanged(path, monkeypatch):
+    """The recipes' learning rates at a few points of their budget (values of the landed main)."""
+    from nmt.optim import lr_at
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(os.path.join("configs", path))
+    want = {"quickstart.yaml": [6.6667e-06, 0.002, 0.00069282, 0.0002],
+            "quickstart-30min.yaml": [1.1111e-05, 0.002, 0.0014444, 0.0],
+            "bible-es-en.yaml": [3.5e-07, 0.000105, 0.0006261, 0.00018074]}[path]
+    clock = [1, 300, 2500, 30000] if cfg.train.schedule_clock == "steps" else [1, 180, 630, 1800]
+    assert [lr_at(t, cfg.train, cfg.model.d_model) for t in clock] == pytest.approx(want, rel=1e-4)
