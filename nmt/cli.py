@@ -176,7 +176,7 @@ def _model(args: argparse.Namespace, needed: bool = True) -> tuple[str | None, s
 def _cmd_train(args: argparse.Namespace) -> int:
     from nmt.config import dump_config, load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, resume=args.resume)  # --resume ignores train.init_from
     if args.check:
         sys.stdout.write(dump_config(cfg))
         return 0
