@@ -5,20 +5,23 @@ function. torch is imported lazily, inside the commands, so `nmt --help`
 stays fast. Every error prints one line on stderr, without a traceback:
 exit code 2 for problems the user can fix (ConfigError, UserError, bad flags,
 missing or unreadable files), 1 when the command could not finish because of
-an OS error (disk full, I/O error), 128 + N when stopped by signal N.
+an OS error (disk full, I/O error), 128 + N when stopped by signal N: Ctrl-C (130) and SIGTERM
+(143) stop every command cleanly (outputs are atomic: nothing half-written is left).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 
 from nmt import __version__
 
 EXIT_FAILURE = 1  # the command could not finish: an OS error (disk full, I/O error) while it ran
 EXIT_USAGE = 2  # bad input the user can fix: config, flags, files, data, checkpoints
-EXIT_INTERRUPTED = 130
 
 # Flags of decode keys whose name is not simply --KEY-WITH-DASHES (that one works too).
 DECODE_FLAGS = {"beam_size": ["--beam"], "max_batch_size": ["--batch-size"]}
@@ -229,6 +232,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return export_command(args.checkpoint, args.output, format=args.format, quantization=args.quantization, force=args.force)
 
 
+@contextlib.contextmanager
+def _sigterm_like_ctrl_c(command: str):
+    """Every command but `train` (which saves a checkpoint on SIGTERM itself): SIGTERM raises
+    `Terminated` in the main thread, as Ctrl-C raises KeyboardInterrupt, so the same cleanup runs."""
+    if command == "train" or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from nmt.errors import Terminated
+
+    def handler(signum, frame):
+        raise Terminated(signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_evaluate, "score": _cmd_score,
             "average": _cmd_average, "export": _cmd_export}
 
@@ -247,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
 
         tune_malloc()  # before the command allocates its tensors; see nmt/fast.py
     try:
-        return COMMANDS[args.command](args)
+        with _sigterm_like_ctrl_c(args.command):
+            return COMMANDS[args.command](args)
     except ConfigError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: report once
             for msg in e.errors:
@@ -265,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except KeyboardInterrupt:
-        print(f"nmt {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Terminated)
+        signum = getattr(e, "signum", signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+        print(f"nmt {args.command}: {what}", file=sys.stderr)
+        return 128 + signum
     except OSError as e:  # disk full, I/O errors: nothing half-written is left (outputs are atomic)
         print(f"nmt {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return EXIT_FAILURE

@@ -7,9 +7,12 @@ loader, the CLI in a subprocess where exit codes, signals and file-system effect
 
 from __future__ import annotations
 
+import glob
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -17,7 +20,8 @@ import yaml
 from nmt.config import ConfigError, config_from_dict, load_config
 
 sys.path.insert(0, os.path.dirname(__file__))
-from synthetic import tiny_config_dict  # noqa: E402
+from synthetic import make_pairs, tiny_config_dict  # noqa: E402
+from test_translate import make_tiny_checkpoint  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
@@ -126,6 +130,72 @@ def test_shipped_schedules_are_unchanged(path, monkeypatch):
             "bible-es-en.yaml": [3.5e-07, 0.000105, 0.0006261, 0.00018074]}[path]
     clock = [1, 300, 2500, 30000] if cfg.train.schedule_clock == "steps" else [1, 180, 630, 1800]
     assert [lr_at(t, cfg.train, cfg.model.d_model) for t in clock] == pytest.approx(want, rel=1e-4)
+
+
+# --------------------------------------------------------------------------- 2. SIGTERM as clean as Ctrl-C
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> dict[str, str]:
+    """A tiny checkpoint and 50k sentence pairs: several output chunks of 10k lines."""
+    d = tmp_path_factory.mktemp("big")
+    pairs = make_pairs(50_000, 7)
+    paths = {"ckpt": make_tiny_checkpoint(str(d / "tiny.pt"))}
+    for side, col in (("es", 0), ("en", 1)):
+        paths[side] = str(d / f"big.{side}")
+        with open(paths[side], "w", encoding="utf-8") as f:
+            f.write("".join(p[col] + "\n" for p in pairs))
+    return paths
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (Linux: SigCgt in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(mask >> (signum - 1) & 1)
+
+
+def _signal_mid_output(args: list[str], out_dir: str, signum: int, wait_for_output: bool) -> subprocess.CompletedProcess:
+    """Run `nmt ARGS`; once its temporary output holds bytes (wait_for_output), or else once the
+    command runs (it handles SIGTERM: the CLI installs that handler around the command; 5 s at
+    most, for a CLI without one), send `signum`; return the finished process."""
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", *args], cwd=out_dir, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        start = time.time()
+        while proc.poll() is None and time.time() < start + 60:
+            if wait_for_output:
+                if any(os.path.getsize(p) > 0 for p in glob.glob(os.path.join(out_dir, ".*.tmp"))):
+                    break
+            elif _catches(proc.pid, signal.SIGTERM) or time.time() > start + 5:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the command finished before the signal: give it a bigger input"
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+FAST = ["--batch-size", "64", "--batch-tokens", "2000", "--quiet"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("command", ["translate", "score", "evaluate"])
+def test_sigterm_is_as_clean_as_ctrl_c(big, tmp_path, command, signum):
+    """timeout, SLURM and docker stop sent SIGTERM: exit 143 without a word, and a hidden partial output
+    (.FILE.XXXX.tmp, 920 KB after one score) was left behind. Now SIGTERM does what Ctrl-C does."""
+    out = str(tmp_path / "out.txt")
+    args = {"translate": ["translate", "-c", big["ckpt"], "-i", big["es"], "-o", out, *FAST],
+            "score": ["score", "-c", big["ckpt"], "--src", big["es"], "--tgt", big["en"], "-o", out, *FAST],
+            "evaluate": ["evaluate", "-c", big["ckpt"], "--src", big["es"], "--ref", big["en"], "--save-hyps", out,
+                         *FAST]}[command]
+    proc = _signal_mid_output(args, str(tmp_path), signum, wait_for_output=command != "evaluate")
+    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    assert proc.returncode == 128 + signum, proc.stderr
+    assert proc.stderr.strip() == f"nmt {command}: {what}"
+    assert sorted(os.listdir(tmp_path)) == [], "no output, no temporary file"
 
 
 # --------------------------------------------------------------------------- 4. the fine-tuning lifecycle
