@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nmt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.set_defaults(command_parsers=sub.choices)  # {command: its parser}, for `parse_args`
 
     p = sub.add_parser(
         "train", help="train a model from a YAML config",
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config key, e.g. --set train.lr=5e-4 --set model.layers=4 (repeatable; validated like the file)")
     p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/NAME/checkpoints/latest.pt exactly where it stopped")
     p.add_argument("--device", default=None, help="override train.device: auto, cpu, cuda, cuda:N")
-    p.add_argument("--quiet", action="store_true", help="no progress bar; log lines only (for CI and batch jobs)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar; log lines only (for CI and batch jobs)")
     p.add_argument("--check", action="store_true", help="validate the config, print it resolved, and exit")
 
     p = sub.add_parser(
@@ -255,9 +256,19 @@ COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_e
             "average": _cmd_average, "export": _cmd_export}
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parser.parse_args, but an unknown argument is reported by the command's parser
+    (`nmt translate: error: unrecognized arguments: ...`), not by the top-level `nmt`."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = args.command_parsers.get(args.command, parser) if args.command else parser
+        command.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

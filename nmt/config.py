@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
+from nmt.protect import PLACEHOLDERS
 from nmt.schema import (REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError, CorpusConfig, DataConfig,
                         DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig, iter_fields)
 
@@ -146,8 +147,10 @@ def _build(cls: type, raw: dict, prefix: str, errors: list[str]) -> Any:
         return None
 
 
-def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str]) -> None:
-    """Rules between decode keys (each key's own type and range are checked by `_build`)."""
+def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_needs_protect: bool = False) -> None:
+    """Rules between decode keys (each key's own type and range are checked by `_build`).
+    pattern_needs_protect: a protect_pattern without protect is an error (in a config file, or
+    given as a flag: not in a checkpoint's decode section, which a flag may turn protect off in)."""
     if dec.nbest > dec.beam_size and dec.sampling == "none":
         errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
                       "or set sampling: nbest samples per line)")
@@ -158,6 +161,9 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str]) -> None:
             if re.compile(dec.protect_pattern).match(""):
                 errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (it matches the "
                               "empty string)")
+            elif pattern_needs_protect and not dec.protect:
+                errors.append(f"'{prefix}.protect_pattern' (--protect-pattern) is set but '{prefix}.protect' (--protect) "
+                              "is false: the pattern adds spans to protect, so alone it does nothing")
         except re.error as e:
             errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (not a regular "
                           f"expression: {e})")
@@ -172,7 +178,7 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
         errors.append(f"invalid value for 'model.d_model': {m.d_model} (sinusoidal positions need an even d_model)")
     if m.share_embeddings and not d.tokenizer.joint:
         errors.append("'model.share_embeddings' is true but 'data.tokenizer.joint' is false (shared embeddings need a joint vocabulary)")
-    _check_decode(dec, "decode", errors)
+    _check_decode(dec, "decode", errors, pattern_needs_protect=training)
     if t.metric in ("bleu", "chrf") and not t.valid_bleu:
         errors.append(f"'train.metric: {t.metric}' needs 'train.valid_bleu: true' (or choose metric loss/ppl)")
     if training:
@@ -283,6 +289,9 @@ def _check_mix(d: DataConfig, errors: list[str]) -> None:
         if tag in RESERVED_TAGS:
             errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for SentencePiece's special "
                           f"tokens {', '.join(RESERVED_TAGS)}; choose another name, e.g. <BT>)")
+        elif tag in PLACEHOLDERS:
+            errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for the placeholders of protected "
+                          f"spans, {PLACEHOLDERS[0]} ... {PLACEHOLDERS[-1]}: data.protect; choose another name, e.g. <BT>)")
         elif not TAG_FORMAT.fullmatch(tag):
             errors.append(f"invalid value for '{key}.src_tag': {tag!r} (expected <NAME> with NAME made of letters, "
                           "digits, '_', '-' and '.', e.g. <BT>)")
@@ -416,7 +425,7 @@ def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, 
     errors: list[str] = []
     dec = _build(DecodeConfig, raw, "decode", errors)
     if not errors and check_rules:
-        _check_decode(dec, "decode", errors)
+        _check_decode(dec, "decode", errors, pattern_needs_protect=(overrides or {}).get("protect_pattern") is not None)
     if errors:
         raise ConfigError(errors)
     return dec

@@ -265,3 +265,108 @@ def test_init_from_a_directory_says_what_it_is(source, tmp_path):
     with pytest.raises(Exception, match="is a CTranslate2 model directory"):  # the loader says the same
         finetune.load_source(load_config(finetune_config(tmp_path, source, str(export)), check_files=False),
                              str(tmp_path / "runs" / "ft"))
+
+
+# --------------------------------------------------------------------------- 7. the small ones
+
+def test_a_tag_that_is_a_placeholder_is_refused(tmp_path):
+    raw = tiny_config_dict(str(tmp_path))
+    raw["data"]["train"]["src_tag"] = "<ph_0>"
+    (err,) = config_errors(raw)
+    assert err.startswith("invalid value for 'data.train.src_tag': '<ph_0>' (reserved for the placeholders")
+    raw["data"]["train"]["src_tag"] = "<ph>"
+    config_from_dict(raw)
+
+
+def test_protect_pattern_without_protect_is_refused(big, tmp_path):
+    """--protect-pattern without --protect was silently unused, and so was the config key."""
+    proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", big["ckpt"], "--protect-pattern", "casa"],
+                          input="la casa\n", capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+    one_line_error(proc, 2, "nmt translate: error: 'decode.protect_pattern' (--protect-pattern) is set but "
+                   "'decode.protect' (--protect) is false")
+    raw = tiny_config_dict(str(tmp_path))
+    raw["decode"]["protect_pattern"] = "casa"
+    (err,) = config_errors(raw)
+    assert "'decode.protect_pattern'" in err
+    raw["decode"]["protect"] = True
+    config_from_dict(raw)
+
+
+def test_average_into_a_missing_directory_names_what_the_user_gave(big, tmp_path):
+    """`-o nodir/` said "Not a directory: /.../.tmp-bwyvw8y8.pt.tmp"."""
+    one_line_error(nmt("average", big["ckpt"], "-o", "nodir/", cwd=str(tmp_path)), 2,
+                   "nmt average: error: --output nodir/ names a directory")
+    from nmt import checkpoint as ckpt
+
+    with pytest.raises(OSError) as e:  # the writer too: an OSError names the path it was given
+        ckpt.save_checkpoint({"x": 1}, str(tmp_path / "nodir") + "/")
+    assert e.value.filename == str(tmp_path / "nodir") + "/" and os.listdir(tmp_path) == []
+
+
+def test_dev_null_is_not_the_same_file_as_an_input(big, tmp_path):
+    """`-i /dev/null -o /dev/null` was refused as the same file."""
+    proc = nmt("translate", "-c", big["ckpt"], "-i", "/dev/null", "-o", "/dev/null", "--quiet")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    text = tmp_path / "in.txt"
+    text.write_text("la casa\n")
+    one_line_error(nmt("translate", "-c", big["ckpt"], "-i", str(text), "-o", str(text)), 2,
+                   "is the same file as the input")  # a regular file still is
+
+
+def test_checkpoints_follow_the_umask(tmp_path):
+    """Checkpoints were written 0600 whatever the umask (mkstemp's mode)."""
+    from nmt import checkpoint as ckpt
+
+    old = os.umask(0o022)
+    try:
+        ckpt.save_checkpoint({"x": 1}, str(tmp_path / "a.pt"))
+        os.umask(0o077)
+        ckpt.save_checkpoint({"x": 1}, str(tmp_path / "b.pt"))
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / "a.pt").st_mode & 0o777) == oct(0o644)
+    assert oct(os.stat(tmp_path / "b.pt").st_mode & 0o777) == oct(0o600)
+
+
+def test_train_takes_q_and_unknown_arguments_name_the_command(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", tiny_config_dict(str(tmp_path)))
+    assert nmt("train", "--config", path, "-q", "--check").returncode == 0
+    one_line_error(nmt("train", "--config", path, "--check", "--bogus"), 2,
+                   "nmt train: error: unrecognized arguments: --bogus (see nmt train --help)")
+    one_line_error(nmt("translate", "--bogus", "x"), 2, "nmt translate: error: unrecognized arguments: --bogus x")
+    one_line_error(nmt("--bogus"), 2, "nmt: error: unrecognized arguments: --bogus")
+
+
+def test_the_stop_line_never_says_nan(tmp_path, monkeypatch):
+    """A run stopped by a signal before its first validation ended with `best bleu nan`."""
+    from nmt.logging_utils import format_stop
+
+    assert format_stop(168, 4, "signal SIGINT", "bleu", None) == \
+        "stopped at step 168, epoch 4: signal SIGINT; no validation yet, so no best bleu"
+    assert format_stop(300, 7, "max_steps 300", "bleu", 43.2912) == \
+        "stopped at step 300, epoch 7: max_steps 300; best bleu 43.29"  # the line as before
+
+
+@pytest.mark.xfail(strict=True, reason="needs train.py to log logging_utils.format_stop (issue 29.7; see the report)")
+def test_a_run_stopped_before_validating_logs_no_nan(tmp_path, monkeypatch):
+    import nmt.train as train_mod
+
+    class AlreadySignalled(train_mod.SignalStop):
+        def __enter__(self):
+            self.requested = signal.SIGINT
+            return self
+
+    monkeypatch.setattr(train_mod, "SignalStop", AlreadySignalled)
+    raw = tiny_config_dict(str(tmp_path), max_steps=20, warmup_steps=5)
+    result = train_mod.train(config_from_dict(raw), quiet=True)
+    assert result["step"] == 0 and result["best"] is None
+    with open(os.path.join(result["run_dir"], "train.log"), encoding="utf-8") as f:
+        last = f.read().splitlines()[-1]
+    assert "nan" not in last and last.endswith("no validation yet, so no best bleu"), last
+
+
+def test_config_docs_show_the_alignment_separator():
+    """configs/README.md showed ` /// ` (the generator replaced pipes instead of escaping them)."""
+    with open(os.path.join(ROOT, "configs", "README.md"), encoding="utf-8") as f:
+        row = next(line for line in f if line.startswith("| `decode.alignment`"))
+    assert "after ` ||| `" in row.replace("\\|", "|") and "///" not in row
