@@ -95,10 +95,3 @@ def format_stats(values: dict[str, Any]) -> str:
             v = f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
         parts.append(f"{k} {v}")
     return " | ".join(parts)
-
-
-def format_stop(step: int, epoch: int, reason: str, metric: str, best: float | None) -> str:
-    """The last line of a training run; `best` is None when nothing was validated (a signal before
-    the first validation): said in words, not as `best bleu nan`."""
-    best_text = f"best {metric} {best:.4g}" if best is not None else f"no validation yet, so no best {metric}"
-    return f"stopped at step {step}, epoch {epoch}: {reason}; {best_text}"

@@ -337,32 +337,30 @@ def test_train_takes_q_and_unknown_arguments_name_the_command(tmp_path):
     one_line_error(nmt("--bogus"), 2, "nmt: error: unrecognized arguments: --bogus")
 
 
-def test_the_stop_line_never_says_nan(tmp_path, monkeypatch):
+@pytest.mark.xfail(strict=True, reason="the landed train.py prints 'best bleu nan'; the Trainer of issue 23 (branch "
+                   "r23) says 'none (not validated)': remove this marker when it is merged")
+def test_a_run_stopped_before_validating_says_so_not_nan(tmp_path):
     """A run stopped by a signal before its first validation ended with `best bleu nan`."""
-    from nmt.logging_utils import format_stop
-
-    assert format_stop(168, 4, "signal SIGINT", "bleu", None) == \
-        "stopped at step 168, epoch 4: signal SIGINT; no validation yet, so no best bleu"
-    assert format_stop(300, 7, "max_steps 300", "bleu", 43.2912) == \
-        "stopped at step 300, epoch 7: max_steps 300; best bleu 43.29"  # the line as before
-
-
-@pytest.mark.xfail(strict=True, reason="needs train.py to log logging_utils.format_stop (issue 29.7; see the report)")
-def test_a_run_stopped_before_validating_logs_no_nan(tmp_path, monkeypatch):
-    import nmt.train as train_mod
-
-    class AlreadySignalled(train_mod.SignalStop):
-        def __enter__(self):
-            self.requested = signal.SIGINT
-            return self
-
-    monkeypatch.setattr(train_mod, "SignalStop", AlreadySignalled)
-    raw = tiny_config_dict(str(tmp_path), max_steps=20, warmup_steps=5)
-    result = train_mod.train(config_from_dict(raw), quiet=True)
-    assert result["step"] == 0 and result["best"] is None
-    with open(os.path.join(result["run_dir"], "train.log"), encoding="utf-8") as f:
-        last = f.read().splitlines()[-1]
-    assert "nan" not in last and last.endswith("no validation yet, so no best bleu"), last
+    raw = tiny_config_dict(str(tmp_path), max_steps=100_000, valid_every=100_000, log_every=5)
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    log = os.path.join(raw["output_dir"], raw["name"], "train.log")
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(log) and "step 10 |" in open(log, encoding="utf-8").read():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("stopped at step") and "signal SIGINT" in last
+    assert "nan" not in last, last
 
 
 def test_config_docs_show_the_alignment_separator():
