@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from nmt.errors import UserError
+from nmt.textio import umask
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
@@ -43,7 +44,9 @@ TEMP_PREFIX = ".tmp-"  # files being written; never checkpoints (`remove_tempora
 # --------------------------------------------------------------------------- files
 
 def save_checkpoint(state: dict, path: str) -> None:
-    """Write `state` to `path` atomically (tmp file in the same dir, fsync, rename)."""
+    """Write `state` to `path` atomically (tmp file in the same dir, fsync, rename), with the mode a
+    new file gets (0o666 & ~umask; mkstemp alone makes it 0o600). An OSError names `path`."""
+
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".pt.tmp", dir=directory)
@@ -58,7 +61,11 @@ def save_checkpoint(state: dict, path: str) -> None:
                 raise cause from None
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.chmod(tmp, 0o666 & ~umask())
+        try:
+            os.replace(tmp, path)
+        except OSError as e:  # e.g. `-o missing/`: name what the user gave, not the temporary file
+            raise OSError(e.errno, e.strerror, path) from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -195,7 +202,7 @@ def build_model_from_checkpoint(state: dict, path: str) -> tuple[nn.Module, Any,
     from nmt.tokenizer import Tokenizer
 
     try:
-        cfg = config_from_dict(state["config"], check_files=False)
+        cfg = config_from_dict(state["config"], check_files=False, training=False)
         tokenizer = Tokenizer.from_bytes(state["tokenizer"])
         model = Transformer(cfg.model, state["vocab"]["src"], state["vocab"]["tgt"], tokenizer.specials.pad)
         model.load_state_dict(state["model"])

@@ -5,20 +5,23 @@ function. torch is imported lazily, inside the commands, so `nmt --help`
 stays fast. Every error prints one line on stderr, without a traceback:
 exit code 2 for problems the user can fix (ConfigError, UserError, bad flags,
 missing or unreadable files), 1 when the command could not finish because of
-an OS error (disk full, I/O error), 128 + N when stopped by signal N.
+an OS error (disk full, I/O error), 128 + N when stopped by signal N: Ctrl-C (130) and SIGTERM
+(143) stop every command cleanly (outputs are atomic: nothing half-written is left).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 
 from nmt import __version__
 
 EXIT_FAILURE = 1  # the command could not finish: an OS error (disk full, I/O error) while it ran
 EXIT_USAGE = 2  # bad input the user can fix: config, flags, files, data, checkpoints
-EXIT_INTERRUPTED = 130
 
 # Flags of decode keys whose name is not simply --KEY-WITH-DASHES (that one works too).
 DECODE_FLAGS = {"beam_size": ["--beam"], "max_batch_size": ["--batch-size"]}
@@ -74,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nmt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.set_defaults(command_parsers=sub.choices)  # {command: its parser}, for `parse_args`
     for add in (_train_parser, _translate_parser, _evaluate_parser, _score_parser, _average_parser, _export_parser):
         add(sub)
     return parser
@@ -93,7 +97,7 @@ def _train_parser(sub) -> None:
                    help="override a config key, e.g. --set train.lr=5e-4 --set model.layers=4 (repeatable; validated like the file)")
     p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/NAME/checkpoints/latest.pt exactly where it stopped")
     p.add_argument("--device", default=None, help="override train.device: auto, cpu, cuda, cuda:N")
-    p.add_argument("--quiet", action="store_true", help="no progress bar; log lines only (for CI and batch jobs)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar; log lines only (for CI and batch jobs)")
     p.add_argument("--check", action="store_true", help="validate the config, print it resolved, and exit")
 
 
@@ -190,7 +194,7 @@ def _model(args: argparse.Namespace, needed: bool = True) -> tuple[str | None, s
 def _cmd_train(args: argparse.Namespace) -> int:
     from nmt.config import dump_config, load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, resume=args.resume)  # --resume ignores train.init_from
     if args.check:
         sys.stdout.write(dump_config(cfg))
         return 0
@@ -243,13 +247,60 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return export_command(args.checkpoint, args.output, format=args.format, quantization=args.quantization, force=args.force)
 
 
+@contextlib.contextmanager
+def _sigterm_like_ctrl_c(command: str):
+    """Every command but `train` (which saves a checkpoint on SIGTERM itself): SIGTERM raises
+    `Terminated` in the main thread, as Ctrl-C raises KeyboardInterrupt, so the same cleanup runs."""
+    if command == "train" or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from nmt.errors import Terminated
+
+    def handler(signum, frame):
+        raise Terminated(signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_evaluate, "score": _cmd_score,
             "average": _cmd_average, "export": _cmd_export}
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parser.parse_args, but an unknown argument is reported by the command's parser
+    (`nmt translate: error: unrecognized arguments: ...`), not by the top-level `nmt`."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = args.command_parsers.get(args.command, parser) if args.command else parser
+        command.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+OPENMP_CHOICES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # the user's own choice of waiting
+
+
+def openmp_defaults(environ=os.environ) -> None:
+    """OMP_WAIT_POLICY=PASSIVE unless the user chose how OpenMP threads wait (any of OPENMP_CHOICES).
+
+    torch's OpenMP threads (GNU libgomp in the pip wheels) spin for about 300,000 rounds after each
+    parallel region before they sleep. With another busy process on the cores that spinning takes
+    the CPU from the threads with work: on 2 cores with one busy process, training ran 2.4-3.8x
+    and a one-batch decode 5-20x slower than with PASSIVE (threads sleep at once), which cost about
+    11% of training throughput on the idle machine (BENCHMARKS.md "OpenMP threads on a shared
+    machine"). The runtime reads the variable once, when it loads: this must run before torch is
+    imported."""
+    if not any(name in environ for name in OPENMP_CHOICES):
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
 def main(argv: list[str] | None = None) -> int:
+    openmp_defaults()  # before anything imports torch
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
@@ -261,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
 
         tune_malloc()  # before the command allocates its tensors; see nmt/fast.py
     try:
-        return COMMANDS[args.command](args)
+        with _sigterm_like_ctrl_c(args.command):
+            return COMMANDS[args.command](args)
     except ConfigError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank reads the config: report once
             for msg in e.errors:
@@ -279,9 +331,11 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except KeyboardInterrupt:
-        print(f"nmt {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (errors.Terminated)
+        signum = getattr(e, "signum", signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+        print(f"nmt {args.command}: {what}", file=sys.stderr)
+        return 128 + signum
     except OSError as e:  # disk full, I/O errors: nothing half-written is left (outputs are atomic)
         print(f"nmt {args.command}: error: {_os_error(e)}", file=sys.stderr)
         return EXIT_FAILURE

@@ -23,12 +23,13 @@ from typing import Any, Literal
 
 import yaml
 
+from nmt.protect import PLACEHOLDERS
 from nmt.schema import (REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError, CorpusConfig, DataConfig,
                         DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig, iter_fields)
 
 __all__ = ["Config", "ConfigError", "CorpusConfig", "DataConfig", "DecodeConfig", "ModelConfig", "REQUIRED",
            "TokenizerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "decode_config", "dump_config",
-           "iter_fields", "load_config", "parse_override", "replace", "save_config", "to_dict"]
+           "init_from_problem", "iter_fields", "load_config", "parse_override", "replace", "save_config", "to_dict"]
 
 
 # --------------------------------------------------------------------------- loading
@@ -129,8 +130,9 @@ def _check_range(value: Any, f: dataclasses.Field, key: str, errors: list[str]) 
     if lo is not None and (value < lo or (f.metadata.get("exclusive_min") and value == lo)):
         op = ">" if f.metadata.get("exclusive_min") else ">="
         errors.append(f"invalid value for '{key}': {value!r} (must be {op} {lo:g})")
-    if hi is not None and value > hi:
-        errors.append(f"invalid value for '{key}': {value!r} (must be <= {hi:g})")
+    if hi is not None and (value > hi or (f.metadata.get("exclusive_max") and value == hi)):
+        op = "<" if f.metadata.get("exclusive_max") else "<="
+        errors.append(f"invalid value for '{key}': {value!r} (must be {op} {hi:g})")
 
 
 def _build(cls: type, raw: dict, prefix: str, errors: list[str]) -> Any:
@@ -161,8 +163,10 @@ def _build(cls: type, raw: dict, prefix: str, errors: list[str]) -> Any:
         return None
 
 
-def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str]) -> None:
-    """Rules between decode keys (each key's own type and range are checked by `_build`)."""
+def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_needs_protect: bool = False) -> None:
+    """Rules between decode keys (each key's own type and range are checked by `_build`).
+    pattern_needs_protect: a protect_pattern without protect is an error (in a config file, or
+    given as a flag: not in a checkpoint's decode section, which a flag may turn protect off in)."""
     if dec.nbest > dec.beam_size and dec.sampling == "none":
         errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
                       "or set sampling: nbest samples per line)")
@@ -173,12 +177,16 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str]) -> None:
             if re.compile(dec.protect_pattern).match(""):
                 errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (it matches the "
                               "empty string)")
+            elif pattern_needs_protect and not dec.protect:
+                errors.append(f"'{prefix}.protect_pattern' (--protect-pattern) is set but '{prefix}.protect' (--protect) "
+                              "is false: the pattern adds spans to protect, so alone it does nothing")
         except re.error as e:
             errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (not a regular "
                           f"expression: {e})")
 
 
-def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
+def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training: bool = True,
+                     resume: bool = False) -> None:
     d, m, t, dec = cfg.data, cfg.model, cfg.train, cfg.decode
     if m.d_model % m.n_heads:
         errors.append(f"invalid value for 'model.n_heads': {m.n_heads} (must divide model.d_model={m.d_model})")
@@ -186,20 +194,17 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
         errors.append(f"invalid value for 'model.d_model': {m.d_model} (sinusoidal positions need an even d_model)")
     if m.share_embeddings and not d.tokenizer.joint:
         errors.append("'model.share_embeddings' is true but 'data.tokenizer.joint' is false (shared embeddings need a joint vocabulary)")
-    _check_decode(dec, "decode", errors)
+    _check_decode(dec, "decode", errors, pattern_needs_protect=training)
     if t.metric in ("bleu", "chrf") and not t.valid_bleu:
         errors.append(f"'train.metric: {t.metric}' needs 'train.valid_bleu: true' (or choose metric loss/ppl)")
-    if t.init_from is not None and check_files and not os.path.isfile(t.init_from):
-        errors.append(f"checkpoint not found: 'train.init_from': {t.init_from}")
+    if training:
+        _check_schedule(t, errors)
+        if t.init_from is not None and check_files and not resume:  # --resume ignores init_from
+            problem = init_from_problem(t.init_from)
+            if problem:
+                errors.append(f"'train.init_from': {problem}")
     if len(set(t.init_reset)) != len(t.init_reset):
         errors.append(f"invalid value for 'train.init_reset': {t.init_reset} (an item is repeated)")
-    if t.schedule_clock == "time" and t.max_time == 0:
-        errors.append("'train.schedule_clock: time' needs 'train.max_time' > 0 (the budget the schedule spans)")
-    elif t.schedule in ("cosine", "linear") and t.schedule_clock == "steps" and t.max_steps == 0:
-        errors.append(f"'train.schedule: {t.schedule}' needs 'train.max_steps' > 0 (the step where the decay ends), "
-                      "or 'train.schedule_clock: time' with 'train.max_time'")
-    if t.warmup_fraction >= 1:
-        errors.append(f"invalid value for 'train.warmup_fraction': {t.warmup_fraction} (must be < 1)")
     if d.max_len + 2 > m.max_positions:
         errors.append(f"invalid value for 'data.max_len': {d.max_len} (max_len + 2 must be <= model.max_positions={m.max_positions})")
     tok = d.tokenizer
@@ -221,6 +226,45 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool) -> None:
             p = getattr(tok, key)
             if p and not os.path.isfile(p):
                 errors.append(f"data file not found: 'data.tokenizer.{key}': {p}")
+
+
+def _check_schedule(t: TrainConfig, errors: list[str]) -> None:
+    """The learning-rate schedule against the budget: the warmup must end inside it (as
+    transformers' warmup_ratio, `warmup_fraction` is a share of a budget that is set), and
+    `warmup_steps` always counts optimizer steps."""
+    timed = t.schedule_clock == "time"
+    if timed and t.max_time == 0:
+        errors.append("'train.schedule_clock: time' needs 'train.max_time' > 0 (the budget the schedule spans)")
+        return
+    if t.schedule in ("cosine", "linear") and not timed and t.max_steps == 0:
+        errors.append(f"'train.schedule: {t.schedule}' needs 'train.max_steps' > 0 (the step where the decay ends), "
+                      "or 'train.schedule_clock: time' with 'train.max_time'")
+        return
+    if t.warmup_fraction > 0:
+        if not timed and t.max_steps == 0:
+            errors.append(f"'train.warmup_fraction: {t.warmup_fraction:g}' is a share of 'train.max_steps', which is 0 "
+                          "(no step budget): set train.max_steps (or schedule_clock: time with max_time), or give the "
+                          "warmup in 'train.warmup_steps'")
+    elif timed and t.warmup_steps > 0:
+        errors.append(f"'train.warmup_steps: {t.warmup_steps}' counts optimizer steps, but 'train.schedule_clock: time' "
+                      "follows seconds of max_time: give the warmup as 'train.warmup_fraction' (a share of "
+                      "train.max_time, e.g. 0.05), or set warmup_steps: 0")
+    elif not timed and 0 < t.max_steps <= t.warmup_steps:
+        errors.append(f"'train.warmup_steps: {t.warmup_steps}' is not below 'train.max_steps: {t.max_steps}': "
+                      "training would stop before the learning rate reaches train.lr; lower warmup_steps "
+                      "(or set train.warmup_fraction)")
+
+
+def init_from_problem(path: str) -> str | None:
+    """Why `path` cannot be a fine-tuning source (train.init_from), in a few words; None if it is a file."""
+    if os.path.isfile(path):
+        return None
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "model.bin")):
+            return (f"{path} is a CTranslate2 model directory (written by nmt export), not an nmt checkpoint: "
+                    "fine-tuning starts from a checkpoint file, e.g. runs/NAME/checkpoints/best.pt")
+        return f"{path} is a directory, not a checkpoint file (e.g. runs/NAME/checkpoints/best.pt)"
+    return f"checkpoint not found: {path}"
 
 
 def _check_corpus(c: CorpusConfig, key: str, errors: list[str], check_files: bool) -> None:
@@ -261,6 +305,9 @@ def _check_mix(d: DataConfig, errors: list[str]) -> None:
         if tag in RESERVED_TAGS:
             errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for SentencePiece's special "
                           f"tokens {', '.join(RESERVED_TAGS)}; choose another name, e.g. <BT>)")
+        elif tag in PLACEHOLDERS:
+            errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for the placeholders of protected "
+                          f"spans, {PLACEHOLDERS[0]} ... {PLACEHOLDERS[-1]}: data.protect; choose another name, e.g. <BT>)")
         elif not TAG_FORMAT.fullmatch(tag):
             errors.append(f"invalid value for '{key}.src_tag': {tag!r} (expected <NAME> with NAME made of letters, "
                           "digits, '_', '-' and '.', e.g. <BT>)")
@@ -348,18 +395,22 @@ def _deepcopy(x: Any) -> Any:
     return x
 
 
-def config_from_dict(raw: dict, *, check_files: bool = True) -> Config:
+def config_from_dict(raw: dict, *, check_files: bool = True, training: bool = True, resume: bool = False) -> Config:
     """Build and validate a Config from a plain dict (already merged with overrides).
 
     Relative data paths are resolved against the current directory (as a user
-    types them). Raises ConfigError listing every problem.
+    types them). Raises ConfigError listing every problem. check_files: data files and
+    train.init_from must exist. training=False: the config of a trained model (a checkpoint's):
+    the rules that only matter to start training (the schedule against the budget,
+    train.init_from) are skipped, so a checkpoint stays loadable when they grow. resume: the
+    run continues from its latest.pt (`nmt train --resume`), which ignores train.init_from.
     """
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a YAML mapping with sections data, model, train, decode")
     errors: list[str] = []
     cfg = _build(Config, raw, "", errors)
     if not errors:
-        _check_semantics(cfg, errors, check_files)
+        _check_semantics(cfg, errors, check_files, training, resume)
     if errors:
         raise ConfigError(errors)
     return cfg
@@ -389,16 +440,18 @@ def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, 
     errors: list[str] = []
     dec = _build(DecodeConfig, raw, "decode", errors)
     if not errors and check_rules:
-        _check_decode(dec, "decode", errors)
+        _check_decode(dec, "decode", errors, pattern_needs_protect=(overrides or {}).get("protect_pattern") is not None)
     if errors:
         raise ConfigError(errors)
     return dec
 
 
-def load_config(path: str, overrides: list[str] | None = None, *, check_files: bool = True) -> Config:
+def load_config(path: str, overrides: list[str] | None = None, *, check_files: bool = True,
+                resume: bool = False) -> Config:
     """Read a YAML config, apply `--set KEY=VALUE` overrides, validate, return a Config.
 
-    If the file does not set `name`, the run is named after the file (stem).
+    If the file does not set `name`, the run is named after the file (stem). resume: see
+    `config_from_dict`.
     """
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
@@ -420,7 +473,7 @@ def load_config(path: str, overrides: list[str] | None = None, *, check_files: b
     raw = apply_overrides(raw, overrides or [])
     if "name" not in raw:
         raw["name"] = os.path.splitext(os.path.basename(path))[0]
-    return config_from_dict(raw, check_files=check_files)
+    return config_from_dict(raw, check_files=check_files, resume=resume)
 
 
 def to_dict(cfg: Any) -> Any:

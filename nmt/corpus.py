@@ -1,4 +1,4 @@
-"""Encoded corpora: streaming encode + filter into cache files, loaded as memory-mapped arrays.
+"""Encoded corpora: streaming encode + filter into cache files, loaded into memory or mapped.
 
 A split (train or valid) is one or more corpora read chunk by chunk
 (`nmt.sources.iter_pairs`, 100k pairs at a time), encoded with SentencePiece,
@@ -11,14 +11,34 @@ Cache entry `run_dir/cache/<split>-<key>`:
     .src_offsets.bin  [N+1] int64: pair i = src_tokens[off[i]:off[i+1]]
     .src_lens.bin     [N] int32
     .tgt_tokens.bin, .tgt_offsets.bin, .tgt_lens.bin   the same for the targets
-    .json             version, dtypes and lengths of the arrays, statistics
+    .json             version, dtypes and lengths of the arrays, statistics, digest of the arrays
 The key hashes CACHE_VERSION, the split, each corpus' source fingerprint
-(`nmt.sources.source_fingerprint`) and tag, the tokenizer model bytes and the
-filter settings and `data.protect`. Files are written under `.tmp` names and renamed; the .json
-marker comes last, so an entry is complete only when its .json exists. A cache
-miss first removes every file of the split (stale entries, partial writes).
-Loading maps the files read-only (`np.memmap`): ranks of one node that map
-the same entry share the pages.
+(`nmt.sources.source_fingerprint`: path, size, mtime, ctime and inode of each file) and tag,
+the tokenizer model bytes, the filter settings and `data.protect`. Files are written under `.tmp` names and
+renamed; the .json marker comes last, so an entry is complete only when its .json exists. A
+write error (disk full) is an OSError naming the cache file. A cache miss first removes every
+file of the split (stale entries, partial writes); when the run directory held an entry of the
+split before and the new arrays differ from it (their digest), one log line says so: a resumed
+run then does not continue exactly.
+
+Why the fingerprint holds ctime: an edit of the same size with the mtime kept (`cp -p`,
+`rsync -a -c`, `tar x`, `os.utime`) leaves (size, mtime) as they were, but the kernel sets
+ctime to the present on every change of a file and no tool can set it back. A content hash
+would also see an edit, at a cost on every start: sha256 reads 1.5 GB/s here, 0.7 s per GiB
+of corpus (warm page cache; a cold disk is slower) against microseconds for a stat. The
+other direction (chmod, a hard link, a copy: ctime or inode change, the content does not)
+costs one re-encoding, never wrong data; the digest of the arrays then tells that the data
+are the same and no warning is logged.
+
+Loading checks every entry before use (`EncodedCorpus.check`: offsets against sizes, ids
+against the vocabulary; one numpy pass, O(N)): a file corrupted in place is encoded again
+(a log line says why), never an IndexError deep in training. An entry is then read into
+memory when it is small (`in_memory_limit`: 1/16 of the machine's memory, shared out
+between the ranks of a node), else memory-mapped (`np.memmap`, read-only), so that ranks of
+one node share its pages. The trade-off: a mapped file truncated while a run uses it kills
+the run with SIGBUS (the kernel has no page to give; Python cannot recover from it), so only
+corpora too large to read are mapped; arrays read into memory cost memory once per rank and
+cannot be affected by anything done to the files. Either way the arrays are read-only.
 """
 
 from __future__ import annotations
@@ -29,7 +49,7 @@ import hashlib
 import itertools
 import json
 import os
-from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -60,11 +80,12 @@ class EncodedCorpus:
 
     def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray, tgt_tokens: np.ndarray,
                  tgt_offsets: np.ndarray, stats: dict | None = None, *,
-                 src_lens: np.ndarray | None = None, tgt_lens: np.ndarray | None = None):
+                 src_lens: np.ndarray | None = None, tgt_lens: np.ndarray | None = None, digest: str | None = None):
         self.src_tokens, self.src_offsets = src_tokens, src_offsets
         self.tgt_tokens, self.tgt_offsets = tgt_tokens, tgt_offsets
         self.stats = dict(stats or {})
         self._src_lens, self._tgt_lens = src_lens, tgt_lens
+        self.digest = digest  # of the cache files (`array_digest`), when loaded from the cache
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -96,23 +117,63 @@ class EncodedCorpus:
         return self.tgt_tokens[self.tgt_offsets[i]:self.tgt_offsets[i + 1]]
 
     @classmethod
-    def load(cls, prefix: str) -> "EncodedCorpus":
-        """Map a complete cache entry read-only; ValueError if it is not one of this version."""
+    def load(cls, prefix: str, in_memory: bool | None = None) -> "EncodedCorpus":
+        """A complete cache entry, read-only: read into memory, or mapped (in_memory None: by
+        `in_memory_limit`); ValueError if it is not one of this version or a size is wrong."""
         with open(prefix + ".json", encoding="utf-8") as f:
             meta = json.load(f)
         if meta.get("version") != CACHE_VERSION:
             raise ValueError("other cache version")
+        shapes = {name: (np.dtype(meta["arrays"][name]["dtype"]), int(meta["arrays"][name]["length"]))
+                  for name in ARRAYS}
+        if in_memory is None:
+            in_memory = sum(dtype.itemsize * n for dtype, n in shapes.values()) <= in_memory_limit()
         arrays = {}
-        for name in ARRAYS:
-            dtype, length = np.dtype(meta["arrays"][name]["dtype"]), int(meta["arrays"][name]["length"])
+        for name, (dtype, length) in shapes.items():
             path = f"{prefix}.{name}.bin"
             if os.path.getsize(path) != length * dtype.itemsize:
                 raise ValueError(f"{path} has the wrong size")
-            # a plain ndarray view of the mapping (which it keeps open); np.memmap cannot map 0 bytes
-            arrays[name] = np.memmap(path, dtype, "r", shape=(length,)).view(np.ndarray) if length \
-                else np.zeros(0, dtype)
+            if in_memory:
+                arr = np.fromfile(path, dtype, count=length)
+                if len(arr) != length:  # the file shrank since the size check
+                    raise ValueError(f"{path} has the wrong size")
+                arr.flags.writeable = False
+            else:  # a plain ndarray view of the mapping (which it keeps open); np.memmap cannot map 0 bytes
+                arr = np.memmap(path, dtype, "r", shape=(length,)).view(np.ndarray) if length else np.zeros(0, dtype)
+            arrays[name] = arr
         return cls(arrays["src_tokens"], arrays["src_offsets"], arrays["tgt_tokens"], arrays["tgt_offsets"],
-                   meta["stats"], src_lens=arrays["src_lens"], tgt_lens=arrays["tgt_lens"])
+                   meta["stats"], src_lens=arrays["src_lens"], tgt_lens=arrays["tgt_lens"], digest=meta.get("digest"))
+
+    def check(self, src_vocab_size: int, tgt_vocab_size: int) -> None:
+        """ValueError (naming the array) unless the arrays are consistent: per side N+1 offsets from 0
+        to the number of tokens, never decreasing, their differences the N lengths, every id inside
+        the vocabulary; the per-corpus counts sum to N. One vectorised pass over each array."""
+        n = len(self)
+        if sum(self.parts) != n:
+            raise ValueError(f"the statistics count {sum(self.parts)} pairs, the arrays {n}")
+        for side, vocab in (("src", src_vocab_size), ("tgt", tgt_vocab_size)):
+            tokens, offsets = getattr(self, f"{side}_tokens"), getattr(self, f"{side}_offsets")
+            lens = getattr(self, f"{side}_lens")
+            if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(tokens) or len(lens) != n:
+                raise ValueError(f"{side}_offsets do not match the sizes of {side}_tokens and {side}_lens")
+            steps = np.diff(offsets)
+            if not np.array_equal(steps, lens) or (n and steps.min() < 0):
+                raise ValueError(f"{side}_offsets and {side}_lens disagree")
+            if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+                bad = int(tokens.max()) if int(tokens.max()) >= vocab else int(tokens.min())
+                raise ValueError(f"{side}_tokens hold the id {bad}, outside the vocabulary (0 to {vocab - 1})")
+
+
+def in_memory_limit() -> int:
+    """Bytes up to which a cache entry is read into memory rather than mapped: 1/16 of the
+    machine's memory, divided between the processes torchrun starts on this node
+    (LOCAL_WORLD_SIZE), each of which holds its own copy."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on every platform
+        total = 8 << 30
+    local = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
+    return total // 16 // local
 
 
 def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
@@ -170,19 +231,54 @@ def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str 
     return st, sl, tt, tl
 
 
+def array_digest(hashes: dict[str, str]) -> str:
+    """The digest of an entry's arrays from the sha256 of each array file (ARRAYS order)."""
+    return hashlib.sha256(json.dumps([[name, hashes[name]] for name in ARRAYS]).encode()).hexdigest()
+
+
+def file_digest(prefix: str) -> str:
+    """`array_digest` of the files of the entry `prefix` as they are on disk."""
+    hashes = {}
+    for name in ARRAYS:
+        h = hashlib.sha256()
+        with open(f"{prefix}.{name}.bin", "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        hashes[name] = h.hexdigest()
+    return array_digest(hashes)
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """An OSError inside names `path` (a write to a full disk raises one without a file name)."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, path) from None
+
+
 class _Writer:
     """Appends pairs to the temporary files of one cache entry; `commit` renames them and writes the marker."""
 
     def __init__(self, prefix: str, dtypes: dict[str, np.dtype]):
         self.prefix, self.dtypes = prefix, dtypes
-        self.files = {name: open(f"{prefix}.{name}.bin.tmp", "wb") for name in ARRAYS}
+        self.files: dict[str, BinaryIO] = {}
+        for name in ARRAYS:
+            with _naming(f"{prefix}.{name}.bin"):
+                self.files[name] = open(f"{prefix}.{name}.bin.tmp", "wb")
+        self.hashes = {name: hashlib.sha256() for name in ARRAYS}
         self.length = dict.fromkeys(ARRAYS, 0)
         self.end = dict.fromkeys(SIDES, 0)  # tokens written per side
         for side in SIDES:
             self._put(f"{side}_offsets", np.zeros(1, np.int64))
 
     def _put(self, name: str, arr: np.ndarray) -> None:
-        arr.astype(self.dtypes[name], copy=False).tofile(self.files[name])
+        data = memoryview(np.ascontiguousarray(arr.astype(self.dtypes[name], copy=False))).cast("B")
+        with _naming(f"{self.prefix}.{name}.bin"):  # (numpy's tofile would say "N requested and M written")
+            self.files[name].write(data)
+        self.hashes[name].update(data)
         self.length[name] += len(arr)
 
     def add(self, side: str, tokens: np.ndarray, lens: np.ndarray) -> None:
@@ -192,20 +288,26 @@ class _Writer:
         self._put(f"{side}_offsets", self.end[side] + np.cumsum(lens))
         self.end[side] += int(lens.sum())
 
-    def commit(self, stats: dict) -> None:
-        for f in self.files.values():
-            f.close()
+    def commit(self, stats: dict) -> str:
+        """Close, rename, write the marker; returns the digest of the arrays."""
+        for name, f in self.files.items():
+            with _naming(f"{self.prefix}.{name}.bin"):
+                f.close()  # flushes: a full disk may show only now
         for name in ARRAYS:
             os.replace(f"{self.prefix}.{name}.bin.tmp", f"{self.prefix}.{name}.bin")
-        meta = {"version": CACHE_VERSION, "stats": stats,
+        digest = array_digest({name: h.hexdigest() for name, h in self.hashes.items()})
+        meta = {"version": CACHE_VERSION, "stats": stats, "digest": digest,
                 "arrays": {n: {"dtype": self.dtypes[n].name, "length": self.length[n]} for n in ARRAYS}}
-        with open(self.prefix + ".json.tmp", "w", encoding="utf-8") as f:
+        with _naming(self.prefix + ".json"), open(self.prefix + ".json.tmp", "w", encoding="utf-8") as f:
             json.dump(meta, f)
         os.replace(self.prefix + ".json.tmp", self.prefix + ".json")
+        return digest
 
     def abort(self) -> None:
         for name, f in self.files.items():
-            f.close()
+            with contextlib.suppress(OSError):  # a full disk fails the flush again: the file goes anyway
+                f.close()
+        for name in ARRAYS:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(f"{self.prefix}.{name}.bin.tmp")
 
@@ -270,18 +372,46 @@ def remove_split(cache_dir: str, split: str) -> None:
 
 def cached_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: Tokenizer, max_len: int,
                  max_ratio: float | None, log: Callable[[str], None], filter_ratio: bool = True) -> EncodedCorpus:
-    """The encoded split: mapped from the cache entry `prefix`, or encoded into it first."""
+    """The encoded split: loaded from the cache entry `prefix` (checked), or encoded into it first."""
     if os.path.isfile(prefix + ".json"):
         try:
             enc = EncodedCorpus.load(prefix)
+            enc.check(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
             log(f"data {split}: loaded encoded corpus from {prefix}.*")
             return enc
-        except (OSError, ValueError, KeyError, TypeError):
-            log(f"data {split}: unreadable cache at {prefix}, encoding again")
-    remove_split(os.path.dirname(prefix), split)
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log(f"data {split}: unreadable cache at {prefix} ({_reason(e)}), encoding again")
+    cache_dir = os.path.dirname(prefix)
+    before = previous_digest(cache_dir, split)
+    remove_split(cache_dir, split)
+    os.makedirs(cache_dir, exist_ok=True)
     encode_split(prefix, split, sources, tokenizer, max_len, max_ratio, filter_ratio)
-    return EncodedCorpus.load(prefix)
+    enc = EncodedCorpus.load(prefix)
+    if before is not None and before != enc.digest:
+        log(f"data {split}: the encoded {split} data differ from those this run directory held before (a corpus file "
+            f"or a data setting changed): " + ("a resumed run does not continue exactly (other pairs, other batches)"
+                                               if split == "train" else "validation scores are not comparable "
+                                               "with the earlier ones"))
+    return enc
+
+
+def _reason(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def previous_digest(cache_dir: str, split: str) -> str | None:
+    """The digest of the complete entry of `split` the cache directory holds (from its marker, or
+    computed from its files for entries written before digests were stored); None if there is
+    none or it cannot be read. (A miss happens when the key changed: that entry is the old one.)"""
+    for marker in sorted(glob.glob(os.path.join(glob.escape(cache_dir), f"{split}-*.json"))):
+        prefix = marker[:-len(".json")]
+        try:
+            with open(marker, encoding="utf-8") as f:
+                digest = json.load(f).get("digest")
+            return digest or file_digest(prefix)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
 
 def chunked(src: Sequence[str], tgt: Sequence[str], size: int | None = None) -> Iterable[tuple[list[str], list[str]]]:

@@ -5,8 +5,8 @@ a pair occupies len(x)+1 source and len(y)+1 target positions; "tokens" in budge
 counts mean these positions.
 
 Reading, encoding, filtering and the cache are `nmt.sources` and
-`nmt.corpus`: they stream, and the encoded corpora are memory-mapped files in
-`run_dir/cache/`, so a second run with the same inputs does not re-encode.
+`nmt.corpus`: they stream, and the encoded corpora are cache files in `run_dir/cache/`
+(read into memory, or mapped when large), so a second run with the same inputs does not re-encode.
 
 Several training corpora (`data.train` as a list) are mixed per epoch by
 their weights (`epoch_pairs`), like OpenNMT-py's corpus weights: an epoch has
@@ -107,7 +107,7 @@ def _log_train(cfg: Config, train: EncodedCorpus, log: Callable[[str], None]) ->
 
 
 def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None] = print) -> Data:
-    """Encoded train and valid corpora (memory-mapped) plus the raw valid lines for BLEU.
+    """Encoded train and valid corpora (from the cache: nmt/corpus.py) plus the raw valid lines for BLEU.
 
     train: pairs filtered by every rule of `filter_pairs`, the corpora of
     `data.train` one after another (`EncodedCorpus.parts`). valid: only pairs

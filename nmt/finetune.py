@@ -16,10 +16,14 @@ moments, learning-rate schedule, step counter, epoch and data order, best score.
 Carrying any of them over needs a training checkpoint (with `train_state`); an averaged
 checkpoint (`nmt average`) holds weights only, which is all the default needs.
 
-Rules (one-line UserErrors): the source must exist and be an nmt checkpoint; its
-architecture keys must equal the new config's (dropout rates may differ), and so must
-`data.tokenizer` (except `threads`); the new run directory must not contain the source
-(a fine-tuning run never writes into its source's run directory).
+Rules (one-line UserErrors): the source must exist and be an nmt checkpoint file (a CTranslate2
+export or another directory is named as such); its architecture keys must equal the new
+config's (dropout rates may differ), and so must `data.tokenizer` (except `threads`); the new
+run directory must not contain the source (a fine-tuning run never writes into its source's run
+directory); carrying the counters over, max_steps must lie beyond the source's step.
+
+Resuming a fine-tuning run (`--resume`) continues from its own latest.pt: train.init_from is
+ignored then (not read, not checked), so the source may be gone.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import os
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, to_dict
+from nmt.config import Config, init_from_problem, to_dict
 from nmt.errors import UserError
 
 MAY_DIFFER = frozenset({"dropout", "attention_dropout", "activation_dropout"})  # model keys fine-tuning may change
@@ -37,8 +41,9 @@ RESETS = ("optimizer", "schedule", "counters")
 def load_source(cfg: Config, run_dir: str) -> dict:
     """The checkpoint of train.init_from, checked against `cfg` (module docstring)."""
     path = cfg.train.init_from
-    if not os.path.isfile(path):
-        raise UserError(f"train.init_from: checkpoint not found: {path}")
+    problem = init_from_problem(path)
+    if problem:
+        raise UserError(f"train.init_from: {problem}")
     src_dir = os.path.realpath(os.path.dirname(path))
     here = os.path.realpath(run_dir)
     if src_dir == here or src_dir.startswith(here + os.sep):
@@ -62,7 +67,18 @@ def load_source(cfg: Config, run_dir: str) -> dict:
     if kept and "train_state" not in source:
         raise UserError(f"train.init_from {path} has no training state (an averaged checkpoint?): it cannot carry "
                         f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
+    _check_steps_left(cfg, path, int(source.get("step", 0)))
     return source
+
+
+def _check_steps_left(cfg: Config, path: str, source_step: int) -> None:
+    """Carrying the step counter over, max_steps counts on from the source's step: at or below it,
+    the run would train 0 steps (and exit 0)."""
+    t = cfg.train
+    if "counters" not in t.init_reset and t.max_steps and t.max_steps <= source_step:
+        raise UserError(f"train.init_from {path} is at step {source_step} and train.init_reset carries the step counter "
+                        f"over, so train.max_steps={t.max_steps} leaves no step to train: set max_steps to "
+                        f"{source_step} + the steps to train, or reset the counters (init_reset: [..., counters])")
 
 
 def apply(source: dict, cfg: Config, model, optimizer, scheduler) -> int:

@@ -23,6 +23,10 @@ can train in N minutes). `train.warmup_fraction` > 0 gives the warmup as a share
 budget (max_steps or max_time) instead of warmup_steps. A time-keyed schedule depends on
 the machine's speed: runs are not reproducible bit for bit.
 
+The config checks the warmup against the budget (nmt/config.py `_check_schedule`): warmup_steps
+counts optimizer steps only, so a time clock takes its warmup as warmup_fraction (or none);
+warmup_steps must be below max_steps; warmup_fraction needs the budget it is a share of.
+
 Weight decay (only when `weight_decay > 0`): applied to matrices (dim >= 2:
 linear weights and embeddings, which double as the tied output projection),
 never to biases and norm gains (dim < 2), as in nanoGPT / GPT-2. `adamw` decays

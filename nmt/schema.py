@@ -27,10 +27,11 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any, help: str, *, min: float | None = None, max: float | None = None,
-       exclusive_min: bool = False, train_only: bool = False) -> Any:
+       exclusive_min: bool = False, exclusive_max: bool = False, train_only: bool = False) -> Any:
     """A dataclass field with help text and an optional numeric range (`train_only`: documented under
     `data.train` only)."""
-    meta = {"help": help, "min": min, "max": max, "exclusive_min": exclusive_min, "train_only": train_only}
+    meta = {"help": help, "min": min, "max": max, "exclusive_min": exclusive_min, "exclusive_max": exclusive_max,
+            "train_only": train_only}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -157,9 +158,9 @@ class TrainConfig:
     eps: float = _f(1e-9, "Adam epsilon.", min=0.0)
     weight_decay: float = _f(0.0, "Weight decay (decoupled for adamw).", min=0.0)
     schedule: Literal["inverse_sqrt", "noam", "cosine", "linear", "constant"] = _f("inverse_sqrt", "Learning-rate schedule; all warm up linearly over `warmup_steps`. inverse_sqrt: lr*sqrt(warmup/step) after warmup; noam: lr*d_model^-0.5*min(step^-0.5, step*warmup^-1.5); cosine/linear: decay to `min_lr` at `max_steps`.")
-    warmup_steps: int = _f(4000, "Linear warmup steps.", min=0)
+    warmup_steps: int = _f(4000, "Linear warmup, in optimizer steps; must be below max_steps when that is set. With schedule_clock: time, give the warmup as warmup_fraction instead (or 0).", min=0)
     decay_fraction: float = _f(1.0, "cosine/linear: the share of the budget (after warmup) at the end over which the lr decays to min_lr; before it the lr stays at its peak (warmup-stable-decay). 1 = decay all the way.", min=0.0, max=1.0, exclusive_min=True)
-    warmup_fraction: float = _f(0.0, "If > 0: the warmup is this share of the budget (max_steps, or max_time with schedule_clock: time) instead of warmup_steps.", min=0.0, max=1.0)
+    warmup_fraction: float = _f(0.0, "If > 0 (and < 1): the warmup is this share of the budget (max_steps, or max_time with schedule_clock: time; one of them must be set) instead of warmup_steps.", min=0.0, max=1.0, exclusive_max=True)
     schedule_clock: Literal["steps", "time"] = _f("steps", "What the schedule follows: optimizer steps, or `time`: the seconds trained so far out of `max_time` (cosine/linear then reach min_lr exactly when the time budget ends; not reproducible bit for bit).")
     min_lr: float = _f(0.0, "Final learning rate of the cosine/linear schedules.", min=0.0)
     label_smoothing: float = _f(0.1, "Label smoothing epsilon (PyTorch's formula: epsilon spread over all V classes).", min=0.0, max=1.0)

@@ -16,8 +16,10 @@ line) or the field; source and target files with different line counts name
 both counts.
 
 `source_fingerprint` describes a corpus for cache keys without reading it:
-paths with size and modification time (ns) of every file involved; for a hub
-dataset, its name, configuration and split.
+paths with size, modification time, status-change time (ns) and inode of every
+file involved (ctime: an edit that keeps size and mtime, `cp -p`, `tar x`, still
+changes it; nmt/corpus.py says why not a content hash); for a hub dataset, its
+name, configuration and split.
 """
 
 from __future__ import annotations
@@ -204,19 +206,19 @@ def _stat(path: str) -> list:
     try:
         st = os.stat(path)
     except OSError:
-        return [os.path.abspath(path), None, None]
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+        return [os.path.abspath(path), None, None, None, None]
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def file_fingerprint(path: str) -> list:
-    """[absolute path, size, mtime in ns] (None, None when the file is missing)."""
+    """[absolute path, size, mtime in ns, ctime in ns, inode] (None when the file is missing)."""
     return _stat(path)
 
 
 def source_fingerprint(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> list:
     """A JSON-able description of a corpus that changes when its data changes.
 
-    Files are identified by absolute path, size and mtime (not content); a
+    Files are identified by absolute path, size, mtime, ctime and inode (not content); a
     save_to_disk directory by those of every file in it; a hub dataset only by
     its name, configuration and split (the hub's own cache handles versions).
     Weights and tags are not part of it (the callers that need them add them).

@@ -173,7 +173,7 @@ def open_output(path: str | None, stdout: IO[bytes] | None = None) -> Iterator[I
         if os.path.exists(path):
             os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
         else:
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -181,7 +181,17 @@ def open_output(path: str | None, stdout: IO[bytes] | None = None) -> Iterator[I
         raise
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask: a new file's mode is 0o666 & ~umask() (mkstemp makes 0o600 files; the
+    atomic writers chmod their temporary file to this before renaming it). Read from /proc where it
+    can be: os.umask(0) sets it to 0 for a moment, for every thread."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -197,11 +207,13 @@ def write_lines(path: str | None, lines: Sequence[str], stdout: IO[bytes] | None
 # --------------------------------------------------------------------------- checks
 
 def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a regular file (through symlinks), else None: devices such as /dev/null
+    and pipes are never "the same file" as an input (nothing is overwritten by writing them)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
 def _fd_identity(fd: int) -> tuple[int, int] | None:
@@ -230,9 +242,10 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
 
     inputs / outputs: {option name: path}; None or "-" means standard input / output.
     Inputs whose option is in `input_dirs` may be a directory (a CTranslate2 export) as well as a file.
-    Outputs must not be directories, must have an existing parent directory, and must
-    not be the same file as any input: compared by device and inode, so symlinks, hard
-    links and the file behind standard input or output are caught.
+    Outputs must not be directories (nor end with '/'), must have an existing parent directory,
+    and must not be the same regular file as any input: compared by device and inode, so
+    symlinks, hard links and the file behind standard input or output are caught (devices and
+    pipes, e.g. /dev/null, are written, never replaced: they may be an input too).
     """
     named: list[tuple[str, tuple[int, int]]] = []
     for option, path in inputs.items():
@@ -254,6 +267,9 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
         else:
             if os.path.isdir(path):
                 raise UserError(f"{option} {path} is a directory")
+            if path.endswith(("/", os.sep)):
+                raise UserError(f"{option} {path} names a directory (it ends with '/'), which does not exist: "
+                                "give a file name")
             parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):
                 raise UserError(f"{option} {path}: directory {parent} does not exist")

@@ -120,7 +120,7 @@ def write_config(directory: str, name: str, gz: bool, max_sentences: int, vocab_
                  "max_len": 200, "batch_tokens": 2048},
         "model": {"d_model": 256, "n_heads": 4, "layers": 3, "ffn_dim": 1024},
         "train": {"device": "cpu", "precision": "fp32", "threads": 2, "max_steps": 1, "valid_every": 1000,
-                  "valid_bleu": False, "metric": "loss", "log_every": 1, "warmup_steps": 10},
+                  "valid_bleu": False, "metric": "loss", "log_every": 1, "warmup_steps": 0},
     }
     path = os.path.join(directory, f"{name}.yaml")
     import yaml

@@ -52,7 +52,8 @@ def render() -> str:
             lines += ["### top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
             in_table = True
         tp_cell = tp.replace("|", "\\|")
-        lines.append(f"| `{key}` | {tp_cell} | {_fmt_default(default)} | {help.replace('|', chr(92) + '|')} |")
+        help_cell = help.replace("|", "\\|")  # a pipe inside a table cell, also inside `code`, is escaped (GFM)
+        lines.append(f"| `{key}` | {tp_cell} | {_fmt_default(default)} | {help_cell} |")
     lines += ["", END]
     return "\n".join(lines)
 

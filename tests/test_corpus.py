@@ -1,4 +1,4 @@
-"""nmt.corpus: streamed encoding equals the in-memory reference; memory-mapped cache; atomic cache writes."""
+"""nmt.corpus: streamed encoding equals the in-memory reference; the cache (read or mapped); atomic cache writes."""
 
 import glob
 import os
@@ -63,7 +63,7 @@ def test_streamed_encoding_equals_in_memory(tmp_path, monkeypatch, chunk):
     assert {k: enc.stats[k] for k in counts} == counts
     assert enc.stats["src_tokens"] == sum(map(len, ref_src)) and enc.parts == (len(ref_src),)
     for arr in (enc.src_tokens, enc.src_offsets, enc.src_lens, enc.tgt_tokens, enc.tgt_offsets, enc.tgt_lens):
-        assert isinstance(arr.base, np.memmap) and not arr.flags.writeable  # mapped from the cache files
+        assert not arr.flags.writeable  # read from the cache files (small: into memory, test_reliability3.py)
     v_src, v_tgt, v_counts = reference_encode(tok, src, tgt, 30, None)  # valid: only the max_len rule
     assert as_lists(data.valid) == (v_src, v_tgt) and data.valid.stats["too_long"] == v_counts["too_long"]
 

@@ -418,7 +418,7 @@ def test_one_corpus_as_a_list_trains_the_same(tmp_path):
 
     results = []
     for name, wrap in (("mapping", False), ("list", True)):
-        raw = tiny_config_dict(tmp_path, max_steps=4, valid_every=4, valid_bleu=False, metric="loss")
+        raw = tiny_config_dict(tmp_path, max_steps=4, warmup_steps=2, valid_every=4, valid_bleu=False, metric="loss")
         raw["name"] = name
         if wrap:
             raw["data"]["train"] = [raw["data"]["train"]]

@@ -103,7 +103,8 @@ def _nmt_train(config_path: str, *extra: str, **kw) -> subprocess.CompletedProce
 
 def _write_config(tmp_path, name: str, dropout: float = 0.1, **train) -> tuple[str, "Config"]:
     raw = tiny_config_dict(str(tmp_path), **{"valid_bleu": False, "metric": "loss", "valid_every": 5,
-                                             "log_every": 2, "update_freq": 2, "max_steps": 10, **train})
+                                             "log_every": 2, "update_freq": 2, "max_steps": 10, "warmup_steps": 4,
+                                             **train})
     raw["name"] = name
     raw["model"]["dropout"] = dropout
     raw["data"]["train"]["max_sentences"] = 200

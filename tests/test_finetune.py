@@ -113,7 +113,7 @@ def test_averaged_checkpoints_are_sources_and_errors_are_one_line(base, tmp_path
     base_raw, source = base
     avg = str(tmp_path / "avg.pt")
     ckpt.average_checkpoints([source, os.path.join(os.path.dirname(source), "step_150.pt")], avg)
-    raw = finetune_raw(base_raw, avg, str(tmp_path), max_steps=5, valid_bleu=False, metric="loss")
+    raw = finetune_raw(base_raw, avg, str(tmp_path), max_steps=5, warmup_steps=2, valid_bleu=False, metric="loss")
     assert train(config_from_dict(raw), quiet=True)["step"] == 5
     cases = [
         (dict(init_reset=["counters"]), "no training state"),
@@ -147,7 +147,7 @@ def test_keep_best_keeps_the_best_step_checkpoints(tmp_path, monkeypatch):
         return {"loss": v, "nll": v, "ppl": math.exp(v)}
 
     monkeypatch.setattr(train_mod, "validate", scripted)
-    raw = tiny_config_dict(str(tmp_path), max_steps=12, valid_every=2, keep_last=1, keep_best=2,
+    raw = tiny_config_dict(str(tmp_path), max_steps=12, warmup_steps=4, valid_every=2, keep_last=1, keep_best=2,
                            valid_bleu=False, metric="loss")
     result = train(config_from_dict(raw), quiet=True)
     names = sorted(os.listdir(os.path.join(result["run_dir"], "checkpoints")))

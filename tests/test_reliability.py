@@ -159,7 +159,7 @@ def test_save_hyps_into_a_missing_directory_fails_before_translating(model_ckpt,
 def test_a_killed_first_save_does_not_leave_the_run_stuck(tmp_path):
     """kill -9 while the first checkpoint is written leaves checkpoints/.tmp-*: it is not a
     checkpoint, a fresh start works and removes it."""
-    raw = tiny_config_dict(str(tmp_path), max_steps=2, valid_every=1000, valid_bleu=False, metric="loss")
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
     cfg = config_from_dict(raw)
     d = os.path.join(cfg.run_dir, "checkpoints")
     os.makedirs(d)
@@ -173,7 +173,7 @@ def test_a_killed_first_save_does_not_leave_the_run_stuck(tmp_path):
 
 
 def test_a_second_train_on_the_same_run_directory_is_refused(tmp_path):
-    raw = tiny_config_dict(str(tmp_path), max_steps=2, valid_every=1000, valid_bleu=False, metric="loss")
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
     path = write(tmp_path / "c.yaml", [yaml.safe_dump(raw)])
     cfg = config_from_dict(raw)
     with rundir.RunLock(rundir.create(cfg.run_dir)):  # another nmt train holds the directory
@@ -184,7 +184,7 @@ def test_a_second_train_on_the_same_run_directory_is_refused(tmp_path):
 
 
 def test_output_dir_that_is_a_file(tmp_path):
-    raw = tiny_config_dict(str(tmp_path), max_steps=2)
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1)
     open(tmp_path / "afile", "w").write("x")
     raw["output_dir"] = str(tmp_path / "afile")
     path = write(tmp_path / "c.yaml", [yaml.safe_dump(raw)])
@@ -192,7 +192,7 @@ def test_output_dir_that_is_a_file(tmp_path):
 
 
 def test_resume_from_an_averaged_checkpoint_says_what_to_do(tmp_path):
-    raw = tiny_config_dict(str(tmp_path), max_steps=2, valid_every=1000, valid_bleu=False, metric="loss")
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
     cfg = config_from_dict(raw)
     train(cfg, quiet=True)
     latest = os.path.join(cfg.run_dir, "checkpoints", "latest.pt")
@@ -218,7 +218,7 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(model_ckpt, tmp_path):
     proc = nmt("average", model_ckpt, model_ckpt, "-o", str(tmp_path / "avg.pt"), limit_bytes=20_000)
     one_line_error(proc, 1, "File too large")
     assert sorted(os.listdir(tmp_path)) == ["src.es"]
-    raw = tiny_config_dict(str(tmp_path / "t"), max_steps=3, valid_every=1000, valid_bleu=False, metric="loss")
+    raw = tiny_config_dict(str(tmp_path / "t"), max_steps=3, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
     path = write(tmp_path / "c.yaml", [yaml.safe_dump(raw)])
     proc = nmt("train", "--config", path, "--quiet", limit_bytes=400_000)  # data fits, a checkpoint does not
     err = proc.stderr.decode()

@@ -193,7 +193,7 @@ def test_resume_without_checkpoint_is_an_error(tmp_path):
 
 def _small(tmp_path, name: str, **train) -> "Config":
     raw = tiny_config_dict(str(tmp_path), **{"valid_bleu": False, "metric": "loss", "valid_every": 7,
-                                             "log_every": 5, **train})
+                                             "log_every": 5, "warmup_steps": 5, **train})
     raw["name"] = name
     raw["data"]["train"]["max_sentences"] = 200
     raw["data"]["batch_tokens"] = 200  # 13 batches per epoch: the 10-step split point is mid-epoch
