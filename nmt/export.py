@@ -61,9 +61,11 @@ KNOWN_FIELDS = frozenset({
     "dropout", "attention_dropout", "activation_dropout", "positions", "position_offset", "max_positions",
     "share_embeddings", "tie_output", "scale_embeddings", "output_bias"})
 
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH"}  # ours -> ctranslate2.specs.common_spec.Activation
+
 # Values of our ModelConfig fields that CTranslate2's TransformerSpec can represent.
 SUPPORTED_OPTIONS = {
-    "activation": ("relu", "gelu", "silu"),  # gelu = exact erf GELU (PyTorch's F.gelu default) = Activation.GELU
+    "activation": tuple(CT2_ACTIVATIONS),  # gelu = exact erf GELU (PyTorch's F.gelu default) = Activation.GELU
     "norm": ("pre", "post"),
     "positions": ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"),
 }
@@ -160,8 +162,7 @@ def build_spec(model, tokenizer, cfg):
 
     m = cfg.model
     check_exportable(m)
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "silu": common_spec.Activation.SWISH}[m.activation]
+    activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[m.activation])
     spec = transformer_spec.TransformerSpec.from_config(
         (m.n_encoder_layers, m.n_decoder_layers), m.n_heads, pre_norm=m.norm == "pre", activation=activation)
     w = _Weights(model)

@@ -35,7 +35,6 @@ The padding id is part of the model (embedding rows without gradient): MarianMT'
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -140,19 +139,23 @@ def architecture(config: dict[str, Any]) -> HFArchitecture:
     nmt cannot represent."""
     c = _Settings(config)
     family = config["model_type"]
-    heads, ffn_dim = c.same("encoder_attention_heads", "decoder_attention_heads"), c.same("encoder_ffn_dim", "decoder_ffn_dim")
-    d_model, activation = c.int("d_model"), c.get("activation_function", "gelu" if family == "marian" else "relu")
+    heads = c.same("encoder_attention_heads", "decoder_attention_heads")
+    ffn_dim = c.same("encoder_ffn_dim", "decoder_ffn_dim")
+    d_model = c.int("d_model", minimum=4)
+    activation = c.get("activation_function", "gelu" if family == "marian" else "relu")
     if activation not in ACTIVATIONS:
-        raise UserError(f"config.json: activation_function {activation!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
-    if d_model % heads or d_model % 2 or d_model < 4:
-        raise UserError(f"config.json: d_model={d_model} must be even, at least 4 and divisible by the {heads} heads")
-    enc, dec = c.int("encoder_layers"), c.int("decoder_layers")
-    pad_id, vocab = c.int("pad_token_id"), c.int("vocab_size")
+        raise UserError(f"config.json: activation_function {activation!r} is not supported "
+                        f"(supported: {', '.join(ACTIVATIONS)})")
+    if d_model % heads or d_model % 2:
+        raise UserError(f"config.json: d_model={d_model} must be even and divisible by the {heads} heads")
+    enc, dec = c.int("encoder_layers", minimum=1), c.int("decoder_layers", minimum=1)
+    pad_id, vocab = c.int("pad_token_id"), c.int("vocab_size", minimum=1)
     tie = bool(c.get("tie_word_embeddings", True))
     common = dict(d_model=d_model, n_heads=heads, layers=enc, decoder_layers=None if dec == enc else dec,
                   ffn_dim=ffn_dim, activation=ACTIVATIONS[activation], dropout=c.rate("dropout", 0.1),
-                  attention_dropout=c.rate("attention_dropout", 0.0), activation_dropout=c.rate("activation_dropout", 0.0),
-                  max_positions=c.int("max_position_embeddings"), tie_output=tie,
+                  attention_dropout=c.rate("attention_dropout", 0.1 if family == "m2m_100" else 0.0),
+                  activation_dropout=c.rate("activation_dropout", 0.0),
+                  max_positions=c.int("max_position_embeddings", minimum=1), tie_output=tie,
                   scale_embeddings=bool(c.get("scale_embedding", family == "m2m_100")))
     if family == "m2m_100":
         model = ModelConfig(norm="pre", positions="sinusoidal_fairseq", position_offset=pad_id + 1,
@@ -177,10 +180,10 @@ class _Settings:
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
 
-    def int(self, key: str) -> int:
+    def int(self, key: str, minimum: int = 0) -> int:
         value = self.config.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UserError(f"config.json: {key} must be a non-negative integer, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise UserError(f"config.json: {key} must be an integer >= {minimum}, got {value!r}")
         return value
 
     def rate(self, key: str, default: float) -> float:
@@ -190,9 +193,9 @@ class _Settings:
         return float(value)
 
     def same(self, enc_key: str, dec_key: str) -> int:
-        a, b = self.int(enc_key), self.int(dec_key)
-        if a != b or a == 0:
-            raise UserError(f"config.json: {enc_key}={a} and {dec_key}={b} must be equal and positive "
+        a, b = self.int(enc_key, minimum=1), self.int(dec_key, minimum=1)
+        if a != b:
+            raise UserError(f"config.json: {enc_key}={a} and {dec_key}={b} must be equal "
                             "(nmt uses one value for both stacks)")
         return a
 
@@ -378,7 +381,3 @@ def import_weights(model_dir: str):
     model.load_state_dict(state, strict=True)
     return model.eval(), arch, config
 
-
-def replace_model(arch: HFArchitecture, **changes: Any) -> HFArchitecture:
-    """`arch` with some `model.*` settings changed (e.g. dropout for fine-tuning)."""
-    return dataclasses.replace(arch, model=dataclasses.replace(arch.model, **changes))

@@ -340,7 +340,8 @@ def test_weights_that_do_not_fit_the_config(marian_dir, tmp_path):
     one_line_error(with_config("wider", encoder_ffn_dim=128, decoder_ffn_dim=128), r"weights do not match config.json")
     one_line_error(with_config("act", activation_function="gelu_new"), r"activation_function 'gelu_new' is not supported")
     one_line_error(with_config("heads", decoder_attention_heads=2), r"must be equal")
-    one_line_error(with_config("pad", pad_token_id=None), r"pad_token_id must be")
+    one_line_error(with_config("pad", pad_token_id=None), r"pad_token_id must be an integer >= 0, got None")
+    one_line_error(with_config("empty", encoder_layers=0), r"encoder_layers must be an integer >= 1")
 
 
 def test_read_config_and_architecture_agree_with_transformers_defaults(marian_dir):
