@@ -190,8 +190,12 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
     d, m, t, dec = cfg.data, cfg.model, cfg.train, cfg.decode
     if m.d_model % m.n_heads:
         errors.append(f"invalid value for 'model.n_heads': {m.n_heads} (must divide model.d_model={m.d_model})")
-    elif (m.d_model // m.n_heads) % 2 and m.positions == "sinusoidal" and m.d_model % 2:
+    elif m.positions != "learned" and m.d_model % 2:
         errors.append(f"invalid value for 'model.d_model': {m.d_model} (sinusoidal positions need an even d_model)")
+    if m.positions == "sinusoidal_fairseq" and m.d_model < 4:
+        errors.append(f"invalid value for 'model.d_model': {m.d_model} (sinusoidal_fairseq positions need d_model >= 4)")
+    if m.positions == "learned" and m.position_offset:
+        errors.append(f"invalid value for 'model.position_offset': {m.position_offset} (must be 0 with learned positions)")
     if m.share_embeddings and not d.tokenizer.joint:
         errors.append("'model.share_embeddings' is true but 'data.tokenizer.joint' is false (shared embeddings need a joint vocabulary)")
     _check_decode(dec, "decode", errors, pattern_needs_protect=training)

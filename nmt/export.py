@@ -11,11 +11,14 @@ The exported directory holds everything needed to translate without nmt or PyTor
 Mapping (our names -> CTranslate2's TransformerSpec, cf. its fairseq/OpenNMT-py converters):
 
 - `src_embed` / `tgt_embed` -> `encoder.embeddings[0]` / `decoder.embeddings`, scaled by sqrt(D)
-  (`scale_embeddings`); `output_proj` -> `decoder.projection` (CTranslate2 aliases tied copies).
+  or 1 (`scale_embeddings`, model.scale_embeddings); `output_proj` (weight, and bias with
+  model.output_bias) -> `decoder.projection` (CTranslate2 aliases tied copies).
 - Positions are always written as an explicit table (`position_encodings.encodings`, row p =
   position p, BOS at 0): CTranslate2's built-in sinusoids are the tensor2tensor variant
   (concatenated sin|cos, timescale log(1e4)/(D/2-1), first position 1), not ours (interleaved
-  sin/cos of the paper, first position 0). Learned tables are copied as they are.
+  sin/cos of the paper, first position 0). Every sinusoidal variant is written as the model's own
+  table (`sinusoids`, model.position_offset already applied); learned tables are copied as they are.
+- Activations: relu -> RELU, gelu (erf) -> GELU, silu -> SWISH.
 - `self_attn.qkv_proj` (rows q|k|v) -> `self_attention.linear[0]`, `out_proj` -> `linear[1]`;
   `cross_attn.q_proj` -> `attention.linear[0]`, `kv_proj` (rows k|v) -> `linear[1]`,
   `out_proj` -> `linear[2]`; `ffn.fc1/fc2` -> `ffn.linear_0/linear_1`.
@@ -55,14 +58,16 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
 # later is refused unless it keeps its default value.
 KNOWN_FIELDS = frozenset({
     "d_model", "n_heads", "layers", "encoder_layers", "decoder_layers", "ffn_dim", "activation", "norm",
-    "dropout", "attention_dropout", "activation_dropout", "positions", "max_positions",
-    "share_embeddings", "tie_output"})
+    "dropout", "attention_dropout", "activation_dropout", "positions", "position_offset", "max_positions",
+    "share_embeddings", "tie_output", "scale_embeddings", "output_bias"})
+
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH"}  # ours -> ctranslate2.specs.common_spec.Activation
 
 # Values of our ModelConfig fields that CTranslate2's TransformerSpec can represent.
 SUPPORTED_OPTIONS = {
-    "activation": ("relu", "gelu"),  # gelu = exact erf GELU (PyTorch's F.gelu default) = Activation.GELU
+    "activation": tuple(CT2_ACTIVATIONS),  # gelu = exact erf GELU (PyTorch's F.gelu default) = Activation.GELU
     "norm": ("pre", "post"),
-    "positions": ("sinusoidal", "learned"),
+    "positions": ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"),
 }
 
 
@@ -157,7 +162,7 @@ def build_spec(model, tokenizer, cfg):
 
     m = cfg.model
     check_exportable(m)
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[m.activation]
+    activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[m.activation])
     spec = transformer_spec.TransformerSpec.from_config(
         (m.n_encoder_layers, m.n_decoder_layers), m.n_heads, pre_norm=m.norm == "pre", activation=activation)
     w = _Weights(model)

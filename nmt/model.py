@@ -2,8 +2,10 @@
 
 Encoder-decoder with multi-head attention through `F.scaled_dot_product_attention`,
 pre-norm (default, with a final LayerNorm per stack) or post-norm (the paper),
-sinusoidal or learned positions, shared or separate vocabularies, and cached
-step-by-step decoding (`init_cache` + `decode_step`, see nmt/cache.py).
+sinusoidal (three table layouts) or learned positions, shared or separate vocabularies,
+optional embedding scaling and output bias, and cached step-by-step decoding
+(`init_cache` + `decode_step`, see nmt/cache.py). The options cover Hugging Face's
+MarianMT and M2M100/NLLB models exactly (nmt/hf.py maps their weights).
 
 Shapes: B batch, S source length, T target length, D d_model, H heads,
 Dh head dim (D / H), V vocabulary. Masks follow nmt/masks.py: True = may attend.
@@ -13,7 +15,7 @@ Parameter names are kept flat and stable (they are mapped to other toolkits):
 `encoder.layers.N.{self_attn.qkv_proj, self_attn.out_proj, ffn.fc1, ffn.fc2, norm1, norm2}`,
 `decoder.layers.N.{self_attn.*, cross_attn.q_proj, cross_attn.kv_proj,
 cross_attn.out_proj, ffn.*, norm1, norm2, norm3}`, `encoder.final_norm`,
-`decoder.final_norm` (pre-norm only), `output_proj` (no bias).
+`decoder.final_norm` (pre-norm only), `output_proj` (bias with `output_bias` only).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from nmt.config import ModelConfig
 from nmt.layout import PAD_ID
 from nmt.masks import attention_mask
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     """The paper's table [n_positions, D]: PE(p, 2i) = sin(p / 10000^(2i/D)), PE(p, 2i+1) = cos(...)."""
@@ -38,6 +42,36 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     table[:, 0::2] = torch.sin(position * inv_freq)
     table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
     return table.float()
+
+
+def sinusoidal_halves_positions(n_positions: int, d_model: int) -> Tensor:
+    """MarianMT's table [n_positions, D] (transformers' MarianSinusoidalPositionalEmbedding.create_weight):
+    the paper's frequencies, sines in the first half, cosines in the second:
+    PE(p, i) = sin(p / 10000^(2i/D)), PE(p, D/2 + i) = cos(p / 10000^(2i/D)), i < D/2 (computed in float64)."""
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]  # [P, 1]
+    angle = position / torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # [P, D/2]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).float()
+
+
+def sinusoidal_fairseq_positions(n_positions: int, d_model: int) -> Tensor:
+    """fairseq's (tensor2tensor's) table [n_positions, D], as transformers' M2M100SinusoidalPositionalEmbedding
+    .get_embedding computes it (float32): PE(p, i) = sin(p * w_i), PE(p, D/2 + i) = cos(p * w_i),
+    w_i = exp(-i * log(10000) / (D/2 - 1)). Row p is position p; fairseq's models start at row padding_idx + 1."""
+    half = d_model // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+    angle = torch.arange(n_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]  # [P, D/2]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
+
+
+POSITION_TABLES = {"sinusoidal": sinusoidal_positions, "sinusoidal_halves": sinusoidal_halves_positions,
+                   "sinusoidal_fairseq": sinusoidal_fairseq_positions}
+
+
+def position_table(cfg: ModelConfig) -> Tensor:
+    """The fixed table [max_positions, D] of a sinusoidal `cfg.positions`: row p for position p, i.e. the
+    formula's rows position_offset .. position_offset + max_positions - 1."""
+    table = POSITION_TABLES[cfg.positions](cfg.position_offset + cfg.max_positions, cfg.d_model)
+    return table[cfg.position_offset:].clone()
 
 
 def _xavier_chunks(weight: Tensor, n_chunks: int) -> None:
@@ -131,7 +165,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
-        self.activation = F.gelu if activation == "gelu" else F.relu
+        self.activation = ACTIVATIONS[activation]
         self.activation_dropout = nn.Dropout(activation_dropout)
 
     def reset_parameters(self) -> None:
@@ -252,8 +286,9 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer returning logits (no softmax, no loss)."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = PAD_ID):
-        """pad_id: the vocabulary's padding id. Its embedding row starts at zero and the embedding
-        lookup gives it no gradient (with tie_output it is still trained as PAD's output row)."""
+        """pad_id: the padding id of both vocabularies: nmt's tokenizers use 0, imported models their own
+        (MarianMT: vocab_size - 1, M2M100: 1). Its embedding row starts at zero and the embedding lookup
+        gives it no gradient (with tie_output it is still trained as PAD's output row)."""
         super().__init__()
         if cfg.d_model % cfg.n_heads:
             raise ValueError(f"n_heads={cfg.n_heads} must divide d_model={cfg.d_model}")
@@ -262,7 +297,7 @@ class Transformer(nn.Module):
                              f"and target {tgt_vocab_size}")
         self.cfg, self.pad_id = cfg, pad_id
         self.max_positions = cfg.max_positions
-        self.embed_scale = math.sqrt(cfg.d_model)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         D = cfg.d_model
         self.src_embed = nn.Embedding(src_vocab_size, D, padding_idx=pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(tgt_vocab_size, D, padding_idx=pad_id)
@@ -270,11 +305,11 @@ class Transformer(nn.Module):
             self.src_positions = nn.Embedding(cfg.max_positions, D)
             self.tgt_positions = nn.Embedding(cfg.max_positions, D)
         else:
-            self.register_buffer("sinusoids", sinusoidal_positions(cfg.max_positions, D), persistent=False)
+            self.register_buffer("sinusoids", position_table(cfg), persistent=False)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.output_proj = nn.Linear(D, tgt_vocab_size, bias=False)
+        self.output_proj = nn.Linear(D, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
         self.reset_parameters()
@@ -297,6 +332,8 @@ class Transformer(nn.Module):
             nn.init.normal_(self.tgt_positions.weight, 0.0, std)
         if not self.cfg.tie_output:
             nn.init.normal_(self.output_proj.weight, 0.0, std)
+        if self.output_proj.bias is not None:
+            nn.init.zeros_(self.output_proj.bias)
 
     def num_parameters(self) -> int:
         """Distinct trainable parameters (shared/tied weights counted once)."""
@@ -315,7 +352,7 @@ class Transformer(nn.Module):
         return table[start : start + length]
 
     def _embed(self, tokens: Tensor, side: str) -> Tensor:
-        """tokens [B,L] -> dropout(embed * sqrt(D) + positions) [B,L,D]."""
+        """tokens [B,L] -> dropout(embed * embed_scale + positions) [B,L,D] (embed_scale: sqrt(D) or 1)."""
         embed = self.src_embed if side == "src" else self.tgt_embed
         x = embed(tokens) * self.embed_scale + self._positions(side, 0, tokens.shape[1])
         return self.dropout(x)

@@ -129,15 +129,26 @@ class ModelConfig:
     encoder_layers: Optional[int] = _f(None, "Encoder layers (default: `layers`).", min=1)
     decoder_layers: Optional[int] = _f(None, "Decoder layers (default: `layers`).", min=1)
     ffn_dim: int = _f(2048, "Inner dimension of the position-wise feed-forward network.", min=1)
-    activation: Literal["relu", "gelu"] = _f("relu", "Feed-forward activation.")
+    activation: Literal["relu", "gelu", "silu"] = _f("relu", "Feed-forward activation: `gelu` is the exact (erf) GELU; `silu` = swish, x * sigmoid(x) (Marian's `swish`).")
     norm: Literal["pre", "post"] = _f("pre", "`pre`: layer norm before each sublayer plus a final norm per stack; `post`: the paper's norm after each residual.")
     dropout: float = _f(0.1, "Dropout on embeddings, sublayer outputs and residuals.", min=0.0, max=1.0)
     attention_dropout: float = _f(0.0, "Dropout on attention weights.", min=0.0, max=1.0)
     activation_dropout: float = _f(0.0, "Dropout after the feed-forward activation.", min=0.0, max=1.0)
-    positions: Literal["sinusoidal", "learned"] = _f("sinusoidal", "Positional encoding.")
+    positions: Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"] = _f(
+        "sinusoidal", "Positional encoding. `sinusoidal`: the paper's table, sin and cos interleaved, "
+        "frequency 10000^(-2i/D); `sinusoidal_halves`: the same frequencies as sin half | cos half (MarianMT); "
+        "`sinusoidal_fairseq`: sin half | cos half with frequency 10000^(-i/(D/2-1)) (fairseq, tensor2tensor, "
+        "M2M100/NLLB); `learned`: a trained table per side.")
+    position_offset: int = _f(0, "Sinusoidal tables: position p of a sequence (the first token is p = 0) uses "
+                              "the table's row p + position_offset (M2M100/NLLB: 2, fairseq's padding id + 1). "
+                              "Must be 0 with learned positions.", min=0)
     max_positions: int = _f(1024, "Longest sequence the model accepts (positions table size).", min=1)
     share_embeddings: bool = _f(True, "Share source and target embeddings (requires `data.tokenizer.joint`).")
     tie_output: bool = _f(True, "Tie the output projection to the target embedding.")
+    scale_embeddings: bool = _f(True, "Multiply token embeddings by sqrt(d_model) before adding positions "
+                                "(Hugging Face's `scale_embedding`).")
+    output_bias: bool = _f(False, "A bias on the output projection, added to the logits (MarianMT's "
+                           "`final_logits_bias`).")
 
     @property
     def n_encoder_layers(self) -> int:

@@ -42,7 +42,9 @@ def full_logits(model, src, src_mask, tgt):
 
 
 CONFIGS = [dict(norm="pre"), dict(norm="post"), dict(positions="learned", activation="gelu"),
-           dict(encoder_layers=1, decoder_layers=3, share_embeddings=False, tie_output=False)]
+           dict(encoder_layers=1, decoder_layers=3, share_embeddings=False, tie_output=False),
+           dict(norm="post", activation="silu", positions="sinusoidal_halves", output_bias=True),
+           dict(positions="sinusoidal_fairseq", position_offset=2, scale_embeddings=False)]
 
 
 @pytest.mark.parametrize("kw", CONFIGS)

@@ -58,9 +58,9 @@ def make_config(**model) -> Config:
 def random_model(cfg: Config, tokenizer: Tokenizer, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size).eval()
-    with torch.no_grad():  # non-trivial layer norms, so a swapped gamma/beta would show
+    with torch.no_grad():  # non-trivial layer norms (a swapped gamma/beta would show) and output bias
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name == "output_proj.bias":
                 p.add_(torch.randn_like(p) * 0.2)
     return model
 
@@ -90,6 +90,11 @@ ARCHITECTURES = [
     dict(norm="post", positions="learned", activation="relu", tie_output=False),
     dict(norm="pre", positions="sinusoidal", activation="relu", share_embeddings=False, tie_output=False, tok="separate"),
     dict(norm="post", positions="learned", activation="gelu", share_embeddings=False, tok="separate"),
+    # the options of imported models (nmt/hf.py): MarianMT-like, M2M100-like, and mixed
+    dict(norm="post", positions="sinusoidal_halves", activation="silu", output_bias=True),
+    dict(norm="pre", positions="sinusoidal_fairseq", position_offset=2, activation="relu", scale_embeddings=False),
+    dict(norm="pre", positions="sinusoidal_halves", activation="silu", output_bias=True, tie_output=False,
+         share_embeddings=False, tok="separate"),
 ]
 
 
@@ -153,7 +158,7 @@ def test_unsupported_option_is_refused_with_its_name(tokenizers, tmp_path):
 
     check_exportable(make_config().model)  # every option we have today is supported
     bad = dataclasses.replace(make_config().model, activation="swish")
-    with pytest.raises(UserError, match=r"model\.activation='swish'.*relu, gelu"):
+    with pytest.raises(UserError, match=r"model\.activation='swish'.*relu, gelu, silu"):
         check_exportable(bad)
     # an option added to ModelConfig later: refused unless it keeps its default
     Future = dataclasses.make_dataclass("Future", [("qk_norm", bool, dataclasses.field(default=False))],
@@ -231,6 +236,27 @@ def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
                              max_len_a=0.0, max_len_b=6)[0]
         assert hyps[0].tokens == ours.tokens
         assert PAD_ID not in hyps[0].tokens and BOS_ID not in hyps[0].tokens
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES[-3:], ids=["marian-like", "m2m100-like", "mixed"])
+def test_new_options_give_the_same_greedy_output(ct2, tokenizers, pairs, tmp_path, arch):
+    """The options of imported models survive the export: CTranslate2's greedy tokens equal nmt's."""
+    from nmt.ct2 import Ct2Engine
+    from nmt.export import write_export
+    from nmt.search import greedy_search
+
+    arch = dict(arch)
+    tokenizer = tokenizers[arch.pop("tok", "joint")]
+    cfg = make_config(**arch)
+    model = random_model(cfg, tokenizer, seed=3)
+    engine = Ct2Engine(write_export(model, tokenizer, cfg, str(tmp_path / "ct2")), "cpu", intra_threads=1)
+    decode = dataclasses.replace(engine.decode, beam_size=1, max_len_a=1.0, max_len_b=5)
+    src = tokenizer.encode_src([p[0] for p in pairs[:20]])
+    theirs = engine.search_batch(src, decode)
+    ours = [greedy_search(model, torch.tensor([s + [EOS_ID]]), torch.ones(1, len(s) + 1, dtype=torch.bool),
+                          max_len_a=1.0, max_len_b=5)[0] for s in src]
+    assert [h[0].tokens for h in theirs] == [h.tokens for h in ours]
+    assert len({tuple(h.tokens) for h in ours}) > 5  # the outputs depend on the source
 
 
 # --------------------------------------------------------------------------- trained models

@@ -49,8 +49,9 @@ def reference_forward(model: Transformer, src, src_mask, tgt):
     (PyTorch's own attention, FFN and norm wiring), with our weights copied in."""
     cfg = model.cfg
     D, pre = cfg.d_model, cfg.norm == "pre"
+    activation = F.silu if cfg.activation == "silu" else cfg.activation
     kw = dict(d_model=D, nhead=cfg.n_heads, dim_feedforward=cfg.ffn_dim, dropout=0.0,
-              activation=cfg.activation, batch_first=True, norm_first=pre)
+              activation=activation, batch_first=True, norm_first=pre)
     enc = nn.ModuleList(nn.TransformerEncoderLayer(**kw) for _ in model.encoder.layers)
     dec = nn.ModuleList(nn.TransformerDecoderLayer(**kw) for _ in model.decoder.layers)
     with torch.no_grad():
@@ -79,11 +80,20 @@ def reference_forward(model: Transformer, src, src_mask, tgt):
     def positions(L, table):
         if cfg.positions == "learned":
             return table.weight[:L]
-        return torch.tensor([[math.sin(p / 10000 ** (i / D)) if i % 2 == 0 else math.cos(p / 10000 ** ((i - 1) / D))
-                              for i in range(D)] for p in range(L)])
+        return torch.tensor([sinusoid(p + cfg.position_offset) for p in range(L)])
 
+    def sinusoid(p):
+        if cfg.positions == "sinusoidal":  # interleaved
+            return [math.sin(p / 10000 ** (i / D)) if i % 2 == 0 else math.cos(p / 10000 ** ((i - 1) / D)) for i in range(D)]
+        if cfg.positions == "sinusoidal_halves":  # MarianMT
+            angles = [p / 10000 ** (2 * i / D) for i in range(D // 2)]
+        else:  # sinusoidal_fairseq
+            angles = [p * 10000 ** (-i / (D // 2 - 1)) for i in range(D // 2)]
+        return [math.sin(a) for a in angles] + [math.cos(a) for a in angles]
+
+    scale = math.sqrt(D) if cfg.scale_embeddings else 1.0
     with torch.no_grad():
-        x = model.src_embed.weight[src] * math.sqrt(D) + positions(src.shape[1], getattr(model, "src_positions", None))
+        x = model.src_embed.weight[src] * scale + positions(src.shape[1], getattr(model, "src_positions", None))
         pad = ~src_mask  # PyTorch's key_padding_mask convention: True = padding
         for layer in enc:
             x = layer(x, src_key_padding_mask=pad)
@@ -91,16 +101,25 @@ def reference_forward(model: Transformer, src, src_mask, tgt):
             x = model.encoder.final_norm(x)
         T = tgt.shape[1]
         causal = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
-        y = model.tgt_embed.weight[tgt] * math.sqrt(D) + positions(T, getattr(model, "tgt_positions", None))
+        y = model.tgt_embed.weight[tgt] * scale + positions(T, getattr(model, "tgt_positions", None))
         for layer in dec:
             y = layer(y, x, tgt_mask=causal, memory_key_padding_mask=pad)
         if pre:
             y = model.decoder.final_norm(y)
-        return y @ model.output_proj.weight.T
+        bias = model.output_proj.bias if cfg.output_bias else 0.0
+        return y @ model.output_proj.weight.T + bias
+
+
+HF_OPTIONS = [  # the options of imported models (nmt/hf.py), also usable from scratch
+    dict(norm="post", activation="silu", positions="sinusoidal_halves", output_bias=True),  # MarianMT
+    dict(norm="pre", positions="sinusoidal_fairseq", position_offset=2, scale_embeddings=False),  # M2M100-like
+    dict(positions="sinusoidal", position_offset=3, output_bias=True, share_embeddings=False, tie_output=False),
+]
 
 
 @pytest.mark.parametrize("kw", [dict(norm="pre"), dict(norm="post"), dict(activation="gelu"),
-                                dict(positions="learned", norm="post"), dict(share_embeddings=False, tie_output=False)])
+                                dict(positions="learned", norm="post"), dict(share_embeddings=False, tie_output=False),
+                                *HF_OPTIONS])
 def test_matches_torch_nn_reference(kw):
     model = tiny_model(**kw)
     src, src_mask = batch([7, 3, 5])
@@ -110,6 +129,17 @@ def test_matches_torch_nn_reference(kw):
     ref = reference_forward(model, src, src_mask, tgt)
     assert ours.shape == (3, 6, V)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_output_bias_is_added_to_the_logits():
+    model = tiny_model(output_bias=True)
+    src, src_mask = batch([5])
+    tgt, _ = batch([4], seed=2)
+    with torch.no_grad():
+        with_bias = model(src, src_mask, tgt)
+        model.output_proj.bias.zero_()
+        without = model(src, src_mask, tgt)
+    assert (with_bias - without).abs().max() > 1e-3
 
 
 def test_sinusoidal_table_is_the_papers_formula():
@@ -183,7 +213,7 @@ def test_too_long_input_raises():
 
 @pytest.mark.parametrize("share,tie", [(True, True), (False, True), (False, False), (True, False)])
 @pytest.mark.parametrize("kw", [dict(), dict(norm="post"), dict(positions="learned"),
-                                dict(encoder_layers=3, decoder_layers=1, activation="gelu")])
+                                dict(encoder_layers=3, decoder_layers=1, activation="gelu"), dict(output_bias=True)])
 def test_parameter_count_matches_closed_form(share, tie, kw):
     src_vocab, tgt_vocab = (V, V) if share else (V, V + 11)
     cfg = tiny_cfg(share_embeddings=share, tie_output=tie, **kw)
@@ -237,6 +267,18 @@ def test_initialisation():
             assert p.abs().sum() == 0, name
 
 
+def test_pad_id_row_starts_at_zero_and_gets_no_gradient():
+    torch.manual_seed(0)
+    model = Transformer(tiny_cfg(share_embeddings=False, tie_output=False, output_bias=True), V, V, pad_id=V - 1)
+    assert model.src_embed.weight[V - 1].abs().sum() == 0 and model.tgt_embed.weight[V - 1].abs().sum() == 0
+    assert model.src_embed.weight[PAD_ID].abs().sum() > 0
+    assert model.output_proj.bias.abs().sum() == 0
+    src = torch.tensor([[5, 6, V - 1]])
+    model(src, src != V - 1, torch.tensor([[V - 1, 7]])).sum().backward()
+    assert model.src_embed.weight.grad[V - 1].abs().sum() == 0 and model.tgt_embed.weight.grad[V - 1].abs().sum() == 0
+    assert model.src_embed.weight.grad[5].abs().sum() > 0
+
+
 def test_initialisation_is_reproducible():
     a = tiny_model(seed=3, share_embeddings=False, tie_output=False, perturb=False)
     b = tiny_model(seed=3, share_embeddings=False, tie_output=False, perturb=False)
@@ -279,5 +321,5 @@ def parameter_count_formula(cfg, src_vocab_size: int, tgt_vocab_size: int) -> in
     finals = 2 * norm if cfg.norm == "pre" else 0
     embeddings = src_vocab_size * D + (0 if cfg.share_embeddings else tgt_vocab_size * D)
     positions = 2 * cfg.max_positions * D if cfg.positions == "learned" else 0
-    output = 0 if cfg.tie_output else tgt_vocab_size * D
+    output = (0 if cfg.tie_output else tgt_vocab_size * D) + (tgt_vocab_size if cfg.output_bias else 0)
     return encoder + decoder + finals + embeddings + positions + output
