@@ -134,6 +134,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "nano": ("nano",),
     "nautilus-data": ("nautilus",),
     "net-tools": ("net-tools",),
+    "pidgin-data": ("pidgin",),
     "postgresql-client-15": ("pg_amcheck-15", "pg_basebackup-15", "pg_config-15", "pg_dump-15",
                              "pg_verifybackup-15", "pgscripts-15", "psql-15"),
     "procps": ("procps-ng",),
