@@ -27,6 +27,7 @@ from nmt.batching import Progress
 from nmt.config import DecodeConfig, decode_config
 from nmt.engine import load_engine
 from nmt.errors import UserError
+from nmt.languages import target_prefix
 from nmt.translate import TranslationResult, check_protect, translate_chunk
 
 _CALLS = threading.Lock()  # one call at a time in the process (module docstring)
@@ -67,7 +68,14 @@ class Translator:
                             "checkpoint and --engine torch)")
         if decode.protect:
             check_protect(self._engine.tokenizer)
+        if decode.tgt_lang is not None:
+            target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         return decode
+
+    def check_language(self, **decode_options: Any) -> None:
+        """UserError unless the calls with these options have a target language to translate into
+        (a multilingual model needs `tgt_lang` unless it has a default; nmt/languages.py)."""
+        target_prefix(self._engine.tokenizer, self.decode_settings(**decode_options).tgt_lang)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   on_batch: Progress | None = None, **decode_options: Any) -> list[TranslationResult]:

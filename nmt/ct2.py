@@ -78,6 +78,9 @@ class Ct2Engine:
         tokenizer = Tokenizer.load(model_dir)
         if tokenizer is None:
             raise UserError(f"{model_dir} has no SentencePiece model (spm.model or spm.src.model + spm.tgt.model)")
+        if meta.get("languages"):  # a multilingual model's target-language tokens (nmt/languages.py)
+            tokenizer = Tokenizer.from_bytes({**tokenizer.to_bytes(), "languages": meta["languages"],
+                                              "default_tgt_lang": meta.get("default_tgt_lang")})
         self.tokenizer = tokenizer
         self.max_positions = int(meta["max_positions"])
         try:  # validated exactly like a config file's decode section

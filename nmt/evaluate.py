@@ -135,6 +135,7 @@ def _translate(checkpoint: str, engine: str, device: str, overrides: dict, lines
     from nmt.translate import truncation_warning
 
     translator = Translator(checkpoint, engine=engine, device=device, **{**overrides, "nbest": 1})
+    translator.check_language()
     with tqdm(total=len(lines), disable=quiet, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         results = translator.translate(lines, on_batch=bar.update)
     n_truncated = sum(r.truncated for r in results)

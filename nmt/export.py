@@ -301,7 +301,8 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
         tokenizer.save(tmp)
         meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.abspath(checkpoint) if checkpoint else "",
                 "step": step, "quantization": quantization or "float32", "joint": tokenizer.joint,
-                "max_positions": cfg.model.max_positions, "config": to_dict(cfg)}
+                "max_positions": cfg.model.max_positions, "config": to_dict(cfg),
+                "languages": tokenizer.languages, "default_tgt_lang": tokenizer.default_tgt_lang}
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
         name = os.path.basename(os.path.normpath(output_dir))

@@ -229,6 +229,7 @@ class DecodeConfig:
     protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; needs a model trained with `data.protect: true`.")
     protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with `protect`).")
     alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (last decoder layer's cross-attention, averaged over heads), as Pharaoh `src-tgt` subword indices.")
+    tgt_lang: Optional[str] = _f(None, "Target language of a multilingual model (one of its language codes, e.g. `de` or `deu_Latn`): its language token is forced as the first target token (the M2M100/NLLB convention, nmt/languages.py). Required for a model with several target languages and no default; not allowed for a bilingual model.")
 
 
 # --------------------------------------------------------------------------- top

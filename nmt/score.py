@@ -12,7 +12,9 @@ Output, one line per input pair, in order, tab-separated:
     LOG_PROB <tab> LOG_PROB_PER_TOKEN <tab> TOKENS
 
 LOG_PROB: summed log-probability (natural log) of the target tokens and EOS; TOKENS: their
-number (EOS included, so an empty target has 1); LOG_PROB_PER_TOKEN = LOG_PROB / TOKENS.
+number (EOS included, so an empty target has 1); LOG_PROB_PER_TOKEN = LOG_PROB / TOKENS. For a
+multilingual model the target language token (`--tgt-lang`) comes first and counts too, as
+in Hugging Face's labels `[lang, y, </s>]` (nmt/languages.py).
 Every pair is scored, empty lines too (an empty source is the source EOS alone).
 Sources and targets longer than max_positions - 1 tokens are truncated (one warning
 counts them; such a score covers the kept tokens only).
@@ -27,6 +29,7 @@ from typing import IO, Any, Sequence
 from nmt import textio
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
+from nmt.languages import target_prefix
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,9 @@ def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], deco
         raise UserError(f"{len(src_lines)} sources but {len(tgt_lines)} targets: the line counts must match")
     decode = decode or engine.decode
     limit = engine.max_positions - 1
-    src_full, tgt_full = engine.tokenizer.encode_src(list(src_lines)), engine.tokenizer.encode_tgt(list(tgt_lines))
+    lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # a multilingual model's language token comes first
+    src_full = engine.tokenizer.encode_src(list(src_lines))
+    tgt_full = [lang + ids for ids in engine.tokenizer.encode_tgt(list(tgt_lines))]
     src_ids, tgt_ids = [ids[:limit] for ids in src_full], [ids[:limit] for ids in tgt_full]
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
     out: list[PairScore | None] = [None] * len(src_lines)
@@ -79,6 +84,7 @@ def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: 
     if n_src != n_tgt:
         raise UserError(f"line counts differ: {n_src} lines in {src} but {n_tgt} in {tgt}")
     translator = Translator(path, engine=engine, device=device, **(overrides or {}))
+    translator.check_language()
     n_truncated = 0
     with textio.open_output(output, stdout) as out, \
             tqdm(total=n_src, disable=quiet, unit="pair", file=stderr, dynamic_ncols=True) as bar:

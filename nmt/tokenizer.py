@@ -81,7 +81,12 @@ class Tokenizer:
 
     specials = NMT_SPECIALS  # the ids of every SentencePiece model nmt uses (checked on load)
 
-    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, *, threads: int = 1):
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, *, threads: int = 1,
+                 languages: dict[str, int] | None = None, default_tgt_lang: str | None = None):
+        """languages: a multilingual model's target languages, {code: id of its language token in the
+        target vocabulary} (nmt/languages.py); default_tgt_lang: the one used when none is asked for."""
+        self.languages, self.default_tgt_lang = dict(languages or {}), default_tgt_lang
+        self._drop = SPECIAL_IDS | frozenset(self.languages.values())
         self.joint = tgt_proto is None
         self._src_proto, self._tgt_proto = src_proto, tgt_proto
         self._src = _processor(src_proto, "source SentencePiece model" if tgt_proto else "SentencePiece model")
@@ -105,8 +110,8 @@ class Tokenizer:
         return self._tgt.encode(list(lines), out_type=int, num_threads=self.threads)
 
     def decode_tgt(self, ids: Iterable[Iterable[int]]) -> list[str]:
-        """Target ids (lists, arrays or 1-D tensors) -> text; PAD, BOS and EOS are ignored."""
-        clean = [[int(i) for i in seq if int(i) not in SPECIAL_IDS] for seq in ids]
+        """Target ids (lists, arrays or 1-D tensors) -> text; PAD, BOS, EOS and language tokens are ignored."""
+        clean = [[int(i) for i in seq if int(i) not in self._drop] for seq in ids]
         return self._tgt.decode(clean) if clean else []
 
     def is_target_symbol(self, text: str) -> bool:
@@ -123,12 +128,17 @@ class Tokenizer:
         return self._src.encode(line, out_type=str)
 
     def to_bytes(self) -> dict:
-        """Serialized models for a checkpoint: {'joint', 'src', 'tgt'} (tgt None when joint)."""
-        return {"joint": self.joint, "src": self._src_proto, "tgt": self._tgt_proto}
+        """Serialized models for a checkpoint: {'joint', 'src', 'tgt'} (tgt None when joint), and
+        'languages' / 'default_tgt_lang' for a multilingual model."""
+        out = {"joint": self.joint, "src": self._src_proto, "tgt": self._tgt_proto}
+        if self.languages:
+            out.update(languages=dict(self.languages), default_tgt_lang=self.default_tgt_lang)
+        return out
 
     @classmethod
     def from_bytes(cls, d: dict, *, threads: int = 1) -> "Tokenizer":
-        return cls(d["src"], None if d["joint"] else d["tgt"], threads=threads)
+        return cls(d["src"], None if d["joint"] else d["tgt"], threads=threads, languages=d.get("languages"),
+                   default_tgt_lang=d.get("default_tgt_lang"))
 
     def save(self, run_dir: str, settings: dict | None = None) -> None:
         """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, then `settings` as spm.json.

@@ -34,6 +34,7 @@ from nmt import protect, textio
 from nmt.batching import Progress, run_engine
 from nmt.config import DecodeConfig, decode_config
 from nmt.errors import UserError
+from nmt.languages import target_prefix
 
 CHUNK_LINES = 10_000  # lines sorted and translated together by translate_command
 Warn = Callable[[str], None]
@@ -143,6 +144,9 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     src_ids, truncated = encode_sources(engine, lines)
     prefix_ids = _encode_prefixes(engine, prefixes) if prefixes is not None else None
+    lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # [] or [the language token]
+    if lang:
+        prefix_ids = [lang + p for p in (prefix_ids or [[] for _ in lines])]
     hyps: list[tuple[Translation, ...]] = [(EMPTY,) * decode.nbest for _ in lines]
     todo = [i for i, ids in enumerate(src_ids) if ids]  # lines without tokens give "" (or their prefix)
     for i in set(range(len(lines))) - set(todo):
@@ -160,7 +164,8 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
         if not decode.alignment:
             return nbests, None
         pairs = [(src_ids[i], h.tokens) for i, nbest in zip(rows, nbests) for h in nbest]
-        return nbests, engine.align_batch([x for x, _ in pairs], [y for _, y in pairs])
+        aligned = engine.align_batch([x for x, _ in pairs], [y for _, y in pairs])
+        return nbests, [[(i, j - len(lang)) for i, j in a if j >= len(lang)] for a in aligned]  # language token out
 
     for batch, (nbests, alignments) in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo], decode,
                                                   on_batch):
@@ -254,6 +259,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     from_file = not textio.is_stdin(input)
     prefix_lines = _prefix_chunks(prefix, input)
     translator = Translator(path, engine=engine, device=device, **(overrides or {}))
+    translator.check_language()  # before any output
     decode = translator.decode
     total = textio.count_lines(input) if from_file and not quiet else None
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():

@@ -1,0 +1,131 @@
+"""Target languages of a multilingual model (nmt/languages.py): the language token forced as the
+first target token, dropped from outputs, scored by `nmt score`, kept through checkpoints and a
+CTranslate2 export; one-line errors for a missing, unknown or needless --tgt-lang."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt import Translator
+from nmt.checkpoint import save_checkpoint
+from nmt.config import TokenizerConfig, config_from_dict, to_dict
+from nmt.errors import UserError
+from nmt.languages import target_prefix
+from nmt.layout import source_tensors
+from nmt.model import Transformer
+from nmt.search import greedy_search
+from nmt.tokenizer import EOS_ID, Tokenizer, train_sentencepiece
+from nmt.torch_engine import TorchEngine
+
+from helpers import make_pairs, make_tiny_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LANGS = ("de", "fr")
+
+
+def multilingual_checkpoint(path: str, default: str | None = None) -> str:
+    """An untrained tiny model whose word tokenizer has the target-language tokens __de__, __fr__."""
+    text = [s for pair in make_pairs(200, 0) for s in pair]
+    proto = train_sentencepiece(text, TokenizerConfig(vocab_size=70, model_type="word", threads=1), seed=1,
+                                what="joint", log=lambda m: None, symbols=[f"__{c}__" for c in LANGS])
+    plain = Tokenizer(proto)
+    ids = {c: plain.encode_tgt([f"__{c}__"])[0][-1] for c in LANGS}
+    tokenizer = Tokenizer(proto, languages=ids, default_tgt_lang=default)
+    raw = {"data": {"src_lang": "es", "tgt_lang": "de", "train": {"src": "a", "tgt": "b"}, "valid": {"src": "a", "tgt": "b"},
+                    "tokenizer": {"vocab_size": 70, "model_type": "word"}, "max_len": 20},
+           "model": {"d_model": 16, "n_heads": 2, "layers": 1, "ffn_dim": 32, "dropout": 0.0, "max_positions": 24,
+                     "tie_output": False},
+           "decode": {"beam_size": 1, "max_len_a": 0.5, "max_len_b": 4}}
+    cfg = config_from_dict(raw, check_files=False)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    with torch.no_grad():
+        model.output_proj.weight.normal_(0.0, 0.3)
+        for i in ids.values():  # the model would rather not say the language token: forcing must do it
+            model.output_proj.weight[i] = -model.output_proj.weight[i].abs() * 10
+    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
+                     "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}, "step": 0,
+                     "epoch": 0}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return multilingual_checkpoint(str(tmp_path_factory.mktemp("ml") / "ml.pt"))
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    return [p[0] for p in make_pairs(8, 3)]
+
+
+def test_the_language_token_is_forced_first_and_never_shown(ckpt, lines):
+    engine = TorchEngine.load(ckpt, "cpu", fast=False)
+    tok = engine.tokenizer
+    for code in LANGS:
+        got = Translator(ckpt, tgt_lang=code).translate(lines)
+        src, mask = source_tensors(tok.encode_src(lines))
+        ref = greedy_search(engine.model, src, mask, max_len_a=0.5, max_len_b=4,
+                            prefixes=[[tok.languages[code]]] * len(lines))
+        assert all(h.tokens[0] == tok.languages[code] for h in ref)  # forced although the model avoids it
+        assert [r.text for r in got] == tok.decode_tgt([h.tokens[1:] for h in ref])
+        assert not any("__" in r.text for r in got)
+    assert [r.text for r in Translator(ckpt).translate(lines, tgt_lang="fr")] == \
+        [r.text for r in Translator(ckpt, tgt_lang="fr").translate(lines)]
+
+
+def test_missing_unknown_and_needless_languages_are_one_line_errors(ckpt, lines, tmp_path):
+    with pytest.raises(UserError, match=r"translates into 2 languages: choose one with --tgt-lang \(de, fr\)"):
+        Translator(ckpt).translate(lines)
+    with pytest.raises(UserError, match="choose one with --tgt-lang"):
+        Translator(ckpt).check_language()
+    with pytest.raises(UserError, match="unknown target language 'xx' for this model \\(it knows: de, fr\\)"):
+        Translator(ckpt, tgt_lang="de").translate(lines, tgt_lang="xx")
+    bilingual = make_tiny_checkpoint(str(tmp_path / "bi.pt"))
+    with pytest.raises(UserError, match="translates into one language only"):
+        Translator(bilingual, tgt_lang="de")
+    assert target_prefix(TorchEngine.load(bilingual).tokenizer, None) == []
+    r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "-q"], input="el gato\n",
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--tgt-lang" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "-q", "--tgt-lang", "fr"],
+                       input="el gato\n\n", capture_output=True, text=True)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2
+
+
+def test_a_default_language_is_used_when_none_is_asked_for(tmp_path, lines):
+    path = multilingual_checkpoint(str(tmp_path / "d.pt"), default="fr")
+    assert [r.text for r in Translator(path).translate(lines)] == \
+        [r.text for r in Translator(path, tgt_lang="fr").translate(lines)]
+
+
+def test_score_counts_the_language_token_like_hugging_face_labels(ckpt):
+    engine = TorchEngine.load(ckpt, "cpu", fast=False)
+    tok = engine.tokenizer
+    pairs = make_pairs(4, 5)
+    got = Translator(ckpt, tgt_lang="de").score([p[0] for p in pairs], [p[1] for p in pairs])
+    for s, (x, y) in zip(got, pairs):
+        labels = [tok.languages["de"]] + tok.encode_tgt([y])[0] + [EOS_ID]
+        src, mask = source_tensors(tok.encode_src([x]))
+        with torch.no_grad():
+            logits = engine.model(src, mask, torch.tensor([[tok.specials.start] + labels[:-1]]))[0]
+        want = float(F.log_softmax(logits.double(), -1).gather(1, torch.tensor(labels)[:, None]).sum())
+        assert s.n_tokens == len(labels) and s.log_prob == pytest.approx(want, abs=1e-4)
+
+
+def test_languages_survive_the_checkpoint_and_a_ctranslate2_export(ckpt, lines, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
+    tok = TorchEngine.load(ckpt).tokenizer
+    assert Tokenizer.from_bytes(tok.to_bytes()).languages == tok.languages
+    assert "languages" not in Tokenizer(tok.to_bytes()["src"]).to_bytes()  # bilingual checkpoints unchanged
+    out = tmp_path / "ct2"
+    subprocess.run([sys.executable, "-m", "nmt", "export", "-c", ckpt, "-o", str(out)], check=True, capture_output=True)
+    ct2 = Translator(str(out), tgt_lang="de", workers=1)
+    assert [r.text for r in ct2.translate(lines)] == [r.text for r in Translator(ckpt, tgt_lang="de").translate(lines)]
+    with pytest.raises(UserError, match="choose one with --tgt-lang"):
+        Translator(str(out)).translate(lines)
