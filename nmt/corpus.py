@@ -207,6 +207,7 @@ class Source(NamedTuple):
     chunks: Callable[[], Iterator[tuple[list[str], list[str]]]]  # aligned (src, tgt) chunks
     tag: str | None = None                                    # prepended to non-empty source lines
     protect: bool = False                                     # protected spans -> placeholders (nmt/protect.py)
+    tgt_prefix: tuple[int, ...] = ()                          # ids before every non-empty target (a language token)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -216,10 +217,12 @@ def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.nda
 
 
 def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str | None = None,
-                 protect: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 protect: bool = False, tgt_prefix: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                                   np.ndarray]:
     """(src tokens, src lens [n], tgt tokens, tgt lens [n]) of aligned lines; with `protect` each pair's
     spans become placeholders (`protect.mask_pair`); `tag + " "` goes before every non-empty source
-    line (an empty one stays empty, so the pair is dropped)."""
+    line (an empty one stays empty, so the pair is dropped); `tgt_prefix` (a multilingual model's
+    language token, nmt/languages.py) goes before every non-empty target."""
     if protect:
         from nmt.protect import mask_pair
 
@@ -227,7 +230,10 @@ def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str 
     if tag:
         src = [f"{tag} {x}" if x else x for x in src]
     st, sl = _flatten(tokenizer.encode_src(src), token_dtype(tokenizer.src_vocab_size))
-    tt, tl = _flatten(tokenizer.encode_tgt(tgt), token_dtype(tokenizer.tgt_vocab_size))
+    tgt_ids = tokenizer.encode_tgt(tgt)
+    if tgt_prefix:
+        tgt_ids = [list(tgt_prefix) + ids if ids else ids for ids in tgt_ids]
+    tt, tl = _flatten(tgt_ids, token_dtype(tokenizer.tgt_vocab_size))
     return st, sl, tt, tl
 
 
@@ -337,7 +343,7 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
         for src in sources:
             counts = dict.fromkeys(COUNTS, 0)
             for src_lines, tgt_lines in src.chunks():
-                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, src.protect)
+                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, src.protect, src.tgt_prefix)
                 keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None)
                 writer.add("src", st[np.repeat(keep, sl)], sl[keep])
                 writer.add("tgt", tt[np.repeat(keep, tl)], tl[keep])

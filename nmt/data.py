@@ -28,6 +28,7 @@ import numpy as np
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import EncodedCorpus, Source, cache_prefix, cached_split, chunked
 from nmt.errors import UserError
+from nmt.languages import target_prefix
 from nmt.protect import PLACEHOLDERS
 from nmt.sources import iter_pairs, read_corpus, source_fingerprint
 from nmt.tokenizer import Tokenizer, check_tags, train_tags
@@ -62,22 +63,28 @@ def _tokenizer_hash(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()
 
 
+def language_prefix(cfg: Config, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The language token before every target of a multilingual model's corpora (nmt/languages.py):
+    data.tgt_lang's; () for a bilingual model."""
+    return tuple(target_prefix(tokenizer, cfg.data.tgt_lang)) if tokenizer.languages else ()
+
+
 def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None]) -> EncodedCorpus:
     d = cfg.data
-    corpora = d.train_corpora
+    corpora, lang = d.train_corpora, language_prefix(cfg, tokenizer)
     key = [[[source_fingerprint(c, d.src_lang, d.tgt_lang), c.src_tag] for c in corpora],
-           _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else [])
+           _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else []) + ([lang] if lang else [])
     sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, d.src_lang, d.tgt_lang), c.src_tag,
-                      d.protect) for c in corpora]
+                      d.protect, lang) for c in corpora]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
 
 
 def _load_valid(cfg: Config, tokenizer: Tokenizer, run_dir: str, lines: tuple[list[str], list[str]],
                 log: Callable[[str], None]) -> EncodedCorpus:
-    d = cfg.data
+    d, lang = cfg.data, language_prefix(cfg, tokenizer)
     key = [[[source_fingerprint(d.valid, d.src_lang, d.tgt_lang), None]], _tokenizer_hash(tokenizer), d.max_len,
-           None] + ([True] if d.protect else [])
-    sources = [Source(corpus_name(d.valid), _describe(d.valid), lambda: iter(chunked(*lines)), None, d.protect)]
+           None] + ([True] if d.protect else []) + ([lang] if lang else [])
+    sources = [Source(corpus_name(d.valid), _describe(d.valid), lambda: iter(chunked(*lines)), None, d.protect, lang)]
     return cached_split(cache_prefix(run_dir, "valid", key), "valid", sources, tokenizer, d.max_len, d.max_ratio,
                         log, filter_ratio=False)
 

@@ -52,7 +52,7 @@ def _bleu(model, cfg: Config, tokenizer, valid_lines, device, precision: Precisi
     n = cfg.train.valid_max_sentences or len(src)
     src, ref = src[:n], ref[:n]
     decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False,
-                                 protect=cfg.data.protect)
+                                 protect=cfg.data.protect, tgt_lang=cfg.data.tgt_lang if tokenizer.languages else None)
     engine = TorchEngine(model, tokenizer, decode, search_ops(device), autocast=precision.dtype)
     out = [r[0] for r in translate_nbest(engine, src, decode, warn=log.info)]
     hyps = [t.text for t in out]

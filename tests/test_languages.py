@@ -129,3 +129,20 @@ def test_languages_survive_the_checkpoint_and_a_ctranslate2_export(ckpt, lines, 
     assert [r.text for r in ct2.translate(lines)] == [r.text for r in Translator(ckpt, tgt_lang="de").translate(lines)]
     with pytest.raises(UserError, match="choose one with --tgt-lang"):
         Translator(str(out)).translate(lines)
+
+
+def test_training_targets_start_with_the_language_token(ckpt):
+    from nmt.config import replace
+    from nmt.corpus import encode_chunk
+    from nmt.data import language_prefix
+
+    tok = TorchEngine.load(ckpt).tokenizer
+    cfg = config_from_dict({"data": {"src_lang": "es", "tgt_lang": "fr", "train": {"src": "a", "tgt": "b"},
+                                     "valid": {"src": "a", "tgt": "b"}}}, check_files=False)
+    lang = language_prefix(cfg, tok)
+    assert lang == (tok.languages["fr"],)
+    _, _, tt, tl = encode_chunk(tok, ["el gato", "el sol"], ["the cat", ""], tgt_prefix=lang)
+    assert tl.tolist() == [1 + len(tok.encode_tgt(["the cat"])[0]), 0]  # an empty target stays empty (dropped)
+    assert int(tt[0]) == tok.languages["fr"] and tt[1:].tolist() == tok.encode_tgt(["the cat"])[0]
+    with pytest.raises(UserError, match="unknown target language 'en'"):
+        language_prefix(replace(cfg, data=replace(cfg.data, tgt_lang="en")), tok)
