@@ -9,6 +9,7 @@ file cannot run code):
     tokenizer   `Tokenizer.to_bytes()` (the SentencePiece model(s))
     vocab       {"src": V_src, "tgt": V_tgt}
     step, epoch
+    langid      (optional) the run's language identifier, `nmt.langid.LanguageIdentifier.to_dict()`
     train_state (training checkpoints only; absent in averaged ones):
         optimizer, scheduler, scaler (or None), rng (python, numpy, torch, cuda),
         batch_offset (batches of `epoch` already consumed), best, bad_validations,
@@ -260,7 +261,7 @@ def average_checkpoints(paths: list[str], out_path: str) -> dict:
         if ptr not in done:
             done[ptr] = (s / n).to(first["model"][k].dtype) if s.is_floating_point() else s
         model[k] = done[ptr]
-    meta = {k: first[k] for k in ("config", "tokenizer", "vocab", "step", "epoch") if k in first}
+    meta = {k: first[k] for k in ("config", "tokenizer", "vocab", "step", "epoch", "langid") if k in first}
     meta["averaged_from"] = [os.path.abspath(p) for p in paths]
     save_checkpoint({**meta, "model": model}, out_path)
     return meta

@@ -132,7 +132,11 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--save-hyps", metavar="FILE", help="also write the hypotheses here (written when complete)")
     p.add_argument("--metrics", "-m", nargs="+", default=["bleu", "chrf"], choices=("bleu", "chrf", "ter"), help="metrics (default: bleu chrf)")
     p.add_argument("--tokenize", metavar="{" + ",".join(TOKENIZERS) + "}",
-                   help="sacreBLEU's BLEU tokenizer (default 13a; zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean)")
+                   help="sacreBLEU's BLEU tokenizer (default: from the target language, --tgt-lang or a bilingual "
+                   "model's: ja-mecab for Japanese (char without MeCab, with a warning), zh for Chinese, else 13a)")
+    p.add_argument("--langid", metavar="CKPT", help="count off-target outputs with the language identifier of this "
+                   "checkpoint (or `nmt export` directory), e.g. with --hyp (default: the --checkpoint's, if it has "
+                   "one: multilingual models); the hypotheses' language is --tgt-lang or the model's")
     p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -224,7 +228,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         raise UserError("--checkpoint needs --src FILE (the source sentences to translate)")
     return evaluate_command(args.hyp, args.ref, checkpoint=path, engine=engine, src=args.src, save_hyps=args.save_hyps,
                             metrics=tuple(args.metrics), tokenize=args.tokenize, lowercase=args.lowercase,
-                            json_out=args.json, quiet=args.quiet, device=args.device, overrides=_decode_overrides(args))
+                            json_out=args.json, quiet=args.quiet, device=args.device, overrides=_decode_overrides(args),
+                            langid=args.langid)
 
 
 def _cmd_score(args: argparse.Namespace) -> int:

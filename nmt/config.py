@@ -24,7 +24,7 @@ from typing import Any, Literal
 import yaml
 
 from nmt.protect import PLACEHOLDERS
-from nmt.schema import (REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError, CorpusConfig, DataConfig,
+from nmt.schema import (LANG_FORMAT, REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError, CorpusConfig, DataConfig,
                         DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig, iter_fields)
 
 __all__ = ["Config", "ConfigError", "CorpusConfig", "DataConfig", "DecodeConfig", "ModelConfig", "REQUIRED",
@@ -219,12 +219,15 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
     if not tok.joint and bool(tok.src_model) != bool(tok.tgt_model):
         errors.append("'data.tokenizer.src_model' and 'data.tokenizer.tgt_model' must be given together")
     corpora = [(d.train_key(i), c) for i, c in enumerate(d.train_corpora)]
-    corpora += [(f"data.{split}", getattr(d, split)) for split in ("valid", "test") if getattr(d, split) is not None]
-    if not d.train_corpora:
-        errors.append("'data.train' is an empty list (give at least one corpus)")
+    corpora += [(d.valid_key(i), c) for i, c in enumerate(d.valid_corpora)]
+    corpora += [("data.test", d.test)] if d.test is not None else []
+    for split in ("train", "valid"):
+        if isinstance(getattr(d, split), list) and not getattr(d, split):
+            errors.append(f"'data.{split}' is an empty list (give at least one corpus)")
     for key, c in corpora:
         _check_corpus(c, key, errors, check_files)
     _check_mix(d, errors)
+    _check_languages(d, errors)
     if check_files:
         for key in ("model", "src_model", "tgt_model"):
             p = getattr(tok, key)
@@ -294,12 +297,13 @@ def _check_corpus(c: CorpusConfig, key: str, errors: list[str], check_files: boo
 
 def _check_mix(d: DataConfig, errors: list[str]) -> None:
     """Weights and tags: only on training corpora; weights finite with a positive sum; tags <NAME>."""
-    for split in ("valid", "test"):
-        c = getattr(d, split)
-        if c is not None and c.weight != 1.0:
-            errors.append(f"'data.{split}.weight' is set, but weights apply only to training corpora (data.train)")
-        if c is not None and c.src_tag is not None:
-            errors.append(f"'data.{split}.src_tag' is set, but tags apply only to training corpora (data.train)")
+    others = [(d.valid_key(i), c) for i, c in enumerate(d.valid_corpora)]
+    others += [("data.test", d.test)] if d.test is not None else []
+    for key, c in others:
+        if c.weight != 1.0:
+            errors.append(f"'{key}.weight' is set, but weights apply only to training corpora (data.train)")
+        if c.src_tag is not None:
+            errors.append(f"'{key}.src_tag' is set, but tags apply only to training corpora (data.train)")
     weights = [c.weight for c in d.train_corpora]
     for i, c in enumerate(d.train_corpora):  # (weights are finite: `_convert` rejects nan and inf)
         key = d.train_key(i)
@@ -317,6 +321,27 @@ def _check_mix(d: DataConfig, errors: list[str]) -> None:
                           "digits, '_', '-' and '.', e.g. <BT>)")
     if weights and not sum(weights) > 0:
         errors.append(f"the weights of 'data.train' sum to {sum(weights):g} (at least one corpus needs a weight > 0)")
+
+
+def _check_languages(d: DataConfig, errors: list[str]) -> None:
+    """A multilingual model's target languages become tokens `__CODE__`: codes of letters, digits, '_'
+    and '-'. Every validation corpus translates into a target language of the training corpora."""
+    if not d.train_corpora:
+        return
+    targets = d.target_languages
+    if d.multilingual:
+        for i, c in enumerate(d.train_corpora):
+            code = d.langs(c)[1]
+            if not LANG_FORMAT.fullmatch(code):
+                key = f"{d.train_key(i)}.tgt_lang" if c.tgt_lang else "data.tgt_lang"
+                errors.append(f"invalid value for '{key}': {code!r} (a target language of a multilingual model "
+                              "becomes a token: use letters, digits, '_' and '-', e.g. de, pt_BR, deu_Latn)")
+    for i, c in enumerate(d.valid_corpora):
+        code = d.langs(c)[1]
+        if code not in targets:
+            key = f"{d.valid_key(i)}.tgt_lang" if c.tgt_lang else "data.tgt_lang"
+            errors.append(f"'{key}' is {code!r}, which is not a target language of data.train "
+                          f"({', '.join(targets)}): the model cannot be validated into it")
 
 
 class _NoAliasLoader(yaml.SafeLoader):

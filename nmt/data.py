@@ -11,8 +11,11 @@ Reading, encoding, filtering and the cache are `nmt.sources` and
 Several training corpora (`data.train` as a list) are mixed per epoch by
 their weights (`epoch_pairs`), like OpenNMT-py's corpus weights: an epoch has
 as many pairs as all corpora together, corpus i giving round(share_i * total)
-of them (share_i = weight_i / sum of weights) as whole passes plus a seeded
-random subset without replacement of the rest, seeded by (seed, epoch, i).
+of them as whole passes plus a seeded random subset without replacement of
+the rest, seeded by (seed, epoch, i). share_i = weight_i / sum of weights when
+all corpora have one direction (src_lang, tgt_lang); between directions,
+temperature sampling (`corpus_shares`, data.sampling_temperature T): a
+direction's share grows as its size^(1/T), times the mean weight of its corpora.
 Token-budget batching then runs over the epoch's pairs. One corpus (or every
 corpus drawn exactly once) gives every pair once: the batches of a single
 corpus are those of `batch_indices` over the whole corpus.
@@ -20,8 +23,9 @@ corpus are those of `batch_indices` over the whole corpus.
 
 from __future__ import annotations
 
+import collections
 import hashlib
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -33,18 +37,32 @@ from nmt.protect import PLACEHOLDERS
 from nmt.sources import iter_pairs, read_corpus, source_fingerprint
 from nmt.tokenizer import Tokenizer, check_tags, train_tags
 
-__all__ = ["load_data", "Data", "corpus_name", "mix_counts", "epoch_pairs", "batch_indices", "shard_batches",
-           "epoch_batches"]
+__all__ = ["load_data", "Data", "ValidSet", "corpus_name", "corpus_shares", "mix_counts", "epoch_pairs",
+           "batch_indices", "shard_batches", "epoch_batches", "directions"]
 
 
 # --------------------------------------------------------------------------- loading
 
+class ValidSet(NamedTuple):
+    """One validation corpus (`data.valid`, or an item of the list): its label in logs and TensorBoard
+    ("es-en"; "es-en.2" for a second one of the direction), languages, raw lines, and the range of
+    its pairs in `Data.valid`."""
+
+    name: str
+    src_lang: str
+    tgt_lang: str
+    lines: tuple[list[str], list[str]]
+    pairs: range
+
+
 class Data(NamedTuple):
-    """What `load_data` returns; unpacks as (train, valid, (valid_src, valid_ref))."""
+    """What `load_data` returns. valid: every validation corpus, one after another (`valid.parts`);
+    valid_lines: the first one's raw lines; valid_sets: each one (`ValidSet`)."""
 
     train: EncodedCorpus
     valid: EncodedCorpus
     valid_lines: tuple[list[str], list[str]]
+    valid_sets: tuple[ValidSet, ...] = ()
 
 
 def corpus_name(corpus: CorpusConfig) -> str:
@@ -63,30 +81,61 @@ def _tokenizer_hash(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()
 
 
-def language_prefix(cfg: Config, tokenizer: Tokenizer) -> tuple[int, ...]:
-    """The language token before every target of a multilingual model's corpora (nmt/languages.py):
-    data.tgt_lang's; () for a bilingual model."""
-    return tuple(target_prefix(tokenizer, cfg.data.tgt_lang)) if tokenizer.languages else ()
+def language_prefix(cfg: Config, tokenizer: Tokenizer, corpus: CorpusConfig | None = None) -> tuple[int, ...]:
+    """The language token before every target of a corpus of a multilingual model (nmt/languages.py):
+    the token of the corpus' target language (default data.tgt_lang); () for a bilingual model."""
+    if not tokenizer.languages:
+        if cfg.data.multilingual:
+            raise UserError(f"data.train has {len(cfg.data.target_languages)} target languages "
+                            f"({', '.join(cfg.data.target_languages)}) but the tokenizer in use has no language tokens "
+                            "(it was made for a bilingual model, e.g. a fine-tuning source's)")
+        return ()
+    tgt = cfg.data.langs(corpus)[1] if corpus is not None else cfg.data.tgt_lang
+    return tuple(target_prefix(tokenizer, tgt))
 
 
 def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None]) -> EncodedCorpus:
     d = cfg.data
-    corpora, lang = d.train_corpora, language_prefix(cfg, tokenizer)
-    key = [[[source_fingerprint(c, d.src_lang, d.tgt_lang), c.src_tag] for c in corpora],
-           _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else []) + ([lang] if lang else [])
-    sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, d.src_lang, d.tgt_lang), c.src_tag,
-                      d.protect, lang) for c in corpora]
+    corpora = d.train_corpora
+    langs = [language_prefix(cfg, tokenizer, c) for c in corpora]
+    key = [[[source_fingerprint(c, *d.langs(c)), c.src_tag] for c in corpora],
+           _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else []) + _lang_key(langs)
+    sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, *d.langs(c)), c.src_tag, d.protect, lang)
+               for c, lang in zip(corpora, langs)]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
 
 
-def _load_valid(cfg: Config, tokenizer: Tokenizer, run_dir: str, lines: tuple[list[str], list[str]],
+def _lang_key(langs: list[tuple[int, ...]]) -> list:
+    """The language tokens' part of a cache key: [] for a bilingual model, [token] when every corpus has
+    the same one (the key of a one-language split, as before), else [[token per corpus]]."""
+    if not any(langs):
+        return []
+    return [langs[0]] if len(set(langs)) == 1 else [langs]
+
+
+def _load_valid(cfg: Config, tokenizer: Tokenizer, run_dir: str, lines: list[tuple[list[str], list[str]]],
                 log: Callable[[str], None]) -> EncodedCorpus:
-    d, lang = cfg.data, language_prefix(cfg, tokenizer)
-    key = [[[source_fingerprint(d.valid, d.src_lang, d.tgt_lang), None]], _tokenizer_hash(tokenizer), d.max_len,
-           None] + ([True] if d.protect else []) + ([lang] if lang else [])
-    sources = [Source(corpus_name(d.valid), _describe(d.valid), lambda: iter(chunked(*lines)), None, d.protect, lang)]
+    d = cfg.data
+    corpora = d.valid_corpora
+    langs = [language_prefix(cfg, tokenizer, c) for c in corpora]
+    key = [[[source_fingerprint(c, *d.langs(c)), None] for c in corpora], _tokenizer_hash(tokenizer), d.max_len,
+           None] + ([True] if d.protect else []) + _lang_key(langs)
+    sources = [Source(corpus_name(c), _describe(c), lambda ls=ls: iter(chunked(*ls)), None, d.protect, lang)
+               for c, ls, lang in zip(corpora, lines, langs)]
     return cached_split(cache_prefix(run_dir, "valid", key), "valid", sources, tokenizer, d.max_len, d.max_ratio,
                         log, filter_ratio=False)
+
+
+def _valid_sets(cfg: Config, valid: EncodedCorpus, lines: list[tuple[list[str], list[str]]]) -> tuple[ValidSet, ...]:
+    """One `ValidSet` per validation corpus, labelled by direction ("es-en", then "es-en.2", ...)."""
+    d, sets, seen = cfg.data, [], collections.Counter()
+    starts = np.concatenate([[0], np.cumsum(valid.parts)]).tolist()
+    for i, (c, ls) in enumerate(zip(d.valid_corpora, lines)):
+        src, tgt = d.langs(c)
+        seen[(src, tgt)] += 1
+        name = f"{src}-{tgt}" + (f".{seen[(src, tgt)]}" if seen[(src, tgt)] > 1 else "")
+        sets.append(ValidSet(name, src, tgt, ls, range(starts[i], starts[i + 1])))
+    return tuple(sets)
 
 
 def _stats_line(stats: dict, max_len: int, max_ratio: float | None) -> str:
@@ -96,6 +145,11 @@ def _stats_line(stats: dict, max_len: int, max_ratio: float | None) -> str:
             f"kept {stats['kept']} pairs ({stats['src_tokens']} source / {stats['tgt_tokens']} target tokens)")
 
 
+def directions(cfg: Config) -> list[tuple[str, str]]:
+    """The (source, target) language of each training corpus, in order."""
+    return [cfg.data.langs(c) for c in cfg.data.train_corpora]
+
+
 def _log_train(cfg: Config, train: EncodedCorpus, log: Callable[[str], None]) -> None:
     """One line per corpus, and the epoch mix when there are several."""
     d = cfg.data
@@ -103,24 +157,28 @@ def _log_train(cfg: Config, train: EncodedCorpus, log: Callable[[str], None]) ->
     if len(corpora) == 1:
         log(f"data train: {_stats_line(train.stats, d.max_len, d.max_ratio)}")
         return
+    dirs = directions(cfg)
+    several = len(set(dirs)) > 1
     for i, (c, conf) in enumerate(zip(corpora, d.train_corpora)):
         tag = f", tag {conf.src_tag}" if conf.src_tag else ""
-        log(f"data train[{i}] {c['name']}{tag}: {_stats_line(c, d.max_len, d.max_ratio)}")
-    counts = mix_counts(train.parts, [c.weight for c in d.train_corpora])
+        direction = f" ({'-'.join(dirs[i])})" if several else ""
+        log(f"data train[{i}] {c['name']}{direction}{tag}: {_stats_line(c, d.max_len, d.max_ratio)}")
+    counts = mix_counts(train.parts, [c.weight for c in d.train_corpora], dirs, d.sampling_temperature)
     total = max(sum(counts), 1)
     mix = ", ".join(f"{c['name']} {c['kept']:,} pairs x{n / c['kept']:.2f} ({n / total:.1%})"
                     for c, n in zip(corpora, counts))
-    log(f"data train: epoch mix of {len(corpora)} corpora ({sum(counts):,} pairs an epoch): {mix}")
+    temperature = f", {len(set(dirs))} directions, sampling temperature {d.sampling_temperature:g}" if several else ""
+    log(f"data train: epoch mix of {len(corpora)} corpora ({sum(counts):,} pairs an epoch{temperature}): {mix}")
 
 
 def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None] = print) -> Data:
     """Encoded train and valid corpora (from the cache: nmt/corpus.py) plus the raw valid lines for BLEU.
 
     train: pairs filtered by every rule of `filter_pairs`, the corpora of
-    `data.train` one after another (`EncodedCorpus.parts`). valid: only pairs
-    longer than max_len are dropped (for the validation loss); `valid_lines`
-    keeps every valid pair, unfiltered, for BLEU (the validation corpus is
-    small: it is held in memory). Counts are logged and stored in `corpus.stats`.
+    `data.train` one after another (`EncodedCorpus.parts`). valid: the corpora of `data.valid`
+    one after another, where only pairs longer than max_len are dropped (for the validation
+    loss); each `ValidSet` keeps its pairs unfiltered, for BLEU (validation corpora are small:
+    they are held in memory). Counts are logged and stored in `corpus.stats`.
     """
     d = cfg.data
     check_tags(tokenizer, train_tags(cfg), "in use")
@@ -129,21 +187,53 @@ def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[st
                         f"{PLACEHOLDERS[-1]} (it was made without data.protect, e.g. a fine-tuning source's)")
     train = _load_train(cfg, tokenizer, run_dir, log)
     _log_train(cfg, train, log)
-    valid_lines = read_corpus(d.valid, d.src_lang, d.tgt_lang)
-    valid = _load_valid(cfg, tokenizer, run_dir, valid_lines, log)
-    log(f"data valid: {_stats_line(valid.stats, d.max_len, None)}")
-    return Data(train, valid, valid_lines)
+    lines = [read_corpus(c, *d.langs(c)) for c in d.valid_corpora]
+    valid = _load_valid(cfg, tokenizer, run_dir, lines, log)
+    sets = _valid_sets(cfg, valid, lines)
+    if len(sets) == 1:
+        log(f"data valid: {_stats_line(valid.stats, d.max_len, None)}")
+    for vs, stats in zip(sets if len(sets) > 1 else (), valid.stats["corpora"]):
+        log(f"data valid {vs.name}: {_stats_line(stats, d.max_len, None)}")
+    return Data(train, valid, lines[0], sets)
 
 
 # --------------------------------------------------------------------------- epoch mix
 
-def mix_counts(parts: Sequence[int], weights: Sequence[float]) -> list[int]:
-    """Pairs each corpus gives to one epoch: round(weight_i / sum(weights) * sum(parts))."""
-    total, wsum = sum(parts), float(sum(weights))
-    return [round(w / wsum * total) for w in weights]
+def corpus_shares(parts: Sequence[int], weights: Sequence[float], directions: Sequence[Hashable] | None = None,
+                  temperature: float = 1.0) -> list[float]:
+    """Each corpus' share of an epoch (they sum to 1).
+
+    One direction (or `directions` None): weight_i / sum(weights). Several: direction d gets
+    a share proportional to mean_weight_d x N_d^(1/T) (N_d: the pairs of its corpora with a
+    weight > 0, mean_weight_d: the mean of those weights) and gives it to its corpora in
+    proportion to their weights, i.e. share_i = weight_i / k_d x N_d^(1/T) / Z with k_d the
+    number of such corpora and Z the sum over all corpora. T = 1: directions in proportion to
+    their size (with weights 1); T -> infinity: every direction the same share.
+    """
+    if directions is None or len(set(directions)) <= 1:
+        wsum = float(sum(weights))
+        return [w / wsum for w in weights]
+    used = [(d, n) for d, n, w in zip(directions, parts, weights) if w > 0]
+    size = collections.Counter()
+    for d, n in used:
+        size[d] += n
+    k = collections.Counter(d for d, _ in used)
+    top = max(size.values())
+    raw = [w / k[d] * (size[d] / top) ** (1.0 / temperature) if w > 0 else 0.0 for w, d in zip(weights, directions)]
+    total = sum(raw)
+    return [r / total for r in raw]
 
 
-def epoch_pairs(parts: Sequence[int], weights: Sequence[float], seed: int, epoch: int) -> np.ndarray | None:
+def mix_counts(parts: Sequence[int], weights: Sequence[float], directions: Sequence[Hashable] | None = None,
+               temperature: float = 1.0) -> list[int]:
+    """Pairs each corpus gives to one epoch: round(share_i * sum(parts)) (`corpus_shares`); with one
+    direction round(weight_i / sum(weights) * sum(parts))."""
+    total = sum(parts)
+    return [round(share * total) for share in corpus_shares(parts, weights, directions, temperature)]
+
+
+def epoch_pairs(parts: Sequence[int], weights: Sequence[float], seed: int, epoch: int,
+                directions: Sequence[Hashable] | None = None, temperature: float = 1.0) -> np.ndarray | None:
     """The pair indices [M] int64 of one epoch's mix, corpus after corpus; None = every pair once.
 
     Corpus i (pairs parts[i], starting at sum(parts[:i])) gives n_i =
@@ -151,7 +241,7 @@ def epoch_pairs(parts: Sequence[int], weights: Sequence[float], seed: int, epoch
     subset (without replacement, sorted) of n_i % parts[i] pairs, drawn with
     default_rng([seed, epoch, i]). A pure function of its arguments.
     """
-    counts = mix_counts(parts, weights)
+    counts = mix_counts(parts, weights, directions, temperature)
     if counts == list(parts):
         return None
     starts = np.concatenate([[0], np.cumsum(parts)]).astype(np.int64)
@@ -239,13 +329,14 @@ def epoch_batches(corpus: EncodedCorpus, cfg: Config, epoch: int, *, rank: int =
 
     The epoch's pairs are the weighted mix of the training corpora (`epoch_pairs`;
     every pair once for one corpus), batched by `batch_indices`. A pure function of
-    (corpus lengths and parts, cfg.seed, the weights and batching settings of cfg.data,
-    epoch, rank, W, offset).
+    (corpus lengths and parts, cfg.seed, the weights, directions, sampling temperature and batching
+    settings of cfg.data, epoch, rank, W, offset).
     """
     d = cfg.data
     if len(corpus.parts) != len(d.train_corpora):
         raise ValueError(f"the corpus has {len(corpus.parts)} parts but data.train {len(d.train_corpora)} corpora")
-    chosen = epoch_pairs(corpus.parts, [c.weight for c in d.train_corpora], cfg.seed, epoch)
+    chosen = epoch_pairs(corpus.parts, [c.weight for c in d.train_corpora], cfg.seed, epoch, directions(cfg),
+                         d.sampling_temperature)
     s, t = corpus.src_lens, corpus.tgt_lens
     if chosen is not None:
         s, t = s[chosen], t[chosen]

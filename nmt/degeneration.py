@@ -16,7 +16,11 @@ Categories, each with `count`, `share` and the 1-based `lines` it flags:
 - copies: the output equals the source (non-empty);
 - empty: the output is empty although the source (or reference) is not;
 - at_limit: the search stopped at the maximum output length without EOS (only when
-  `finished` flags are known, i.e. when nmt produced the outputs; else None).
+  `finished` flags are known, i.e. when nmt produced the outputs; else None);
+- off_target: the output is in another language than `lang` (nmt/langid.py `off_target`,
+  with a language identifier trained on the model's training corpora; only with one, else
+  None). The references' own rate is reported next to it (`reference_share`): lines too short
+  or too ambiguous to identify, and untranslated messages, put a floor under the measurement.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Callable, Sequence
 
 SHORT, LONG = 0.5, 2.0
 LOOP_N, LOOP_TIMES = 3, 3
-CATEGORIES = ("loops", "short", "long", "copies", "empty", "at_limit")
+CATEGORIES = ("loops", "short", "long", "copies", "empty", "at_limit", "off_target")
 
 
 def _tokenizer(tokenize: str | None) -> Callable[[str], list[str]]:
@@ -43,9 +47,12 @@ def loops(words: Sequence[str], n: int = LOOP_N, times: int = LOOP_TIMES) -> boo
 
 
 def degeneration(hyps: Sequence[str], refs: Sequence[str] | None = None, srcs: Sequence[str] | None = None,
-                 finished: Sequence[bool] | None = None, tokenize: str | None = None) -> dict:
+                 finished: Sequence[bool] | None = None, tokenize: str | None = None, *, identifier=None,
+                 lang: str | None = None) -> dict:
     """The report of the module docstring, as a dict: {"lines": N, "against": "reference" | "source" |
-    None, category: {"count", "share", "lines"} (at_limit None without `finished`)}."""
+    None, category: {"count", "share", "lines"} (at_limit None without `finished`; off_target None
+    without `identifier` (a nmt.langid.LanguageIdentifier) and a `lang` it knows, else also "lang"
+    and, with `refs`, "reference_count" and "reference_share")}."""
     split = _tokenizer(tokenize)
     n = len(hyps)
     flagged: dict[str, list[int]] = {c: [] for c in CATEGORIES}
@@ -70,7 +77,9 @@ def degeneration(hyps: Sequence[str], refs: Sequence[str] | None = None, srcs: S
             flagged["at_limit"].append(i + 1)
     report: dict = {"lines": n, "against": "reference" if refs is not None else "source" if srcs is not None else None}
     for c in CATEGORIES:
-        if c == "at_limit" and finished is None:
+        if c == "off_target":
+            report[c] = _off_target(hyps, refs, identifier, lang)
+        elif c == "at_limit" and finished is None:
             report[c] = None
         elif c == "copies" and srcs is None:
             report[c] = None
@@ -79,10 +88,31 @@ def degeneration(hyps: Sequence[str], refs: Sequence[str] | None = None, srcs: S
     return report
 
 
+def _off_target(hyps: Sequence[str], refs: Sequence[str] | None, identifier, lang: str | None) -> dict | None:
+    if identifier is None or lang is None or lang not in identifier.langs:
+        return None
+    from nmt.langid import off_target
+
+    n = len(hyps)
+    count, lines = off_target(hyps, lang, identifier)
+    entry = {"count": count, "share": count / n if n else 0.0, "lines": lines, "lang": lang}
+    if refs is not None:
+        ref_count = off_target(refs, lang, identifier)[0]
+        entry.update(reference_count=ref_count, reference_share=ref_count / n if n else 0.0)
+    return entry
+
+
+def _format(category: str, entry: dict) -> str:
+    text = f"{category.replace('_', ' ')} {100 * entry['share']:.1f}% ({entry['count']}"
+    if entry.get("reference_share") is not None:
+        text += f"; references {100 * entry['reference_share']:.1f}%"
+    return text + ")"
+
+
 def format_report(report: dict) -> str:
-    """One line: the share and count of each category that was measured."""
-    parts = [f"{c.replace('_', ' ')} {100 * report[c]['share']:.1f}% ({report[c]['count']})"
-             for c in CATEGORIES if report.get(c) is not None]
+    """One line: the share and count of each category that was measured (off target: with the
+    references' own share)."""
+    parts = [_format(c, report[c]) for c in CATEGORIES if report.get(c) is not None]
     against = f"; lengths against the {report['against']}" if report.get("against") else ""
     return f"degeneration ({report['lines']} lines{against}): " + ", ".join(parts)
 

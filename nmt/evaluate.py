@@ -17,13 +17,22 @@ checkpoint and then scores. Output: one human-readable line per metric,
 (the score, sacreBLEU's verbose details, the signature in brackets), then one line of
 the degeneration report (nmt/degeneration.py); or with `json_out=True` one JSON object:
 see `corpus_metrics` for its fields.
+
+The target language (`--tgt-lang`, else the model's: a bilingual checkpoint's data.tgt_lang)
+chooses BLEU's tokenizer unless `--tokenize` does (`language_tokenize`: ja-mecab for Japanese,
+zh for Chinese, else 13a) and, with the language identifier a multilingual checkpoint carries
+(nmt/langid.py; `--langid CKPT` for a hypothesis file), lets the degeneration report count
+off-target outputs, next to the references' own rate.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import re
 import sys
-from typing import IO, Any, Iterable, Sequence
+from typing import IO, Any, Iterable, NamedTuple, Sequence
 
 from nmt import textio
 from nmt.degeneration import degeneration, format_report
@@ -47,6 +56,33 @@ def check_tokenize(tokenize: str | None) -> None:
         except (RuntimeError, ImportError):
             extra = "ja" if tokenize == "ja-mecab" else "ko"
             raise UserError(f"--tokenize {tokenize} needs MeCab: pip install \"sacrebleu[{extra}]\"") from None
+
+
+JAPANESE, CHINESE = ("ja", "jpn"), ("zh", "zho", "cmn")  # codes (before any '_' or '-') per family
+
+
+@functools.lru_cache(maxsize=None)
+def _has_mecab() -> bool:
+    try:
+        check_tokenize("ja-mecab")
+    except UserError:
+        return False
+    return True
+
+
+def language_tokenize(lang: str | None) -> tuple[str | None, str | None]:
+    """(sacreBLEU BLEU tokenizer for hypotheses in `lang`, warning or None): "ja-mecab" for Japanese
+    (`ja`, `ja_JP`, `jpn_Jpan`; "char" and a warning when MeCab is not installed), "zh" for Chinese
+    (`zh`, `zh_CN`, `zho_Hans`, `cmn`), None (sacreBLEU's default, 13a) for any other language or None."""
+    base = re.split(r"[_\-]", lang.lower())[0] if lang else ""
+    if base in JAPANESE:
+        if _has_mecab():
+            return "ja-mecab", None
+        return "char", (f"BLEU for Japanese ({lang}) uses sacreBLEU's char tokenizer: ja-mecab needs MeCab, which is "
+                        "not installed (pip install \"sacrebleu[ja]\"); char BLEU is not comparable with ja-mecab BLEU")
+    if base in CHINESE:
+        return "zh", None
+    return None, None
 
 
 def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
@@ -106,7 +142,69 @@ def corpus_metrics(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[s
 
 # --------------------------------------------------------------------------- command
 
-def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin) -> None:
+class ModelInfo(NamedTuple):
+    """What `nmt evaluate` reads from a model besides its weights."""
+
+    tgt_lang: str | None  # what it translates into without --tgt-lang: data.tgt_lang (bilingual), else its default
+    langid: dict | None  # its language identifier (`LanguageIdentifier.to_dict()`), if it has one
+
+
+def model_info(path: str, engine: str = "auto") -> ModelInfo:
+    """`ModelInfo` of a checkpoint file or of a directory written by `nmt export` (UserError if neither)."""
+    if engine == "ctranslate2" or (engine == "auto" and os.path.isdir(path)):
+        from nmt.export import LANGID_FILE, read_metadata
+
+        meta = read_metadata(path)
+        languages, default, config = meta.get("languages"), meta.get("default_tgt_lang"), meta.get("config", {})
+        langid = None
+        if os.path.isfile(os.path.join(path, LANGID_FILE)):
+            with open(os.path.join(path, LANGID_FILE), encoding="utf-8") as f:
+                langid = json.load(f)
+    else:
+        from nmt.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path, mmap=True)  # no tensor is read
+        languages, default = state["tokenizer"].get("languages"), state["tokenizer"].get("default_tgt_lang")
+        config, langid = state["config"], state.get("langid")
+    return ModelInfo(default if languages else (config.get("data") or {}).get("tgt_lang"), langid)
+
+
+def _identifier(info: ModelInfo | None, lang: str | None, warn) -> Any:
+    """The language identifier to count off-target outputs into `lang` with, or None (with a warning
+    when there is one that cannot be used)."""
+    if info is None or info.langid is None:
+        return None
+    from nmt.langid import LanguageIdentifier
+
+    identifier = LanguageIdentifier.from_dict(info.langid)
+    if lang is None:
+        warn("off-target outputs are not counted: give the hypotheses' language with --tgt-lang")
+    elif lang not in identifier.langs:
+        warn(f"off-target outputs are not counted: the language identifier knows {', '.join(identifier.langs)}, "
+             f"not {lang}")
+    else:
+        return identifier
+    return None
+
+
+def _language(checkpoint: str | None, engine: str, langid: str | None, tgt_lang: str | None, tokenize: str | None,
+              warn) -> tuple[str | None, str | None, Any]:
+    """(target language, BLEU tokenizer, language identifier or None) of an evaluation: the language is
+    `tgt_lang` (--tgt-lang), else the translating model's (or the --langid model's); the tokenizer
+    `tokenize`, else `language_tokenize`'s choice; the identifier `langid`'s, else the checkpoint's."""
+    info = model_info(checkpoint, engine) if checkpoint else None
+    if langid:
+        other = model_info(langid)
+        info = ModelInfo(info.tgt_lang if info else other.tgt_lang, other.langid)
+    lang = tgt_lang or (info.tgt_lang if info else None)
+    if tokenize is None:
+        tokenize, note = language_tokenize(lang)
+        if note:
+            warn(note)
+    return lang, tokenize, _identifier(info, lang, warn)
+
+
+def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid) -> None:
     """Everything `evaluate_command` can check before any work (UserError)."""
     for name in names:
         if name not in METRICS:
@@ -122,20 +220,27 @@ def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overri
         inputs = {"--ref": ref, "--src": src, "--checkpoint": checkpoint}
     else:
         inputs = {"--ref": ref, "--hyp": hyp, **({"--src": src} if src is not None else {})}
+    if langid is not None:
+        inputs["--langid"] = langid
     textio.check_paths(inputs, {"--save-hyps": save_hyps} if save_hyps else {}, stdin=stdin,
-                       input_dirs=("--checkpoint",))
+                       input_dirs=("--checkpoint", "--langid"))
 
 
-def _translate(checkpoint: str, engine: str, device: str, overrides: dict, lines: list[str], quiet: bool,
-               stderr: IO[str]) -> tuple[list[str], list[bool]]:
-    """(hypotheses, finished flags) of `lines` translated by the model at `checkpoint`."""
-    from tqdm import tqdm
-
+def _translator(checkpoint: str, engine: str, device: str, overrides: dict):
+    """The `nmt.Translator` of `checkpoint`, checked to have a target language to translate into."""
     from nmt.api import Translator
-    from nmt.translate import truncation_warning
 
     translator = Translator(checkpoint, engine=engine, device=device, **{**overrides, "nbest": 1})
     translator.check_language()
+    return translator
+
+
+def _translate(translator, lines: list[str], quiet: bool, stderr: IO[str]) -> tuple[list[str], list[bool]]:
+    """(hypotheses, finished flags) of `lines` translated by `translator`."""
+    from tqdm import tqdm
+
+    from nmt.translate import truncation_warning
+
     with tqdm(total=len(lines), disable=quiet, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         results = translator.translate(lines, on_batch=bar.update)
     n_truncated = sum(r.truncated for r in results)
@@ -151,6 +256,8 @@ def _write_report(results: dict, report: dict, json_out: bool, header: dict, std
         for name, entry in results.items():
             obj[name] = {k: v for k, v in entry.items() if k != "text"}
         obj["degeneration"] = report
+        off = report.get("off_target")
+        obj["off_target"] = {k: v for k, v in off.items() if k != "lines"} if off else None
         stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     else:
         for entry in results.values():
@@ -164,40 +271,47 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
                      metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None, lowercase: bool = False,
                      json_out: bool = False, device: str = "auto", overrides: dict[str, Any] | None = None,
                      quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
-                     stderr: IO[str] | None = None) -> int:
+                     stderr: IO[str] | None = None, langid: str | None = None) -> int:
     """`nmt evaluate`: score `hyp` (None or "-" = standard input) against `ref`, or translate
     `src` with `checkpoint` (a checkpoint file or a CTranslate2 export; `engine` auto, torch or
     ctranslate2; `overrides`: decode settings, default the model's) and score the result.
     `save_hyps` writes the hypotheses (atomically). `tokenize` / `lowercase`: sacreBLEU's options.
     Prints one line per metric, or one JSON object with `json_out`:
-    `{"hyp": path, "ref": path, "n_sentences": N, "bleu": {...}, ...}` with the fields of
-    `corpus_metrics` (less `text`) and `degeneration` (nmt/degeneration.py, with the flagged line
-    numbers); when translating, also `src` and `checkpoint`, and `hyp` is `save_hyps` (or null).
-    With `hyp`, `src` is optional: the report then also counts copied sources. Everything is
-    checked before any work. Returns 0.
+    `{"hyp": path, "ref": path, "n_sentences": N, "tgt_lang": L, "bleu": {...}, ...}` with the fields of
+    `corpus_metrics` (less `text`), `degeneration` (nmt/degeneration.py, with the flagged line
+    numbers) and `off_target` (its off_target entry without the line numbers: lang, count, share,
+    reference_count, reference_share; null when not measured); when translating, also `src` and
+    `checkpoint`, and `hyp` is `save_hyps` (or null). With `hyp`, `src` is optional: the report then
+    also counts copied sources. The target language L (`overrides["tgt_lang"]`, else the model's)
+    picks the BLEU tokenizer when `tokenize` is None (`language_tokenize`); `langid`: a checkpoint or
+    export whose language identifier counts off-target outputs (default: the translating model's).
+    Everything is checked before any work. Returns 0.
     """
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
     overrides = dict(overrides or {})
     names = [m.lower() for m in metrics]
-    _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin)
+    _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid)
+    translator = _translator(checkpoint, engine, device, overrides) if checkpoint is not None else None
+    lang, tokenize, identifier = _language(checkpoint, engine, langid, overrides.get("tgt_lang"), tokenize,
+                                           lambda msg: print(f"nmt evaluate: warning: {msg}", file=stderr, flush=True))
     refs = textio.read_lines(ref)
     lines = textio.read_lines(src) if src is not None else None
     if lines is not None and len(lines) != len(refs):
         raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
     finished = None
     if checkpoint is not None:
-        hyps, finished = _translate(checkpoint, engine, device, overrides, lines, quiet, stderr)
+        hyps, finished = _translate(translator, lines, quiet, stderr)
         hyp_name = f"{src} (translated by {checkpoint})"
     else:
         hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
     if len(hyps) != len(refs):
         raise UserError(f"line counts differ: {len(hyps)} lines in {hyp_name} but {len(refs)} in {ref}")
     results = corpus_metrics(hyps, refs, names, tokenize=tokenize, lowercase=lowercase)
-    report = degeneration(hyps, refs, lines, finished, tokenize=tokenize)
+    report = degeneration(hyps, refs, lines, finished, tokenize=tokenize, identifier=identifier, lang=lang)
     if save_hyps:
         textio.write_lines(save_hyps, hyps)
-    header = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs),
+    header = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs), "tgt_lang": lang,
               **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {})}
     _write_report(results, report, json_out, header, stdout)
     return 0

@@ -6,6 +6,7 @@ The exported directory holds everything needed to translate without nmt or PyTor
     shared_vocabulary.json                 (or source_/target_vocabulary.json) SentencePiece pieces in id order
     spm.model | spm.src.model + spm.tgt.model
     nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults), step
+    langid.json                            the checkpoint's language identifier, if it has one (nmt evaluate)
     README.md                              how to load it
 
 Mapping (our names -> CTranslate2's TransformerSpec, cf. its fairseq/OpenNMT-py converters):
@@ -51,6 +52,7 @@ from nmt.errors import UserError
 FORMAT = "nmt-ctranslate2"
 VERSION = 1
 METADATA_FILE = "nmt_export.json"
+LANGID_FILE = "langid.json"  # the checkpoint's language identifier (nmt/langid.py), when it has one
 INSTALL_HINT = 'pip install -e ".[ct2]" (or: pip install "ctranslate2>=4.4")'
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
@@ -279,7 +281,7 @@ hypotheses with its own length penalty, see nmt/ct2.py).
 
 
 def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | None = None,
-                 force: bool = False, checkpoint: str = "", step: int | None = None) -> str:
+                 force: bool = False, checkpoint: str = "", step: int | None = None, langid: dict | None = None) -> str:
     """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`.
 
     The directory is built next to `output_dir` and renamed into place, so an existing export
@@ -305,6 +307,9 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
                 "languages": tokenizer.languages, "default_tgt_lang": tokenizer.default_tgt_lang}
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
+        if langid is not None:  # for nmt evaluate's off-target count
+            with open(os.path.join(tmp, LANGID_FILE), "w", encoding="utf-8") as f:
+                json.dump(langid, f, ensure_ascii=False)
         name = os.path.basename(os.path.normpath(output_dir))
         m = cfg.model
         with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
@@ -358,10 +363,10 @@ def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslat
     state = load_checkpoint(checkpoint, mmap=True)  # UserError if missing or not an nmt checkpoint; weights only
     model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
     model.eval()
-    step = state.get("step")
+    step, langid = state.get("step"), state.get("langid")
     del state
     write_export(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
-                 checkpoint=checkpoint, step=step)
+                 checkpoint=checkpoint, step=step, langid=langid)
     if not quiet:
         size = os.path.getsize(os.path.join(output_dir, "model.bin"))
         print(f"exported {checkpoint} to {output_dir} (CTranslate2, {quantization or 'float32'}, "

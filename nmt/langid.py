@@ -17,6 +17,11 @@ profiles, with the accuracies measured on the gettext corpus: data/gettext/READM
     ident.predict("Datei öffnen")          -> "de"
     off_target(hyps, "de", ident)           -> (count, 1-based line numbers of non-German lines)
     torch.save({"langid": ident.to_dict()}) ... LanguageIdentifier.from_dict(d)  (weights_only=True safe)
+
+`nmt train` trains one per run when `wanted` says so (`for_run`: from the run's own training
+corpora, sources and targets, by their language codes) and stores it in every checkpoint
+(`langid`); validation and `nmt evaluate` use it to count off-target outputs
+(nmt/degeneration.py).
 """
 
 from __future__ import annotations
@@ -129,3 +134,39 @@ def off_target(hyps: Sequence[str], lang: str, identifier: LanguageIdentifier,
         if scores is not None and float(scores.max() - scores[row]) > margin:
             lines.append(i + 1)
     return len(lines), lines
+
+
+# --------------------------------------------------------------------------- a run's identifier
+
+def wanted(cfg, tokenizer) -> bool:
+    """Whether a run trains an identifier: `data.langid`, or when that is null, a multilingual model
+    (a tokenizer with target-language tokens)."""
+    return cfg.data.langid if cfg.data.langid is not None else bool(tokenizer.languages)
+
+
+def run_texts(cfg) -> dict[str, list]:
+    """{language: [(corpus, side), ...]}: where each language of the training corpora occurs (the
+    source side of corpora with that src_lang, the target side of those with that tgt_lang), in
+    corpus order; corpora with weight 0 are left out."""
+    d = cfg.data
+    texts: dict[str, list] = {}
+    for c in d.train_corpora:
+        if c.weight > 0:
+            src, tgt = d.langs(c)
+            texts.setdefault(src, []).append((c, "src"))
+            texts.setdefault(tgt, []).append((c, "tgt"))
+    return texts
+
+
+def for_run(cfg, max_lines: int = 50000) -> LanguageIdentifier:
+    """An identifier of the languages of the run's training corpora, trained on the first `max_lines`
+    non-empty lines of each (streamed; `run_texts`)."""
+    from nmt.sources import iter_side
+
+    d = cfg.data
+
+    def lines(places: list) -> Iterable[str]:
+        for corpus, side in places:
+            yield from (x for x in iter_side(corpus, side, *d.langs(corpus)) if x)
+    return LanguageIdentifier.train({lang: lines(places) for lang, places in run_texts(cfg).items()},
+                                    max_lines=max_lines)

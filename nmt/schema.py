@@ -67,8 +67,10 @@ class CorpusConfig:
     src_field: Optional[str] = _f(None, "Column holding the source sentence; default `translation[src_lang]`. A dotted path like `translation.de` also works.")
     tgt_field: Optional[str] = _f(None, "Column holding the target sentence; default `translation[tgt_lang]`.")
     max_sentences: Optional[int] = _f(None, "Read at most this many pairs (the first N); null = all.", min=1)
-    weight: float = _f(1.0, "Sampling share per epoch (training corpora only). Each epoch has as many pairs as all training corpora together (after filtering); this corpus gives weight / (sum of weights) of them: whole passes, then a seeded random subset of the rest. 0 = not used.", min=0.0, train_only=True)
+    weight: float = _f(1.0, "Sampling share per epoch (training corpora only). Each epoch has as many pairs as all training corpora together (after filtering); when all corpora have one direction, this corpus gives weight / (sum of weights) of them: whole passes, then a seeded random subset of the rest. Between directions, see `data.sampling_temperature` (a direction's share also scales with the mean weight of its corpora). 0 = not used.", min=0.0, train_only=True)
     src_tag: Optional[str] = _f(None, "A tag `<NAME>` (letters, digits, `_`, `-`, `.`) put before every non-empty source sentence of this corpus, e.g. `<BT>` for back-translated data (training corpora only). A trained tokenizer gets it as a user-defined symbol: always one token.", train_only=True)
+    src_lang: Optional[str] = _f(None, "Source language code of this corpus (default `data.src_lang`); also the key of a Hugging Face `translation` dict.")
+    tgt_lang: Optional[str] = _f(None, "Target language code of this corpus (default `data.tgt_lang`); also the key of a Hugging Face `translation` dict. Training corpora with more than one target language make a multilingual model: one language token per target language, forced as the first target token (`--tgt-lang`; README \"Multilingual models\"). A validation corpus is decoded into its own target language.")
 
     @property
     def kind(self) -> str:
@@ -94,8 +96,8 @@ class TokenizerConfig:
 class DataConfig:
     src_lang: str = _req("Source language code, e.g. `es`.")
     tgt_lang: str = _req("Target language code, e.g. `en`.")
-    train: CorpusConfig | list[CorpusConfig] = _req("Training corpus, or a list of corpora mixed by their `weight` (see `data.train.weight`, `data.train.src_tag`).")
-    valid: CorpusConfig = _req("Validation corpus (loss, BLEU, early stopping).")
+    train: CorpusConfig | list[CorpusConfig] = _req("Training corpus, or a list of corpora mixed by their `weight` and `data.sampling_temperature` (see `data.train.weight`, `data.train.src_tag`, `data.train.tgt_lang`).")
+    valid: CorpusConfig | list[CorpusConfig] = _req("Validation corpus (loss, BLEU, early stopping), or a list of them, e.g. one per direction: each is scored on its own (train.log and TensorBoard `valid/SRC-TGT/bleu`) and the mean over them is the validation metric.")
     test: Optional[CorpusConfig] = _f(None, "Test corpus (optional; used by recipes and docs).")
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig, metadata={"help": "SentencePiece settings."})
     max_len: int = _f(256, "Drop training pairs with more than this many subword tokens on either side (BOS/EOS not counted).", min=1)
@@ -103,6 +105,8 @@ class DataConfig:
     batch_tokens: int = _f(4096, "Token budget per batch: B x max(S, T) <= batch_tokens, i.e. neither the padded source tensor nor the padded target tensor holds more than this many positions (fairseq's --max-tokens).", min=1)
     max_batch_size: int = _f(0, "Cap on sentences per batch; 0 = no cap.", min=0)
     protect: bool = _f(False, "Replace protected spans (placeholders such as `%s`, `{0}`, markup, `&amp;`: nmt/protect.py) in training and validation pairs by placeholder tokens `<ph_K>`, which become SentencePiece symbols: the model learns to copy them. Translate with `--protect`.")
+    sampling_temperature: float = _f(1.0, "Temperature T of the epoch mix between directions (a direction = the corpora with one `src_lang`/`tgt_lang` pair): direction d gets a share proportional to w_d x N_d^(1/T), N_d = the pairs (after filtering) of its corpora, w_d = the mean weight of its corpora (1 by default); inside a direction its corpora share by weight, as with one direction. T = 1: directions in proportion to their size; larger T flattens toward the small directions (T -> infinity: equal shares). One direction: no effect.", min=0.0, exclusive_min=True)
+    langid: Optional[bool] = _f(None, "Train a character n-gram language identifier (nmt/langid.py) on the training corpora (the first 50,000 lines of each language, sources and targets) and store it in the checkpoints: validation and `nmt evaluate` then count off-target outputs. null = only for a multilingual model.")
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
 
     @property
@@ -114,8 +118,33 @@ class DataConfig:
         """The config key of training corpus i: `data.train` or `data.train[i]`."""
         return f"data.train[{i}]" if isinstance(self.train, list) else "data.train"
 
+    @property
+    def valid_corpora(self) -> tuple[CorpusConfig, ...]:
+        """`valid` as a tuple, whether the config gives one corpus or a list."""
+        return tuple(self.valid) if isinstance(self.valid, list) else (self.valid,)
+
+    def valid_key(self, i: int) -> str:
+        """The config key of validation corpus i: `data.valid` or `data.valid[i]`."""
+        return f"data.valid[{i}]" if isinstance(self.valid, list) else "data.valid"
+
+    def langs(self, corpus: CorpusConfig) -> tuple[str, str]:
+        """(source, target) language of a corpus: its own, else data.src_lang / data.tgt_lang."""
+        return corpus.src_lang or self.src_lang, corpus.tgt_lang or self.tgt_lang
+
+    @property
+    def target_languages(self) -> tuple[str, ...]:
+        """The distinct target languages of the training corpora, in order of first use."""
+        return tuple(dict.fromkeys(self.langs(c)[1] for c in self.train_corpora))
+
+    @property
+    def multilingual(self) -> bool:
+        """True when the training corpora have more than one target language (a language token each).
+        One target language with several source languages is a bilingual-style model: no token."""
+        return len(self.target_languages) > 1
+
 
 TAG_FORMAT = re.compile(r"<[A-Za-z0-9_.\-]+>")
+LANG_FORMAT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")  # language codes: `de`, `pt_BR`, `zh-TW`, `deu_Latn`
 RESERVED_TAGS = ("<pad>", "<unk>", "<s>", "</s>")
 
 
@@ -186,9 +215,10 @@ class TrainConfig:
     valid_every_minutes: float = _f(0.0, "Also validate (and save) whenever this many minutes of training passed since the last validation; 0 = off.", min=0.0)
     valid_bleu: bool = _f(True, "Greedy-decode the validation set for BLEU/chrF at each validation.")
     valid_max_sentences: int = _f(0, "Decode at most this many validation sentences for BLEU; 0 = all.", min=0)
-    valid_tokenize: Literal["13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none"] = _f(
-        "13a", "sacreBLEU tokenizer for validation BLEU (zh for Chinese, ja-mecab for Japanese, ko-mecab for Korean targets; "
-        "as `nmt evaluate --tokenize`).")
+    valid_tokenize: Literal["auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none"] = _f(
+        "auto", "sacreBLEU tokenizer for validation BLEU (as `nmt evaluate --tokenize`). `auto`: from each validation "
+        "set's target language, as `nmt evaluate` chooses: `ja-mecab` for Japanese (`char`, with a warning, when MeCab "
+        "is not installed: pip install \"sacrebleu[ja]\"), `zh` for Chinese, else `13a`.")
     num_samples: int = _f(3, "Sample translations shown at each validation.", min=0)
     metric: Literal["bleu", "chrf", "loss", "ppl"] = _f("bleu", "Validation metric that picks the best checkpoint and drives early stopping.")
     patience: int = _f(0, "Stop after this many validations without improvement; 0 = never.", min=0)

@@ -20,6 +20,14 @@ a second pass feeds just those sentences to SentencePiece; its own generator
 is seeded as well. Source tags (`data.train[i].src_tag`, e.g. `<BT>`) become
 user-defined symbols `▁<BT>` (with SentencePiece's word-start mark, so that
 "<BT> hola" encodes to the tag's id first): always exactly one token.
+
+A multilingual model (training corpora with several target languages) gets one symbol
+per target language, `__de__`, `__pt_BR__` (`language_symbol`), in the target model, and
+`Tokenizer.languages` maps each code to its id (nmt/languages.py). They are SentencePiece
+*control* symbols: like `<s>` and `</s>`, they have an id but are never matched in input
+text, so a text that contains `__de__` encodes as ordinary pieces and cannot produce a
+language token (a user-defined symbol would be cut out of any text that contains it);
+nmt puts the token in by id (training targets, the forced first target token).
 """
 
 from __future__ import annotations
@@ -39,8 +47,8 @@ from nmt.errors import UserError
 from nmt.layout import BOS_ID, EOS_ID, NMT_SPECIALS, PAD_ID, UNK_ID
 from nmt.protect import PLACEHOLDERS
 
-__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "build_tokenizer", "check_tags", "read_model_file",
-           "tag_symbol", "train_sentencepiece", "train_tags", "tokenizer_settings"]
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "build_tokenizer", "check_tags", "language_symbol",
+           "read_model_file", "tag_symbol", "train_sentencepiece", "train_tags", "tokenizer_settings", "with_languages"]
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode (UNK is kept)
 JOINT_FILE, SRC_FILE, TGT_FILE, SETTINGS_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "spm.json"
 WORD_START = "\u2581"  # SentencePiece's whitespace mark
@@ -123,6 +131,11 @@ class Tokenizer:
             return len(pieces) == 1 and pieces[0] in (text, WORD_START + text) and sp.piece_to_id(pieces[0]) != UNK_ID
         return one_piece(self._src) and one_piece(self._tgt)
 
+    def target_piece_id(self, piece: str) -> int | None:
+        """The id of `piece` in the target model, or None when the model has no such piece."""
+        i = self._tgt.piece_to_id(piece)
+        return None if i == UNK_ID and piece != self._tgt.id_to_piece(UNK_ID) else i
+
     def src_pieces(self, line: str) -> list[str]:
         """Source subword pieces of one line (for inspection and logs)."""
         return self._src.encode(line, out_type=str)
@@ -178,6 +191,24 @@ def tag_symbol(tag: str) -> str:
     return WORD_START + tag
 
 
+def language_symbol(code: str) -> str:
+    """The target-language token of a multilingual model: "de" -> "__de__" (a control symbol: module docstring)."""
+    return f"__{code}__"
+
+
+def with_languages(tokenizer: Tokenizer, codes: Sequence[str], model: str) -> Tokenizer:
+    """`tokenizer` with `Tokenizer.languages` = {code: id of `language_symbol(code)`} (no default language);
+    UserError naming `model` when its target model lacks a symbol."""
+    ids = {code: tokenizer.target_piece_id(language_symbol(code)) for code in codes}
+    missing = [language_symbol(c) for c, i in ids.items() if i is None]
+    if missing:
+        raise UserError(f"the target SentencePiece model {model} has no language token {', '.join(missing)} for the "
+                        f"target languages of data.train; train it with control_symbols={','.join(missing)} or let "
+                        "nmt train the tokenizer")
+    return Tokenizer.from_bytes({**tokenizer.to_bytes(), "languages": ids, "default_tgt_lang": None},
+                                threads=tokenizer.threads)
+
+
 def check_tags(tokenizer: Tokenizer, tags: Sequence[str], model: str) -> None:
     """UserError unless every tag encodes to exactly one known source token (`model` names the model)."""
     for tag in tags:
@@ -216,14 +247,14 @@ def iter_sample(lines: Iterable[str], keep: np.ndarray | None) -> Iterator[str]:
 
 def train_sentencepiece(lines: Sequence[str] | Callable[[], Iterable[str]], tok: TokenizerConfig, *, seed: int,
                         what: str, log: Callable[[str], None] = print, symbols: Sequence[str] = (),
-                        count: int | None = None) -> bytes:
+                        count: int | None = None, control: Sequence[str] = ()) -> bytes:
     """Train one model on a seeded sample of `lines`; returns the serialized model.
 
     `lines` is a list, or a function that returns a fresh iterator over the
     text each time it is called (streaming: one pass to count the non-empty
     lines unless `count` gives their number, one to feed the sample, another
     if training is retried). The sample is the same either way. `symbols` are
-    user-defined symbols (source tags). `what` names the model in messages
+    user-defined symbols (source tags), `control` control symbols (language tokens). `what` names the model in messages
     ("joint", "source", "target"). If the corpus is too small for
     `tok.vocab_size`, retrains with a soft vocabulary limit (a smaller
     vocabulary) and logs it.
@@ -243,6 +274,8 @@ def train_sentencepiece(lines: Sequence[str] | Callable[[], Iterable[str]], tok:
     )
     if symbols:
         options["user_defined_symbols"] = list(symbols)
+    if control:
+        options["control_symbols"] = list(control)
 
     def run(**extra) -> bytes:
         spm.set_random_generator_seed(seed)
@@ -284,9 +317,10 @@ def tokenizer_settings(cfg: Config) -> dict:
     if tok.model or tok.src_model:
         sources = [file_fingerprint(p) for p in (tok.model, tok.src_model, tok.tgt_model) if p]
     else:
-        sources = [source_fingerprint(c, d.src_lang, d.tgt_lang) for c in d.train_corpora]
+        sources = [source_fingerprint(c, *d.langs(c)) for c in d.train_corpora]
+    languages = {"languages": list(d.target_languages)} if d.multilingual else {}  # (absent: bilingual, as before)
     return {"tokenizer": section, "seed": cfg.seed, "tags": train_tags(cfg), "sources": sources,
-            "protect": cfg.data.protect}
+            "protect": cfg.data.protect, **languages}
 
 
 def _stale_reason(run_dir: str, settings: dict) -> str | None:
@@ -303,10 +337,10 @@ def _stale_reason(run_dir: str, settings: dict) -> str | None:
     if not isinstance(saved, dict):
         saved = {}
     names = {"seed": "seed", "tags": "data.train src_tag", "sources": "the training corpora or model files",
-             "protect": "data.protect"}
+             "protect": "data.protect", "languages": "the target languages of data.train"}
     diff = [f"data.tokenizer.{k}" for k in settings["tokenizer"]
             if saved.get("tokenizer", {}).get(k) != settings["tokenizer"][k]]
-    diff += [names[k] for k in names if saved.get(k) != settings[k]]
+    diff += [names[k] for k in names if saved.get(k) != settings.get(k)]
     return "it was made with other settings (" + (", ".join(diff) or "format") + ")"
 
 
@@ -318,7 +352,7 @@ def _count_nonempty(cfg: Config) -> list[tuple[int, int]]:
     counts = []
     for c in d.train_corpora:
         n_src = n_tgt = 0
-        for src, tgt in iter_pairs(c, d.src_lang, d.tgt_lang):
+        for src, tgt in iter_pairs(c, *d.langs(c)):
             n_src += sum(1 for x in src if x)
             n_tgt += sum(1 for x in tgt if x)
         counts.append((n_src, n_tgt))
@@ -331,19 +365,20 @@ def _train(cfg: Config, log: Callable[[str], None]) -> Tokenizer:
 
     d, tok = cfg.data, cfg.data.tokenizer
     counts = _count_nonempty(cfg)
+    languages = [language_symbol(code) for code in d.target_languages] if d.multilingual else []
 
     def side(s: str) -> Callable[[], Iterator[str]]:
-        return lambda: itertools.chain.from_iterable(iter_side(c, s, d.src_lang, d.tgt_lang) for c in d.train_corpora)
+        return lambda: itertools.chain.from_iterable(iter_side(c, s, *d.langs(c)) for c in d.train_corpora)
     placeholders = list(PLACEHOLDERS) if d.protect else []  # plain symbols: a span may touch a word
     symbols = [tag_symbol(t) for t in train_tags(cfg)] + placeholders
     n_src, n_tgt = sum(a for a, _ in counts), sum(b for _, b in counts)
-    train = lambda lines, what, sym, n: train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log,
-                                                            symbols=sym, count=n)
+    train = lambda lines, what, sym, n, control=(): train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log,
+                                                                        symbols=sym, count=n, control=control)
     if tok.joint:  # the stream is all source lines, then all target lines
         both = lambda: itertools.chain(side("src")(), side("tgt")())
-        return Tokenizer(train(both, "joint", symbols, n_src + n_tgt), threads=tok.threads)
-    return Tokenizer(train(side("src"), "source", symbols, n_src), train(side("tgt"), "target", placeholders, n_tgt),
-                     threads=tok.threads)
+        return Tokenizer(train(both, "joint", symbols, n_src + n_tgt, languages), threads=tok.threads)
+    return Tokenizer(train(side("src"), "source", symbols, n_src),
+                     train(side("tgt"), "target", placeholders, n_tgt, languages), threads=tok.threads)
 
 
 def build_tokenizer(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -> Tokenizer:
@@ -356,7 +391,7 @@ def build_tokenizer(cfg: Config, run_dir: str, log: Callable[[str], None] = prin
         why = _stale_reason(run_dir, settings)
         if why is None:
             log(f"tokenizer: loaded from {run_dir} (vocab src {found.src_vocab_size}, tgt {found.tgt_vocab_size})")
-            return found
+            return _languages(cfg, found, run_dir)
         log(f"tokenizer: not reusing the model in {run_dir}: {why}; making a new one")
     if tok.model or tok.src_model:
         if tok.joint:
@@ -373,5 +408,11 @@ def build_tokenizer(cfg: Config, run_dir: str, log: Callable[[str], None] = prin
         result = _train(cfg, log)
         log(f"tokenizer: trained {tok.model_type} ({'joint' if tok.joint else 'separate'}), "
             f"vocab src {result.src_vocab_size}, tgt {result.tgt_vocab_size}")
+    result = _languages(cfg, result, tok.model or tok.tgt_model or "trained by nmt")
     result.save(run_dir, settings)
     return result
+
+
+def _languages(cfg: Config, tokenizer: Tokenizer, model: str) -> Tokenizer:
+    """A multilingual model's tokenizer with its target languages (`with_languages`); else unchanged."""
+    return with_languages(tokenizer, cfg.data.target_languages, model) if cfg.data.multilingual else tokenizer

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -53,13 +54,14 @@ from torch import nn
 
 from nmt import checkpoint as ckpt
 from nmt import distributed as dist
-from nmt import finetune, rundir
+from nmt import finetune, langid, rundir, validation
 from nmt.config import Config, save_config, to_dict
 from nmt.corpus import EncodedCorpus
 from nmt.data import load_data
 from nmt.device import resolve_torch_device
 from nmt.distributed import DistEnv
 from nmt.errors import UserError
+from nmt.langid import LanguageIdentifier
 from nmt.logging_utils import RunLogger
 from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
@@ -82,7 +84,7 @@ class Training:
     tokenizer: Tokenizer
     train_data: EncodedCorpus
     valid_data: EncodedCorpus
-    valid_lines: tuple[list[str], list[str]]
+    valid_lines: tuple[list[str], list[str]]  # the first validation set's
     model: nn.Module  # the plain Transformer (checkpoints, validation)
     forward: nn.Module  # what the step calls: the model, wrapped by DDP and/or torch.compile
     optimizer: torch.optim.Optimizer
@@ -90,6 +92,8 @@ class Training:
     precision: Precision
     state: TrainState
     clock: Clock
+    valid_sets: tuple = ()  # nmt.data.ValidSet per validation corpus
+    langid: LanguageIdentifier | None = None  # rank 0's (validation, checkpoints); nmt/langid.py
 
 
 # --------------------------------------------------------------------------- main entry
@@ -129,14 +133,11 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     started from `train.init_from` (fine-tuning). The clock starts here: data preparation counts
     toward train.max_time."""
     clock = Clock()
-    if cfg.train.valid_bleu:
-        from nmt.evaluate import check_tokenize
-
-        check_tokenize(cfg.train.valid_tokenize)  # a missing MeCab fails now, not at the first validation
+    validation.check_tokenize(cfg, log.info)  # a missing MeCab fails now, not at the first validation
     # every rank reads latest.pt (onto the CPU: nothing lands on rank 0's GPU) before rank 0 can write it again
     saved = _load_latest(run_dir) if resume else None
     source = finetune.load_source(cfg, run_dir) if cfg.train.init_from and not resume else None
-    tokenizer, (train_data, valid_data, valid_lines) = _prepare_data(cfg, run_dir, saved, log, env, source)
+    tokenizer, data, identifier = _prepare_data(cfg, run_dir, saved, log, env, source)
     model = _build_model(cfg, tokenizer, device)
     optimizer = build_optimizer(model, cfg.train, device)
     scheduler = build_scheduler(optimizer, cfg.train, cfg.model.d_model, clock)
@@ -156,8 +157,8 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
              f"{', compiled' if cfg.train.compile else ''}"
              f"{f'; DDP over {env.world_size} processes' if env.distributed else ''}")
     log.start_progress(cfg.train.max_steps or None, state.step)
-    return Training(cfg, run_dir, device, env, log, tokenizer, train_data, valid_data, valid_lines, model, forward,
-                    optimizer, scheduler, precision, state, clock)
+    return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, data.valid_lines, model, forward,
+                    optimizer, scheduler, precision, state, clock, data.valid_sets, identifier)
 
 
 def _load_latest(run_dir: str) -> dict:
@@ -192,9 +193,10 @@ def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
 
 def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger, env: DistEnv,
                   source: dict | None = None):
-    """(tokenizer, Data): rank 0 trains/loads the tokenizer and encodes the corpora (cache
-    files) while the others wait; then they get the tokenizer from rank 0 and load the cache.
-    The tokenizer of a resumed run is its checkpoint's, of a fine-tuning run its source's."""
+    """(tokenizer, Data, language identifier or None): rank 0 trains/loads the tokenizer and encodes
+    the corpora (cache files) while the others wait; then they get the tokenizer from rank 0 and
+    load the cache. The tokenizer of a resumed run is its checkpoint's, of a fine-tuning run its
+    source's. Rank 0 also gets the language identifier (`_langid`); the other ranks None."""
     def on_main():
         if source is not None:
             tokenizer = Tokenizer.from_bytes(source["tokenizer"], threads=cfg.data.tokenizer.threads)
@@ -212,7 +214,8 @@ def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger,
             log.info(f"new run in {run_dir}" + (f" ({env.world_size} processes)" if env.distributed else ""))
             tokenizer = build_tokenizer(cfg, run_dir, log.info)
         save_config(cfg, os.path.join(run_dir, "config.yaml"))
-        return tokenizer, load_data(cfg, tokenizer, run_dir, log.info)
+        data = load_data(cfg, tokenizer, run_dir, log.info)
+        return tokenizer, data, _langid(cfg, tokenizer, saved, log)
 
     prepared = dist.main_first(env, on_main)
     proto = env.broadcast(prepared[0].to_bytes() if env.is_main else None)
@@ -220,7 +223,21 @@ def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger,
     if env.is_main:
         return prepared
     tokenizer = Tokenizer.from_bytes(proto, threads=cfg.data.tokenizer.threads)
-    return tokenizer, load_data(cfg, tokenizer, run_dir, lambda msg: None)
+    return tokenizer, load_data(cfg, tokenizer, run_dir, lambda msg: None), None
+
+
+def _langid(cfg: Config, tokenizer: Tokenizer, saved: dict | None, log: RunLogger) -> LanguageIdentifier | None:
+    """The run's language identifier when it wants one (`nmt.langid.wanted`): a resumed run's from its
+    checkpoint, else trained on the training corpora (and logged)."""
+    if not langid.wanted(cfg, tokenizer):
+        return None
+    if saved is not None and saved.get("langid") is not None:
+        return LanguageIdentifier.from_dict(saved["langid"])
+    t0 = time.perf_counter()
+    ident = langid.for_run(cfg)
+    log.info(f"language identifier: {', '.join(ident.langs)} ({len(ident.index):,} character n-grams, trained in "
+             f"{time.perf_counter() - t0:.1f} s on the training corpora)")
+    return ident
 
 
 def _restore(saved: dict, model, optimizer, scheduler, precision: Precision, cfg: Config, env: DistEnv,

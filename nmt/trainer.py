@@ -131,6 +131,7 @@ class Trainer:
         self.clock: Clock = training.clock
         self.meter = Meter()
         self.last_valid: dict = {}
+        self.langid = training.langid.to_dict() if training.langid is not None else None  # for every checkpoint
 
     # ------------------------------------------------------------------ the loop
 
@@ -251,8 +252,8 @@ class Trainer:
         state, t, tr, env = self.state, self.t, self.tr, self.env
         shared = None
         if env.is_main:
-            metrics = validate(ckpt.unwrap(tr.model), self.cfg, tr.tokenizer, tr.valid_data, tr.valid_lines,
-                               tr.device, tr.precision, self.log, state.step)
+            metrics = validate(ckpt.unwrap(tr.model), self.cfg, tr.tokenizer, tr.valid_data, tr.valid_sets,
+                               tr.device, tr.precision, self.log, state.step, tr.langid)
             value = metrics[t.metric]
             improved = state.best is None or (value > state.best if HIGHER_IS_BETTER[t.metric] else value < state.best)
             if improved:
@@ -261,7 +262,8 @@ class Trainer:
                 state.bad_validations += 1
             state.valid_history.append([state.step, value])
             self.log.scalars("valid", metrics, state.step)
-            self.log.info(f"valid step {state.step} | {format_stats(metrics)} | best {t.metric} {state.best:.4g}"
+            summary = {k: v for k, v in metrics.items() if "/" not in k}  # (several sets: their means)
+            self.log.info(f"valid step {state.step} | {format_stats(summary)} | best {t.metric} {state.best:.4g}"
                           f"{' (new best)' if improved else f' ({state.bad_validations} without improvement)'}")
             shared = (metrics, improved, state.best, state.bad_validations, state.valid_history)
         metrics, improved, state.best, state.bad_validations, state.valid_history = env.broadcast(shared)
@@ -289,7 +291,7 @@ class Trainer:
             "model": ckpt.unwrap(tr.model).state_dict(), "config": to_dict(self.cfg),
             "tokenizer": tr.tokenizer.to_bytes(),
             "vocab": {"src": tr.tokenizer.src_vocab_size, "tgt": tr.tokenizer.tgt_vocab_size},
-            "step": state.step, "epoch": state.epoch,
+            "step": state.step, "epoch": state.epoch, **({"langid": self.langid} if self.langid is not None else {}),
             "train_state": {
                 "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
