@@ -177,20 +177,24 @@ def in_memory_limit() -> int:
 
 
 def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
-                 max_ratio: float | None) -> tuple[np.ndarray, dict]:
+                 max_ratio: float | None, tgt_prefix: int = 0) -> tuple[np.ndarray, dict]:
     """Keep mask [N] and counts per rule; each dropped pair is counted under its first rule.
 
     Rules in order: `empty` (either side has no tokens), `too_long` (either side
     longer than max_len tokens, BOS/EOS not counted), `ratio` (longer/shorter
     > max_ratio; skipped when max_ratio is None). Counts: pairs, empty,
     too_long, ratio, kept. Per pair, so filtering chunk by chunk equals filtering the whole.
+    tgt_prefix: tokens before every non-empty target (a multilingual model's language token),
+    not counted by the ratio rule: it is not text (else short sources would be dropped in the
+    into-X directions only).
     """
     s, t = np.asarray(src_lens), np.asarray(tgt_lens)
     empty = (s == 0) | (t == 0) if max_ratio is not None else np.zeros(len(s), bool)
     too_long = ~empty & ((s > max_len) | (t > max_len))
     ratio = np.zeros(len(s), bool)
     if max_ratio is not None:
-        ratio = ~empty & ~too_long & (np.maximum(s, t) > max_ratio * np.minimum(s, t))
+        text = np.where(t > 0, t - tgt_prefix, 0)
+        ratio = ~empty & ~too_long & (np.maximum(s, text) > max_ratio * np.minimum(s, text))
     keep = ~(empty | too_long | ratio)
     counts = {"pairs": len(s), "empty": int(empty.sum()), "too_long": int(too_long.sum()),
               "ratio": int(ratio.sum()), "kept": int(keep.sum())}
@@ -344,7 +348,7 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
             counts = dict.fromkeys(COUNTS, 0)
             for src_lines, tgt_lines in src.chunks():
                 st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, src.protect, src.tgt_prefix)
-                keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None)
+                keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None, len(src.tgt_prefix))
                 writer.add("src", st[np.repeat(keep, sl)], sl[keep])
                 writer.add("tgt", tt[np.repeat(keep, tl)], tl[keep])
                 c.update(src_tokens=int(sl[keep].sum()), tgt_tokens=int(tl[keep].sum()))

@@ -106,11 +106,9 @@ def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[
 
 
 def _lang_key(langs: list[tuple[int, ...]]) -> list:
-    """The language tokens' part of a cache key: [] for a bilingual model, [token] when every corpus has
-    the same one (the key of a one-language split, as before), else [[token per corpus]]."""
-    if not any(langs):
-        return []
-    return [langs[0]] if len(set(langs)) == 1 else [langs]
+    """The language tokens' part of a cache key: [] for a bilingual model, else ["lang2" (the ratio filter
+    does not count the token), the token of each corpus]."""
+    return ["lang2", langs] if any(langs) else []
 
 
 def _load_valid(cfg: Config, tokenizer: Tokenizer, run_dir: str, lines: list[tuple[list[str], list[str]]],
