@@ -23,8 +23,10 @@ Stages (`--stages`, default all, in this order):
             the multilingual model on the multi-way test files (test.multi.*).
 
 Test files: each training corpus `.../train.X.Y` has `.../test.X.Y` (the gettext layout);
-zero-shot SRC-TGT uses `test.multi.SRC` / `test.multi.TGT` next to them. Results:
-OUT/results.json and OUT/results.md (tables), printed at the end.
+zero-shot SRC-TGT uses `test.multi.SRC` / `test.multi.TGT` next to them. `--test-lines N`
+scores the first N lines of each (OUT/test/; the gettext files are in a hash order, so that is
+a random sample); `--decode "--beam 1 ..."` adds decoding flags to every `nmt evaluate`.
+Results: OUT/results.json and OUT/results.md (tables), printed at the end.
 """
 
 from __future__ import annotations
@@ -132,29 +134,37 @@ def evaluate(cmd: list[str]) -> dict:
             "lines": res["n_sentences"], "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def test_files(corpus: dict, src: str, tgt: str) -> tuple[str, str]:
-    return corpus["src"].replace("/train.", "/test."), corpus["tgt"].replace("/train.", "/test.")
+def _head(path: str, out: str, lines: int | None) -> str:
+    """`path`, or a copy of its first `lines` lines in OUT/test/."""
+    if not lines:
+        return path
+    os.makedirs(os.path.join(out, "test"), exist_ok=True)
+    copy = os.path.join(out, "test", os.path.basename(path))
+    with open(path, encoding="utf-8") as f, open(copy, "w", encoding="utf-8") as g:
+        g.writelines(line for _, line in zip(range(lines), f))
+    return copy
 
 
-def evaluate_all(runs: dict[str, dict], out: str, zero_shot: list[str]) -> dict:
+def evaluate_all(runs: dict[str, dict], out: str, zero_shot: list[str], lines: int | None = None,
+                 flags: list[str] = ()) -> dict:
     raw = runs["multi"]
     d = raw["data"]
     multi_ckpt = os.path.join(out, raw["name"], "checkpoints", "best.pt")
     results: dict = {"directions": {}, "zero_shot": {}}
     for corpus in d["train"]:
         src, tgt = corpus.get("src_lang", d["src_lang"]), corpus.get("tgt_lang", d["tgt_lang"])
-        s, t = test_files(corpus, src, tgt)
+        s, t = (_head(corpus[k].replace("/train.", "/test."), out, lines) for k in ("src", "tgt"))
         bi_ckpt = os.path.join(out, runs[f"{src}-{tgt}"]["name"], "checkpoints", "best.pt")
-        common = ["--src", s, "--ref", t, "--json", "-q"]
+        common = ["--src", s, "--ref", t, "--json", "-q", *flags]
         results["directions"][f"{src}-{tgt}"] = {
             "multi": evaluate(_nmt("evaluate", "-c", multi_ckpt, "--tgt-lang", tgt, *common)),
             "bilingual": evaluate(_nmt("evaluate", "-c", bi_ckpt, "--langid", multi_ckpt, *common))}
     folder = os.path.dirname(d["train"][0]["src"])
     for pair in zero_shot:
         src, tgt = pair.split("-", 1)
-        s, t = (os.path.join(folder, f"test.multi.{x}") for x in (src, tgt))
+        s, t = (_head(os.path.join(folder, f"test.multi.{x}"), out, lines) for x in (src, tgt))
         results["zero_shot"][pair] = evaluate(_nmt("evaluate", "-c", multi_ckpt, "--tgt-lang", tgt, "--src", s,
-                                                   "--ref", t, "--json", "-q"))
+                                                   "--ref", t, "--json", "-q", *flags))
     return results
 
 
@@ -193,6 +203,8 @@ def main() -> int:
     p.add_argument("--bilingual-vocab", type=int, default=8000)
     p.add_argument("--zero-shot", default="", help="comma-separated SRC-TGT directions, e.g. es-de,de-fr")
     p.add_argument("--stages", default="prepare,train,evaluate")
+    p.add_argument("--test-lines", type=int, help="score the first N lines of each test file (default: all)")
+    p.add_argument("--decode", default="", help="decoding flags for nmt evaluate, e.g. \"--beam 1\"")
     args = p.parse_args()
     with open(args.config, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
@@ -206,7 +218,9 @@ def main() -> int:
     if "train" in stages:
         state["train"] = train(runs, args.out)
     if "evaluate" in stages:
-        state.update(evaluate_all(runs, args.out, [z for z in args.zero_shot.split(",") if z]))
+        state.update(evaluate_all(runs, args.out, [z for z in args.zero_shot.split(",") if z], args.test_lines,
+                                  args.decode.split()))
+        state["evaluation"] = {"test_lines": args.test_lines, "decode": args.decode}
         state["tables"] = tables(state)
         with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
             f.write(state["tables"] + "\n")
