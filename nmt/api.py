@@ -54,6 +54,13 @@ class Translator:
         return self._engine.name
 
     @property
+    def knows_placeholders(self) -> bool:
+        """Whether the model was trained with data.protect (its vocabulary has the placeholders)."""
+        from nmt import protect
+
+        return protect.known_by(self._engine.tokenizer)
+
+    @property
     def max_positions(self) -> int:
         """The longest sequence (in subword tokens) the model accepts."""
         return self._engine.max_positions

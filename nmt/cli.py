@@ -25,7 +25,7 @@ EXIT_USAGE = 2  # bad input the user can fix: config, flags, files, data, checkp
 
 # Flags of decode keys whose name is not simply --KEY-WITH-DASHES (that one works too).
 DECODE_FLAGS = {"beam_size": ["--beam"], "max_batch_size": ["--batch-size"]}
-SCORE_KEYS = ("batch_tokens", "max_batch_size", "workers", "tgt_lang")  # the decode keys `nmt score` uses
+SCORE_KEYS = ("batch_tokens", "max_batch_size", "workers", "tgt_lang", "protect", "protect_pattern")  # `nmt score`'s
 
 
 class _Parser(argparse.ArgumentParser):

@@ -146,11 +146,13 @@ def prepare_data(cfg: Config, run_dir: str, log=print):
 MAX_POSITIONS = 24  # sources longer than 23 tokens are truncated
 
 
-def make_tiny_checkpoint(path: str, seed: int = 0) -> str:
-    """An untrained tiny model + word-level SentencePiece model saved as an nmt checkpoint."""
+def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = ()) -> str:
+    """An untrained tiny model + word-level SentencePiece model saved as an nmt checkpoint; `symbols`:
+    user-defined SentencePiece symbols (e.g. nmt.protect.PLACEHOLDERS)."""
     text = [s for pair in make_pairs(200, 0) for s in pair]
-    tok_cfg = TokenizerConfig(vocab_size=64, model_type="word", threads=1)
-    tokenizer = Tokenizer(train_sentencepiece(text, tok_cfg, seed=1, what="joint", log=lambda m: None))
+    tok_cfg = TokenizerConfig(vocab_size=64 + len(symbols), model_type="word", threads=1)
+    tokenizer = Tokenizer(train_sentencepiece(text, tok_cfg, seed=1, what="joint", log=lambda m: None,
+                                              symbols=list(symbols)))
     raw = {"data": {"src_lang": "es", "tgt_lang": "en", "max_len": 20,
                     "train": {"src": "train.es", "tgt": "train.en"}, "valid": {"src": "valid.es", "tgt": "valid.en"},
                     "tokenizer": {"vocab_size": 64, "model_type": "word"}},
