@@ -39,13 +39,15 @@ class Translator:
 
     device: "auto" (CUDA if available), "cpu", "cuda", "cuda:N". Keyword decode options (e.g.
     beam_size=4, workers=1) replace the model's own `decode` defaults for every call; they are
-    checked before the model loads (ConfigError, a ValueError, names every problem).
+    checked before the model loads (ConfigError, a ValueError, names every problem). `precision`
+    (and CTranslate2's `workers`) are fixed here: a call asking for another precision is a UserError.
     """
 
     def __init__(self, path: str, *, engine: str = "auto", device: str = "auto", **decode_options: Any):
         given = decode_config(None, decode_options, check_rules=False)  # a bad option fails before any work
         workers = given.workers if decode_options.get("workers") is not None else None
-        self._engine = load_engine(path, engine, device, workers=workers)
+        precision = given.precision if decode_options.get("precision") is not None else None
+        self._engine = load_engine(path, engine, device, workers=workers, precision=precision)
         self.decode = self._checked(decode_config(self._engine.decode, decode_options))
 
     @property
@@ -73,6 +75,7 @@ class Translator:
         if decode.alignment and self._engine.name != "torch":
             raise UserError(f"--alignment is not supported by the {self._engine.name} engine (translate with the "
                             "checkpoint and --engine torch)")
+        self._engine.check_precision(decode.precision)
         if decode.protect:
             check_protect(self._engine.tokenizer)
         if decode.tgt_lang is not None:

@@ -230,32 +230,48 @@ class ReusingDecoderCache(DecoderCache):
 
     When at most half of the rows change (beam search: most beams keep their own parent
     row), only the changed rows are copied, in place (their parents' filled positions are
-    gathered first, then written). Otherwise the rows are gathered into spare buffers of the
-    same shape (kept from the previous reorder) and the old buffers become the spare ones.
+    gathered first, then written). Otherwise each buffer's rows are gathered into one spare
+    buffer, which takes that buffer's place, and the buffer it replaces becomes the spare for
+    the next one: one buffer of extra memory, none allocated after the first. Fewer rows
+    (finished sentences leaving) are gathered into the first rows of the spare (a view), so
+    a shrinking batch reuses its memory; more rows (expanding sentences to beams) allocate.
+    Growing (`grow`) drops the spare.
     """
 
-    spare: list[Tensor] = field(default_factory=list, repr=False)  # free buffers shaped like self_k + self_v
+    spare: Tensor | None = field(default=None, repr=False)  # a free buffer: >= B rows, shaped like self_k[0]
+
+    def grow(self) -> None:
+        self.spare = None  # freed before the larger buffers are allocated
+        super().grow()
 
     def _reorder_self(self, indices: Tensor) -> None:
-        L, n_layers = self.length, len(self.self_k)
+        L, n_layers, rows = self.length, len(self.self_k), indices.shape[0]
         current = self.self_k + self.self_v
-        if indices.shape[0] == self.batch_size:
-            changed = (indices != torch.arange(indices.shape[0], device=indices.device)).nonzero().squeeze(1)
-            if 2 * changed.shape[0] <= indices.shape[0]:
+        if rows == self.batch_size:
+            changed = (indices != torch.arange(rows, device=indices.device)).nonzero().squeeze(1)
+            if 2 * changed.shape[0] <= rows:
                 if L and changed.shape[0]:
                     parents = indices.index_select(0, changed)
                     for buf in current:
                         filled = buf[:, :, :L]
                         filled.index_copy_(0, changed, filled.index_select(0, parents))
                 return
-            out = self.spare or [t.new_empty(t.shape) for t in current]
-            self.spare = current
+        if rows > self.batch_size:  # more rows: new buffers, the old ones freed
+            self.spare = None
+            out = [t.new_empty((rows,) + t.shape[1:]) for t in current]
+            if L:
+                for src, dst in zip(current, out):
+                    torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
         else:
-            out = [t.new_empty((indices.shape[0],) + t.shape[1:]) for t in current]
-            self.spare = []
-        if L:
-            for src, dst in zip(current, out):  # only the filled positions are copied
-                torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
+            spare = self.spare if self.spare is not None else current[0].new_empty((rows,) + current[0].shape[1:])
+            out = []
+            for src in current:  # only the filled positions are copied
+                dst = spare[:rows]
+                if L:
+                    torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
+                out.append(dst)
+                spare = src
+            self.spare = spare
         self.self_k, self.self_v = out[:n_layers], out[n_layers:]
 
 

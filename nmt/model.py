@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.cache import DecoderCache
+from nmt.cache import GROW_CHUNK, DecoderCache
 from nmt.config import ModelConfig
 from nmt.layout import PAD_ID
 from nmt.masks import attention_mask
@@ -385,16 +385,17 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ cached decoding
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int,
-                   cache_cls: type[DecoderCache] = DecoderCache) -> DecoderCache:
+                   cache_cls: type[DecoderCache] = DecoderCache, chunk: int = GROW_CHUNK) -> DecoderCache:
         """Cache for decoding up to `max_len` target positions (BOS included) of B rows.
 
         memory [B,S,D], src_mask [B,S]. Cross-attention K/V are computed here, once per layer.
+        chunk: the self-attention buffers grow by this many positions as needed (0: max_len at once).
         Expand to beams with `cache.reorder(torch.arange(B).repeat_interleave(K))`.
         """
         if max_len > self.max_positions:
             raise ValueError(f"max_len={max_len} exceeds model.max_positions={self.max_positions}")
         cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
-        return cache_cls.create([k for k, _ in cross], [v for _, v in cross], src_mask, max_len)
+        return cache_cls.create([k for k, _ in cross], [v for _, v in cross], src_mask, max_len, chunk)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens [B] at position cache.length -> logits [B,V] for the next token.

@@ -229,6 +229,7 @@ class DecodeConfig:
     protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; needs a model trained with `data.protect: true`.")
     protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with `protect`).")
     alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (last decoder layer's cross-attention, averaged over heads), as Pharaoh `src-tgt` subword indices.")
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = _f("auto", "Arithmetic of the model's forward passes, chosen when the model loads: `fp32`; `bf16`/`fp16`: autocast (GPU; bf16 also on a CPU with AVX-512 BF16/AMX); `int8`: CPU only, linear layers with int8 weights quantized once at load and PyTorch's dynamic int8 kernel (nmt/precision.py). `auto`: fp32 for PyTorch, the exported weights' type for CTranslate2 (which maps the names onto its compute_type). Combinations a device cannot run fast are refused.")
     tgt_lang: Optional[str] = _f(None, "Target language of a multilingual model (one of its language codes, e.g. `de` or `deu_Latn`): its language token is forced as the first target token (the M2M100/NLLB convention, nmt/languages.py). Required for a model with several target languages and no default; not allowed for a bilingual model.")
 
 
