@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("train", "translate", "evaluate", "score"):
         from nmt.fast import tune_malloc
 
-        tune_malloc()  # before the command allocates its tensors; see nmt/fast.py
+        tune_malloc(inference=args.command != "train")  # before the command allocates its tensors; see nmt/fast.py
     try:
         with _sigterm_like_ctrl_c(args.command):
             return COMMANDS[args.command](args)

@@ -175,7 +175,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., D] -> [..., D]."""
-        return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
+        h = self.activation(self.fc1(x))
+        return self.fc2(self.activation_dropout(h) if self.training else h)
 
 
 class _Sublayers(nn.Module):
@@ -187,10 +188,13 @@ class _Sublayers(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def residual(self, x: Tensor, norm: nn.LayerNorm, fn, *args) -> Tensor:
-        """pre: x + drop(fn(norm(x))); post (paper): norm(x + drop(fn(x)))."""
+        """pre: x + drop(fn(norm(x))); post (paper): norm(x + drop(fn(x))). (Dropout is skipped, not
+        called, in eval mode, where it is the identity: one module call less per sublayer and step.)"""
         if self.pre_norm:
-            return x + self.dropout(fn(norm(x), *args))
-        return norm(x + self.dropout(fn(x, *args)))
+            y = fn(norm(x), *args)
+            return x + (self.dropout(y) if self.training else y)
+        y = fn(x, *args)
+        return norm(x + (self.dropout(y) if self.training else y))
 
 
 class EncoderLayer(_Sublayers):
@@ -406,6 +410,6 @@ class Transformer(nn.Module):
         """
         pos = cache.next_position()  # raises if the cache is full
         x = self.tgt_embed(tokens) * self.embed_scale + self._positions("tgt", pos, 1)  # [B,D]
-        h = self.decoder.step(self.dropout(x), cache)
+        h = self.decoder.step(self.dropout(x) if self.training else x, cache)
         cache.advance()
         return self.output_proj(h)

@@ -164,7 +164,7 @@ class StepRules:
     def __init__(self, device, min_len: int = 0, no_repeat_ngram: int = 0,
                  prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS):
         self.min_len, self.n, self.specials = min_len, no_repeat_ngram, specials
-        self.banned = list(specials.never_generated)
+        self.banned = torch.tensor(list(specials.never_generated), dtype=torch.long, device=device)
         self.prefix = self.prefix_len = None
         self.longest_prefix = 0
         if prefixes is not None and any(prefixes):
@@ -177,8 +177,8 @@ class StepRules:
         """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
         history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence."""
         logp = F.log_softmax(logits.float(), dim=-1)
-        for i in self.banned:
-            logp[:, i] = NEG_INF
+        if self.banned.numel():
+            logp.index_fill_(1, self.banned, NEG_INF)
         EOS = self.specials.eos
         eos = logp[:, EOS].clone() if self.n else None
         if t <= self.min_len:
@@ -189,8 +189,7 @@ class StepRules:
             if rows.numel():
                 token = self.prefix.index_select(0, sent.index_select(0, rows))[:, t - 1]  # [F]
                 forced = (rows, token, logp[rows, token])
-        if self.n and history.shape[1] >= self.n - 1:
-            _block_repeats(logp, history, self.n)
+        if self.n and history.shape[1] >= self.n - 1 and _block_repeats(logp, history, self.n):
             dead = ~torch.isfinite(logp).any(dim=1)  # nothing left to generate: the row may end
             if bool(dead.any()):
                 logp[dead, EOS] = eos[dead]
@@ -201,23 +200,25 @@ class StepRules:
         return logp
 
 
-def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
-    """Forbid (in place) every token that would complete an n-gram already in its row's history.
-    logp [R,V]; history [R,L]. The last n-1 tokens are compared with every earlier window;
-    where one matches, the token that followed it is banned."""
+def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
+    """Forbid (in place) every token that would complete an n-gram already in its row's history;
+    returns whether any token was forbidden. logp [R,V]; history [R,L]. The last n-1 tokens are
+    compared with every earlier window; where one matches, the token that followed it is banned."""
     R, L = history.shape
     if n == 1:
         if L:
             logp.scatter_(1, history, NEG_INF)
-        return
+        return bool(L)
     if L < n:
-        return
+        return False
     windows = history.unfold(1, n - 1, 1)[:, : L - n + 1]  # [R, L-n+1, n-1]: windows that have a successor
     key = history[:, L - n + 1:]  # [R, n-1]: the current context
     match = (windows == key[:, None, :]).all(dim=2)  # [R, L-n+1]
-    if bool(match.any()):
-        follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
-        logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
+    if not bool(match.any()):
+        return False
+    follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
+    logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
+    return True
 
 
 # --------------------------------------------------------------------------- greedy

@@ -92,7 +92,7 @@ def worker(args) -> dict:
     if args.worker == "nmt":
         from nmt.fast import tune_malloc
 
-        tune_malloc()  # as the `nmt` command does
+        tune_malloc(inference=True)  # as `nmt translate` does
         import torch
 
         torch.set_num_threads(args.threads)

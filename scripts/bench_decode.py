@@ -165,7 +165,7 @@ def main() -> int:
         os.environ["NMT_CPU_TUNING"] = "0"
     from nmt.fast import tune_malloc
 
-    tune_malloc()  # as the `nmt` command does
+    tune_malloc(inference=True)  # as `nmt translate` does
     import torch
 
     if args.threads:
