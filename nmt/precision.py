@@ -8,16 +8,16 @@
   slower than fp32); fp16 is refused on CPU.
 - `int8`: CPU only. Every `nn.Linear` of the model (encoder, decoder, output projection) is
   replaced once, when the model loads, by an `Int8Linear`: its weight quantized per output channel
-  to int8 (symmetric) and packed for PyTorch's own dynamic-quantization kernel,
-  `torch.ops.quantized.linear_dynamic` (FBGEMM on x86, the `x86`/`fbgemm` quantized engine; QNNPACK
-  on ARM), which quantizes each call's activations to uint8 with a per-call scale, multiplies in
-  int8 with int32 accumulation and returns fp32. Embeddings, LayerNorm, attention and the
-  log-softmax stay fp32. This is the kernel behind `torch.ao.nn.quantized.dynamic.Linear`; the
-  `torch.ao.quantization` eager flows (`quantize_dynamic`) that used to apply it are deprecated
-  ("please migrate to torchao", PyTorch 2.13 docs, Quantization page; torchao is not a
-  dependency here), so nmt calls the kernel directly. Creating the packed weight still goes
-  through a per-channel quantized tensor, whose creation functions torch 2.13 marks deprecated
-  (pytorch/pytorch#184982): the warning is silenced at that one call, and a torch without the ops
+  to int8 (symmetric), each call's activations quantized per row (per token, symmetric), the
+  product computed by PyTorch's own int8 matrix multiply, `torch._int_mm` (int8 x int8 -> int32;
+  on x86 CPUs oneDNN's VNNI/AMX kernels), then rescaled to fp32. Embeddings, LayerNorm, attention
+  and the log-softmax stay fp32. Why not the older routes: `torch.ao.quantization.quantize_dynamic`
+  is deprecated ("please migrate to torchao", PyTorch 2.13 docs, Quantization page; torchao is not
+  a dependency here); the FBGEMM kernel behind it, `torch.ops.quantized.linear_dynamic`, needs
+  its weights as a quantized tensor, whose creation functions torch 2.13 also deprecates
+  (pytorch/pytorch#184982), and quantizes activations with one scale per call, so a sentence's
+  output would depend on its batch companions. `torch._int_mm` takes plain int8 tensors (it is
+  the CPU/GPU int8 matmul that torchao's dynamic int8 quantization calls); a torch without it
   gets a one-line error (`int8_available`).
 - `auto` (the default): fp32 for the PyTorch engine; with CTranslate2, the exported weights' type.
 
@@ -26,8 +26,6 @@ CTranslate2 (nmt/ct2.py) maps the same names onto its `compute_type` (`float32`,
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch import Tensor, nn
@@ -51,10 +49,11 @@ def cpu_bf16_native() -> bool:
 
 
 def int8_available() -> bool:
-    """Whether this torch has the dynamic int8 linear kernel and a quantized engine for this CPU."""
-    ops = getattr(torch.ops, "quantized", None)
-    return (ops is not None and hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack")
-            and any(e != "none" for e in torch.backends.quantized.supported_engines))
+    """Whether this torch multiplies int8 matrices on CPU (`torch._int_mm`)."""
+    try:
+        return torch._int_mm(torch.ones(1, 8, dtype=torch.int8), torch.ones(8, 8, dtype=torch.int8)).dtype == torch.int32
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
 
 
 def check(precision: str, device: torch.device) -> None:
@@ -64,7 +63,7 @@ def check(precision: str, device: torch.device) -> None:
         raise UserError(f"--precision int8 runs on CPU only (PyTorch's int8 linear kernels are CPU kernels); "
                         f"on {kind} use bf16 or fp16")
     if precision == "int8" and not int8_available():
-        raise UserError("--precision int8 needs torch.ops.quantized.linear_dynamic, which this torch build lacks")
+        raise UserError("--precision int8 needs torch._int_mm on CPU, which this torch build lacks")
     if precision == "fp16" and kind == "cpu":
         raise UserError("--precision fp16 is for GPUs (CPUs have no fast fp16 matmul in PyTorch); on CPU use int8 "
                         "or, on a CPU with AVX-512 BF16/AMX, bf16")
@@ -77,59 +76,50 @@ def check(precision: str, device: torch.device) -> None:
 
 class Int8Linear(nn.Module):
     """y = x W^T + b with W quantized per output channel to int8 once (`from_linear`) and x quantized
-    per call (torch.ops.quantized.linear_dynamic); fp32 in, fp32 out. Inference only."""
+    per row (per token) at each call: x_i ~ s_i q_i with s_i = max|x_i| / 127, q_i int8; the product
+    runs in int8 with int32 accumulation (`torch._int_mm`, oneDNN's VNNI/AMX kernels on x86) and is
+    rescaled by s_i and the weight scales. Per-row scales keep each sentence's result independent
+    of its batch companions (FBGEMM's `quantized::linear_dynamic` takes one scale per call, over
+    the whole batch). fp32 in, fp32 out; inference only."""
 
-    def __init__(self, packed, in_features: int, out_features: int, reduce_range: bool):
+    def __init__(self, weight_t: Tensor, scale: Tensor, bias: Tensor | None):
         super().__init__()
-        self._packed, self.reduce_range = packed, reduce_range
-        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight_t", weight_t)  # [in, out] int8
+        self.register_buffer("scale", scale)  # [out] fp32
+        self.register_buffer("bias", bias)  # [out] fp32 or None
+        self.in_features, self.out_features = weight_t.shape
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, linear: nn.Linear, reduce_range: bool) -> Int8Linear:
-        w = linear.weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).double()  # [out], symmetric: zero point 0
-        zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():  # quantized tensor creation is deprecated (module docstring)
-            warnings.simplefilter("ignore")
-            qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-            bias = linear.bias.detach().float() if linear.bias is not None else None
-            packed = torch.ops.quantized.linear_prepack(qw, bias)
-        return cls(packed, linear.in_features, linear.out_features, reduce_range)
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        w = linear.weight.detach().float()  # [out, in]
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127  # [out], symmetric
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        bias = linear.bias.detach().float().clone() if linear.bias is not None else None
+        return cls(q.t().contiguous(), scale, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., in] -> [..., out] (fp32)."""
         shape = x.shape
-        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float(), self._packed, self.reduce_range)
+        x = x.reshape(-1, shape[-1]).float()  # [M, in]
+        s = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30).div_(127)  # [M, 1]
+        q = torch.div(x, s).round_().to(torch.int8)  # |x / s| <= 127
+        y = torch._int_mm(q, self.weight_t).float().mul_(s)  # [M, out]
+        y = torch.addcmul(self.bias, y, self.scale) if self.bias is not None else y.mul_(self.scale)
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-def _vnni() -> bool:
-    """Whether the CPU multiplies u8 x s8 without int16 saturation (AVX-512 VNNI / AVX-VNNI): then the
-    activations may use the full 8 bits (reduce_range False); FBGEMM's AVX2 path needs 7."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line.split()
-                    return "avx512_vnni" in flags or "avx_vnni" in flags
-    except OSError:
-        pass
-    return False
-
-
 def quantize_int8(model: nn.Module) -> int:
     """Replace every `nn.Linear` of `model` (in place) by an `Int8Linear`; returns how many. Parameters
     shared with other modules (a tied output projection's embedding) stay as they are."""
-    reduce_range = not _vnni()
     n = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_linear(child, reduce_range))
+                setattr(parent, name, Int8Linear.from_linear(child))
                 n += 1
     return n
 
