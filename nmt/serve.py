@@ -321,7 +321,7 @@ def serve_command(path: str, *, engine: str = "auto", device: str = "auto", over
                   host: str = "127.0.0.1", port: int = 8000, settings: Settings = Settings(),
                   access_log: bool = False) -> int:
     """`nmt serve`: load the model, listen on host:port, serve until SIGTERM / Ctrl-C. Returns 0
-    after a drain, 128 + signal when a second signal cut it short."""
+    after a drain; a second signal ends the process at once with 128 + signal."""
     from nmt.api import Translator
 
     _, uvicorn = require_stack()
@@ -336,7 +336,8 @@ def serve_command(path: str, *, engine: str = "auto", device: str = "auto", over
           f"{'on' if settings.batching else 'off'}; Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     sock.close()
-    if server.force_exit and server.signals:
-        return 128 + server.signals[-1]
+    if server.force_exit and server.signals:  # a second signal: do not wait for the running call either
+        print(f"nmt serve: stopped ({signal.Signals(server.signals[-1]).name} twice)", file=sys.stderr, flush=True)
+        os._exit(128 + server.signals[-1])  # (the interpreter's exit would join the translating thread)
     print("nmt serve: stopped", file=sys.stderr, flush=True)
     return 0

@@ -312,6 +312,26 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
     assert "nmt serve: stopped" in "".join(server.log)
 
 
+def test_a_second_signal_stops_at_once(slow_ckpt):
+    server = Server(slow_ckpt)
+    t = threading.Thread(target=lambda: _ignore_errors(server.translate, ["el sol"], long_search(4000)))
+    t.start()
+    _wait_for(server, lambda h: h["translating"] == 1)
+    server.proc.send_signal(signal.SIGTERM)
+    _wait_for_log(server, "SIGTERM: answering the 1 accepted requests")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 128 + signal.SIGTERM
+    t.join()
+    assert "nmt serve: stopped (SIGTERM twice)" in "".join(server.log)
+
+
+def _ignore_errors(fn, *args) -> None:
+    try:
+        fn(*args)
+    except (OSError, ValueError):  # the connection closed without an answer (or an empty one)
+        pass
+
+
 def _wait_for(server: Server, condition, timeout: float = 30) -> dict:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
