@@ -26,7 +26,7 @@ import urllib.request
 import pytest
 
 from nmt import cli
-from nmt.batcher import Batcher, Job, Settings, groups, merge
+from nmt.batcher import MAX_WAIT, Batcher, Job, Settings, gather_wait, groups, merge
 
 from helpers import make_pairs, make_tiny_checkpoint
 
@@ -406,6 +406,13 @@ def test_groups_and_merge():
         loop.close()
 
 
+def test_gather_wait_is_the_window_or_a_fraction_of_the_last_call():
+    settings = Settings(window=0.005, wait_fraction=0.05)
+    assert gather_wait(settings, 0.0) == 0.005 and gather_wait(settings, 0.05) == 0.005  # short calls: the window
+    assert gather_wait(settings, 4.0) == pytest.approx(0.2)  # 5% of a 4 s call
+    assert gather_wait(settings, 1000.0) == MAX_WAIT
+
+
 def test_batcher_gathers_groups_splits_and_skips():
     calls: list = []
 
@@ -425,6 +432,9 @@ def test_batcher_gathers_groups_splits_and_skips():
             batcher.submit(job)
         task = loop.create_task(batcher.run())
         await asyncio.wait([j.future for j in jobs], timeout=5)
+        for job in jobs:
+            if job.future.done() and not job.future.cancelled():
+                job.future.exception()  # retrieved (asyncio logs unretrieved exceptions)
         task.cancel()
         batcher.close()
         return jobs, batcher.stats
