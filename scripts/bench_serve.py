@@ -231,7 +231,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "-c", required=True)
     p.add_argument("--input", default=os.path.join(ROOT, "data/bible-es-en/test.es.gz"))
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--clients", type=int, nargs="*", default=[1, 8, 32, 64], help="(none: the soak only)")
     p.add_argument("--seconds", type=float, default=15.0, help="per measured cell, at least")
     p.add_argument("--seconds-per-client", type=float, default=1.2,
                    help="cells last max(--seconds, clients x this): several rounds of every client's requests")

@@ -288,7 +288,8 @@ def test_full_queue_503_and_time_limit_504(slow_ckpt):
         health = _wait_for(server, lambda h: h["expired"] == 3)
         assert health["requests"] == 1 and health["calls"] == 1  # only the long search ran
     finally:
-        assert server.stop() == 0
+        server.proc.kill()  # (a drain would wait for the long search; draining has its own test)
+        server.proc.wait()
 
 
 def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
@@ -296,7 +297,7 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
     answered (equal to nmt translate), and the process exits 0."""
     server = Server(slow_ckpt)
     answer: list = []
-    t = threading.Thread(target=lambda: answer.append(server.translate(["el sol", "la luna"], long_search(2000))))
+    t = threading.Thread(target=lambda: answer.append(server.translate(["el sol"], long_search(2000))))
     t.start()
     _wait_for(server, lambda h: h["translating"] == 1)
     server.proc.send_signal(signal.SIGTERM)
@@ -308,7 +309,7 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
     assert server.proc.wait(timeout=30) == 0
     status, data = answer[0]
     assert status == 200 and [x["text"] for x in data["translations"]] == \
-        nmt_translate(slow_ckpt, ["el sol", "la luna"], long_search(2000))
+        nmt_translate(slow_ckpt, ["el sol"], long_search(2000))
     assert "nmt serve: stopped" in "".join(server.log)
 
 
