@@ -21,7 +21,8 @@ so a request's results do not depend on who shared its call.
 
 A request whose future is already done when its turn comes (its time limit passed: the
 server answered 504) is skipped; one that times out during the call gets its results
-dropped when they come. With `batching` off the batcher takes one request per call (the
+dropped when they come. When a shared call fails, each of its requests is translated alone, so
+only the one that fails gets the error. With `batching` off the batcher takes one request per call (the
 comparison point of scripts/bench_serve.py).
 """
 
@@ -154,31 +155,36 @@ class Batcher:
         self.stats.expired += len(jobs) - len(live)
         if not live:
             return
-        self._count(live)
-        lines, prefixes, numbers = merge(live)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+        self.stats.requests += len(live)
+        self.stats.sentences += sum(len(job.lines) for job in live)
         try:
-            results = await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
-                                                 live[0].options)
-        except Exception as e:  # an engine failure: every request of the call gets it
-            for job in live:
-                if not job.future.done():
-                    job.future.set_exception(e)
-            return
-        finally:
-            self.stats.translating = 0
-            self.last_call = loop.time() - start
-        self._deliver(live, results)
+            self._deliver(live, await self._call(live))
+        except Exception as e:
+            if len(live) == 1:
+                _fail(live[0], e)
+                return
+            for job in live:  # one request's failure must not fail the others: each alone
+                try:
+                    self._deliver([job], await self._call([job]))
+                except Exception as e:  # an engine failure: the request gets it (500)
+                    _fail(job, e)
 
-    def _count(self, jobs: list[Job]) -> None:
+    async def _call(self, jobs: list[Job]) -> Sequence[Any]:
+        """One translate call over `jobs`, in the worker thread."""
         s = self.stats
-        s.requests += len(jobs)
-        s.sentences += sum(len(job.lines) for job in jobs)
         s.calls += 1
         s.shared_calls += len(jobs) > 1
         s.largest_call = max(s.largest_call, len(jobs))
         s.translating = len(jobs)
+        lines, prefixes, numbers = merge(jobs)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            return await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
+                                              jobs[0].options)
+        finally:
+            s.translating = 0
+            self.last_call = loop.time() - start
 
     def _deliver(self, jobs: list[Job], results: Sequence[Any]) -> None:
         start = 0
@@ -189,3 +195,8 @@ class Batcher:
                 self.stats.expired += 1
             else:
                 job.future.set_result(part)
+
+
+def _fail(job: Job, error: Exception) -> None:
+    if not job.future.done():
+        job.future.set_exception(error)

@@ -456,6 +456,33 @@ def test_batcher_gathers_groups_splits_and_skips():
     assert [c[0] for c in calls] == [["a", "b"], ["c"], ["d", "e", "f"], ["boom"]]
 
 
+def test_a_failing_request_does_not_fail_the_requests_it_shared_a_call_with():
+    calls: list = []
+
+    def translate(lines, prefixes, numbers, options):
+        calls.append(list(lines))
+        if "boom" in lines:
+            raise RuntimeError("engine failure")
+        return [line.upper() for line in lines]
+
+    async def scenario():
+        batcher = Batcher(translate, Settings(window=0.05))
+        loop = asyncio.get_running_loop()
+        jobs = [_job(loop, ["a"]), _job(loop, ["boom", "b"]), _job(loop, ["c"])]
+        for job in jobs:
+            batcher.submit(job)
+        task = loop.create_task(batcher.run())
+        await asyncio.wait([j.future for j in jobs], timeout=5)
+        task.cancel()
+        batcher.close()
+        return [j.future.exception() or j.future.result() for j in jobs], batcher.stats
+
+    results, stats = asyncio.run(scenario())
+    assert results[0] == ["A"] and results[2] == ["C"] and isinstance(results[1], RuntimeError)
+    assert calls == [["a", "boom", "b", "c"], ["a"], ["boom", "b"], ["c"]]  # shared, then each alone
+    assert (stats.requests, stats.calls, stats.shared_calls) == (3, 4, 1)
+
+
 # --------------------------------------------------------------------------- the page in a browser
 
 def _browser(profile: str):
