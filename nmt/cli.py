@@ -197,7 +197,8 @@ def _serve_parser(sub) -> None:
     g.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds from a request's arrival to its answer (more: 504; default: 60)")
     g.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
-                   help="after a request arrives, how long to wait for others to translate with it (default: 5)")
+                   help="after a request arrives, how long to wait for others to translate with it (default: 5; "
+                   "5%% of the previous call's duration when that is longer, at most 1 s)")
     g.add_argument("--batch-lines", type=int, default=1024, metavar="N",
                    help="lines gathered into one translation call at most (default: 1024)")
     g.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
