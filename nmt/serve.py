@@ -7,7 +7,8 @@ Endpoints (README "Serving"):
 - POST /translate `{"text": [line, ...], "options": {decode key: value}, "prefix": [line, ...]}`
   ("options" and "prefix" optional) -> `{"translations": [{"text", "score", "log_prob",
   "finished", "truncated", ...}, ...]}`, one item per line in input order; with nbest > 1 each
-  item carries its n-best list under "nbest"; with alignment / protect, "alignment" / "protected".
+  item carries its n-best list under "nbest"; with alignment / protect / prefixes, "alignment" /
+  "protected" / "prefix_truncated".
 - GET /health: 200 and the server's counters while it serves, 503 while it shuts down.
 - GET /: a page to try the model (nmt/serve_page.py).
 
@@ -112,6 +113,7 @@ def check_options(translator, options: dict, settings: Settings) -> DecodeConfig
                                     f"nmt serve --{key.replace('_', '-')} sets it for the server)")
     try:
         decode = translator.decode_settings(**options)
+        translator.check_language(**options)  # a multilingual model needs tgt_lang unless it has a default
     except ConfigError as e:
         raise RequestError(400, "; ".join(e.errors)) from None
     except UserError as e:
@@ -136,10 +138,13 @@ def _hypothesis(h, decode: DecodeConfig) -> dict:
     return out
 
 
-def result_json(result, decode: DecodeConfig) -> dict:
-    """One item of the response's "translations" for a TranslationResult."""
+def result_json(result, decode: DecodeConfig, prefixed: bool = False) -> dict:
+    """One item of the response's "translations" for a TranslationResult (prefixed: the request
+    gave prefixes, so the item says whether its prefix was cut to the model's maximum)."""
     out = _hypothesis(result.hypotheses[0], decode)
     out["truncated"] = result.truncated
+    if prefixed:
+        out["prefix_truncated"] = result.prefix_truncated
     if decode.protect:
         out["protected"] = result.protected
     if decode.nbest > 1:
@@ -186,7 +191,7 @@ class Service:
                 from None
         except UserError as e:
             raise RequestError(400, str(e)) from None
-        return {"translations": [result_json(r, decode) for r in results]}
+        return {"translations": [result_json(r, decode, prefixes is not None) for r in results]}
 
 
 # --------------------------------------------------------------------------- the app

@@ -163,6 +163,7 @@ def test_prefixes_equal_nmt_translate(server, ckpt):
     assert status == 200, data
     texts = [t["text"] for t in data["translations"]]
     assert texts == nmt_translate(ckpt, LINES, {"beam_size": 2}, prefix=prefix)
+    assert [t["prefix_truncated"] for t in data["translations"]] == [False] * len(LINES)
     assert texts[2].startswith("the red") and texts[4].startswith("the cat")
 
 
@@ -212,6 +213,7 @@ def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     (b'{"text": ["a"], "options": {"protect_pattern": "x+"}}', "option 'protect_pattern' is not set per request"),
     (b'{"text": ["a"], "options": {"beam_size": 5}}', "beam_size 5 is over this server's limit 4"),
     (b'{"text": ["a"], "options": {"protect": true}}', "--protect needs a model trained with data.protect: true"),
+    (b'{"text": ["a"], "options": {"tgt_lang": "de"}}', "this model translates into one language only"),
 ])
 def test_bad_requests_get_400_with_one_line(server, body, message):
     status, _, data = server.request("/translate", body)
