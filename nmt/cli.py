@@ -1,4 +1,4 @@
-"""Command line: `nmt train | translate | evaluate | score | average | export | serve`.
+"""Command line: `nmt train | translate | evaluate | score | average | import | export | serve`.
 
 Only argument parsing and dispatch live here; every command is an importable
 function. torch is imported lazily, inside the commands, so `nmt --help`
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nmt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     parser.set_defaults(command_parsers=sub.choices)  # {command: its parser}, for `parse_args`
-    for add in (_train_parser, _translate_parser, _evaluate_parser, _score_parser, _average_parser, _export_parser,
-                _serve_parser):
+    for add in (_train_parser, _translate_parser, _evaluate_parser, _score_parser, _average_parser, _import_parser,
+                _export_parser, _serve_parser):
         add(sub)
     return parser
 
@@ -161,6 +161,20 @@ def _average_parser(sub) -> None:
                        "the result is a checkpoint that translate and evaluate accept.")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints to average")
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="where to write the averaged checkpoint")
+
+
+def _import_parser(sub) -> None:
+    p = sub.add_parser("import", help="import a Hugging Face MarianMT / M2M100 / NLLB model as an nmt checkpoint",
+                       description="Write an nmt checkpoint from a Hugging Face model (OPUS-MT's MarianMT, M2M100, NLLB): "
+                       "a local directory (config.json, weights, tokenizer files) or a hub id, downloaded with "
+                       "huggingface_hub. translate, evaluate, score, average, export and train.init_from take the result.")
+    p.add_argument("source", metavar="SRC", help="model directory or hub id, e.g. Helsinki-NLP/opus-mt-es-en")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.pt", help="the checkpoint to write")
+    p.add_argument("--src-lang", metavar="L", help="source language (M2M100/NLLB: its language code, e.g. es or "
+                   "spa_Latn; default: tokenizer_config.json's)")
+    p.add_argument("--tgt-lang", metavar="L", help="target language (M2M100/NLLB: the default of translate's "
+                   "--tgt-lang; default: tokenizer_config.json's or generation_config.json's forced one)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no summary line")
 
 
 def _export_parser(sub) -> None:
@@ -294,6 +308,12 @@ def _cmd_average(args: argparse.Namespace) -> int:
     return average_command(args.checkpoints, args.output)
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    from nmt.hf_io import import_command
+
+    return import_command(args.source, args.output, src_lang=args.src_lang, tgt_lang=args.tgt_lang, quiet=args.quiet)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from nmt.export import export_command
 
@@ -320,7 +340,7 @@ def _sigterm_like_ctrl_c(command: str):
 
 
 COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_evaluate, "score": _cmd_score,
-            "average": _cmd_average, "export": _cmd_export, "serve": _cmd_serve}
+            "average": _cmd_average, "import": _cmd_import, "export": _cmd_export, "serve": _cmd_serve}
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

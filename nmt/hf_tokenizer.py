@@ -90,6 +90,7 @@ class HFTokenizer:
     settings: the special ids, vocabulary sizes and per-kind options (a JSON-able dict)."""
 
     kind = ""
+    free_language_token = False
 
     def __init__(self, files: dict[str, bytes], settings: dict, *, threads: int = 1,
                  languages: dict[str, int] | None = None, default_tgt_lang: str | None = None):
@@ -193,6 +194,7 @@ def _split_code(line: str) -> tuple[list[str], str]:
 
 class M2M100Tokenizer(HFTokenizer):
     kind = "m2m100"
+    free_language_token = True  # the forced language token counts log-prob 0 in searches (nmt/languages.py)
 
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
@@ -217,7 +219,14 @@ class M2M100Tokenizer(HFTokenizer):
         return self._sp.encode(line, out_type=str)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._sp.decode([self._pieces_of[i] for i in ids if i in self._pieces_of]).strip()
+        """As transformers: an id outside vocab.json (an unused "madeup" id) is written `<unk>`."""
+        out, pieces = "", []
+        for i in ids:
+            if i in self._pieces_of:
+                pieces.append(self._pieces_of[i])
+            else:
+                out, pieces = out + self._sp.decode(pieces) + "<unk>", []
+        return (out + self._sp.decode(pieces)).strip()
 
     def _pieces(self) -> tuple[dict[int, str], dict[int, str]]:
         table = dict(self._pieces_of)
@@ -227,6 +236,7 @@ class M2M100Tokenizer(HFTokenizer):
 
 class NllbTokenizer(HFTokenizer):
     kind = "nllb"
+    free_language_token = True
 
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
@@ -352,6 +362,8 @@ def read_tokenizer(model_dir: str, config: dict, *, src_lang: str | None = None,
     src = src_lang or tok_config.get("src_lang")
     tgt = tgt_lang or tok_config.get("tgt_lang")
     for flag, code in (("--src-lang", src), ("--tgt-lang", tgt)):
+        if code is None and flag == "--tgt-lang":
+            continue  # no default target language (the caller may find one)
         if code is None:
             raise UserError(f"{model_dir}: a multilingual {kind} model needs {flag} (tokenizer_config.json names "
                             f"no language; the model knows {len(languages)}, e.g. {', '.join(list(languages)[:5])})")

@@ -31,7 +31,7 @@ import torch
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 DATA = os.path.join(ROOT, "data", "bible-es-en")
 SIZES = dict(d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-             encoder_layers=2, decoder_layers=2, max_position_embeddings=128, dropout=0.1)
+             encoder_layers=2, decoder_layers=2, max_position_embeddings=256, dropout=0.1)
 
 
 def corpus_lines(split: str, lang: str, n: int, skip: int = 0) -> list[str]:
@@ -129,20 +129,57 @@ def nllb_tokenizer(d: str, n_lines: int = 2000, vocab: int = 400) -> int:
 
 # --------------------------------------------------------------------------- models
 
-def peaked(model, scale: float = 4.0, seed: int = 0):
-    """Random weights perturbed off their initialisation, with the embeddings (tied to the output
-    layer) scaled so that the output distributions are peaked. Eval mode."""
+def peaked(model, *, embed: float = 1.0, gamma: float = 3.0, sublayers: float = 1.0, cross: float = 1.0, seed: int = 0):
+    """Random weights that give peaked, varied greedy outputs (a random decoder otherwise repeats one
+    token): every weight perturbed off its initialisation; the decoder's token embeddings scaled by
+    `embed` and its self-attention / feed-forward outputs by `sublayers` (the residual carries the
+    previous token, an untied output layer maps it to a pseudo-random next one), cross-attention
+    outputs by `cross`; the decoder's last LayerNorm gain by `gamma` (sharp distributions: greedy and
+    beam choices are no near-ties); one hidden dimension a constant 1 there (gain 0, bias 1) and 0 in
+    every embedding, so that `set_eos_offset` can move the EOS logit alone. Eval mode."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "embed_positions" in name:
                 continue
             p.add_(0.3 * torch.randn(p.shape, generator=g))
-            if "shared" in name or "embed_tokens" in name or "lm_head" in name:
-                p.mul_(scale)
-        if hasattr(model, "final_logits_bias"):
-            model.final_logits_bias.add_(torch.randn(model.final_logits_bias.shape, generator=g))
+            if "decoder.layers" in name and ("self_attn.out_proj" in name or ".fc2." in name):
+                p.mul_(sublayers)
+            if "decoder.layers" in name and "encoder_attn.out_proj" in name:
+                p.mul_(cross)
+        model.get_decoder().embed_tokens.weight.mul_(embed)
+        last = _last_decoder_norm(model)
+        last.weight.mul_(gamma)
+        last.weight[0], last.bias[0] = 0.0, 1.0
+        for embedding in _output_matrices(model):
+            embedding[:, 0] = 0.0
     return model.eval()
+
+
+def _last_decoder_norm(model) -> torch.nn.LayerNorm:
+    return [m for n, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm) and ".decoder." in f".{n}"][-1]
+
+
+def _output_matrices(model) -> list[torch.Tensor]:
+    """The output projection and every embedding matrix (the same tensor when tied)."""
+    mats = [model.get_output_embeddings().weight, model.get_input_embeddings().weight,
+            model.get_decoder().embed_tokens.weight]
+    return list({m.data_ptr(): m for m in mats}.values())
+
+
+def set_eos_offset(model, tokenizer, sources: list[str], steps_per_sentence: float = 12.0, **generate):
+    """Add a constant to the EOS logit (through the constant hidden dimension of `peaked`) so that
+    greedy outputs of `sources` end after about `steps_per_sentence` tokens: the offset is the quantile
+    of the per-step gaps (best logit - EOS logit) that EOS then wins. Other tokens' ranking is unchanged."""
+    batch = tokenizer(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=1, max_length=40, output_scores=True, return_dict_in_generate=True,
+                             **generate)
+        eos = model.config.eos_token_id
+        gaps = torch.cat([(s.max(dim=-1).values - s[:, eos])[torch.isfinite(s[:, eos])] for s in out.scores])
+        offset = torch.quantile(gaps.float(), 1.0 / steps_per_sentence).item()
+        model.get_output_embeddings().weight[eos, 0] += offset
+    return model
 
 
 def marian_model(d: str, seed: int = 0, **overrides):
@@ -152,9 +189,11 @@ def marian_model(d: str, seed: int = 0, **overrides):
     V = marian_tokenizer(d)
     config = transformers.MarianConfig(**{**SIZES, "vocab_size": V, "pad_token_id": V - 1, "decoder_start_token_id": V - 1,
                                           "eos_token_id": 0, "forced_eos_token_id": 0, "activation_function": "swish",
-                                          "scale_embedding": True, **overrides})
+                                          "scale_embedding": True, "tie_word_embeddings": False, **overrides})
     torch.manual_seed(seed)
-    model = peaked(transformers.MarianMTModel(config), seed=seed)
+    model = peaked(transformers.MarianMTModel(config), sublayers=0.1, cross=0.3, seed=seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(d)
+    set_eos_offset(model, tokenizer, corpus_lines("dev", "es", 32), bad_words_ids=[[V - 1]])
     model.generation_config.update(num_beams=4, max_length=60, bad_words_ids=[[V - 1]])
     model.save_pretrained(d)
     return model
@@ -167,9 +206,12 @@ def m2m100_model(d: str, seed: int = 0, nllb: bool = False, **overrides):
     V = nllb_tokenizer(d) if nllb else m2m100_tokenizer(d)
     config = transformers.M2M100Config(**{**SIZES, "vocab_size": V, "activation_function": "relu",
                                           "scale_embedding": True, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
-                                          **overrides})
+                                          "tie_word_embeddings": False, **overrides})
     torch.manual_seed(seed)
-    model = peaked(transformers.M2M100ForConditionalGeneration(config), seed=seed)
+    model = peaked(transformers.M2M100ForConditionalGeneration(config), embed=10.0, seed=seed)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(d)
+    forced = tokenizer.convert_tokens_to_ids("eng_Latn" if nllb else "__en__")
+    set_eos_offset(model, tokenizer, corpus_lines("dev", "es", 32), forced_bos_token_id=forced, bad_words_ids=[[1]])
     model.generation_config.update(num_beams=5, max_length=60)
     model.save_pretrained(d)
     return model

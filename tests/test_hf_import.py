@@ -108,7 +108,7 @@ def test_detokenization_equals_transformers(tokenizer_dirs, kind):
     labels = theirs(text_target=tgt)["input_ids"]  # with the language token and </s>
     assert ours.decode_tgt(labels) == theirs.batch_decode(labels, skip_special_tokens=True)
     rng = random.Random(3)
-    last = max(i for i in ours._pieces()[1]) + 1  # random ids over the tokenizer's vocabulary, specials included
+    last = ours.tgt_vocab_size  # random ids over the whole vocabulary: specials, languages, unused ids
     seqs = [[rng.randrange(last) for _ in range(rng.randrange(1, 25))] for _ in range(200)]
     assert ours.decode_tgt(seqs) == theirs.batch_decode(seqs, skip_special_tokens=True)
 
@@ -145,3 +145,135 @@ def test_tokenizer_errors_are_one_line(tokenizer_dirs, tmp_path):
     d, config = tokenizer_dirs["m2m100"]
     with pytest.raises(UserError, match="--tgt-lang xx: not a language of this model"):
         read_tokenizer(d, config, tgt_lang="xx")
+
+
+# --------------------------------------------------------------------------- imported models
+
+FAMILIES = ["marian", "m2m100", "nllb"]
+LANGS = {"marian": (None, None), "m2m100": ("es", "en"), "nllb": ("spa_Latn", "eng_Latn")}
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """{family: (transformers model, its tokenizer set to the languages, model directory, nmt checkpoint)}."""
+    from nmt.hf_io import import_command
+
+    out = {}
+    for family in FAMILIES:
+        d = str(tmp_path_factory.mktemp(family))
+        model = fx.marian_model(d) if family == "marian" else fx.m2m100_model(d, nllb=family == "nllb")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(d)
+        src, tgt = LANGS[family]
+        if src:
+            tokenizer.src_lang, tokenizer.tgt_lang = src, tgt
+        ckpt = os.path.join(d, "imported.pt")
+        assert import_command(d, ckpt, quiet=True) == 0
+        out[family] = (model, tokenizer, d, ckpt)
+    return out
+
+
+def generate_kwargs(model, tokenizer, family: str) -> dict:
+    """What generate() needs to search as nmt does: the forced target language (M2M100/NLLB), <pad>
+    never generated (nmt's rule; MarianMT's generation_config already has bad_words_ids [[pad]])."""
+    if family == "marian":
+        return {}
+    lang = f"__{tokenizer.tgt_lang}__" if family == "m2m100" else tokenizer.tgt_lang
+    return dict(forced_bos_token_id=tokenizer.convert_tokens_to_ids(lang),
+                bad_words_ids=[[model.config.pad_token_id]])
+
+
+def hf_outputs(model, tokenizer, lines: list[str], family: str, **generate) -> list[list[int]]:
+    """generate()'s tokens after the decoder start, without the forced language token, EOS and padding."""
+    import torch
+
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        seqs = model.generate(**batch, **generate_kwargs(model, tokenizer, family), **generate)
+    skip = 2 if family != "marian" else 1
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    out = []
+    for row in seqs.tolist():
+        tokens = row[skip:]
+        out.append(tokens[: tokens.index(eos)] if eos in tokens else [t for t in tokens if t != pad])
+    return out
+
+
+def nmt_outputs(ckpt: str, lines: list[str], family: str, **decode) -> list[list[int]]:
+    """nmt's best hypothesis per line (TorchEngine, fast paths on), without the language token."""
+    from nmt.config import decode_config
+    from nmt.languages import target_prefix
+    from nmt.torch_engine import TorchEngine
+
+    engine = TorchEngine.load(ckpt, "cpu")
+    settings = decode_config(engine.decode, decode)
+    src = engine.tokenizer.encode_src(lines)
+    lang = target_prefix(engine.tokenizer, None)
+    with engine.running():
+        hyps = engine.search_batch(src, settings, prefixes=[lang] * len(src) if lang else None)
+    return [h[0].tokens[len(lang):] for h in hyps]
+
+
+def test_imported_checkpoint_is_an_ordinary_one(imported):
+    from nmt.checkpoint import load_checkpoint
+
+    _, _, _, ckpt = imported["nllb"]
+    state = load_checkpoint(ckpt)
+    c = state["config"]
+    assert (c["data"]["src_lang"], c["data"]["tgt_lang"]) == ("spa_Latn", "eng_Latn")
+    assert c["data"]["train"] is None and c["model"]["norm"] == "pre" and c["model"]["positions"] == "sinusoidal_fairseq"
+    # generation_config: num_beams 5, max_length 60 (counting the decoder start)
+    assert (c["decode"]["beam_size"], c["decode"]["length_penalty_type"], c["decode"]["length_penalty"]) == (5, "average", 1.0)
+    assert (c["decode"]["max_len_a"], c["decode"]["max_len_b"]) == (0.0, 59)
+    assert state["tokenizer"]["kind"] == "nllb" and "train_state" not in state
+    _, _, _, ckpt = imported["marian"]
+    c = load_checkpoint(ckpt)["config"]
+    assert (c["data"]["src_lang"], c["data"]["tgt_lang"]) == ("es", "en")
+    assert (c["decode"]["beam_size"], c["decode"]["max_len_b"]) == (4, 58)  # forced EOS takes the 59th token
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_through_the_tokenizers(imported, family):
+    import torch
+
+    from nmt.checkpoint import load_for_inference
+    from nmt.languages import target_prefix
+    from nmt.layout import source_tensors, target_tensors
+
+    model, tokenizer, _, ckpt = imported[family]
+    ours, tok, _ = load_for_inference(ckpt)
+    src, tgt = texts("es")[:12], texts("en")[:12]
+    batch = tokenizer(src, text_target=tgt, return_tensors="pt", padding=True)
+    labels = batch["labels"]
+    start = model.config.decoder_start_token_id
+    decoder_in = torch.cat([torch.full((len(src), 1), start), labels[:, :-1]], dim=1)
+    with torch.no_grad():
+        theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       decoder_input_ids=decoder_in).logits
+        x, x_mask = source_tensors(tok.encode_src(src), tok.specials)
+        lang = target_prefix(tok, None)
+        tgt_in, tgt_out = target_tensors([lang + ids for ids in tok.encode_tgt(tgt)], tok.specials)
+        assert torch.equal(x, batch["input_ids"]) and torch.equal(x_mask, batch["attention_mask"].bool())
+        real = tgt_out != tok.specials.pad
+        assert torch.equal(tgt_out[real], labels[real]) and torch.equal(tgt_in[real], decoder_in[real])
+        logits = ours(x, x_mask, tgt_in)
+    assert (logits - theirs)[real].abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_generate(imported, family):
+    """generate() with the model's generation_config (max_length 60: Marian's last token a forced EOS;
+    nmt's imported decode section maps it), num_beams=1."""
+    model, tokenizer, _, ckpt = imported[family]
+    lines = fx.corpus_lines("test", "es", 48, skip=40)
+    theirs = hf_outputs(model, tokenizer, lines, family, num_beams=1)
+    assert len({tuple(t) for t in theirs}) > 10 and len({len(t) for t in theirs}) > 5  # varied outputs
+    assert nmt_outputs(ckpt, lines, family, beam_size=1) == theirs
+    from nmt import Translator
+
+    texts_ = [r.text for r in Translator(ckpt, device="cpu").translate(lines, beam_size=1)]
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    import torch
+
+    with torch.no_grad():
+        seqs = model.generate(**batch, num_beams=1, **generate_kwargs(model, tokenizer, family))
+    assert texts_ == tokenizer.batch_decode(seqs, skip_special_tokens=True)
