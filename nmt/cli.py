@@ -174,6 +174,8 @@ def _import_parser(sub) -> None:
                    "spa_Latn; default: tokenizer_config.json's)")
     p.add_argument("--tgt-lang", metavar="L", help="target language (M2M100/NLLB: the default of translate's "
                    "--tgt-lang; default: tokenizer_config.json's or generation_config.json's forced one)")
+    p.add_argument("--config", metavar="YAML", help="also write a fine-tuning config for the checkpoint (its model "
+                   "and decode sections, train.init_from; fill in data.train and data.valid)")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary line")
 
 
@@ -311,7 +313,8 @@ def _cmd_average(args: argparse.Namespace) -> int:
 def _cmd_import(args: argparse.Namespace) -> int:
     from nmt.hf_io import import_command
 
-    return import_command(args.source, args.output, src_lang=args.src_lang, tgt_lang=args.tgt_lang, quiet=args.quiet)
+    return import_command(args.source, args.output, src_lang=args.src_lang, tgt_lang=args.tgt_lang, config=args.config,
+                          quiet=args.quiet)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

@@ -176,16 +176,47 @@ def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | No
     return state, notes
 
 
+FINETUNE_HEADER = """\
+# Fine-tuning config for {output}, written by `nmt import {source}`.
+# Fill in data.train and data.valid (your corpus), then: nmt train --config {config}
+# The model section is the imported architecture (only dropout rates may change); data.tokenizer is left
+# out: the imported tokenizer is used as it is. The train settings are starting points for fine-tuning
+# a pretrained model (small learning rate, short warmup), not tuned values.
+"""
+
+
+def finetune_config(state: dict, checkpoint: str) -> dict:
+    """A fine-tuning config (as a dict) for an imported checkpoint: its model, decode and languages,
+    train.init_from = the checkpoint; data.train / data.valid are placeholders to fill in."""
+    c = state["config"]
+    data = {"src_lang": c["data"]["src_lang"], "tgt_lang": c["data"]["tgt_lang"],
+            "train": {"src": "TRAIN_SOURCE_FILE", "tgt": "TRAIN_TARGET_FILE"},
+            "valid": {"src": "VALID_SOURCE_FILE", "tgt": "VALID_TARGET_FILE"},
+            "max_len": c["data"]["max_len"], "batch_tokens": 4096}
+    if not c["data"]["tokenizer"]["joint"]:
+        data["tokenizer"] = {"joint": False}
+    train = {"init_from": os.path.abspath(checkpoint), "lr": 5e-5, "schedule": "constant", "warmup_steps": 200,
+             "max_steps": 5000, "valid_every": 500, "keep_best": 3}
+    return {"name": f"{c['name']}-finetuned", "data": data, "model": c["model"], "train": train, "decode": c["decode"]}
+
+
 def import_command(source: str, output: str, *, src_lang: str | None = None, tgt_lang: str | None = None,
-                   quiet: bool = False, stderr=None) -> int:
-    """`nmt import`: write the checkpoint of a Hugging Face model to `output`. Returns 0."""
+                   config: str | None = None, quiet: bool = False, stderr=None) -> int:
+    """`nmt import`: write the checkpoint of a Hugging Face model to `output` (and, with `config`, a
+    fine-tuning config for it). Returns 0."""
+    import yaml
+
     from nmt import textio
     from nmt.checkpoint import save_checkpoint
 
     stderr = stderr or sys.stderr
-    textio.check_paths({}, {"--output": output})
+    textio.check_paths({}, {"--output": output, **({"--config": config} if config else {})})
     state, notes = import_model(source, src_lang=src_lang, tgt_lang=tgt_lang)
     save_checkpoint(state, output)
+    if config:
+        text = yaml.safe_dump(finetune_config(state, output), sort_keys=False, allow_unicode=True)
+        textio.write_lines(config, (FINETUNE_HEADER.format(output=output, source=source, config=config) + text)
+                           .rstrip("\n").split("\n"))
     if not quiet:
         for note in notes:
             print(f"nmt import: note: generation_config: {note}", file=stderr)

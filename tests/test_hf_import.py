@@ -277,3 +277,128 @@ def test_greedy_equals_generate(imported, family):
     with torch.no_grad():
         seqs = model.generate(**batch, num_beams=1, **generate_kwargs(model, tokenizer, family))
     assert texts_ == tokenizer.batch_decode(seqs, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("penalty", ["none", "average"])
+def test_beam_equals_generate(imported, family, penalty):
+    """Beam 4 with matched length-penalty semantics, on at least 99% of lines.
+
+    - none: transformers' length_penalty=0 (score = summed log-prob, L ** 0 = 1) = nmt's `none`.
+      Both keep the top-2K candidates of K*V per step and fill the finished pool from the top K;
+      without a penalty transformers' early-stopping heuristic is exact as nmt's bound is.
+    - average, alpha 1: transformers' sum / L ** 1 with L = generated tokens (forced language token
+      and EOS included) = nmt's `average` (the language token counting log-prob 0 in both: an
+      imported M2M100/NLLB tokenizer's `free_language_token`). early_stopping="never" makes
+      transformers' stopping test exact as nmt's; no forced EOS at the limit (transformers would
+      count that EOS as a token of log-prob 0, nmt stops the hypothesis without it), so both cut
+      at max_length - 1 tokens.
+    """
+    model, tokenizer, _, ckpt = imported[family]
+    lines = fx.corpus_lines("test", "es", 60, skip=100)
+    if penalty == "none":
+        hf = dict(length_penalty=0.0)
+        ours = dict(length_penalty_type="none")
+    else:
+        hf = dict(length_penalty=1.0, early_stopping="never", forced_eos_token_id=None)
+        ours = dict(length_penalty_type="average", length_penalty=1.0, max_len_a=0, max_len_b=59)
+    theirs = hf_outputs(model, tokenizer, lines, family, num_beams=4, max_length=60, **hf)
+    got = nmt_outputs(ckpt, lines, family, beam_size=4, **ours)
+    same = sum(a == b for a, b in zip(got, theirs))
+    assert same >= 0.99 * len(lines), f"{len(lines) - same} of {len(lines)} lines differ"
+    greedy = hf_outputs(model, tokenizer, lines, family, num_beams=1, max_length=60, forced_eos_token_id=None)
+    assert sum(a != b for a, b in zip(greedy, theirs)) >= 5  # the beam does change outputs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_score_equals_teacher_forced_log_prob(imported, family):
+    """nmt score = transformers' log p(labels | source): labels = the tokenizer's text_target ids
+    ([lang] pieces </s> for M2M100/NLLB, pieces </s> for MarianMT), decoder input = start + labels[:-1]."""
+    import torch
+
+    from nmt import Translator
+
+    model, tokenizer, _, ckpt = imported[family]
+    src, tgt = fx.corpus_lines("dev", "es", 24), fx.corpus_lines("dev", "en", 24)
+    batch = tokenizer(src, text_target=tgt, return_tensors="pt", padding=True)
+    labels = batch["labels"].masked_fill(batch["labels"] == model.config.pad_token_id, -100)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).logits
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    theirs = (logp * (labels != -100)).sum(dim=1)
+    scores = Translator(ckpt, device="cpu").score(src, tgt)
+    assert [s.n_tokens for s in scores] == (labels != -100).sum(dim=1).tolist()
+    assert max(abs(s.log_prob - t) for s, t in zip(scores, theirs.tolist())) <= 1e-3
+
+
+# --------------------------------------------------------------------------- bad input
+
+def run_cli(args: list[str], capsys) -> tuple[int, str]:
+    from nmt.cli import main
+
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def broken_copy(src: str, dst: str, edit) -> str:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.pt"))
+    edit(dst)
+    return dst
+
+
+def _truncate(d: str) -> None:
+    path = os.path.join(d, "model.safetensors")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _config(model_type: str):
+    def edit(d: str) -> None:
+        import json
+
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump({"model_type": model_type, "architectures": ["X"]}, f)
+    return edit
+
+
+@pytest.mark.parametrize("case, edit, flags, message", [
+    ("not-a-model", lambda d: os.remove(os.path.join(d, "config.json")), [], "is not a Hugging Face model directory"),
+    ("t5", _config("t5"), [], r"model_type 't5' is not supported \(supported: marian"),
+    ("mbart", _config("mbart"), [], "model_type 'mbart' is not supported"),
+    ("truncated", _truncate, [], "cannot read weights .*model.safetensors: truncated or not a weights file"),
+    ("no-weights", lambda d: os.remove(os.path.join(d, "model.safetensors")), [], "has no weights file"),
+    ("no-vocab", lambda d: os.remove(os.path.join(d, "vocab.json")), [], "has no tokenizer file vocab.json"),
+    ("bad-tgt-lang", lambda d: None, ["--tgt-lang", "xx"], "--tgt-lang xx: not a language of this model"),
+    ("bad-src-lang", lambda d: None, ["--src-lang", "zz"], "--src-lang zz: not a language of this model"),
+])
+def test_bad_input_is_one_line(imported, tmp_path, capsys, case, edit, flags, message):
+    import re
+
+    _, _, d, _ = imported["m2m100"]
+    broken = broken_copy(d, str(tmp_path / case), edit)
+    code, err = run_cli(["import", broken, "-o", str(tmp_path / "out.pt"), *flags], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("nmt import: error: "), err
+    assert re.search(message, err), err
+    assert not os.path.exists(tmp_path / "out.pt")
+
+
+def test_missing_source_and_offline_hub_are_one_line(tmp_path, capsys, monkeypatch):
+    code, err = run_cli(["import", str(tmp_path / "nothere"), "-o", str(tmp_path / "o.pt")], capsys)
+    assert code == 2 and err == f"nmt import: error: Hugging Face model directory not found: {tmp_path / 'nothere'}\n"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests: the download fails at once
+    code, err = run_cli(["import", "Helsinki-NLP/opus-mt-es-en", "-o", str(tmp_path / "o.pt")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "could not download Helsinki-NLP/opus-mt-es-en from the Hugging Face Hub" in err
+    assert "a local model directory works too" in err
+
+
+def test_translate_with_an_unknown_language_is_one_line(imported, tmp_path, capsys):
+    _, _, _, ckpt = imported["m2m100"]
+    src = tmp_path / "in.es"
+    src.write_text("Y dijo Dios\n")
+    code, err = run_cli(["translate", "-c", ckpt, "-i", str(src), "--tgt-lang", "xx", "-q"], capsys)
+    assert code == 2 and err.startswith("nmt translate: error: unknown target language 'xx'") and err.count("\n") == 1
+    code, _ = run_cli(["translate", "-c", ckpt, "-i", str(src), "--tgt-lang", "fr", "-q", "--beam", "1"], capsys)
+    assert code == 0
