@@ -180,10 +180,13 @@ def _import_parser(sub) -> None:
 
 
 def _export_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint for another inference engine (CTranslate2)",
-                       description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`).")
+    p = sub.add_parser("export", help="export a checkpoint for CTranslate2 or Hugging Face transformers",
+                       description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`), "
+                       "or with --format hf a Hugging Face directory (MarianMT or M2M100) that transformers' "
+                       "AutoModelForSeq2SeqLM and AutoTokenizer load.")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to export")
-    p.add_argument("--format", default="ctranslate2", choices=("ctranslate2",), help="export format (default: ctranslate2)")
+    p.add_argument("--format", default="ctranslate2", choices=("ctranslate2", "hf"),
+                   help="export format (default: ctranslate2; hf: Hugging Face transformers)")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
     p.add_argument("--quantization", choices=("int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32"),
                    help="weight quantization (default: float32)")

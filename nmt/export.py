@@ -354,9 +354,16 @@ def _replace_dir(new: str, target: str) -> None:
 
 def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslate2",
                    quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
-    """`nmt export`: write a CTranslate2 model directory for `checkpoint`. Returns 0."""
+    """`nmt export`: write a CTranslate2 model directory for `checkpoint` (format "hf": a Hugging Face
+    model directory, nmt/hf_export.py). Returns 0."""
+    if format == "hf":
+        if quantization is not None:
+            raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
+        from nmt.hf_export import export_hf
+
+        return export_hf(checkpoint, output_dir, force=force, quiet=quiet)
     if format != "ctranslate2":
-        raise UserError(f"unknown export format {format!r} (supported: ctranslate2)")
+        raise UserError(f"unknown export format {format!r} (supported: ctranslate2, hf)")
     require_ctranslate2()
     _check_output(output_dir, force)
     from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint

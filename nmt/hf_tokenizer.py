@@ -355,6 +355,8 @@ def read_tokenizer(model_dir: str, config: dict, *, src_lang: str | None = None,
         _check_ids(tokenizer, model_dir)
         return tokenizer
     files = _read_files(model_dir, kind, FILES[kind])
+    if kind == "nllb" and os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+        files.update(_read_files(model_dir, kind, ["tokenizer.json"]))  # kept for `nmt export --format hf`
     if kind == "m2m100":
         settings, languages = _m2m100_settings(files, config, tok_config, model_dir)
     else:
@@ -412,7 +414,9 @@ def _m2m100_settings(files: dict[str, bytes], config: dict, tok_config: dict, mo
     specials = _specials(config, pad=vocab["<pad>"], unk=vocab["<unk>"], eos=vocab["</s>"])
     V = config["vocab_size"]
     drop = sorted({vocab["<s>"], specials["pad"], specials["eos"], specials["unk"]})
-    return {"specials": specials, "src_vocab_size": V, "tgt_vocab_size": V, "drop": drop}, languages
+    return {"specials": specials, "src_vocab_size": V, "tgt_vocab_size": V, "drop": drop,
+            "language_codes": tok_config.get("language_codes", "m2m100"),
+            "num_madeup_words": tok_config.get("num_madeup_words", 8)}, languages
 
 
 def _nllb_settings(files: dict[str, bytes], config: dict, tok_config: dict, model_dir: str) -> tuple[dict, dict]:

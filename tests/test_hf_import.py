@@ -402,3 +402,188 @@ def test_translate_with_an_unknown_language_is_one_line(imported, tmp_path, caps
     assert code == 2 and err.startswith("nmt translate: error: unknown target language 'xx'") and err.count("\n") == 1
     code, _ = run_cli(["translate", "-c", ckpt, "-i", str(src), "--tgt-lang", "fr", "-q", "--beam", "1"], capsys)
     assert code == 0
+
+
+# --------------------------------------------------------------------------- export --format hf
+
+def hf_generate_texts(directory: str, lines: list[str], **generate) -> list[str]:
+    """transformers alone on an exported directory: AutoTokenizer, AutoModelForSeq2SeqLM, generate()
+    with the directory's generation_config.json."""
+    import torch
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        out = model.generate(**tokenizer(lines, return_tensors="pt", padding=True), **generate)
+    return tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_import_export_round_trip(imported, family, tmp_path, capsys):
+    """import -> export --format hf -> transformers: the same outputs as nmt translate, and as the
+    original directory (greedy; beam with the written settings for M2M100/NLLB: for MarianMT the
+    forced EOS at max_length makes transformers count one more token for hypotheses that reach the
+    limit, so the average penalty can rank those few differently)."""
+    from nmt import Translator
+
+    model, tokenizer, d, ckpt = imported[family]
+    out = str(tmp_path / "hf")
+    code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", out], capsys)
+    assert code == 0 and err.startswith(f"exported {ckpt} to {out} (Hugging Face"), err
+    lines = fx.corpus_lines("test", "es", 40, skip=200)
+    translator = Translator(ckpt, device="cpu")
+    ours = [r.text for r in translator.translate(lines, beam_size=1)]
+    assert hf_generate_texts(out, lines, num_beams=1) == ours
+    import torch
+
+    with torch.no_grad():
+        original = model.generate(**tokenizer(lines, return_tensors="pt", padding=True), num_beams=1,
+                                  **generate_kwargs(model, tokenizer, family))
+    assert tokenizer.batch_decode(original, skip_special_tokens=True) == ours
+    if family != "marian":
+        assert hf_generate_texts(out, lines) == [r.text for r in translator.translate(lines)]  # beam 5, average 1
+
+
+def nmt_trained(tmp_path, layout: str) -> str:
+    """A checkpoint of `nmt train` (80 steps on the synthetic task, nmt's own SentencePiece model) with
+    the options a Hugging Face family can represent."""
+    from helpers import tiny_config_dict
+
+    from nmt.config import config_from_dict
+    from nmt.train import train
+
+    raw = tiny_config_dict(str(tmp_path), max_steps=80, warmup_steps=20, valid_every=80, valid_max_sentences=5)
+    if layout == "marian":
+        raw["model"].update(norm="post", positions="sinusoidal_halves", activation="silu", output_bias=True)
+    else:
+        raw["model"].update(norm="pre", positions="sinusoidal_fairseq", position_offset=1, activation="gelu")
+    raw["decode"].update(max_len_a=0, max_len_b=30)
+    result = train(config_from_dict(raw), quiet=True)
+    return os.path.join(result["run_dir"], "checkpoints", "latest.pt")
+
+
+@pytest.mark.parametrize("layout", ["marian", "m2m100"])
+def test_export_of_an_nmt_trained_model(tmp_path, capsys, layout):
+    """nmt's SentencePiece model as MarianTokenizer files (ids equal to nmt's); post-norm -> MarianMT,
+    pre-norm -> M2M100; generate() = nmt translate, greedy and beam."""
+    from helpers import make_pairs
+
+    from nmt import Translator
+
+    ckpt = nmt_trained(tmp_path, layout)
+    out = str(tmp_path / "hf")
+    code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", out], capsys)
+    assert code == 0, err
+    lines = [s for s, _ in make_pairs(40, seed=7)]
+    translator = Translator(ckpt, device="cpu")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(tok).__name__ == "MarianTokenizer"
+    assert tok(lines)["input_ids"] == [ids + [3] for ids in translator._engine.tokenizer.encode_src(lines)]
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert config.model_type == ("marian" if layout == "marian" else "m2m_100")
+    assert hf_generate_texts(out, lines, num_beams=1) == [r.text for r in translator.translate(lines, beam_size=1)]
+    assert hf_generate_texts(out, lines, num_beams=3, length_penalty=0.0) == \
+        [r.text for r in translator.translate(lines, beam_size=3, length_penalty_type="none")]
+
+
+def test_export_refuses_what_no_family_represents(tmp_path, capsys):
+    from helpers import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))  # pre-norm, the paper's interleaved sinusoids
+    code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", str(tmp_path / "hf")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("nmt export: error: cannot represent this model as Hugging Face m2m_100 (pre-norm): "
+                          "model.positions='sinusoidal' (needs 'sinusoidal_fairseq')"), err
+    assert not os.path.exists(tmp_path / "hf")
+
+
+# --------------------------------------------------------------------------- CTranslate2, fine-tuning
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ctranslate2_export_of_an_imported_model(imported, family, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is optional: pip install -e '.[ct2]'")
+    from nmt import Translator
+    from nmt.export import export_command
+
+    _, _, _, ckpt = imported[family]
+    out = str(tmp_path / "ct2")
+    assert export_command(ckpt, out, quiet=True) == 0
+    lines = fx.corpus_lines("test", "es", 30, skip=300)
+    ct2 = Translator(out, device="cpu")
+    torch_ = Translator(ckpt, device="cpu")
+    assert [r.text for r in ct2.translate(lines, beam_size=1)] == [r.text for r in torch_.translate(lines, beam_size=1)]
+    scores = [s.log_prob for s in ct2.score(lines[:5], lines[:5])]
+    assert scores == pytest.approx([s.log_prob for s in torch_.score(lines[:5], lines[:5])], abs=1e-3)
+
+
+def finetune_config(tmp_path, imported, family: str, capsys, **edits) -> str:
+    """The config `nmt import --config` writes, filled in with a small Bible corpus and a short schedule."""
+    import yaml
+
+    _, _, d, _ = imported[family]
+    ckpt, path = str(tmp_path / "imported.pt"), str(tmp_path / "ft.yaml")
+    code, err = run_cli(["import", d, "-o", ckpt, "--config", path, "-q"], capsys)
+    assert code == 0, err
+    with open(path, encoding="utf-8") as f:
+        raw = yaml.safe_load(f)
+    files = {}
+    for split, n in (("train", 300), ("dev", 12)):
+        for lang in ("es", "en"):
+            files[split, lang] = str(tmp_path / f"{split}.{lang}")
+            with open(files[split, lang], "w", encoding="utf-8") as f:
+                f.write("\n".join(fx.corpus_lines(split, lang, n)) + "\n")
+    raw["data"].update(train={"src": files["train", "es"], "tgt": files["train", "en"]},
+                       valid={"src": files["dev", "es"], "tgt": files["dev", "en"]}, batch_tokens=3000)
+    raw["train"].update(max_steps=16, warmup_steps=4, lr=1e-3, valid_every=8, keep_best=0, valid_max_sentences=4,
+                        device="cpu", threads=1)
+    raw.update(output_dir=str(tmp_path / "runs"))
+    for key, value in edits.items():
+        section, name = key.split("__")
+        raw[section][name] = value
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(raw, f)
+    return path
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m100"])
+def test_fine_tuning_an_imported_model(imported, family, tmp_path, capsys):
+    """train.init_from an imported checkpoint: the imported tokenizer as it is (no SentencePiece
+    training), validation and checkpoints as usual; the result averages, translates and exports."""
+    from nmt.checkpoint import load_checkpoint
+
+    config = finetune_config(tmp_path, imported, family, capsys)
+    code, err = run_cli(["train", "--config", config, "-q"], capsys)
+    assert code == 0, err
+    run = tmp_path / "runs" / f"{os.path.basename(imported[family][2])}-finetuned"
+    names = set(os.listdir(run))
+    assert "hf_tokenizer.json" in names and not names & {"spm.model", "spm.src.model"}
+    log = (run / "train.log").read_text()
+    assert "fine-tuning" in log and "valid step 16" in log
+    steps = sorted(str(p) for p in (run / "checkpoints").glob("step_*.pt"))
+    assert len(steps) == 2
+    tuned = load_checkpoint(steps[-1])
+    assert tuned["tokenizer"] == load_checkpoint(str(tmp_path / "imported.pt"))["tokenizer"]
+    avg = str(tmp_path / "avg.pt")
+    assert run_cli(["average", *steps, "-o", avg], capsys)[0] == 0
+    src = tmp_path / "in.es"
+    src.write_text("\n".join(fx.corpus_lines("test", "es", 5)) + "\n")
+    code, _ = run_cli(["translate", "-c", avg, "-i", str(src), "-o", str(tmp_path / "out.en"), "-q"], capsys)
+    assert code == 0 and len((tmp_path / "out.en").read_text().splitlines()) == 5
+    code, err = run_cli(["export", "-c", avg, "--format", "hf", "-o", str(tmp_path / "hf")], capsys)
+    assert code == 0, err
+    lines = fx.corpus_lines("test", "es", 10)
+    from nmt import Translator
+
+    assert hf_generate_texts(str(tmp_path / "hf"), lines, num_beams=1) == \
+        [r.text for r in Translator(avg, device="cpu").translate(lines, beam_size=1)]
+
+
+def test_fine_tuning_config_rules_for_imported_tokenizers(imported, tmp_path, capsys):
+    config = finetune_config(tmp_path, imported, "m2m100", capsys, data__tokenizer={"vocab_size": 4000})
+    code, err = run_cli(["train", "--config", config, "-q"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "its tokenizer was imported from Hugging Face (m2m100) and is used as it is (nothing is trained): leave " \
+           "data.tokenizer.vocab_size out of data.tokenizer" in err
+    config = finetune_config(tmp_path, imported, "m2m100", capsys, data__src_lang="de")
+    code, err = run_cli(["train", "--config", config, "-q"], capsys)
+    assert code == 2 and "encodes sources as 'es'" in err and "--src-lang de" in err and err.count("\n") == 1
