@@ -38,7 +38,7 @@ import sentencepiece as spm
 from nmt.errors import UserError
 from nmt.layout import Specials
 
-SETTINGS_FILE = "hf_tokenizer.json"  # written by `save`: the kind and settings of the files beside it
+SETTINGS_FILE = "hf_tokenizer.json"  # written by `save`: the kind and settings of the files beside it (= tokenizer.IMPORTED_FILE)
 WORD_START = "\u2581"
 M2M100_CODES = {
     "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi "

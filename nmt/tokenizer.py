@@ -43,6 +43,7 @@ __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "build_tokenizer
            "tag_symbol", "train_sentencepiece", "train_tags", "tokenizer_settings"]
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode (UNK is kept)
 JOINT_FILE, SRC_FILE, TGT_FILE, SETTINGS_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "spm.json"
+IMPORTED_FILE = "hf_tokenizer.json"  # marks an imported tokenizer's files (nmt/hf_tokenizer.py), which `load` prefers
 WORD_START = "\u2581"  # SentencePiece's whitespace mark
 
 
@@ -154,14 +155,14 @@ class Tokenizer:
     def save(self, run_dir: str, settings: dict | None = None) -> None:
         """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, then `settings` as spm.json.
 
-        Each file is written to a temporary name and renamed. spm.json and the
-        other layout's model files are removed first and spm.json is written
-        last, so a model is never described by older settings.
+        Each file is written to a temporary name and renamed. spm.json, an imported tokenizer's
+        hf_tokenizer.json and the other layout's model files are removed first and spm.json is
+        written last, so a model is never described by older settings.
         """
         os.makedirs(run_dir, exist_ok=True)
         files = [(JOINT_FILE, self._src_proto)] if self.joint else \
             [(SRC_FILE, self._src_proto), (TGT_FILE, self._tgt_proto)]
-        stale = [SETTINGS_FILE] + sorted({JOINT_FILE, SRC_FILE, TGT_FILE} - {name for name, _ in files})
+        stale = [SETTINGS_FILE, IMPORTED_FILE] + sorted({JOINT_FILE, SRC_FILE, TGT_FILE} - {name for name, _ in files})
         for name in stale:  # first: the settings, and the other layout's models (load prefers spm.model)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(run_dir, name))

@@ -587,3 +587,28 @@ def test_fine_tuning_config_rules_for_imported_tokenizers(imported, tmp_path, ca
     config = finetune_config(tmp_path, imported, "m2m100", capsys, data__src_lang="de")
     code, err = run_cli(["train", "--config", config, "-q"], capsys)
     assert code == 2 and "encodes sources as 'es'" in err and "--src-lang de" in err and err.count("\n") == 1
+
+
+def test_nmt_tokenizer_saved_over_an_imported_one_wins(tokenizer_dirs, tmp_path):
+    """A run directory that held an imported tokenizer and then gets nmt's SentencePiece model loads the latter."""
+    from helpers import make_tiny_checkpoint
+
+    from nmt.checkpoint import load_checkpoint
+
+    d, config = tokenizer_dirs["marian"]
+    read_tokenizer(d, config).save(str(tmp_path))
+    nmt_tok = Tokenizer.from_bytes(load_checkpoint(make_tiny_checkpoint(str(tmp_path / "t.pt")))["tokenizer"])
+    nmt_tok.save(str(tmp_path))
+    assert type(Tokenizer.load(str(tmp_path))) is Tokenizer
+
+
+@pytest.mark.parametrize("command", ["evaluate", "score"])
+def test_evaluate_and_score_take_an_imported_checkpoint(imported, tmp_path, capsys, command):
+    _, _, _, ckpt = imported["nllb"]
+    src, ref = tmp_path / "in.es", tmp_path / "ref.en"
+    src.write_text("\n".join(fx.corpus_lines("test", "es", 6)) + "\n")
+    ref.write_text("\n".join(fx.corpus_lines("test", "en", 6)) + "\n")
+    args = ["--src", str(src), "--ref", str(ref), "--beam", "2"] if command == "evaluate" else \
+        ["--src", str(src), "--tgt", str(ref), "--tgt-lang", "fra_Latn"]
+    code, err = run_cli([command, "-c", ckpt, *args, "-q"], capsys)
+    assert code == 0, err
