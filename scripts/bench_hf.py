@@ -117,6 +117,24 @@ def timed(cmd: list[str], env: dict) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
+def one_round(engines: dict, beam: int, run: int, work: str, env: dict, n: int) -> list[dict]:
+    """Every engine once (in reverse order on odd rounds); rows with speed, peak RSS and agreement."""
+    order = list(engines) if run % 2 == 0 else list(reversed(engines))
+    outputs, rows = {}, []
+    for name in order:
+        out = os.path.join(work, f"out-{beam}-{run}-{name.replace(' ', '_')}.en")
+        load = os.getloadavg()[0]
+        wall, rss = timed(engines[name](out, str(beam)), env)
+        with open(out, encoding="utf-8") as f:
+            outputs[name] = f.read().splitlines()
+        rows.append(dict(engine=name, beam=beam, run=run, seconds=round(wall, 2), sentences_per_s=round(n / wall, 2),
+                         peak_rss_mib=round(rss), load_before=round(load, 2)))
+        print(json.dumps(rows[-1]), flush=True)
+    for row in rows:
+        row["same_as_nmt"] = sum(a == b for a, b in zip(outputs[row["engine"]], outputs["nmt"])) / len(outputs["nmt"])
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sentences", type=int, default=500)
@@ -125,6 +143,7 @@ def main() -> None:
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     p.add_argument("--runs", type=int, default=2, help="alternating rounds")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--engines", nargs="+", default=["nmt", "nmt --workers 1", "transformers"])
     p.add_argument("--model-dir", help="reuse (or build into) this directory")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--hf-worker", nargs=7, help=argparse.SUPPRESS)
@@ -156,24 +175,9 @@ def main() -> None:
         "transformers": lambda out, k: [sys.executable, os.path.abspath(__file__), "--hf-worker", model_dir, src, out,
                                         k, L, str(args.batch), str(args.threads)],
     }
-    rows = []
-    for beam in args.beams:
-        for run in range(args.runs):
-            order = list(engines) if run % 2 == 0 else list(reversed(engines))
-            outputs = {}
-            for name in order:
-                out = os.path.join(work, f"out-{beam}-{run}-{name.replace(' ', '_')}.en")
-                load = os.getloadavg()[0]
-                wall, rss = timed(engines[name](out, str(beam)), env)
-                with open(out, encoding="utf-8") as f:
-                    outputs[name] = f.read().splitlines()
-                rows.append(dict(engine=name, beam=beam, run=run, seconds=round(wall, 2),
-                                 sentences_per_s=round(args.sentences / wall, 2), peak_rss_mib=round(rss),
-                                 load_before=round(load, 2)))
-                print(json.dumps(rows[-1]), flush=True)
-            ref = outputs["nmt"]
-            for row in rows[-len(engines):]:
-                row["same_as_nmt"] = sum(a == b for a, b in zip(outputs[row["engine"]], ref)) / len(ref)
+    engines = {name: engines[name] for name in args.engines}
+    rows = [row for beam in args.beams for run in range(args.runs) for row in one_round(engines, beam, run, work, env,
+                                                                                      args.sentences)]
     result = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "args": vars(args),
               "rows": rows, "self_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if args.json:
