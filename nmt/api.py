@@ -88,17 +88,21 @@ class Translator:
         target_prefix(self._engine.tokenizer, self.decode_settings(**decode_options).tgt_lang)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
-                  on_batch: Progress | None = None, **decode_options: Any) -> list[TranslationResult]:
+                  line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
+                  **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
         first_line: the input line number of lines[0] (with sampling, a line's samples depend
-        only on the seed and its line number). on_batch(n): called as n more lines are done."""
+        only on the seed and its line number); line_numbers: each line's own number instead (lines
+        of several inputs in one call, as `nmt serve` gathers requests). on_batch(n): called as n
+        more lines are done."""
         decode = self.decode_settings(**decode_options)
-        if prefixes is not None and len(prefixes) != len(lines):
-            raise UserError(f"{len(prefixes)} prefixes for {len(lines)} lines")
+        for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
+            if given is not None and len(given) != len(lines):
+                raise UserError(f"{len(given)} {name} for {len(lines)} lines")
         with _CALLS:
             return translate_chunk(self._engine, list(lines), decode, on_batch, first_line=first_line,
-                                   prefixes=prefixes)
+                                   prefixes=prefixes, line_numbers=line_numbers)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:

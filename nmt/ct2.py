@@ -36,6 +36,7 @@ from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import parse_device, resolve_workers
 from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
+from nmt.languages import free_prefix
 from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.search import Hypothesis, length_penalty_factor, max_output_lengths
 from nmt.tokenizer import Tokenizer
@@ -184,11 +185,14 @@ class Ct2Engine:
             max_input_length=0, suppress_sequences=self.suppress if suppress else None,
             no_repeat_ngram_size=decode.no_repeat_ngram, **options)
         rescore = sampling or prefix is not None  # their scores are not the model's plain log-probabilities
-        return [self._rank(r, decode, ct2_alpha, src if rescore else None) for r, src in zip(results, pieces)]
+        free = free_prefix(self.tokenizer, prefix)
+        return [self._rank(r, decode, ct2_alpha, src if rescore else None, free) for r, src in zip(results, pieces)]
 
-    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, rescore: list[str] | None) -> list[Hypothesis]:
+    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, rescore: list[str] | None,
+              free: int = 0) -> list[Hypothesis]:
         """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty. rescore: the
-        source pieces, when log_prob must be computed again by forced decoding (sampling, prefixes)."""
+        source pieces, when log_prob must be computed again by forced decoding (sampling, prefixes);
+        free: leading prefix tokens whose log-probability counts 0 (nmt.languages.free_prefix)."""
         hyps = []
         EOS = self.specials.eos
         tokens = [[self.tgt_ids.get(p, self.specials.unk) for p in pieces] for pieces in result.hypotheses]
@@ -204,7 +208,7 @@ class Ct2Engine:
                 ids.pop()
             if rescore is not None:
                 log_probs = list(forced[k].log_probs)  # the target tokens, then EOS
-                log_prob = sum(log_probs if finished else log_probs[:-1])
+                log_prob = sum(log_probs[free:] if finished else log_probs[free:-1])
             if _unpenalised(decode):
                 score = log_prob  # greedy and sampling: no length penalty, as nmt.search
             else:

@@ -94,8 +94,8 @@ class TokenizerConfig:
 class DataConfig:
     src_lang: str = _req("Source language code, e.g. `es`.")
     tgt_lang: str = _req("Target language code, e.g. `en`.")
-    train: CorpusConfig | list[CorpusConfig] = _req("Training corpus, or a list of corpora mixed by their `weight` (see `data.train.weight`, `data.train.src_tag`).")
-    valid: CorpusConfig = _req("Validation corpus (loss, BLEU, early stopping).")
+    train: Optional[CorpusConfig | list[CorpusConfig]] = _f(None, "Training corpus, or a list of corpora mixed by their `weight` (see `data.train.weight`, `data.train.src_tag`). Required to train (null only in a checkpoint written by `nmt import`).")
+    valid: Optional[CorpusConfig] = _f(None, "Validation corpus (loss, BLEU, early stopping). Required to train (null only in a checkpoint written by `nmt import`).")
     test: Optional[CorpusConfig] = _f(None, "Test corpus (optional; used by recipes and docs).")
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig, metadata={"help": "SentencePiece settings."})
     max_len: int = _f(256, "Drop training pairs with more than this many subword tokens on either side (BOS/EOS not counted).", min=1)
@@ -108,6 +108,8 @@ class DataConfig:
     @property
     def train_corpora(self) -> tuple[CorpusConfig, ...]:
         """`train` as a tuple, whether the config gives one corpus or a list."""
+        if self.train is None:
+            return ()
         return tuple(self.train) if isinstance(self.train, list) else (self.train,)
 
     def train_key(self, i: int) -> str:

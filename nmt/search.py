@@ -17,7 +17,9 @@ Conventions (shared by all searches; `StepRules` applies them at every step):
   `Specials.never_generated`); EOS is forbidden while t <= min_len, so an output has
   >= min_len tokens.
 - A target prefix (per sentence, optional) is forced: at steps t <= len(prefix) only
-  prefix[t-1] may be generated (its log-probability counts), then the search continues.
+  prefix[t-1] may be generated (its log-probability counts, except for the first `free_prefix`
+  tokens, which count 0: the language token of an imported M2M100/NLLB model, as transformers'
+  `forced_bos_token_id`), then the search continues.
 - no_repeat_ngram N > 0: a token that would complete an N-gram already present in the
   hypothesis (prefix included) is forbidden, so no N-gram occurs twice.
 - A row left with no allowed token may end (EOS keeps its log-probability).
@@ -162,8 +164,8 @@ class StepRules:
     min_len, the forced prefix, no repeated N-gram. Rows are mapped to their sentence by `sent`."""
 
     def __init__(self, device, min_len: int = 0, no_repeat_ngram: int = 0,
-                 prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS):
-        self.min_len, self.n, self.specials = min_len, no_repeat_ngram, specials
+                 prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS, free_prefix: int = 0):
+        self.min_len, self.n, self.specials, self.free_prefix = min_len, no_repeat_ngram, specials, free_prefix
         self.banned = torch.tensor(list(specials.never_generated), dtype=torch.long, device=device)
         self.prefix = self.prefix_len = None
         self.longest_prefix = 0
@@ -196,7 +198,7 @@ class StepRules:
         if forced is not None:
             rows, token, value = forced
             logp[rows] = NEG_INF
-            logp[rows, token] = value
+            logp[rows, token] = value if t > self.free_prefix else 0.0
         return logp
 
 
@@ -227,11 +229,11 @@ def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
                   no_repeat_ngram: int = 0, prefixes: Sequence[list[int]] | None = None,
                   use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                  specials: Specials = NMT_SPECIALS) -> list[Hypothesis]:
+                  specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
-    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials)
+    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, free_prefix)
     out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [hyps[0] for hyps in out]
 
@@ -289,7 +291,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
                 prefixes: Sequence[list[int]] | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                specials: Specials = NMT_SPECIALS) -> list[list[Hypothesis]]:
+                specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
@@ -307,7 +309,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         return []
     decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
-    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials)
+    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials, free_prefix)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty

@@ -12,6 +12,7 @@ from nmt.checkpoint import load_for_inference, unwrap
 from nmt.config import DecodeConfig
 from nmt.device import resolve_torch_device
 from nmt.errors import UserError
+from nmt.languages import free_prefix
 from nmt.layout import source_tensors, target_tensors
 from nmt.sampling import sample_search
 from nmt.search import PLAIN_OPS, Hypothesis, SearchOps, beam_search, greedy_search
@@ -121,7 +122,7 @@ class TorchEngine:
         src, src_mask = self._source(src_ids)
         kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
                   no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops,
-                  specials=self.tokenizer.specials)
+                  specials=self.tokenizer.specials, free_prefix=free_prefix(self.tokenizer, prefixes))
         with self._precision():
             if decode.sampling != "none":
                 return sample_search(self.model, src, src_mask, samples=decode.nbest, sampling=decode.sampling,
