@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from nmt.checkpoint import load_for_inference, unwrap
 from nmt.config import DecodeConfig
-from nmt.device import resolve_torch_device
+from nmt.device import avoid_cudnn_attention, resolve_torch_device
 from nmt.errors import UserError
 from nmt.languages import free_prefix
 from nmt.layout import source_tensors, target_tensors
@@ -58,6 +58,8 @@ class TorchEngine:
         from nmt import precision as reduced
 
         torch_device = resolve_torch_device(device)
+        if torch_device.type == "cuda":
+            avoid_cudnn_attention()  # never restored: see nmt/device.py
         model, tokenizer, cfg = load_for_inference(checkpoint, torch_device)
         precision = reduced.resolve(precision if precision is not None else cfg.decode.precision)
         reduced.check(precision, torch_device)
