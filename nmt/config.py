@@ -438,6 +438,9 @@ def config_from_dict(raw: dict, *, check_files: bool = True, training: bool = Tr
         raise ConfigError("the config must be a YAML mapping with sections data, model, train, decode")
     errors: list[str] = []
     cfg = _build(Config, raw, "", errors)
+    data = raw.get("data")
+    if training and isinstance(data, dict):  # only a checkpoint written by `nmt import` has no corpora
+        errors += [f"missing required key 'data.{k}'" for k in ("train", "valid") if data.get(k) is None]
     if not errors:
         _check_semantics(cfg, errors, check_files, training, resume)
     if errors:

@@ -36,6 +36,8 @@ from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import parse_device, resolve_workers
 from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
+from nmt.languages import free_prefix
+from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.search import Hypothesis, length_penalty_factor, max_output_lengths
 from nmt.tokenizer import Tokenizer
 
@@ -65,14 +67,17 @@ class Ct2Engine:
     (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated
     at once (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see
     `resolve_workers`). patience: with a length penalty, CTranslate2 ends a sentence once
-    `beam_size * patience` hypotheses are finished (see the module docstring).
+    `beam_size * patience` hypotheses are finished (see the module docstring). precision: a
+    decode.precision, mapped onto compute_type (nmt/precision.py; None: the export's decode.precision,
+    whose default `auto` keeps compute_type).
     """
 
     name = "ctranslate2"
     torch_device = None
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",
-                 intra_threads: int = 0, patience: float = DEFAULT_PATIENCE, workers: int | None = None):
+                 intra_threads: int = 0, patience: float = DEFAULT_PATIENCE, workers: int | None = None,
+                 precision: str | None = None):
         ctranslate2 = self.ctranslate2 = require_ctranslate2()
         meta = read_metadata(model_dir)
         tokenizer = Tokenizer.load(model_dir)
@@ -88,6 +93,9 @@ class Ct2Engine:
         except ConfigError as e:
             raise UserError(f"{model_dir}: invalid decode settings in its metadata: {'; '.join(e.errors)}") from None
         kind, index = resolve_ct2_device(device, ctranslate2)
+        self.precision = precision if precision is not None else self.decode.precision
+        if self.precision != "auto":
+            compute_type = CT2_COMPUTE_TYPES[self.precision]
         self.workers = resolve_workers(self.decode.workers if workers is None else workers, kind, os.cpu_count() or 1)
         if self.workers > 1 and not intra_threads:
             intra_threads = max(1, (os.cpu_count() or 1) // self.workers)
@@ -102,6 +110,12 @@ class Ct2Engine:
         self.specials = tokenizer.specials
         self.suppress = [[tgt[i]] for i in self.specials.never_generated]
         self.patience = patience
+
+    def check_precision(self, precision: str) -> None:
+        """UserError unless `precision` is the one this engine was loaded with (compute_type is fixed)."""
+        if precision != self.precision:
+            raise UserError(f"--precision {precision}: the model was loaded with precision {self.precision} "
+                            f"(precision is chosen when the model loads: pass it to the command or to Translator())")
 
     # ------------------------------------------------------------------ search
 
@@ -171,11 +185,14 @@ class Ct2Engine:
             max_input_length=0, suppress_sequences=self.suppress if suppress else None,
             no_repeat_ngram_size=decode.no_repeat_ngram, **options)
         rescore = sampling or prefix is not None  # their scores are not the model's plain log-probabilities
-        return [self._rank(r, decode, ct2_alpha, src if rescore else None) for r, src in zip(results, pieces)]
+        free = free_prefix(self.tokenizer, prefix)
+        return [self._rank(r, decode, ct2_alpha, src if rescore else None, free) for r, src in zip(results, pieces)]
 
-    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, rescore: list[str] | None) -> list[Hypothesis]:
+    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, rescore: list[str] | None,
+              free: int = 0) -> list[Hypothesis]:
         """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty. rescore: the
-        source pieces, when log_prob must be computed again by forced decoding (sampling, prefixes)."""
+        source pieces, when log_prob must be computed again by forced decoding (sampling, prefixes);
+        free: leading prefix tokens whose log-probability counts 0 (nmt.languages.free_prefix)."""
         hyps = []
         EOS = self.specials.eos
         tokens = [[self.tgt_ids.get(p, self.specials.unk) for p in pieces] for pieces in result.hypotheses]
@@ -191,7 +208,7 @@ class Ct2Engine:
                 ids.pop()
             if rescore is not None:
                 log_probs = list(forced[k].log_probs)  # the target tokens, then EOS
-                log_prob = sum(log_probs if finished else log_probs[:-1])
+                log_prob = sum(log_probs[free:] if finished else log_probs[free:-1])
             if _unpenalised(decode):
                 score = log_prob  # greedy and sampling: no length penalty, as nmt.search
             else:

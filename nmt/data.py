@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 from typing import Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
@@ -78,6 +79,9 @@ def _describe(corpus: CorpusConfig) -> str:
 
 def _tokenizer_hash(tokenizer: Tokenizer) -> str:
     protos = tokenizer.to_bytes()
+    if protos.get("kind", "spm") != "spm":  # an imported tokenizer (nmt/hf_tokenizer.py): its files and settings
+        settings = json.dumps({k: v for k, v in protos.items() if k != "files"}, sort_keys=True).encode()
+        return hashlib.sha256(settings + b"".join(protos["files"][name] for name in sorted(protos["files"]))).hexdigest()
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()
 
 

@@ -115,3 +115,16 @@ def restore(text: str, spans: list[str]) -> Restored:
     if unknown:
         out = " ".join(out.split())  # a dropped placeholder leaves no double space
     return Restored(out, not unknown and all(c == 1 for c, span in zip(counts, spans) if span))
+
+
+def known_by(tokenizer) -> bool:
+    """Whether the tokenizer has every placeholder as one symbol (a model trained with data.protect)."""
+    return all(tokenizer.is_target_symbol(p) for p in PLACEHOLDERS)
+
+
+def mask_for_scoring(src: str, tgt: str, extra: str | None = None) -> tuple[str, str]:
+    """A pair masked as translation masks it: the source's spans numbered in order (`mask`), the
+    target's spans with the placeholder of the same source span (`mask_like`), so that `nmt score`
+    of a protected translation equals its search log-probability."""
+    masked, spans = mask(src, extra)
+    return masked, mask_like(tgt, spans, extra)

@@ -15,7 +15,13 @@ LOG_PROB: summed log-probability (natural log) of the target tokens and EOS; TOK
 number (EOS included, so an empty target has 1); LOG_PROB_PER_TOKEN = LOG_PROB / TOKENS. For a
 multilingual model the target language token (`--tgt-lang`) comes first and counts too, as
 in Hugging Face's labels `[lang, y, </s>]` (nmt/languages.py).
-Every pair is scored, empty lines too (an empty source is the source EOS alone).
+Every pair is scored, empty lines too (an empty source is the source EOS alone). A model
+trained with data.protect scores pairs as translation sees them (`--protect` by default for
+such a model; `--no-protect` scores the raw text): protected spans become placeholders, the
+source's numbered in order, the target's with the placeholder of the same source span.
+The score always ends with EOS: it equals the `log_prob` of a hypothesis that ended with EOS
+(finished); one cut at the length limit has no EOS in its log_prob, so its score is lower by
+log p(EOS) at that point.
 Sources and targets longer than max_positions - 1 tokens are truncated (one warning
 counts them; such a score covers the kept tokens only).
 """
@@ -26,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Sequence
 
-from nmt import textio
+from nmt import protect, textio
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
 from nmt.languages import target_prefix
@@ -57,6 +63,8 @@ def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], deco
     decode = decode or engine.decode
     limit = engine.max_positions - 1
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # a multilingual model's language token comes first
+    if decode.protect:  # as translation masks them (nmt/protect.py)
+        src_lines, tgt_lines = _masked(engine.tokenizer, src_lines, tgt_lines, decode.protect_pattern)
     src_full = engine.tokenizer.encode_src(list(src_lines))
     tgt_full = [lang + ids for ids in engine.tokenizer.encode_tgt(list(tgt_lines))]
     src_ids, tgt_ids = [ids[:limit] for ids in src_full], [ids[:limit] for ids in tgt_full]
@@ -67,6 +75,14 @@ def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], deco
         for i, row in zip(batch, rows):
             out[i] = PairScore(float(sum(row)), len(row), len(src_full[i]) > limit or len(tgt_full[i]) > limit)
     return out  # type: ignore[return-value]
+
+
+def _masked(tokenizer, src_lines, tgt_lines, pattern: str | None) -> tuple[list[str], list[str]]:
+    if not protect.known_by(tokenizer):
+        raise UserError("--protect needs a model trained with data.protect: true (its SentencePiece model has no "
+                        "placeholder tokens <ph_0> ... <ph_15>)")
+    pairs = [protect.mask_for_scoring(a, b, pattern) for a, b in zip(src_lines, tgt_lines)]
+    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: str = "auto", device: str = "auto",
@@ -83,14 +99,17 @@ def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: 
     n_src, n_tgt = textio.count_lines(src), textio.count_lines(tgt)
     if n_src != n_tgt:
         raise UserError(f"line counts differ: {n_src} lines in {src} but {n_tgt} in {tgt}")
-    translator = Translator(path, engine=engine, device=device, **(overrides or {}))
+    overrides = dict(overrides or {})
+    translator = Translator(path, engine=engine, device=device, **overrides)
     translator.check_language()
+    if overrides.get("protect") is None:  # a model trained with data.protect sees its spans as placeholders
+        overrides["protect"] = translator.knows_placeholders
     n_truncated = 0
     with textio.open_output(output, stdout) as out, \
             tqdm(total=n_src, disable=quiet, unit="pair", file=stderr, dynamic_ncols=True) as bar:
         for src_chunk, tgt_chunk in zip(textio.iter_chunks(textio.iter_lines(src), 10_000),
                                         textio.iter_chunks(textio.iter_lines(tgt), 10_000)):
-            scores = translator.score(src_chunk, tgt_chunk, on_batch=bar.update)
+            scores = translator.score(src_chunk, tgt_chunk, on_batch=bar.update, protect=overrides["protect"])
             n_truncated += sum(s.truncated for s in scores)
             out.write("".join(s.format() + "\n" for s in scores).encode("utf-8"))
             out.flush()

@@ -17,7 +17,9 @@ Conventions (shared by all searches; `StepRules` applies them at every step):
   `Specials.never_generated`); EOS is forbidden while t <= min_len, so an output has
   >= min_len tokens.
 - A target prefix (per sentence, optional) is forced: at steps t <= len(prefix) only
-  prefix[t-1] may be generated (its log-probability counts), then the search continues.
+  prefix[t-1] may be generated (its log-probability counts, except for the first `free_prefix`
+  tokens, which count 0: the language token of an imported M2M100/NLLB model, as transformers'
+  `forced_bos_token_id`), then the search continues.
 - no_repeat_ngram N > 0: a token that would complete an N-gram already present in the
   hypothesis (prefix included) is forbidden, so no N-gram occurs twice.
 - A row left with no allowed token may end (EOS keeps its log-probability).
@@ -162,9 +164,9 @@ class StepRules:
     min_len, the forced prefix, no repeated N-gram. Rows are mapped to their sentence by `sent`."""
 
     def __init__(self, device, min_len: int = 0, no_repeat_ngram: int = 0,
-                 prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS):
-        self.min_len, self.n, self.specials = min_len, no_repeat_ngram, specials
-        self.banned = list(specials.never_generated)
+                 prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS, free_prefix: int = 0):
+        self.min_len, self.n, self.specials, self.free_prefix = min_len, no_repeat_ngram, specials, free_prefix
+        self.banned = torch.tensor(list(specials.never_generated), dtype=torch.long, device=device)
         self.prefix = self.prefix_len = None
         self.longest_prefix = 0
         if prefixes is not None and any(prefixes):
@@ -177,8 +179,8 @@ class StepRules:
         """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
         history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence."""
         logp = F.log_softmax(logits.float(), dim=-1)
-        for i in self.banned:
-            logp[:, i] = NEG_INF
+        if self.banned.numel():
+            logp.index_fill_(1, self.banned, NEG_INF)
         EOS = self.specials.eos
         eos = logp[:, EOS].clone() if self.n else None
         if t <= self.min_len:
@@ -189,35 +191,36 @@ class StepRules:
             if rows.numel():
                 token = self.prefix.index_select(0, sent.index_select(0, rows))[:, t - 1]  # [F]
                 forced = (rows, token, logp[rows, token])
-        if self.n and history.shape[1] >= self.n - 1:
-            _block_repeats(logp, history, self.n)
+        if self.n and history.shape[1] >= self.n - 1 and _block_repeats(logp, history, self.n):
             dead = ~torch.isfinite(logp).any(dim=1)  # nothing left to generate: the row may end
             if bool(dead.any()):
                 logp[dead, EOS] = eos[dead]
         if forced is not None:
             rows, token, value = forced
             logp[rows] = NEG_INF
-            logp[rows, token] = value
+            logp[rows, token] = value if t > self.free_prefix else 0.0
         return logp
 
 
-def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
-    """Forbid (in place) every token that would complete an n-gram already in its row's history.
-    logp [R,V]; history [R,L]. The last n-1 tokens are compared with every earlier window;
-    where one matches, the token that followed it is banned."""
+def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
+    """Forbid (in place) every token that would complete an n-gram already in its row's history;
+    returns whether any token was forbidden. logp [R,V]; history [R,L]. The last n-1 tokens are
+    compared with every earlier window; where one matches, the token that followed it is banned."""
     R, L = history.shape
     if n == 1:
         if L:
             logp.scatter_(1, history, NEG_INF)
-        return
+        return bool(L)
     if L < n:
-        return
+        return False
     windows = history.unfold(1, n - 1, 1)[:, : L - n + 1]  # [R, L-n+1, n-1]: windows that have a successor
     key = history[:, L - n + 1:]  # [R, n-1]: the current context
     match = (windows == key[:, None, :]).all(dim=2)  # [R, L-n+1]
-    if bool(match.any()):
-        follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
-        logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
+    if not bool(match.any()):
+        return False
+    follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
+    logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
+    return True
 
 
 # --------------------------------------------------------------------------- greedy
@@ -226,11 +229,11 @@ def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
                   no_repeat_ngram: int = 0, prefixes: Sequence[list[int]] | None = None,
                   use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                  specials: Specials = NMT_SPECIALS) -> list[Hypothesis]:
+                  specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
-    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials)
+    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, free_prefix)
     out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [hyps[0] for hyps in out]
 
@@ -288,7 +291,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
                 prefixes: Sequence[list[int]] | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                specials: Specials = NMT_SPECIALS) -> list[list[Hypothesis]]:
+                specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
@@ -306,7 +309,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         return []
     decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
-    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials)
+    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials, free_prefix)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty

@@ -63,10 +63,12 @@ class Translation:
 class TranslationResult:
     """The result for one input line: its n-best `hypotheses` (best first; one unless
     decode.nbest > 1) and whether the source was `truncated` to the model's maximum length.
-    `text`, `score`, ... are the best hypothesis'."""
+    `prefix_truncated`: its prefix (`--prefix`) was cut likewise. `text`, `score`, ... are the
+    best hypothesis'."""
 
     hypotheses: tuple[Translation, ...]
     truncated: bool = False
+    prefix_truncated: bool = False  # its forced prefix was cut to the model's maximum length
 
     text = property(lambda self: self.hypotheses[0].text)
     score = property(lambda self: self.hypotheses[0].score)
@@ -92,20 +94,33 @@ def encode_sources(engine, lines: Sequence[str]) -> tuple[list[list[int]], list[
     return [ids[:limit] for ids in encoded], [len(ids) > limit for ids in encoded]
 
 
-def _encode_prefixes(engine, prefixes: Sequence[str]) -> list[list[int]]:
-    """Target ids of each prefix, at most max_positions - 2 (room for one more token)."""
+def _prefix_ids(engine, prefixes: Sequence[str] | None, lang: list[int], n: int):
+    """(forced target ids per line or None, which user prefixes were cut): the language token (if any)
+    then the prefix's ids, at most max_positions - 2 in all (room for one more token)."""
+    if prefixes is None and not lang:
+        return None, [False] * n
     limit = engine.max_positions - 2
-    return [ids[:limit] for ids in engine.tokenizer.encode_tgt(list(prefixes))]
+    encoded = engine.tokenizer.encode_tgt(list(prefixes)) if prefixes is not None else [[] for _ in range(n)]
+    return [(lang + ids)[:limit] for ids in encoded], [len(lang) + len(ids) > limit for ids in encoded]
 
 
-def truncation_warning(n: int, max_positions: int) -> str:
-    return (f"warning: {n} input line{'s' if n != 1 else ''} longer than {max_positions - 1} tokens "
-            f"(model.max_positions - 1) {'were' if n != 1 else 'was'} truncated")
+def _keep_prefix_text(text: str, prefix: str, ids: list[int], tokenizer) -> str:
+    """The output text with its forced prefix as the user wrote it: characters the vocabulary lacks
+    (unknown pieces, decoded as ' ⁇ ') come back as they were."""
+    if tokenizer.specials.unk not in ids:
+        return text
+    decoded = tokenizer.decode_tgt([ids])[0]
+    return prefix + text[len(decoded):] if text.startswith(decoded) else text
+
+
+def truncation_warning(n: int, max_positions: int, what: str = "input line", room: int = 1) -> str:
+    return (f"warning: {n} {what}{'s' if n != 1 else ''} longer than {max_positions - room} tokens "
+            f"(model.max_positions - {room}) {'were' if n != 1 else 'was'} truncated")
 
 
 def check_protect(tokenizer) -> None:
     """UserError unless the model knows the placeholder tokens (trained with data.protect: true)."""
-    if not all(tokenizer.is_target_symbol(p) for p in protect.PLACEHOLDERS):
+    if not protect.known_by(tokenizer):
         raise UserError("--protect needs a model trained with data.protect: true (its SentencePiece model has no "
                         "placeholder tokens <ph_0> ... <ph_15>)")
 
@@ -135,18 +150,20 @@ def _translation(text: str, h, spans: list[str], alignment) -> Translation:
 # --------------------------------------------------------------------------- the core
 
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
-                    first_line: int = 0, prefixes: Sequence[str] | None = None) -> list[TranslationResult]:
+                    first_line: int = 0, prefixes: Sequence[str] | None = None,
+                    line_numbers: Sequence[int] | None = None) -> list[TranslationResult]:
     """One TranslationResult per line, in order (module docstring).
 
-    first_line: the input line number of lines[0] (sampling keys). prefixes: per line a target
-    prefix text the output must start with (may be empty).
+    first_line: the input line number of lines[0] (sampling keys). line_numbers: each line's own
+    number instead (lines gathered from several inputs, e.g. the requests `nmt serve` translates
+    together); first_line is then not used. prefixes: per line a target prefix text the output
+    must start with (may be empty).
     """
+    keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     src_ids, truncated = encode_sources(engine, lines)
-    prefix_ids = _encode_prefixes(engine, prefixes) if prefixes is not None else None
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # [] or [the language token]
-    if lang:
-        prefix_ids = [lang + p for p in (prefix_ids or [[] for _ in lines])]
+    prefix_ids, prefix_cut = _prefix_ids(engine, prefixes, lang, len(lines))
     hyps: list[tuple[Translation, ...]] = [(EMPTY,) * decode.nbest for _ in lines]
     todo = [i for i, ids in enumerate(src_ids) if ids]  # lines without tokens give "" (or their prefix)
     for i in set(range(len(lines))) - set(todo):
@@ -159,7 +176,7 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     def search(batch: list[int]) -> tuple[list[list], list | None]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
-        nbests = engine.search_batch([src_ids[i] for i in rows], decode, keys=[first_line + i for i in rows],
+        nbests = engine.search_batch([src_ids[i] for i in rows], decode, keys=[keys[i] for i in rows],
                                      prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None)
         if not decode.alignment:
             return nbests, None
@@ -174,8 +191,10 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
         aligned = iter(alignments or [None] * len(flat))
         for j, nbest in zip(batch, nbests):
             i = todo[j]
-            hyps[i] = tuple(_translation(next(texts), h, spans[i], next(aligned)) for h in nbest)
-    return [TranslationResult(h, t) for h, t in zip(hyps, truncated)]
+            keep = (lambda t, i=i: _keep_prefix_text(t, prefixes[i], prefix_ids[i][len(lang):], engine.tokenizer)) \
+                if prefixes is not None and prefixes[i] else (lambda t: t)
+            hyps[i] = tuple(_translation(keep(next(texts)), h, spans[i], next(aligned)) for h in nbest)
+    return [TranslationResult(h, t, p) for h, t, p in zip(hyps, truncated, prefix_cut)]
 
 
 def translate_nbest(engine, lines: Sequence[str], decode: DecodeConfig | None = None, *,
@@ -264,7 +283,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     total = textio.count_lines(input) if from_file and not quiet else None
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
         chunk_lines = 1  # interactive: answer each line as it is typed
-    n_truncated = index = protected = exact = 0
+    n_truncated = n_prefix_cut = index = protected = exact = 0
     with textio.open_output(output, stdout) as out, \
             tqdm(total=total, disable=quiet or not from_file, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         for chunk in textio.iter_chunks(textio.iter_lines(input, stdin), chunk_lines):
@@ -275,6 +294,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
                     raise UserError(f"{prefix} has fewer lines ({index + len(prefixes)}) than the input")
             results = translator.translate(chunk, prefixes=prefixes, first_line=index, on_batch=bar.update)
             n_truncated += sum(r.truncated for r in results)
+            n_prefix_cut += sum(r.prefix_truncated for r in results)
             protected += sum(r.protected is not None for r in results)
             exact += sum(bool(r.protected) for r in results)
             out.write(format_results(results, decode, index).encode("utf-8"))
@@ -284,6 +304,8 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
             raise UserError(f"{prefix} has more lines than the input ({index})")
     if n_truncated and not quiet:
         print(truncation_warning(n_truncated, translator.max_positions), file=stderr, flush=True)
+    if n_prefix_cut and not quiet:
+        print(truncation_warning(n_prefix_cut, translator.max_positions, "prefix", 2), file=stderr, flush=True)
     if decode.protect and not quiet:
         print(protect_report(protected, exact), file=stderr, flush=True)
     return 0
