@@ -126,6 +126,9 @@ def _evaluate_parser(sub) -> None:
     )
     p.add_argument("--ref", "-r", required=True, metavar="FILE", help="reference translations, one per line")
     p.add_argument("--hyp", metavar="FILE", help="hypotheses to score, one per line (- = stdin)")
+    p.add_argument("--compare", nargs="+", metavar="HYP", help="compare two or more hypothesis files (the first is the "
+                   "baseline): scores with 95%% confidence intervals, paired bootstrap and approximate randomization "
+                   "p-values (sacreBLEU's), per-line wins/losses by sentence chrF, degeneration differences")
     _add_model_options(p, "to translate --src with, then score")
     p.add_argument("--src", metavar="FILE", help="source sentences: translated with --checkpoint or --model; with --hyp "
                    "only used by the degeneration report (copied sources)")
@@ -218,6 +221,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from nmt.evaluate import evaluate_command
 
     path, engine = _model(args, needed=False)
+    if args.compare is not None:
+        if args.hyp is not None or path is not None:
+            raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
+        from nmt.compare import compare_command
+
+        return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
+                               lowercase=args.lowercase, json_out=args.json)
     if (args.hyp is None) == (path is None):
         raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT (or --model DIR) with --src FILE")
     if path is not None and args.src is None:
