@@ -201,6 +201,9 @@ class TrainConfig:
     init_reset: list[Literal["optimizer", "schedule", "counters"]] = _f(["optimizer", "schedule", "counters"], "With init_from, what starts fresh (leave an item out to carry it over from the checkpoint): optimizer (Adam moments), schedule (the learning-rate schedule's position), counters (the step count).")
     keep_best: int = _f(0, "Also keep the step checkpoints of the best this many validations (by `metric`), besides the last `keep_last`.", min=0)
     threads: int = _f(0, "CPU threads for torch; 0 = torch's default.", min=0)
+    ema_decay: float = _f(0.0, "Exponential moving average of the weights (fairseq's ema_decay, Marian's exponential-smoothing): after each update ema = d*ema + (1-d)*weights with d = min(ema_decay, (1+updates)/(10+updates)); validation, best.pt and every checkpoint's weights (translate, average, export) are the average, training continues from the trained weights. 0 = off; e.g. 0.9999.", min=0.0, max=1.0, exclusive_max=True)
+    tune_decode: bool = _f(False, "At the end of training run `nmt tune` on the validation set with best.pt and write the chosen decode settings into best.pt (and the run's config.yaml is left as is); costs up to tune_max_time seconds.")
+    tune_max_time: float = _f(300.0, "Time budget of tune_decode, in seconds (the tuning stops early when the budget would be exceeded).", min=1.0)
 
 
 # --------------------------------------------------------------------------- decode

@@ -13,6 +13,7 @@ with the token count and the clock), take an optimizer step (`step`), log, valid
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import signal
@@ -231,6 +232,8 @@ class Trainer:
         self.meter.add(res, group, n_tokens)
         if res.updated:
             state.step, state.nan_steps = state.step + 1, 0
+            if tr.ema is not None:
+                tr.ema.update(ckpt.unwrap(tr.model))
             self.log.progress(1)
             return True
         if res.nonfinite_loss or tr.precision.scaler is None:  # (an fp16 overflow is the scaler's business)
@@ -251,8 +254,10 @@ class Trainer:
         state, t, tr, env = self.state, self.t, self.tr, self.env
         shared = None
         if env.is_main:
-            metrics = validate(ckpt.unwrap(tr.model), self.cfg, tr.tokenizer, tr.valid_data, tr.valid_lines,
-                               tr.device, tr.precision, self.log, state.step)
+            model = ckpt.unwrap(tr.model)
+            with tr.ema.applied(model) if tr.ema is not None else contextlib.nullcontext():  # validate the average
+                metrics = validate(model, self.cfg, tr.tokenizer, tr.valid_data, tr.valid_lines, tr.device,
+                                   tr.precision, self.log, state.step)
             value = metrics[t.metric]
             improved = state.best is None or (value > state.best if HIGHER_IS_BETTER[t.metric] else value < state.best)
             if improved:
@@ -285,13 +290,15 @@ class Trainer:
         when distributed)."""
         tr = self.tr
         scaler = tr.precision.scaler
+        model = ckpt.unwrap(tr.model)
+        ema = {} if tr.ema is None else {"raw_model": model.state_dict(), "ema": {"updates": tr.ema.updates}}
         return {
-            "model": ckpt.unwrap(tr.model).state_dict(), "config": to_dict(self.cfg),
+            "model": model.state_dict() if tr.ema is None else tr.ema.state_dict(model), "config": to_dict(self.cfg),
             "tokenizer": tr.tokenizer.to_bytes(),
             "vocab": {"src": tr.tokenizer.src_vocab_size, "tgt": tr.tokenizer.tgt_vocab_size},
             "step": state.step, "epoch": state.epoch,
             "train_state": {
                 "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **dataclasses.asdict(state)},
+                "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **ema, **dataclasses.asdict(state)},
         }
