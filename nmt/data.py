@@ -74,8 +74,10 @@ def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[
     corpora, lang = d.train_corpora, language_prefix(cfg, tokenizer)
     key = [[[source_fingerprint(c, d.src_lang, d.tgt_lang), c.src_tag] for c in corpora],
            _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else []) + ([lang] if lang else [])
+    inject = d.protect_inject if d.protect else 0.0
+    key += [["inject", inject]] if inject else []
     sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, d.src_lang, d.tgt_lang), c.src_tag,
-                      d.protect, lang) for c in corpora]
+                      d.protect, lang, inject) for c in corpora]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
 
 

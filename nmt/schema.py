@@ -103,6 +103,7 @@ class DataConfig:
     batch_tokens: int = _f(4096, "Token budget per batch: B x max(S, T) <= batch_tokens, i.e. neither the padded source tensor nor the padded target tensor holds more than this many positions (fairseq's --max-tokens).", min=1)
     max_batch_size: int = _f(0, "Cap on sentences per batch; 0 = no cap.", min=0)
     protect: bool = _f(False, "Replace protected spans (placeholders such as `%s`, `{0}`, markup, `&amp;`: nmt/protect.py) in training and validation pairs by placeholder tokens `<ph_K>`, which become SentencePiece symbols: the model learns to copy them. Translate with `--protect`.")
+    protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions instead (1-3 names or numbers that occur once, identically, on both sides; else one at the start or the end of both sides), so that a corpus with few or no spans still teaches copying them. 0 = off.", min=0.0, max=1.0)
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
 
     @property
