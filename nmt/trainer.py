@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import os
 import signal
 import threading
 import time
@@ -152,6 +153,8 @@ class Trainer:
             self.save(improved=False, with_step=False)  # no validation: the user wants out
         elif state.last_valid_step != state.step:
             self.validate()
+        if signalled is None and t.tune_decode:
+            self.tune_decode()
         best = f"{state.best:.4g}" if state.best is not None else "none (not validated)"
         self.log.info(f"stopped at step {state.step}, epoch {state.epoch}: {reason}; best {t.metric} {best}")
         return {"step": state.step, "epoch": state.epoch, "best": state.best, "metric": t.metric, "reason": reason,
@@ -275,6 +278,25 @@ class Trainer:
         self.save(improved, with_step=True)
         self.log.flush()
         return t.patience > 0 and state.bad_validations >= t.patience
+
+    def tune_decode(self) -> None:
+        """train.tune_decode: `nmt tune` of best.pt on the validation set, written into best.pt (rank 0;
+        the others wait)."""
+        if self.env.is_main:
+            from nmt.torch_engine import TorchEngine
+            from nmt.tune import apply_to_checkpoint, format_result, tune
+
+            best = os.path.join(self.tr.run_dir, "checkpoints", "best.pt")
+            if os.path.exists(best):
+                metric = "chrf" if self.t.metric == "chrf" else "bleu"
+                src, ref = self.tr.valid_lines
+                self.log.info(f"tuning the decode settings of best.pt on the validation set ({len(src)} lines, "
+                              f"at most {self.t.tune_max_time:g} s)")
+                result = tune(TorchEngine.load(best, str(self.tr.device)), src, ref, metric=metric,
+                              max_time=self.t.tune_max_time, log=lambda m: None)
+                self.log.info(format_result(result, metric))
+                apply_to_checkpoint(best, best, result, metric, "the validation set")
+        self.env.broadcast(None)
 
     def save(self, improved: bool, with_step: bool) -> None:
         """Collective: every rank calls it at the same step (their RNG states are gathered); rank 0 writes."""
