@@ -214,9 +214,11 @@ class Ct2Engine:
             hyps.append(Hypothesis(ids, float(score), float(log_prob), finished))
         hyps.sort(key=lambda h: -h.score)
         if decode.protect:
-            needed = sorted(p for p in src if p in PLACEHOLDERS)
-            hyps.sort(key=lambda h: not (h.finished and sorted(self.tgt_pieces[t] for t in h.tokens
-                                                                if self.tgt_pieces[t] in PLACEHOLDERS) == needed))
+            needed = sorted(p.lstrip("▁") for p in src if p.lstrip("▁") in PLACEHOLDERS)
+            def exact(h: Hypothesis) -> bool:
+                return h.finished and sorted(w for w in (self.tgt_pieces[t].lstrip("▁") for t in h.tokens)
+                                             if w in PLACEHOLDERS) == needed
+            hyps.sort(key=lambda h: not exact(h))  # exact ones first (stable: by score within each)
         return hyps[: decode.nbest]
 
     def align_batch(self, src_ids, tgt_ids):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import re
+import weakref
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -151,21 +152,31 @@ def known_by(tokenizer) -> bool:
     return all(tokenizer.is_target_symbol(p) for p in PLACEHOLDERS)
 
 
-def placeholder_ids(tokenizer) -> tuple[list[int], list[int]]:
-    """(source ids, target ids) of PLACEHOLDERS, in order, for a tokenizer that `known_by` accepts."""
-    src = [ids[-1] for ids in tokenizer.encode_src(list(PLACEHOLDERS))]  # a lone symbol may follow a "▁" piece
-    tgt = [ids[-1] for ids in tokenizer.encode_tgt(list(PLACEHOLDERS))]
-    return src, tgt
+_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def placeholder_ids(tokenizer) -> tuple[dict[int, int], dict[int, int]]:
+    """({source id: K}, {target id: K}): every piece that writes placeholder <ph_K> (the symbol itself,
+    and a word model's or a merged "▁<ph_K>"). Cached per tokenizer."""
+    if tokenizer not in _IDS:
+        from nmt.export import vocabularies
+
+        number = {ph: k for k, ph in enumerate(PLACEHOLDERS)}
+        _IDS[tokenizer] = tuple({i: number[p.lstrip("▁")] for i, p in enumerate(pieces) if p.lstrip("▁") in number}
+                                for pieces in vocabularies(tokenizer))
+    return _IDS[tokenizer]
 
 
 def required_placeholders(src_ids: Sequence[list[int]], tokenizer) -> "Placeholders":
-    """nmt.search.Placeholders for a batch of encoded sources: every placeholder of the target
-    vocabulary, and per source the target ids of the placeholders it holds (each to be copied once)."""
+    """nmt.search.Placeholders for a batch of encoded sources: the target ids that write each
+    placeholder, and per source the placeholders it holds (each to be copied once)."""
     from nmt.search import Placeholders
 
     src_ph, tgt_ph = placeholder_ids(tokenizer)
-    to_tgt = dict(zip(src_ph, tgt_ph))
-    return Placeholders(list(tgt_ph), [[to_tgt[t] for t in dict.fromkeys(ids) if t in to_tgt] for ids in src_ids])
+    tokens: list[list[int]] = [[] for _ in PLACEHOLDERS]
+    for i, k in tgt_ph.items():
+        tokens[k].append(i)
+    return Placeholders(tokens, [sorted({src_ph[t] for t in ids if t in src_ph}) for ids in src_ids])
 
 
 def mask_for_scoring(src: str, tgt: str, extra: str | None = None) -> tuple[str, str]:

@@ -167,11 +167,12 @@ def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: in
 
 @dataclass(frozen=True)
 class Placeholders:
-    """Tokens the output must copy from its source (protected spans, nmt/protect.py): `ids` are every
-    placeholder token of the target vocabulary, `required[b]` those in sentence b's source. Each
-    required one must be generated exactly once; the others never (`StepRules`)."""
+    """Tokens the output must copy from its source (protected spans, nmt/protect.py): `tokens[k]` are
+    the target ids that write placeholder k (a vocabulary may have several: `<ph_0>`, `▁<ph_0>`),
+    `required[b]` the placeholders in sentence b's source. Each required one must be written
+    exactly once (by any of its tokens); the others never (`StepRules`)."""
 
-    ids: list[int]
+    tokens: list[list[int]]
     required: list[list[int]]
 
 
@@ -199,11 +200,15 @@ class StepRules:
             self.prefix = torch.tensor([list(p) + [specials.pad] * (self.longest_prefix - len(p)) for p in prefixes],
                                        dtype=torch.long, device=device)  # [B, P]
             self.prefix_len = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=device)  # [B]
-        self.ph_ids = self.ph_required = None
-        if placeholders is not None and placeholders.ids:
-            self.ph_ids = torch.tensor(placeholders.ids, dtype=torch.long, device=device)  # [P]
-            self.ph_required = torch.tensor([[i in set(req) for i in placeholders.ids] for req in placeholders.required],
+        self.ph_ids = self.ph_of = self.ph_required = self.ph_onehot = None
+        if placeholders is not None and any(placeholders.tokens):
+            P = len(placeholders.tokens)
+            pairs = [(i, k) for k, ids in enumerate(placeholders.tokens) for i in ids]
+            self.ph_ids = torch.tensor([i for i, _ in pairs], dtype=torch.long, device=device)  # [Q] token ids
+            self.ph_of = torch.tensor([k for _, k in pairs], dtype=torch.long, device=device)  # [Q] their placeholder
+            self.ph_required = torch.tensor([[k in set(req) for k in range(P)] for req in placeholders.required],
                                             dtype=torch.bool, device=device)  # [B, P]
+            self.ph_onehot = F.one_hot(self.ph_of, P).float()  # [Q, P]
 
     def prefix_lengths(self, sent: Tensor) -> Tensor | None:
         """len(prefix) of each row's sentence [R], or None without prefixes."""
@@ -240,9 +245,12 @@ class StepRules:
             _block_repeats(masked, history, self.n)
         if self.ph_ids is not None:
             required = self.ph_required.index_select(0, sent)  # [R, P]
-            used = (history[:, :, None] == self.ph_ids).any(dim=1) if history.shape[1] else torch.zeros_like(required)
-            cols = masked[:, self.ph_ids]  # [R, P]
-            masked[:, self.ph_ids] = cols.masked_fill(~required | used, NEG_INF)
+            used = torch.zeros_like(required)
+            if history.shape[1]:
+                written = (history[:, :, None] == self.ph_ids).any(dim=1)  # [R, Q]: tokens already written
+                used = (written.float() @ self.ph_onehot) > 0  # [R, P]: placeholders already written
+            forbid = (~required | used).index_select(1, self.ph_of)  # [R, Q]
+            masked[:, self.ph_ids] = masked[:, self.ph_ids].masked_fill(forbid, NEG_INF)
             missing = (required & ~used).any(dim=1)  # [R]: EOS waits for every placeholder
             masked[:, EOS] = masked[:, EOS].masked_fill(missing, NEG_INF)
         allowed = torch.isfinite(masked)

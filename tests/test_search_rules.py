@@ -71,7 +71,7 @@ def test_no_repeat_ngram_renormalises_over_the_allowed_tokens(kind):
 
 # --------------------------------------------------------------------------- placeholders
 
-PH = [6, 7]  # the fake vocabulary's "placeholder" tokens
+PH = [6, 7]  # the fake vocabulary's "placeholder" tokens: placeholder 0 is written by 6, placeholder 1 by 7
 
 
 def ph_banned(required):
@@ -87,7 +87,7 @@ def test_placeholders_exactly_once_in_every_search():
     model = FakeModel(seed=12, scale=2.0)
     src, mask = fake_batch([4, 3, 5, 2], seed=12)
     required = [[6], [], [6, 7], [7]]
-    ph = Placeholders(PH, required)
+    ph = Placeholders([[6], [7]], [[PH.index(t) for t in r] for r in required])
     kw = dict(max_len_a=0.0, max_len_b=10, placeholders=ph)
     searches = {"greedy": [[h] for h in greedy_search(model, src, mask, **kw)],
                 "beam": beam_search(model, src, mask, beam_size=3, nbest=3, length_penalty_type="average", **kw),
@@ -113,7 +113,8 @@ def test_exhaustive_beam_with_placeholders_equals_brute_force():
     src, mask = fake_batch([3, 2], seed=13)
     required, max_len = [[6], [6, 7]], 4
     out = beam_search(model, src, mask, beam_size=300, nbest=3, length_penalty=1.0, length_penalty_type="gnmt",
-                      max_len_a=0.0, max_len_b=max_len, placeholders=Placeholders(PH, required))
+                      max_len_a=0.0, max_len_b=max_len,
+                      placeholders=Placeholders([[6], [7]], [[PH.index(t) for t in r] for r in required]))
     for i, hyps in enumerate(out):
         s, banned = FakeModel._src(src[i]), ph_banned(required[i])
         scored = []
@@ -167,3 +168,15 @@ def test_keep_all_then_any_penalty_equals_the_search(K):
                 ok = [h for h in hyps if len(h.tokens) >= min_len or not h.finished]
                 best = max(ok, key=lambda h: h.log_prob / length_penalty_factor(len(h.tokens) + h.finished, alpha, kind))
                 assert best.tokens == d[0].tokens, (kind, alpha, min_len)
+
+
+def test_a_placeholder_written_by_several_tokens_counts_once():
+    """A vocabulary may write <ph_0> as "<ph_0>" and as "▁<ph_0>": either one, once, in all."""
+    model = FakeModel(seed=16, scale=2.0)
+    src, mask = fake_batch([4, 3, 5], seed=16)
+    out = beam_search(model, src, mask, beam_size=3, nbest=3, length_penalty_type="average", max_len_a=0.0,
+                      max_len_b=10, placeholders=Placeholders([[6, 7]], [[0], [], [0]]))
+    for i, hyps in enumerate(out):
+        for h in hyps:
+            if h.finished:
+                assert sum(t in (6, 7) for t in h.tokens) == (1 if i != 1 else 0), h.tokens
