@@ -364,8 +364,9 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
 
     keep_all: every candidate that ends in the top K is kept and no sentence stops before its
     beams do (nothing is pruned by the length penalty): all its finished hypotheses are returned,
-    best first. Any length penalty or minimum length can then be applied afterwards, with the
-    result the search would give under it (the live beams never depend on them; nmt/tune.py).
+    best first. Any length penalty can then be applied afterwards, with the result the search
+    would give under it: the live beams never depend on the penalty (nmt/tune.py). (A minimum
+    length cannot: it renormalises the distribution, which moves the live beams.)
     """
     _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type)
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
