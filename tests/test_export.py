@@ -528,3 +528,27 @@ def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path
     b = score_pairs(Ct2Engine(out, "cpu", intra_threads=1), lines_src, lines_tgt)
     assert [x.n_tokens for x in a] == [y.n_tokens for y in b]
     assert [x.log_prob for x in a] == pytest.approx([y.log_prob for y in b], abs=1e-3)
+
+
+def test_ctranslate2_protect_takes_the_best_hypothesis_with_every_placeholder():
+    """CTranslate2 cannot constrain its search per step: with protect, the best finished hypothesis of
+    its beam that writes each placeholder of the source exactly once is taken, else the best."""
+    from types import SimpleNamespace
+
+    from nmt.config import decode_config
+    from nmt.ct2 import Ct2Engine
+    from nmt.layout import NMT_SPECIALS
+
+    engine = object.__new__(Ct2Engine)
+    pieces = ["<pad>", "<unk>", "<s>", "</s>", "▁a", "▁b", "<ph_0>", "▁<ph_0>", "<ph_1>"]
+    engine.specials, engine.tgt_pieces = NMT_SPECIALS, pieces
+    engine.tgt_ids = {p: i for i, p in enumerate(pieces)}
+    result = SimpleNamespace(hypotheses=[["▁a", "</s>"], ["▁a", "<ph_0>", "<ph_0>", "</s>"],
+                                         ["▁b", "▁<ph_0>", "<ph_1>", "</s>"], ["▁a", "<ph_0>", "<ph_1>", "</s>"]],
+                             scores=[-1.0, -2.0, -3.0, -4.0])
+    decode = decode_config(None, dict(beam_size=4, length_penalty_type="none", protect=True))
+    best = engine._rank(result, decode, 0.0, 0.0, ["▁x", "<ph_0>", "▁<ph_1>"])
+    assert [pieces[t] for t in best[0].tokens] == ["▁b", "▁<ph_0>", "<ph_1>"]  # the best of the exact ones
+    assert engine._rank(result, decode_config(decode, dict(protect=False)), 0.0, 0.0, ["▁x"])[0].tokens == [4]
+    none_exact = engine._rank(result, decode, 0.0, 0.0, ["<ph_0>", "<ph_1>", "<ph_2>"])
+    assert none_exact[0].tokens == [4]  # no hypothesis has them all: the best one (the report counts it)
