@@ -39,13 +39,15 @@ class Translator:
 
     device: "auto" (CUDA if available), "cpu", "cuda", "cuda:N". Keyword decode options (e.g.
     beam_size=4, workers=1) replace the model's own `decode` defaults for every call; they are
-    checked before the model loads (ConfigError, a ValueError, names every problem).
+    checked before the model loads (ConfigError, a ValueError, names every problem). `precision`
+    (and CTranslate2's `workers`) are fixed here: a call asking for another precision is a UserError.
     """
 
     def __init__(self, path: str, *, engine: str = "auto", device: str = "auto", **decode_options: Any):
         given = decode_config(None, decode_options, check_rules=False)  # a bad option fails before any work
         workers = given.workers if decode_options.get("workers") is not None else None
-        self._engine = load_engine(path, engine, device, workers=workers)
+        precision = given.precision if decode_options.get("precision") is not None else None
+        self._engine = load_engine(path, engine, device, workers=workers, precision=precision)
         self.decode = self._checked(decode_config(self._engine.decode, decode_options))
 
     @property
@@ -73,6 +75,7 @@ class Translator:
         if decode.alignment and self._engine.name != "torch":
             raise UserError(f"--alignment is not supported by the {self._engine.name} engine (translate with the "
                             "checkpoint and --engine torch)")
+        self._engine.check_precision(decode.precision)
         if decode.protect:
             check_protect(self._engine.tokenizer)
         engine_check = getattr(self._engine, "check", None)  # settings an engine refuses (nmt/ct2.py)
@@ -88,17 +91,21 @@ class Translator:
         target_prefix(self._engine.tokenizer, self.decode_settings(**decode_options).tgt_lang)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
-                  on_batch: Progress | None = None, **decode_options: Any) -> list[TranslationResult]:
+                  line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
+                  **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
         first_line: the input line number of lines[0] (with sampling, a line's samples depend
-        only on the seed and its line number). on_batch(n): called as n more lines are done."""
+        only on the seed and its line number); line_numbers: each line's own number instead (lines
+        of several inputs in one call, as `nmt serve` gathers requests). on_batch(n): called as n
+        more lines are done."""
         decode = self.decode_settings(**decode_options)
-        if prefixes is not None and len(prefixes) != len(lines):
-            raise UserError(f"{len(prefixes)} prefixes for {len(lines)} lines")
+        for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
+            if given is not None and len(given) != len(lines):
+                raise UserError(f"{len(given)} {name} for {len(lines)} lines")
         with _CALLS:
             return translate_chunk(self._engine, list(lines), decode, on_batch, first_line=first_line,
-                                   prefixes=prefixes)
+                                   prefixes=prefixes, line_numbers=line_numbers)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:

@@ -3,9 +3,11 @@
 Shapes: B rows (sentences x beams), N distinct source sentences, H heads,
 Tmax = max_len, S source length, Dh head dim.
 
-- Self-attention K/V, per layer `[B,H,Tmax,Dh]`, preallocated by `DecoderCache.create`
-  and filled one position per step (the past is never re-copied by a step). Positions
-  `0 .. length-1` are filled.
+- Self-attention K/V, per layer `[B,H,C,Dh]`, filled one position per step (the past is
+  never re-copied by a step). Positions `0 .. length-1` are filled. The capacity C grows by
+  `chunk` positions (`GROW_CHUNK`) when a step needs room, up to `max_len` (Tmax), so a batch
+  holds what its outputs need, not what its longest possible output would (`chunk=0`: all
+  Tmax positions at once, as a preallocated cache).
 - Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder
   output. They are stored once per *source sentence*, not per row: rows
   `n*group .. (n+1)*group-1` all translate source n (its beams), and their
@@ -19,7 +21,7 @@ self-attention keys/values (it returns the filled views to attend to) and reads 
 cross-attention keys/values with `cross(layer)`; after the last layer the model calls
 `advance()`. The search calls `reorder(indices)` (beam reordering, expanding sentences to
 beams, dropping finished sentences). nmt/fast.py's `ReusingDecoderCache` reorders with
-fewer copies and reuses its self-attention buffers while the number of rows is unchanged;
+fewer copies and without allocating (one spare buffer; fewer rows reuse the same memory);
 same contents.
 """
 
@@ -32,16 +34,20 @@ from torch import Tensor
 
 from nmt.masks import attention_mask
 
+GROW_CHUNK = 16  # positions a cache's self-attention buffers grow by
+
 
 @dataclass
 class DecoderCache:
-    self_k: list[Tensor]  # per layer [B,H,Tmax,Dh]
-    self_v: list[Tensor]  # per layer [B,H,Tmax,Dh]
+    self_k: list[Tensor]  # per layer [B,H,C,Dh], C = capacity <= max_len
+    self_v: list[Tensor]  # per layer [B,H,C,Dh]
     cross_k: list[Tensor]  # per layer [N,H,S,Dh]
     cross_v: list[Tensor]  # per layer [N,H,S,Dh]
     src_mask: Tensor  # [N,S] True = token
     length: int = 0  # positions filled so far
     group: int = 1  # rows per source sentence: B = N * group
+    limit: int | None = None  # Tmax, the most positions it may hold; None = its capacity
+    chunk: int = GROW_CHUNK  # positions added when full (0: never grows)
     cross_mask: Tensor = field(init=False, repr=False)  # [N,1,1,S], for SDPA
 
     def __post_init__(self) -> None:
@@ -51,11 +57,15 @@ class DecoderCache:
             raise ValueError(f"cache has {self.batch_size} rows but {n_src} sources x group {self.group}")
 
     @classmethod
-    def create(cls, cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor, max_len: int) -> DecoderCache:
-        """An empty cache for B = N rows and max_len positions; self K/V buffers like cross_k[0]."""
+    def create(cls, cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor, max_len: int,
+               chunk: int = GROW_CHUNK) -> DecoderCache:
+        """An empty cache for B = N rows and up to max_len positions; self K/V buffers like cross_k[0],
+        allocated `chunk` positions at a time (chunk 0: all max_len now)."""
         N, H, _, Dh = cross_k[0].shape
-        new = lambda: cross_k[0].new_empty((N, H, max_len, Dh))
-        return cls([new() for _ in cross_k], [new() for _ in cross_k], cross_k, cross_v, src_mask)
+        capacity = min(max_len, chunk) if chunk > 0 else max_len
+        new = lambda: cross_k[0].new_empty((N, H, capacity, Dh))
+        return cls([new() for _ in cross_k], [new() for _ in cross_k], cross_k, cross_v, src_mask,
+                   limit=max_len, chunk=chunk)
 
     @property
     def batch_size(self) -> int:
@@ -65,6 +75,11 @@ class DecoderCache:
     @property
     def max_len(self) -> int:
         """Tmax, the number of positions the cache can hold."""
+        return self.limit if self.limit is not None else self.capacity
+
+    @property
+    def capacity(self) -> int:
+        """C, the positions its buffers hold now (grows up to max_len)."""
         return self.self_k[0].shape[2]
 
     def next_position(self) -> int:
@@ -78,10 +93,25 @@ class DecoderCache:
         """Write this step's self-attention keys/values k, v [B,H,Dh] of `layer` at position
         `length`; returns that layer's filled keys and values [B,H,length+1,Dh] (views)."""
         pos = self.length
+        if pos >= self.capacity:
+            self.grow()
         k_buf, v_buf = self.self_k[layer], self.self_v[layer]
         k_buf[:, :, pos] = k
         v_buf[:, :, pos] = v
         return k_buf[:, :, : pos + 1], v_buf[:, :, : pos + 1]
+
+    def grow(self) -> None:
+        """Add `chunk` positions (at most up to max_len) to every self-attention buffer, keeping the
+        filled ones; one buffer at a time, so the old one is freed before the next is allocated."""
+        capacity = min(self.capacity + max(self.chunk, 1), self.max_len)
+        if capacity <= self.capacity:
+            raise ValueError(f"decoder cache is full: it holds max_len={self.max_len} positions")
+        L = self.length
+        for bufs in (self.self_k, self.self_v):
+            for i, old in enumerate(bufs):
+                new = old.new_empty(old.shape[:2] + (capacity,) + old.shape[3:])
+                new[:, :, :L] = old[:, :, :L]
+                bufs[i] = new
 
     def advance(self) -> None:
         """The step is complete in every layer: the next one writes the following position."""

@@ -1,4 +1,4 @@
-"""Command line: `nmt train | translate | evaluate | score | tune | average | export`.
+"""Command line: `nmt train | translate | evaluate | score | tune | average | import | export | serve`.
 
 Only argument parsing and dispatch live here; every command is an importable
 function. torch is imported lazily, inside the commands, so `nmt --help`
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     parser.set_defaults(command_parsers=sub.choices)  # {command: its parser}, for `parse_args`
     for add in (_train_parser, _translate_parser, _evaluate_parser, _score_parser, _tune_parser, _average_parser,
-                _export_parser):
+                _import_parser, _export_parser, _serve_parser):
         add(sub)
     return parser
 
@@ -187,15 +187,68 @@ def _average_parser(sub) -> None:
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="where to write the averaged checkpoint")
 
 
+def _import_parser(sub) -> None:
+    p = sub.add_parser("import", help="import a Hugging Face MarianMT / M2M100 / NLLB model as an nmt checkpoint",
+                       description="Write an nmt checkpoint from a Hugging Face model (OPUS-MT's MarianMT, M2M100, NLLB): "
+                       "a local directory (config.json, weights, tokenizer files) or a hub id, downloaded with "
+                       "huggingface_hub. translate, evaluate, score, average, export and train.init_from take the result.")
+    p.add_argument("source", metavar="SRC", help="model directory or hub id, e.g. Helsinki-NLP/opus-mt-es-en")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.pt", help="the checkpoint to write")
+    p.add_argument("--src-lang", metavar="L", help="source language (M2M100/NLLB: its language code, e.g. es or "
+                   "spa_Latn; default: tokenizer_config.json's)")
+    p.add_argument("--tgt-lang", metavar="L", help="target language (M2M100/NLLB: the default of translate's "
+                   "--tgt-lang; default: tokenizer_config.json's or generation_config.json's forced one)")
+    p.add_argument("--config", metavar="YAML", help="also write a fine-tuning config for the checkpoint (its model "
+                   "and decode sections, train.init_from; fill in data.train and data.valid)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no summary line")
+
+
 def _export_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint for another inference engine (CTranslate2)",
-                       description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`).")
+    p = sub.add_parser("export", help="export a checkpoint for CTranslate2 or Hugging Face transformers",
+                       description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`), "
+                       "or with --format hf a Hugging Face directory (MarianMT or M2M100) that transformers' "
+                       "AutoModelForSeq2SeqLM and AutoTokenizer load.")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to export")
-    p.add_argument("--format", default="ctranslate2", choices=("ctranslate2",), help="export format (default: ctranslate2)")
+    p.add_argument("--format", default="ctranslate2", choices=("ctranslate2", "hf"),
+                   help="export format (default: ctranslate2; hf: Hugging Face transformers)")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
     p.add_argument("--quantization", choices=("int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32"),
                    help="weight quantization (default: float32)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a model over HTTP (POST /translate, GET /health, a web page at /)",
+        description="Translate over HTTP: POST /translate {\"text\": [...], \"options\": {decode keys}}, GET /health, "
+        "and a page to try the model at /. Requests that arrive together share batches; each answer equals what "
+        "`nmt translate` gives for the same lines and options. Needs `pip install -e \".[serve]\"`.",
+        epilog="SIGTERM or Ctrl-C: new requests get 503, accepted ones are answered, then exit 0 (a second signal "
+        "stops at once). The search settings below are the server's defaults; a request may change them except "
+        "--batch-tokens, --batch-size, --workers and --protect-pattern.")
+    _add_model_options(p, "to translate with")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = a free one, printed at start)")
+    g = p.add_argument_group("limits and batching")
+    g.add_argument("--max-lines", type=int, default=256, metavar="N", help="sentences per request (more: 413; default: 256)")
+    g.add_argument("--max-chars", type=int, default=100_000, metavar="N",
+                   help="characters of text and prefixes per request (more: 413; default: 100000)")
+    g.add_argument("--max-beam", type=int, default=16, metavar="N",
+                   help="the largest beam_size and nbest a request may ask for (more: 400; default: 16)")
+    g.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="requests waiting for the model (more: 503 with Retry-After; default: 256)")
+    g.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds from a request's arrival to its answer (more: 504; default: 60)")
+    g.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
+                   help="after a request arrives, how long to wait for others to translate with it (default: 5; "
+                   "5%% of the previous call's duration when that is longer, at most 1 s)")
+    g.add_argument("--batch-lines", type=int, default=1024, metavar="N",
+                   help="lines gathered into one translation call at most (default: 1024)")
+    g.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
+                   help="translate requests that arrive together in one call (default: on; --no-batching: one "
+                   "request at a time)")
+    p.add_argument("--access-log", action="store_true", help="log every request on stderr")
+    _add_decode_options(p)
 
 
 def _decode_overrides(args: argparse.Namespace) -> dict:
@@ -275,10 +328,35 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                         quiet=args.quiet)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from nmt.batcher import Settings
+    from nmt.errors import UserError
+    from nmt.serve import serve_command
+
+    path, engine = _model(args)
+    for flag in ("max_lines", "max_chars", "max_beam", "max_queue", "batch_lines"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.timeout <= 0 or args.batch_window_ms < 0:
+        raise UserError("--timeout must be positive and --batch-window-ms at least 0")
+    settings = Settings(max_lines=args.max_lines, max_chars=args.max_chars, max_beam=args.max_beam,
+                        max_queue=args.max_queue, timeout=args.timeout, window=args.batch_window_ms / 1000,
+                        batch_lines=args.batch_lines, batching=args.batching)
+    return serve_command(path, engine=engine, device=args.device, overrides=_decode_overrides(args), host=args.host,
+                         port=args.port, settings=settings, access_log=args.access_log)
+
+
 def _cmd_average(args: argparse.Namespace) -> int:
     from nmt.checkpoint import average_command
 
     return average_command(args.checkpoints, args.output)
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from nmt.hf_io import import_command
+
+    return import_command(args.source, args.output, src_lang=args.src_lang, tgt_lang=args.tgt_lang, config=args.config,
+                          quiet=args.quiet)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -307,7 +385,8 @@ def _sigterm_like_ctrl_c(command: str):
 
 
 COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_evaluate, "score": _cmd_score,
-            "tune": _cmd_tune, "average": _cmd_average, "export": _cmd_export}
+            "tune": _cmd_tune, "average": _cmd_average, "import": _cmd_import, "export": _cmd_export,
+            "serve": _cmd_serve}
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -347,10 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.config import ConfigError
     from nmt.errors import UserError
 
-    if args.command in ("train", "translate", "evaluate", "score", "tune"):
+    if args.command in ("train", "translate", "evaluate", "score", "tune", "serve"):
         from nmt.fast import tune_malloc
 
-        tune_malloc()  # before the command allocates its tensors; see nmt/fast.py
+        tune_malloc(inference=args.command != "train")  # before the command allocates its tensors; see nmt/fast.py
     try:
         with _sigterm_like_ctrl_c(args.command):
             return COMMANDS[args.command](args)

@@ -220,7 +220,7 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
         errors.append("'data.tokenizer.src_model' and 'data.tokenizer.tgt_model' must be given together")
     corpora = [(d.train_key(i), c) for i, c in enumerate(d.train_corpora)]
     corpora += [(f"data.{split}", getattr(d, split)) for split in ("valid", "test") if getattr(d, split) is not None]
-    if not d.train_corpora:
+    if isinstance(d.train, list) and not d.train:
         errors.append("'data.train' is an empty list (give at least one corpus)")
     for key, c in corpora:
         _check_corpus(c, key, errors, check_files)
@@ -413,6 +413,9 @@ def config_from_dict(raw: dict, *, check_files: bool = True, training: bool = Tr
         raise ConfigError("the config must be a YAML mapping with sections data, model, train, decode")
     errors: list[str] = []
     cfg = _build(Config, raw, "", errors)
+    data = raw.get("data")
+    if training and isinstance(data, dict):  # only a checkpoint written by `nmt import` has no corpora
+        errors += [f"missing required key 'data.{k}'" for k in ("train", "valid") if data.get(k) is None]
     if not errors:
         _check_semantics(cfg, errors, check_files, training, resume)
     if errors:

@@ -26,7 +26,8 @@ Search settings follow nmt.search exactly; what CTranslate2 cannot do the same w
   best is the same. Without a penalty both stop when the best candidate ends; for an n-best list
   CTranslate2 is given a negligible penalty (`NO_EARLY_EXIT`) and searches to the end too.
 - Prefixes: CTranslate2 forces them and scores only what follows; the prefix's own
-  log-probability is added from `score_batch`. Right after a prefix, only the best candidate may
+  log-probability is added from `score_batch` (less its first `nmt.languages.free_prefix` tokens,
+  which count 0 as in nmt.search: an imported M2M100/NLLB model's language token). Right after a prefix, only the best candidate may
   end (CTranslate2's rule, which nmt.search follows).
 - Sampling is refused: CTranslate2 draws its own random numbers (one generator per thread,
   seeded once), so its samples cannot be the PyTorch engine's (`--engine torch`).
@@ -46,6 +47,8 @@ from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import parse_device, resolve_workers
 from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
+from nmt.languages import free_prefix
+from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.protect import PLACEHOLDERS
 from nmt.search import Hypothesis, length_penalty_factor, max_output_lengths
 from nmt.tokenizer import Tokenizer
@@ -71,14 +74,15 @@ class Ct2Engine:
     the exported weights' type; "int8", "float32", ...). intra_threads: threads per translation
     (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated
     at once (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see
-    `resolve_workers`).
+    `resolve_workers`). precision: a decode.precision, mapped onto compute_type (nmt/precision.py;
+    None: the export's decode.precision, whose default `auto` keeps compute_type).
     """
 
     name = "ctranslate2"
     torch_device = None
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",
-                 intra_threads: int = 0, workers: int | None = None):
+                 intra_threads: int = 0, workers: int | None = None, precision: str | None = None):
         ctranslate2 = self.ctranslate2 = require_ctranslate2()
         meta = read_metadata(model_dir)
         tokenizer = Tokenizer.load(model_dir)
@@ -94,6 +98,9 @@ class Ct2Engine:
         except ConfigError as e:
             raise UserError(f"{model_dir}: invalid decode settings in its metadata: {'; '.join(e.errors)}") from None
         kind, index = resolve_ct2_device(device, ctranslate2)
+        self.precision = precision if precision is not None else self.decode.precision
+        if self.precision != "auto":
+            compute_type = CT2_COMPUTE_TYPES[self.precision]
         self.workers = resolve_workers(self.decode.workers if workers is None else workers, kind, os.cpu_count() or 1)
         if self.workers > 1 and not intra_threads:
             intra_threads = max(1, (os.cpu_count() or 1) // self.workers)
@@ -107,6 +114,12 @@ class Ct2Engine:
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
         self.specials = tokenizer.specials
         self.suppress = [[tgt[i]] for i in self.specials.never_generated]
+
+    def check_precision(self, precision: str) -> None:
+        """UserError unless `precision` is the one this engine was loaded with (compute_type is fixed)."""
+        if precision != self.precision:
+            raise UserError(f"--precision {precision}: the model was loaded with precision {self.precision} "
+                            f"(precision is chosen when the model loads: pass it to the command or to Translator())")
 
     # ------------------------------------------------------------------ search
 
@@ -178,18 +191,20 @@ class Ct2Engine:
             max_decoding_length=limit, min_decoding_length=min(decode.min_len, limit),  # CTranslate2 wants min <= max
             max_input_length=0, suppress_sequences=self.suppress if suppress else None,
             no_repeat_ngram_size=decode.no_repeat_ngram)
-        forced = self._prefix_log_probs(pieces, prefix) if prefix is not None else [0.0] * len(pieces)
+        free = free_prefix(self.tokenizer, prefix)
+        forced = self._prefix_log_probs(pieces, prefix, free) if prefix is not None else [0.0] * len(pieces)
         return [self._rank(r, decode, ct2_alpha, f, src) for r, f, src in zip(results, forced, pieces)]
 
-    def _prefix_log_probs(self, pieces: list[list[str]], prefix: list[list[str]]) -> list[float]:
-        """The model's log-probability of each forced prefix (CTranslate2 scores only what follows it)."""
-        todo = [i for i, p in enumerate(prefix) if p]
+    def _prefix_log_probs(self, pieces: list[list[str]], prefix: list[list[str]], free: int = 0) -> list[float]:
+        """The model's log-probability of each forced prefix (CTranslate2 scores only what follows it).
+        free: leading prefix tokens whose log-probability counts 0 (nmt.languages.free_prefix)."""
+        todo = [i for i, p in enumerate(prefix) if len(p) > free]
         out = [0.0] * len(pieces)
         if todo:
             scored = self.translator.score_batch([pieces[i] for i in todo], [prefix[i] for i in todo], max_batch_size=0,
                                                  max_input_length=0)
             for i, r in zip(todo, scored):
-                out[i] = float(sum(list(r.log_probs)[: len(prefix[i])]))  # the prefix tokens, not the final EOS
+                out[i] = float(sum(list(r.log_probs)[free: len(prefix[i])]))  # the prefix tokens, not the final EOS
         return out
 
     def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, prefix_log_prob: float,

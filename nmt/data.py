@@ -21,6 +21,7 @@ corpus are those of `batch_indices` over the whole corpus.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -60,6 +61,9 @@ def _describe(corpus: CorpusConfig) -> str:
 
 def _tokenizer_hash(tokenizer: Tokenizer) -> str:
     protos = tokenizer.to_bytes()
+    if protos.get("kind", "spm") != "spm":  # an imported tokenizer (nmt/hf_tokenizer.py): its files and settings
+        settings = json.dumps({k: v for k, v in protos.items() if k != "files"}, sort_keys=True).encode()
+        return hashlib.sha256(settings + b"".join(protos["files"][name] for name in sorted(protos["files"]))).hexdigest()
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()
 
 

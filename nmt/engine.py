@@ -14,6 +14,8 @@ a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported w
         max_positions: int              longest sequence the model accepts
         torch_device: torch.device | None   a PyTorch model's device (None: the engine runs its own threads)
         workers: int | None             batches the engine searches at once (None: decided per call, `resolve_workers`)
+        precision: str                  decode.precision it was loaded with (nmt/precision.py)
+        def check_precision(p)           UserError unless calls with decode.precision p can run (fixed at load)
         def running() -> ContextManager  around a run of calls: the model in eval mode
         def search_batch(src_ids, decode, keys=None, prefixes=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
@@ -46,6 +48,9 @@ class Engine(Protocol):
     max_positions: int
     torch_device: object
     workers: int | None
+    precision: str
+
+    def check_precision(self, precision: str) -> None: ...
 
     def running(self) -> ContextManager: ...
 
@@ -57,20 +62,22 @@ class Engine(Protocol):
     def align_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[tuple[int, int]]]: ...
 
 
-def load_engine(path: str, kind: str = "auto", device: str = "auto", *, workers: int | None = None) -> Engine:
+def load_engine(path: str, kind: str = "auto", device: str = "auto", *, workers: int | None = None,
+                precision: str | None = None) -> Engine:
     """An engine for `path`: a checkpoint file (torch) or a directory written by `nmt export`
     (ctranslate2). kind "auto" picks by what `path` is. `workers` (CTranslate2: replicas,
-    fixed when the model is loaded; None = the export's decode.workers)."""
+    fixed when the model is loaded; None = the export's decode.workers). `precision`: decode.precision,
+    fixed when the model loads (None = the model's own decode.precision)."""
     if kind == "auto":
         kind = "ctranslate2" if os.path.isdir(path) and os.path.isfile(os.path.join(path, "model.bin")) else "torch"
     if kind == "ctranslate2":
         from nmt.ct2 import Ct2Engine  # the optional package is needed only here
 
-        return Ct2Engine(path, device, workers=workers)
+        return Ct2Engine(path, device, workers=workers, precision=precision)
     if os.path.isdir(path):
         raise UserError(f"{path} is a directory, not a checkpoint file (a CTranslate2 export needs --engine ctranslate2)")
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path}")
     from nmt.torch_engine import TorchEngine
 
-    return TorchEngine.load(path, device)
+    return TorchEngine.load(path, device, precision=precision)

@@ -206,27 +206,24 @@ def build_spec(model, tokenizer, cfg):
     src_pieces, tgt_pieces = vocabularies(tokenizer)
     spec.register_source_vocabulary(src_pieces)
     spec.register_target_vocabulary(tgt_pieces)
-    c = spec.config
-    c.unk_token, c.bos_token, c.eos_token = tgt_pieces[1], tgt_pieces[2], tgt_pieces[3]
-    c.decoder_start_token = tgt_pieces[2]
+    c, ids = spec.config, tokenizer.specials  # nmt's own: unk 1, <s> 2 = start, </s> 3; imported: their own
+    c.unk_token, c.eos_token = tgt_pieces[ids.unk], tgt_pieces[ids.eos]
+    c.decoder_start_token = tgt_pieces[ids.start]  # MarianMT: <pad>; M2M100/NLLB: </s>
+    c.bos_token = "<s>" if "<s>" in tgt_pieces else c.decoder_start_token
     c.add_source_bos, c.add_source_eos = False, True
     c.layer_norm_epsilon = _layer_norm_epsilon(model)
     return spec
 
 
 def vocabularies(tokenizer) -> tuple[list[str], list[str]]:
-    """(source pieces, target pieces) in id order, from the tokenizer's SentencePiece model(s)."""
-    import sentencepiece as spm
-
-    d = tokenizer.to_bytes()
-    protos = (d["src"], d["src"] if d["joint"] else d["tgt"])
-    out = []
-    for proto in protos:
-        sp = spm.SentencePieceProcessor(model_proto=proto)
-        out.append([sp.id_to_piece(i) for i in range(sp.get_piece_size())])
-    src, tgt = out
-    if src[1:4] != tgt[1:4]:
-        raise UserError(f"cannot export to CTranslate2: source and target special pieces differ ({src[1:4]} vs {tgt[1:4]})")
+    """(source pieces, target pieces) in id order (`tokenizer.vocab_pieces()`: nmt's SentencePiece
+    models, or an imported tokenizer's vocabularies). CTranslate2 appends EOS to sources by its piece,
+    so EOS (and UNK) must be the same piece on both sides."""
+    src, tgt = tokenizer.vocab_pieces()
+    ids = tokenizer.specials
+    if (src[ids.eos], src[ids.unk]) != (tgt[ids.eos], tgt[ids.unk]):
+        raise UserError(f"cannot export to CTranslate2: source and target special pieces differ "
+                        f"({src[ids.eos]}, {src[ids.unk]} vs {tgt[ids.eos]}, {tgt[ids.unk]})")
     return src, tgt
 
 
@@ -313,13 +310,22 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
                 layers=f"{m.n_encoder_layers}+{m.n_decoder_layers}", d_model=m.d_model, heads=m.n_heads,
                 norm=m.norm, activation=m.activation, positions=m.positions, name=name, meta=METADATA_FILE,
                 max_len=min(256, m.max_positions - 1), max_positions=m.max_positions,
-                src_spm="spm.model" if tokenizer.joint else "spm.src.model",
-                tgt_spm="spm.model" if tokenizer.joint else "spm.tgt.model"))
+                **_spm_names(tokenizer)))
         _replace_dir(tmp, output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output_dir
+
+
+def _spm_names(tokenizer) -> dict[str, str]:
+    """The SentencePiece files the export README names (an imported tokenizer keeps its own file names;
+    an M2M100/NLLB model also needs its language tokens: source first, target as target_prefix)."""
+    names = {"marian": ("source.spm", "target.spm"), "m2m100": ("sentencepiece.bpe.model",) * 2,
+             "nllb": ("sentencepiece.bpe.model",) * 2}.get(getattr(tokenizer, "kind", "spm"))
+    if names is None:
+        names = ("spm.model",) * 2 if tokenizer.joint else ("spm.src.model", "spm.tgt.model")
+    return {"src_spm": names[0], "tgt_spm": names[1]}
 
 
 def _check_output(output_dir: str, force: bool) -> None:
@@ -348,9 +354,16 @@ def _replace_dir(new: str, target: str) -> None:
 
 def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslate2",
                    quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
-    """`nmt export`: write a CTranslate2 model directory for `checkpoint`. Returns 0."""
+    """`nmt export`: write a CTranslate2 model directory for `checkpoint` (format "hf": a Hugging Face
+    model directory, nmt/hf_export.py). Returns 0."""
+    if format == "hf":
+        if quantization is not None:
+            raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
+        from nmt.hf_export import export_hf
+
+        return export_hf(checkpoint, output_dir, force=force, quiet=quiet)
     if format != "ctranslate2":
-        raise UserError(f"unknown export format {format!r} (supported: ctranslate2)")
+        raise UserError(f"unknown export format {format!r} (supported: ctranslate2, hf)")
     require_ctranslate2()
     _check_output(output_dir, force)
     from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint

@@ -6,10 +6,11 @@ model.py, cache.py and search.py are written like the paper and the search contr
 here installs a faster version of one of those pieces, computing the same thing
 (tests/test_fast.py checks each against the plain path), for CPU runs:
 
-- `tune_malloc()`: raises glibc's mmap and trim thresholds, so freed tensors stay in
+- `tune_malloc(inference)`: raises glibc's mmap and trim thresholds, so freed tensors stay in
   the heap for reuse instead of being unmapped and page-faulted in again every step
-  (what jemalloc/tcmalloc, which PyTorch's CPU guides recommend, do by default).
-  Cost: the process keeps its peak heap.
+  (what jemalloc/tcmalloc, which PyTorch's CPU guides recommend, do by default). Training keeps
+  its peak heap; inference keeps only blocks up to 16 MiB (a step's temporaries) and returns the
+  rest, so that a translation's peak RSS is what its batches need.
 - `install_for_training(model)`: `nn.Dropout` layers become `NumpyDropout`, which
   draws its masks with numpy's PCG64 (seeded by one draw from torch's generator per
   call, so `torch.manual_seed` and checkpointed RNG states still fix every mask)
@@ -46,6 +47,8 @@ from nmt.search import SearchOps
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
 _THRESHOLD = 2**31 - 1  # mallopt takes an int: blocks of up to 2 GiB come from the heap
+INFERENCE_MMAP = 16 << 20  # inference: blocks above 16 MiB are mapped (and returned when freed)
+INFERENCE_TRIM = 64 << 20  # inference: free memory above 64 MiB at the heap's top is returned
 
 _malloc_tuned = False
 
@@ -57,8 +60,15 @@ def enabled() -> bool:
 
 # --------------------------------------------------------------------------- allocator
 
-def tune_malloc() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process; True if applied (Linux/glibc only)."""
+def tune_malloc(inference: bool = False) -> bool:
+    """Raise glibc's mmap and trim thresholds for this process; True if applied (Linux/glibc only).
+
+    Training (inference False): blocks of up to 2 GiB come from the heap and it is never trimmed
+    (a step's activations are reused, not page-faulted in again). Inference: blocks of up to
+    `INFERENCE_MMAP` (a decoding step's temporaries) come from the heap, larger ones (decoder-cache
+    buffers, a batch's encoder activations) are mapped and unmapped as they come and go, and the
+    heap keeps at most `INFERENCE_TRIM` free at its top: long-lived buffers of changing sizes no
+    longer fragment a heap that never shrinks (peak RSS of `nmt translate`: BENCHMARKS.md)."""
     global _malloc_tuned
     if _malloc_tuned:
         return True
@@ -69,7 +79,8 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError):  # musl and other C libraries have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _malloc_tuned = bool(mallopt(M_MMAP_THRESHOLD, _THRESHOLD)) & bool(mallopt(M_TRIM_THRESHOLD, _THRESHOLD))
+    mmap, trim = (INFERENCE_MMAP, INFERENCE_TRIM) if inference else (_THRESHOLD, _THRESHOLD)
+    _malloc_tuned = bool(mallopt(M_MMAP_THRESHOLD, mmap)) & bool(mallopt(M_TRIM_THRESHOLD, trim))
     return _malloc_tuned
 
 
@@ -145,7 +156,7 @@ _MKLDNN = _mkldnn_ops()
 
 class PackedLinear(nn.Linear):
     """An `nn.Linear` that also holds a oneDNN-packed copy of its weight (`_packed_weight`) and uses it
-    for eval-mode fp32 CPU inputs of 1.._max_rows rows; otherwise it is `nn.Linear`."""
+    for eval-mode fp32 CPU inputs of MIN_PACKED_ROWS.._max_rows rows; otherwise it is `nn.Linear`."""
 
     _packed_weight: Tensor
     _max_rows: int
@@ -153,7 +164,7 @@ class PackedLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         rows = x.numel() // shape[-1] if shape else 0
-        if not (0 < rows <= self._max_rows and not self.training and x.is_cpu and x.dtype == torch.float32
+        if not (MIN_PACKED_ROWS <= rows <= self._max_rows and not self.training and x.is_cpu and x.dtype == torch.float32
                 and not (torch.is_grad_enabled() and self.weight.requires_grad)):
             return F.linear(x, self.weight, self.bias)
         linear_pointwise = _MKLDNN[0]
@@ -164,6 +175,7 @@ class PackedLinear(nn.Linear):
 
 
 ROWS_HINT = 32  # the batch rows oneDNN packs the weights for (decoding steps run tens to hundreds of rows)
+MIN_PACKED_ROWS = 4  # below, MKL's F.linear is faster (one sentence's greedy steps: 1 row; BENCHMARKS.md)
 
 
 def pack_linear_weights(model: nn.Module, max_rows: int = 256, min_weight: int = 100_000) -> int:
@@ -230,32 +242,48 @@ class ReusingDecoderCache(DecoderCache):
 
     When at most half of the rows change (beam search: most beams keep their own parent
     row), only the changed rows are copied, in place (their parents' filled positions are
-    gathered first, then written). Otherwise the rows are gathered into spare buffers of the
-    same shape (kept from the previous reorder) and the old buffers become the spare ones.
+    gathered first, then written). Otherwise each buffer's rows are gathered into one spare
+    buffer, which takes that buffer's place, and the buffer it replaces becomes the spare for
+    the next one: one buffer of extra memory, none allocated after the first. Fewer rows
+    (finished sentences leaving) are gathered into the first rows of the spare (a view), so
+    a shrinking batch reuses its memory; more rows (expanding sentences to beams) allocate.
+    Growing (`grow`) drops the spare.
     """
 
-    spare: list[Tensor] = field(default_factory=list, repr=False)  # free buffers shaped like self_k + self_v
+    spare: Tensor | None = field(default=None, repr=False)  # a free buffer: >= B rows, shaped like self_k[0]
+
+    def grow(self) -> None:
+        self.spare = None  # freed before the larger buffers are allocated
+        super().grow()
 
     def _reorder_self(self, indices: Tensor) -> None:
-        L, n_layers = self.length, len(self.self_k)
+        L, n_layers, rows = self.length, len(self.self_k), indices.shape[0]
         current = self.self_k + self.self_v
-        if indices.shape[0] == self.batch_size:
-            changed = (indices != torch.arange(indices.shape[0], device=indices.device)).nonzero().squeeze(1)
-            if 2 * changed.shape[0] <= indices.shape[0]:
+        if rows == self.batch_size:
+            changed = (indices != torch.arange(rows, device=indices.device)).nonzero().squeeze(1)
+            if 2 * changed.shape[0] <= rows:
                 if L and changed.shape[0]:
                     parents = indices.index_select(0, changed)
                     for buf in current:
                         filled = buf[:, :, :L]
                         filled.index_copy_(0, changed, filled.index_select(0, parents))
                 return
-            out = self.spare or [t.new_empty(t.shape) for t in current]
-            self.spare = current
+        if rows > self.batch_size:  # more rows: new buffers, the old ones freed
+            self.spare = None
+            out = [t.new_empty((rows,) + t.shape[1:]) for t in current]
+            if L:
+                for src, dst in zip(current, out):
+                    torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
         else:
-            out = [t.new_empty((indices.shape[0],) + t.shape[1:]) for t in current]
-            self.spare = []
-        if L:
-            for src, dst in zip(current, out):  # only the filled positions are copied
-                torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
+            spare = self.spare if self.spare is not None else current[0].new_empty((rows,) + current[0].shape[1:])
+            out = []
+            for src in current:  # only the filled positions are copied
+                dst = spare[:rows]
+                if L:
+                    torch.index_select(src[:, :, :L], 0, indices, out=dst[:, :, :L])
+                out.append(dst)
+                spare = src
+            self.spare = spare
         self.self_k, self.self_v = out[:n_layers], out[n_layers:]
 
 

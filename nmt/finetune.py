@@ -18,7 +18,9 @@ checkpoint (`nmt average`) holds weights only, which is all the default needs.
 
 Rules (one-line UserErrors): the source must exist and be an nmt checkpoint file (a CTranslate2
 export or another directory is named as such); its architecture keys must equal the new
-config's (dropout rates may differ), and so must `data.tokenizer` (except `threads`); the new
+config's (dropout rates may differ), and so must `data.tokenizer` (except `threads`; for a checkpoint
+written by `nmt import`, whose tokenizer is used as it is: data.tokenizer left at its defaults, `joint`
+as the checkpoint's, and data.src_lang the source language an M2M100/NLLB model was imported with); the new
 run directory must not contain the source (a fine-tuning run never writes into its source's run
 directory); carrying the counters over, max_steps must lie beyond the source's step.
 
@@ -60,7 +62,10 @@ def load_source(cfg: Config, run_dir: str) -> dict:
     mine = {k: v for k, v in new["data"]["tokenizer"].items() if k != "threads"}
     theirs = {k: v for k, v in saved.get("data", {}).get("tokenizer", {}).items() if k != "threads"}
     diff = [f"data.tokenizer.{k}" for k in mine if theirs.get(k) != mine[k]]
-    if diff:
+    kind = source["tokenizer"].get("kind", "spm")
+    if kind != "spm":
+        _check_imported(cfg, path, source, diff)
+    elif diff:
         raise UserError(f"train.init_from {path}: {', '.join(diff)} differ from the checkpoint's; a fine-tuning "
                         "run uses its source's tokenizer: copy the source's data.tokenizer section")
     kept = [r for r in RESETS if r not in cfg.train.init_reset]
@@ -69,6 +74,24 @@ def load_source(cfg: Config, run_dir: str) -> dict:
                         f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
     _check_steps_left(cfg, path, int(source.get("step", 0)))
     return source
+
+
+def _check_imported(cfg: Config, path: str, source: dict, diff: list[str]) -> None:
+    """A source whose tokenizer was imported from Hugging Face (nmt import): that tokenizer is used as
+    it is, so data.tokenizer must say nothing else than the checkpoint's (its defaults, with `joint`
+    telling whether source and target share one vocabulary); an M2M100/NLLB tokenizer puts its source
+    language token first, so data.src_lang must be the language it was imported with."""
+    tok = source["tokenizer"]
+    if diff:
+        joint = source["config"]["data"]["tokenizer"]["joint"]
+        raise UserError(f"train.init_from {path}: its tokenizer was imported from Hugging Face ({tok['kind']}) and is "
+                        f"used as it is (nothing is trained): leave {', '.join(diff)} out of data.tokenizer (only "
+                        f"threads may be set{'' if joint else '; joint: false, its vocabularies are separate'})")
+    src_lang = tok.get("settings", {}).get("src_lang")
+    if src_lang is not None and cfg.data.src_lang != src_lang:
+        raise UserError(f"train.init_from {path}: its {tok['kind']} tokenizer encodes sources as {src_lang!r} (the "
+                        f"source language token), but data.src_lang is {cfg.data.src_lang!r}: import the model again "
+                        f"with --src-lang {cfg.data.src_lang}")
 
 
 def _check_steps_left(cfg: Config, path: str, source_step: int) -> None:

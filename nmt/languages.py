@@ -11,6 +11,9 @@ multilingual models it trains, so `--tgt-lang` (`decode.tgt_lang`) means the sam
   `--prefix`); outputs never show it (`Tokenizer.decode_tgt` drops it); `nmt score` scores
   `[language token] + y + EOS`, as Hugging Face does with labels `[lang, y, </s>]`.
 - A bilingual model has no language tokens: `tgt_lang` must be unset there.
+- Imported M2M100/NLLB models (nmt/hf_tokenizer.py, `free_language_token`) score the forced token as
+  transformers' generate() does (`forced_bos_token_id`): its log-probability counts 0 in the search's
+  log_prob and score (`free_prefix`); `nmt score` still counts it (Hugging Face's labels do).
 """
 
 from __future__ import annotations
@@ -35,3 +38,11 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
     if code not in languages:
         raise UserError(f"unknown target language {code!r} for this model (it knows: {known})")
     return [languages[code]]
+
+
+def free_prefix(tokenizer, prefixes) -> int:
+    """How many leading forced tokens count log-probability 0 in a search: 1 (the language token,
+    which the text pipeline puts first in every prefix) for a tokenizer that says so
+    (`free_language_token`: imported M2M100/NLLB), else 0."""
+    free = getattr(tokenizer, "free_language_token", False) and getattr(tokenizer, "languages", None)
+    return 1 if free and prefixes is not None else 0

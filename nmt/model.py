@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.cache import DecoderCache
+from nmt.cache import GROW_CHUNK, DecoderCache
 from nmt.config import ModelConfig
 from nmt.layout import PAD_ID
 from nmt.masks import attention_mask
@@ -175,7 +175,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., D] -> [..., D]."""
-        return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
+        h = self.activation(self.fc1(x))
+        return self.fc2(self.activation_dropout(h) if self.training else h)
 
 
 class _Sublayers(nn.Module):
@@ -187,10 +188,13 @@ class _Sublayers(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def residual(self, x: Tensor, norm: nn.LayerNorm, fn, *args) -> Tensor:
-        """pre: x + drop(fn(norm(x))); post (paper): norm(x + drop(fn(x)))."""
+        """pre: x + drop(fn(norm(x))); post (paper): norm(x + drop(fn(x))). (Dropout is skipped, not
+        called, in eval mode, where it is the identity: one module call less per sublayer and step.)"""
         if self.pre_norm:
-            return x + self.dropout(fn(norm(x), *args))
-        return norm(x + self.dropout(fn(x, *args)))
+            y = fn(norm(x), *args)
+            return x + (self.dropout(y) if self.training else y)
+        y = fn(x, *args)
+        return norm(x + (self.dropout(y) if self.training else y))
 
 
 class EncoderLayer(_Sublayers):
@@ -385,16 +389,17 @@ class Transformer(nn.Module):
     # ------------------------------------------------------------------ cached decoding
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int,
-                   cache_cls: type[DecoderCache] = DecoderCache) -> DecoderCache:
+                   cache_cls: type[DecoderCache] = DecoderCache, chunk: int = GROW_CHUNK) -> DecoderCache:
         """Cache for decoding up to `max_len` target positions (BOS included) of B rows.
 
         memory [B,S,D], src_mask [B,S]. Cross-attention K/V are computed here, once per layer.
+        chunk: the self-attention buffers grow by this many positions as needed (0: max_len at once).
         Expand to beams with `cache.reorder(torch.arange(B).repeat_interleave(K))`.
         """
         if max_len > self.max_positions:
             raise ValueError(f"max_len={max_len} exceeds model.max_positions={self.max_positions}")
         cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder.layers]
-        return cache_cls.create([k for k, _ in cross], [v for _, v in cross], src_mask, max_len)
+        return cache_cls.create([k for k, _ in cross], [v for _, v in cross], src_mask, max_len, chunk)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens [B] at position cache.length -> logits [B,V] for the next token.
@@ -405,6 +410,6 @@ class Transformer(nn.Module):
         """
         pos = cache.next_position()  # raises if the cache is full
         x = self.tgt_embed(tokens) * self.embed_scale + self._positions("tgt", pos, 1)  # [B,D]
-        h = self.decoder.step(self.dropout(x), cache)
+        h = self.decoder.step(self.dropout(x) if self.training else x, cache)
         cache.advance()
         return self.output_proj(h)

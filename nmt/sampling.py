@@ -29,8 +29,8 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
                   topp: float = 0.9, temperature: float = 1.0, seed: int = 1, keys: Sequence[int] | None = None,
                   max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
                   prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
-                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                  specials: Specials = NMT_SPECIALS) -> list[list[Hypothesis]]:
+                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS, specials: Specials = NMT_SPECIALS,
+                  free_prefix: int = 0) -> list[list[Hypothesis]]:
     """`samples` independent samples per sentence (module docstring), best log_prob first
     (score == log_prob). keys [B]: one integer per sentence (default 0..B-1); with the seed
     they fix its samples."""
@@ -57,9 +57,8 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
         gumbel = -torch.log(-torch.log(uniform_noise(row_keys.index_select(0, rows), t, x.shape[1])))
         return (x + gumbel.float()).argmax(dim=1)
 
-    out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b,
-                          StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders), prefixes,
-                          use_cache, ops)
+    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
+    out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
 
 

@@ -94,8 +94,8 @@ class TokenizerConfig:
 class DataConfig:
     src_lang: str = _req("Source language code, e.g. `es`.")
     tgt_lang: str = _req("Target language code, e.g. `en`.")
-    train: CorpusConfig | list[CorpusConfig] = _req("Training corpus, or a list of corpora mixed by their `weight` (see `data.train.weight`, `data.train.src_tag`).")
-    valid: CorpusConfig = _req("Validation corpus (loss, BLEU, early stopping).")
+    train: Optional[CorpusConfig | list[CorpusConfig]] = _f(None, "Training corpus, or a list of corpora mixed by their `weight` (see `data.train.weight`, `data.train.src_tag`). Required to train (null only in a checkpoint written by `nmt import`).")
+    valid: Optional[CorpusConfig] = _f(None, "Validation corpus (loss, BLEU, early stopping). Required to train (null only in a checkpoint written by `nmt import`).")
     test: Optional[CorpusConfig] = _f(None, "Test corpus (optional; used by recipes and docs).")
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig, metadata={"help": "SentencePiece settings."})
     max_len: int = _f(256, "Drop training pairs with more than this many subword tokens on either side (BOS/EOS not counted).", min=1)
@@ -109,6 +109,8 @@ class DataConfig:
     @property
     def train_corpora(self) -> tuple[CorpusConfig, ...]:
         """`train` as a tuple, whether the config gives one corpus or a list."""
+        if self.train is None:
+            return ()
         return tuple(self.train) if isinstance(self.train, list) else (self.train,)
 
     def train_key(self, i: int) -> str:
@@ -233,6 +235,7 @@ class DecodeConfig:
     protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; the search writes each placeholder of the source exactly once (an output that ends before the length limit has them all; CTranslate2: the best hypothesis of its beam that does); needs a model trained with `data.protect: true`.")
     protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with `protect`).")
     alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (last decoder layer's cross-attention, averaged over heads), as Pharaoh `src-tgt` subword indices.")
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = _f("auto", "Arithmetic of the model's forward passes, chosen when the model loads: `fp32`; `bf16`/`fp16`: autocast (GPU; bf16 also on a CPU with AVX-512 BF16/AMX); `int8`: CPU only, linear layers with int8 weights quantized once at load and PyTorch's dynamic int8 kernel (nmt/precision.py). `auto`: fp32 for PyTorch, the exported weights' type for CTranslate2 (which maps the names onto its compute_type). Combinations a device cannot run fast are refused.")
     tgt_lang: Optional[str] = _f(None, "Target language of a multilingual model (one of its language codes, e.g. `de` or `deu_Latn`): its language token is forced as the first target token (the M2M100/NLLB convention, nmt/languages.py). Required for a model with several target languages and no default; not allowed for a bilingual model.")
 
 

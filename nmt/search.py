@@ -17,7 +17,9 @@ Conventions (shared by all searches; `StepRules` applies them at every step):
   `Specials.never_generated`); EOS is forbidden while t <= min_len, so an output has
   >= min_len tokens.
 - A target prefix (per sentence, optional) is forced: at steps t <= len(prefix) only
-  prefix[t-1] may be generated (its log-probability counts), then the search continues.
+  prefix[t-1] may be generated (its log-probability counts, except for the first `free_prefix`
+  tokens, which count 0: the language token of an imported M2M100/NLLB model, as transformers'
+  `forced_bos_token_id`), then the search continues.
 - no_repeat_ngram N > 0: a token that would complete an N-gram already present in the
   hypothesis (prefix included) is forbidden, so no N-gram occurs twice.
 - Placeholders (`Placeholders`, with --protect): a placeholder token that is not in the
@@ -37,7 +39,8 @@ Conventions (shared by all searches; `StepRules` applies them at every step):
   rules that depend on the hypothesis (min_len, n-gram blocking, placeholders) remove tokens
   before the softmax, so at a step where they removed some, the values are the model's
   renormalised over the allowed tokens (CTranslate2's semantics); PAD and the start token are
-  removed after it, and forced prefix tokens keep the model's plain log-probability. Without
+  removed after it, and forced prefix tokens keep the model's plain log-probability (0 for the
+  first `free_prefix`). Without
   such a step, `log_prob` is what `nmt score` gives. `score = log_prob / lp(length)`. Greedy
   search and sampling apply no length penalty: their `score == log_prob`.
 Sampling (`sample_search`) lives in nmt/sampling.py and uses the same step loop.
@@ -186,13 +189,13 @@ class StepRules:
     allow (CTranslate2's semantics; without it a hypothesis whose favourite token is blocked looks
     worse than it is, and beam search drops it for a shorter one). PAD and the start token are
     removed after it (their probability, ~0 for a trained model, is not redistributed), and a
-    forced prefix token keeps the model's own log-probability."""
+    forced prefix token keeps the model's own log-probability (0 for the first `free_prefix` tokens)."""
 
     def __init__(self, device, min_len: int = 0, no_repeat_ngram: int = 0,
                  prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS,
-                 placeholders: Placeholders | None = None):
-        self.min_len, self.n, self.specials = min_len, no_repeat_ngram, specials
-        self.banned = list(specials.never_generated)
+                 placeholders: Placeholders | None = None, free_prefix: int = 0):
+        self.min_len, self.n, self.specials, self.free_prefix = min_len, no_repeat_ngram, specials, free_prefix
+        self.banned = torch.tensor(list(specials.never_generated), dtype=torch.long, device=device)
         self.prefix = self.prefix_len = None
         self.longest_prefix = 0
         if prefixes is not None and any(prefixes):
@@ -220,13 +223,16 @@ class StepRules:
         logits = logits.float()
         masked = self._apply_rules(logits, t, history, sent)
         logp = F.log_softmax(masked if masked is not None else logits, dim=-1)
-        for i in self.banned:
-            logp[:, i] = NEG_INF
+        if self.banned.numel():
+            logp.index_fill_(1, self.banned, NEG_INF)
         if self.prefix is not None and t <= self.longest_prefix:
             rows = (self.prefix_len.index_select(0, sent) >= t).nonzero().squeeze(1)  # rows still in their prefix
             if rows.numel():
                 token = self.prefix.index_select(0, sent.index_select(0, rows))[:, t - 1]  # [F]
-                value = F.log_softmax(logits.index_select(0, rows), dim=-1).gather(1, token[:, None]).squeeze(1)
+                if t > self.free_prefix:
+                    value = F.log_softmax(logits.index_select(0, rows), dim=-1).gather(1, token[:, None]).squeeze(1)
+                else:
+                    value = 0.0  # a free prefix token (the language token of an imported model) counts 0
                 logp[rows] = NEG_INF
                 logp[rows, token] = value
         return logp
@@ -241,8 +247,8 @@ class StepRules:
         masked = logits.clone()
         if blocks_eos:
             masked[:, EOS] = NEG_INF
-        if blocks_ngram:
-            _block_repeats(masked, history, self.n)
+        if blocks_ngram and not _block_repeats(masked, history, self.n) and not blocks_eos and self.ph_ids is None:
+            return None  # no repeated n-gram to block and no other rule: the plain softmax
         if self.ph_ids is not None:
             required = self.ph_required.index_select(0, sent)  # [R, P]
             used = torch.zeros_like(required)
@@ -254,30 +260,33 @@ class StepRules:
             missing = (required & ~used).any(dim=1)  # [R]: EOS waits for every placeholder
             masked[:, EOS] = masked[:, EOS].masked_fill(missing, NEG_INF)
         allowed = torch.isfinite(masked)
-        allowed[:, self.banned] = False
+        if self.banned.numel():
+            allowed.index_fill_(1, self.banned, False)
         dead = ~allowed.any(dim=1)
         if bool(dead.any()):
             masked[dead, EOS] = logits[dead, EOS]
         return masked
 
 
-def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
-    """Forbid (in place) every token that would complete an n-gram already in its row's history.
-    logp [R,V]; history [R,L]. The last n-1 tokens are compared with every earlier window;
-    where one matches, the token that followed it is banned."""
+def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
+    """Forbid (in place) every token that would complete an n-gram already in its row's history;
+    returns whether any token was forbidden. logp [R,V]; history [R,L]. The last n-1 tokens are
+    compared with every earlier window; where one matches, the token that followed it is banned."""
     R, L = history.shape
     if n == 1:
         if L:
             logp.scatter_(1, history, NEG_INF)
-        return
+        return bool(L)
     if L < n:
-        return
+        return False
     windows = history.unfold(1, n - 1, 1)[:, : L - n + 1]  # [R, L-n+1, n-1]: windows that have a successor
     key = history[:, L - n + 1:]  # [R, n-1]: the current context
     match = (windows == key[:, None, :]).all(dim=2)  # [R, L-n+1]
-    if bool(match.any()):
-        follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
-        logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
+    if not bool(match.any()):
+        return False
+    follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
+    logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
+    return True
 
 
 # --------------------------------------------------------------------------- greedy
@@ -286,11 +295,11 @@ def _block_repeats(logp: Tensor, history: Tensor, n: int) -> None:
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
                   no_repeat_ngram: int = 0, prefixes: Sequence[list[int]] | None = None,
                   placeholders: Placeholders | None = None, use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                  specials: Specials = NMT_SPECIALS) -> list[Hypothesis]:
+                  specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
-    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders)
+    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
     out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [hyps[0] for hyps in out]
 
@@ -348,7 +357,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
                 prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                specials: Specials = NMT_SPECIALS, keep_all: bool = False) -> list[list[Hypothesis]]:
+                specials: Specials = NMT_SPECIALS, free_prefix: int = 0,
+                keep_all: bool = False) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
@@ -375,7 +385,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         return []
     decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
-    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials, placeholders)
+    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from nmt.device import avoid_cudnn_attention
 from nmt.layout import PAD_ID, Batch
 from nmt.logging_utils import RunLogger, format_stats
 from nmt.loss import label_smoothed_nll
@@ -52,6 +53,7 @@ def setup_precision(name: str, device: torch.device) -> Precision:
     if device.type == "cuda":  # TF32 matmuls/convolutions for whatever still runs in fp32
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        avoid_cudnn_attention()  # a new batch length would cost a new cuDNN plan (nmt/device.py)
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
     scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
     return Precision(name, device.type, dtype, scaler)

@@ -43,6 +43,7 @@ __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "build_tokenizer
            "tag_symbol", "train_sentencepiece", "train_tags", "tokenizer_settings"]
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode (UNK is kept)
 JOINT_FILE, SRC_FILE, TGT_FILE, SETTINGS_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "spm.json"
+IMPORTED_FILE = "hf_tokenizer.json"  # marks an imported tokenizer's files (nmt/hf_tokenizer.py), which `load` prefers
 WORD_START = "\u2581"  # SentencePiece's whitespace mark
 
 
@@ -127,6 +128,11 @@ class Tokenizer:
         """Source subword pieces of one line (for inspection and logs)."""
         return self._src.encode(line, out_type=str)
 
+    def vocab_pieces(self) -> tuple[list[str], list[str]]:
+        """(source, target) piece of every id, in id order (the CTranslate2 export's vocabularies)."""
+        return ([self._src.id_to_piece(i) for i in range(self._src.get_piece_size())],
+                [self._tgt.id_to_piece(i) for i in range(self._tgt.get_piece_size())])
+
     def to_bytes(self) -> dict:
         """Serialized models for a checkpoint: {'joint', 'src', 'tgt'} (tgt None when joint), and
         'languages' / 'default_tgt_lang' for a multilingual model."""
@@ -137,20 +143,26 @@ class Tokenizer:
 
     @classmethod
     def from_bytes(cls, d: dict, *, threads: int = 1) -> "Tokenizer":
+        """The tokenizer of a checkpoint's entry: nmt's SentencePiece models, or (a "kind" other than
+        "spm") an imported Hugging Face tokenizer (nmt/hf_tokenizer.py)."""
+        if d.get("kind", "spm") != "spm":
+            from nmt import hf_tokenizer
+
+            return hf_tokenizer.from_bytes(d, threads=threads)
         return cls(d["src"], None if d["joint"] else d["tgt"], threads=threads, languages=d.get("languages"),
                    default_tgt_lang=d.get("default_tgt_lang"))
 
     def save(self, run_dir: str, settings: dict | None = None) -> None:
         """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, then `settings` as spm.json.
 
-        Each file is written to a temporary name and renamed. spm.json and the
-        other layout's model files are removed first and spm.json is written
-        last, so a model is never described by older settings.
+        Each file is written to a temporary name and renamed. spm.json, an imported tokenizer's
+        hf_tokenizer.json and the other layout's model files are removed first and spm.json is
+        written last, so a model is never described by older settings.
         """
         os.makedirs(run_dir, exist_ok=True)
         files = [(JOINT_FILE, self._src_proto)] if self.joint else \
             [(SRC_FILE, self._src_proto), (TGT_FILE, self._tgt_proto)]
-        stale = [SETTINGS_FILE] + sorted({JOINT_FILE, SRC_FILE, TGT_FILE} - {name for name, _ in files})
+        stale = [SETTINGS_FILE, IMPORTED_FILE] + sorted({JOINT_FILE, SRC_FILE, TGT_FILE} - {name for name, _ in files})
         for name in stale:  # first: the settings, and the other layout's models (load prefers spm.model)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(run_dir, name))
@@ -162,7 +174,13 @@ class Tokenizer:
 
     @classmethod
     def load(cls, run_dir: str, *, threads: int = 1) -> "Tokenizer | None":
-        """The tokenizer saved in run_dir, or None if it holds none."""
+        """The tokenizer saved in run_dir (nmt's SentencePiece models, or an imported tokenizer's files
+        with hf_tokenizer.json), or None if it holds none."""
+        from nmt import hf_tokenizer
+
+        imported = hf_tokenizer.load(run_dir, threads=threads)
+        if imported is not None:
+            return imported
         joint, src, tgt = (os.path.join(run_dir, n) for n in (JOINT_FILE, SRC_FILE, TGT_FILE))
         if os.path.isfile(joint):
             return cls(read_model_file(joint), threads=threads)
@@ -182,7 +200,7 @@ def check_tags(tokenizer: Tokenizer, tags: Sequence[str], model: str) -> None:
     """UserError unless every tag encodes to exactly one known source token (`model` names the model)."""
     for tag in tags:
         ids = tokenizer.encode_src([tag])[0]
-        if len(ids) != 1 or ids[0] == UNK_ID:
+        if len(ids) != 1 or ids[0] == tokenizer.specials.unk:
             pieces = ", ".join(repr(p) for p in tokenizer.src_pieces(tag))
             raise UserError(f"src_tag {tag} is not one token of the source SentencePiece model {model} "
                             f"(it encodes to {pieces}); train that model with user_defined_symbols={tag_symbol(tag)} "

@@ -10,18 +10,25 @@ import torch.nn.functional as F
 
 from nmt.checkpoint import load_for_inference, unwrap
 from nmt.config import DecodeConfig
-from nmt.device import resolve_torch_device
+from nmt.device import avoid_cudnn_attention, resolve_torch_device
+from nmt.errors import UserError
+from nmt.languages import free_prefix
 from nmt.layout import source_tensors, target_tensors
 from nmt.sampling import sample_search
 from nmt.search import PLAIN_OPS, Hypothesis, SearchOps, beam_search, greedy_search
 
 
+MAX_CPU_ROWS = 256  # decoder rows (sentences x beams) searched at once on CPU (search_batch)
+
+
 class TorchEngine:
     """A Transformer searched by nmt/search.py.
 
-    `TorchEngine.load(checkpoint, device)` for the commands (on CPU with nmt/fast.py's
-    fast paths installed); `TorchEngine(model, tokenizer, decode, ops, autocast=dtype)` wraps a
-    live model (validation during training). Calls run inside `running()` (eval mode).
+    `TorchEngine.load(checkpoint, device, precision=...)` for the commands (on CPU with nmt/fast.py's
+    fast paths installed; nmt/precision.py's int8 weights or autocast); `TorchEngine(model, tokenizer,
+    decode, ops, autocast=dtype)` wraps a live model (validation during training). Calls run inside
+    `running()` (eval mode). `precision`: what the model runs ("fp32", "bf16", "fp16", "int8"), fixed
+    when it loads.
 
     autocast: a reduced-precision dtype (torch.bfloat16 / torch.float16) the model's forward
     passes run under, or None (fp32). Autocast is a thread-local setting, so every call enters
@@ -39,18 +46,40 @@ class TorchEngine:
         self.torch_device = next(self.model.parameters()).device
         self.ops = ops if ops is not None else PLAIN_OPS
         self.autocast = autocast
+        self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
 
     @classmethod
-    def load(cls, checkpoint: str, device: str = "auto", *, fast: bool = True) -> "TorchEngine":
+    def load(cls, checkpoint: str, device: str = "auto", *, fast: bool = True,
+             precision: str | None = None) -> "TorchEngine":
         """The checkpoint's model in eval mode on `device`, its tokenizer and decode settings.
-        On CPU (and with fast=True) nmt/fast.py's inference fast paths are installed."""
-        model, tokenizer, cfg = load_for_inference(checkpoint, resolve_torch_device(device))
+        precision: decode.precision (None: the checkpoint's own), checked against the device, then
+        applied (int8: weights quantized now). On CPU (and with fast=True) nmt/fast.py's inference
+        fast paths are installed."""
+        from nmt import precision as reduced
+
+        torch_device = resolve_torch_device(device)
+        if torch_device.type == "cuda":
+            avoid_cudnn_attention()  # never restored: see nmt/device.py
+        model, tokenizer, cfg = load_for_inference(checkpoint, torch_device)
+        precision = reduced.resolve(precision if precision is not None else cfg.decode.precision)
+        reduced.check(precision, torch_device)
+        autocast = reduced.prepare(model, precision)
         ops = None
-        if fast and next(model.parameters()).device.type == "cpu":
+        if fast and torch_device.type == "cpu":
             from nmt import fast as fast_paths
 
             ops = fast_paths.install_for_inference(model)
-        return cls(model, tokenizer, cfg.decode, ops)
+        engine = cls(model, tokenizer, cfg.decode, ops, autocast=autocast)
+        engine.precision = precision
+        return engine
+
+    def check_precision(self, precision: str) -> None:
+        """UserError unless calls with decode.precision `precision` can run on this engine (fixed at load)."""
+        from nmt.precision import resolve
+
+        if resolve(precision) != self.precision:
+            raise UserError(f"--precision {precision}: the model was loaded with precision {self.precision} "
+                            f"(precision is chosen when the model loads: pass it to the command or to Translator())")
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -74,10 +103,28 @@ class TorchEngine:
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
                      prefixes: Sequence[list[int]] | None = None) -> list[list[Hypothesis]]:
+        """Per source its n-best hypotheses. On CPU a batch is searched in consecutive parts of at most
+        `MAX_CPU_ROWS` decoder rows (sentences x beams or samples): the decoder cache and beam state of
+        a 256-sentence batch at beam 5 would otherwise hold 1,280 rows; at 256 rows the matmuls are
+        as efficient (and use nmt/fast.py's packed weights). Each sentence's search is independent of
+        its companions, so the results are the same."""
+        per_sentence = decode.nbest if decode.sampling != "none" else decode.beam_size
+        step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // per_sentence)
+        if len(src_ids) <= step:
+            return self._search(src_ids, decode, keys, prefixes)
+        out: list[list[Hypothesis]] = []
+        for i in range(0, len(src_ids), step):
+            part = slice(i, i + step)
+            out += self._search(src_ids[part], decode, keys[part] if keys is not None else None,
+                                prefixes[part] if prefixes is not None else None)
+        return out
+
+    def _search(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None,
+                prefixes: Sequence[list[int]] | None) -> list[list[Hypothesis]]:
         src, src_mask = self._source(src_ids)
         kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
                   no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops,
-                  specials=self.tokenizer.specials)
+                  specials=self.tokenizer.specials, free_prefix=free_prefix(self.tokenizer, prefixes))
         if decode.protect:  # the search copies each of the source's placeholders exactly once (nmt/search.py)
             from nmt.protect import required_placeholders
 

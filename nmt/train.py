@@ -98,10 +98,12 @@ class Training:
 
 def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet: bool = False) -> dict:
     """Train `cfg` (module docstring); returns the final metrics (the same on every torchrun rank).
-    The process-wide settings it changes (torch's intra-op threads, TF32 on CUDA) are restored on return."""
+    The process-wide settings it changes (torch's intra-op threads, TF32 and cuDNN attention on CUDA)
+    are restored on return."""
     env = DistEnv.from_env()
     threads = torch.get_num_threads()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
     try:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -122,6 +124,7 @@ def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet
     finally:
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
 
 
 def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogger, env: DistEnv = DistEnv(), *,

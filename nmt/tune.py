@@ -130,7 +130,7 @@ class Decoder:
     """Decodes dev lines with a TorchEngine: greedy outputs, or every finished beam hypothesis."""
 
     def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig):
-        from nmt.languages import target_prefix
+        from nmt.languages import free_prefix, target_prefix
         from nmt.translate import check_protect, encode_sources
 
         self.engine, self.decode = engine, decode
@@ -141,6 +141,7 @@ class Decoder:
             lines, self.spans = [m for m, _ in masked], [s for _, s in masked]
         self.src_ids, _ = encode_sources(engine, lines)
         self.lang = target_prefix(engine.tokenizer, decode.tgt_lang)
+        self.free = free_prefix(engine.tokenizer, [self.lang]) if self.lang else 0  # imported M2M100/NLLB: 1
         self._texts: dict[tuple, str] = {}
 
     def run(self, arm: tuple[int, int], lines: list[int]) -> dict[int, list[tuple]]:
@@ -154,7 +155,7 @@ class Decoder:
         out: dict[int, list[tuple]] = {i: [((), 0.0, 1, True)] for i in lines if not self.src_ids[i]}
         engine, d = self.engine, self.decode
         kw = dict(max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len, no_repeat_ngram=ngram,
-                  ops=engine.ops, specials=engine.tokenizer.specials)
+                  ops=engine.ops, specials=engine.tokenizer.specials, free_prefix=self.free)
 
         def search(batch: list[int]) -> list[list]:
             ids = [self.src_ids[todo[j]] for j in batch]
@@ -162,9 +163,10 @@ class Decoder:
             extra = dict(prefixes=[list(self.lang)] * len(ids)) if self.lang else {}
             if d.protect:
                 extra["placeholders"] = protect.required_placeholders(ids, engine.tokenizer)
-            if beam == 1:
-                return [[h] for h in greedy_search(engine.model, src, mask, **kw, **extra)]
-            return beam_search(engine.model, src, mask, beam_size=beam, keep_all=True, **kw, **extra)
+            with engine._precision():  # the engine's autocast (bf16/fp16), entered in this thread
+                if beam == 1:
+                    return [[h] for h in greedy_search(engine.model, src, mask, **kw, **extra)]
+                return beam_search(engine.model, src, mask, beam_size=beam, keep_all=True, **kw, **extra)
 
         for batch, nbests in run_engine(engine, search, [len(self.src_ids[i]) + 1 for i in todo], d):
             for j, hyps in zip(batch, nbests):

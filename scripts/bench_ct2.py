@@ -1,7 +1,8 @@
-"""CPU translation speed: nmt (PyTorch) vs CTranslate2 float32 and int8, same model and input, one run.
+"""CPU translation speed and memory: nmt (PyTorch) fp32 and int8 vs CTranslate2 float32 and int8, same
+model and input, one run.
 
     python scripts/bench_ct2.py --checkpoint runs/NAME/checkpoints/best.pt \
-        --input data/bible-es-en/test.es.gz --sentences 200 --beam 5 --threads 2 --json out.json
+        --input data/bible-es-en/test.es.gz --sentences 200 --beams 1 5 --batch-sizes 1 32 --threads 2 --json out.json
 
 Without --checkpoint a base-sized model (d_model 512, 6+6 layers, FFN 2048, 8 heads) with random
 weights and a joint 8k SentencePiece model trained on data/bible-es-en/train is built in a
@@ -9,22 +10,23 @@ temporary directory; its outputs are meaningless, so every sentence then decodes
 --force-len tokens (default 32; minimum = maximum output length) and all engines do equal work.
 
 Each engine translates the same lines text-to-text (SentencePiece encoding, search, decoding)
-with the same search settings (beam, length limits, batches of --batch-tokens padded source
-tokens): both through nmt.translate.translate_lines, with nmt.torch_engine.TorchEngine and nmt.ct2.Ct2Engine
-(float32: `nmt export`; int8: `nmt export --quantization int8`). Threads: torch.set_num_threads
-and CTranslate2's intra_threads. Every timed run is a fresh process (this script with --worker)
-that loads its engine, warms up on 8 lines and times the rest: torch's and CTranslate2's OpenMP
-threads compete when both run in one process (CTranslate2 greedy ran at half speed after torch).
-The engines run round-robin --repeats times and each one's best time is reported (other
-processes' load then affects all engines alike).
-Target tokens are the SentencePiece pieces of the output text. `same` is the share of output
-lines identical to nmt's.
+with the same search settings (the checkpoint's decode section, then each --beams value, batches of
+at most each --batch-sizes value sentences, with --batch-tokens padded source tokens): all through
+nmt.translate.translate_lines, with nmt.torch_engine.TorchEngine (`decode.precision` fp32 and int8,
+nmt/precision.py; --bf16 adds bf16) and nmt.ct2.Ct2Engine (float32: `nmt export`; int8:
+`nmt export --quantization int8`). Threads: torch.set_num_threads and CTranslate2's intra_threads;
+batches: the default workers (2 on 2 threads). Every engine runs in a fresh process (this script
+with --worker) that loads it, warms up on 8 lines and times every (beam, batch size) setting in turn;
+its peak RSS (ru_maxrss) is reported. torch's and CTranslate2's OpenMP threads compete when both run
+in one process (CTranslate2 greedy ran at half speed after torch). The engines run round-robin
+--repeats times and each one's best time per setting is reported (other processes' load then
+affects all engines alike). Target tokens are the SentencePiece pieces of the output text. `same` is
+the share of output lines identical to nmt fp32's.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
 import json
 import os
@@ -85,20 +87,22 @@ def build_random_checkpoint(directory: str, args) -> str:
 
 
 def worker(args) -> dict:
-    """One timed run of one engine in this (fresh) process: {"seconds", "outputs"}."""
+    """Timed runs of one engine in this (fresh) process: {"runs": {"BEAM/BATCH": {"seconds", "outputs"}},
+    "peak_rss_mb"}."""
+    import resource
+
     lines = read_lines(args.input, args.sentences)
     limits = dict(max_len_a=0.0, max_len_b=args.force_len, min_len=args.force_len) if args.force_len else {}
-    overrides = dict(beam_size=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits)
     if args.worker == "nmt":
         from nmt.fast import tune_malloc
 
-        tune_malloc()  # as the `nmt` command does
+        tune_malloc(inference=True)  # as `nmt translate` does
         import torch
 
         torch.set_num_threads(args.threads)
         from nmt.torch_engine import TorchEngine
 
-        engine = TorchEngine.load(args.checkpoint, "cpu")
+        engine = TorchEngine.load(args.checkpoint, "cpu", precision=args.precision)
     else:  # no torch computation in this process
         from nmt.ct2 import Ct2Engine
 
@@ -106,13 +110,19 @@ def worker(args) -> dict:
     from nmt.config import decode_config
     from nmt.translate import translate_lines
 
-    decode = decode_config(engine.decode, overrides)
-    run = lambda some: translate_lines(engine, some, decode, warn=lambda m: None)
-    run(lines[:8])  # warm-up
-    t0 = time.perf_counter()
-    outputs = run(lines)
-    seconds = time.perf_counter() - t0
-    return dict(seconds=seconds, outputs=outputs)
+    runs = {}
+    for beam in args.beams:
+        for size in args.batch_sizes:
+            overrides = dict(beam_size=beam, nbest=1, max_batch_size=size, **limits)
+            if args.batch_tokens:
+                overrides["batch_tokens"] = args.batch_tokens
+            decode = decode_config(engine.decode, dict(overrides, precision=engine.precision))
+            run = lambda some: translate_lines(engine, some, decode, warn=lambda m: None)
+            run(lines[:8])  # warm-up
+            t0 = time.perf_counter()
+            outputs = run(lines)
+            runs[f"{beam}/{size}"] = dict(seconds=time.perf_counter() - t0, outputs=outputs)
+    return dict(runs=runs, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def main() -> int:
@@ -120,7 +130,10 @@ def main() -> int:
     ap.add_argument("--checkpoint", help="nmt checkpoint (default: a random base-sized model, see above)")
     ap.add_argument("--input", default=os.path.join(BIBLE, "test.es.gz"), help="source sentences (plain or .gz)")
     ap.add_argument("--sentences", type=int, default=200, help="first N non-blank lines (0 = all)")
-    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--beams", type=int, nargs="+", default=[5], help="beam sizes (1 = greedy)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[256],
+                    help="decode.max_batch_size values (sentences per batch; the checkpoint's default is 256)")
+    ap.add_argument("--bf16", action="store_true", help="also nmt with --precision bf16 (CPUs with AVX-512 BF16/AMX)")
     ap.add_argument("--force-len", type=int, default=None,
                     help="decode exactly N tokens per sentence (default: 32 for the random model, else natural lengths)")
     ap.add_argument("--batch-tokens", type=int, default=None, help="padded source tokens per batch (default: the checkpoint's)")
@@ -133,6 +146,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
     ap.add_argument("--worker", choices=("nmt", "ct2"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-model", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args)))
@@ -157,20 +171,20 @@ def main() -> int:
             dirs[quant] = write_export(model, tokenizer, cfg, os.path.join(tmp, quant), quantization=quant,
                                        checkpoint=checkpoint)
         setup_s = time.perf_counter() - t0
-        limits = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else {}
-        decode = decode_config(cfg.decode, dict(beam_size=args.beam, nbest=1, batch_tokens=args.batch_tokens, **limits))
+        decode = decode_config(cfg.decode, dict(batch_tokens=args.batch_tokens))
         lines = read_lines(args.input, args.sentences)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"# {len(lines)} sentences from {args.input}; model {n_params / 1e6:.1f}M parameters "
-              f"({'random weights' if not args.checkpoint else checkpoint}); beam {decode.beam_size}, "
-              f"{'forced length ' + str(force_len) if force_len else 'natural lengths'}, batch_tokens {decode.batch_tokens}; "
-              f"{args.threads} threads on {cpu_name()}; torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}; "
-              f"setup {setup_s:.1f}s", flush=True)
+              f"({'random weights' if not args.checkpoint else checkpoint}); beams {args.beams}, batch sizes "
+              f"{args.batch_sizes}, {'forced length ' + str(force_len) if force_len else 'natural lengths'}, "
+              f"batch_tokens {decode.batch_tokens}; {args.threads} threads on {cpu_name()}; torch {torch.__version__}, "
+              f"ctranslate2 {ctranslate2.__version__}; setup {setup_s:.1f}s; load {os.getloadavg()[0]:.1f}", flush=True)
 
-        def timed(engine: str, model_dir: str | None) -> dict:
+        def timed(engine: str, model_dir: str | None, precision: str) -> dict:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", engine, "--checkpoint", checkpoint,
-                   "--input", args.input, "--sentences", str(args.sentences), "--beam", str(args.beam),
-                   "--force-len", str(force_len), "--threads", str(args.threads)]
+                   "--input", args.input, "--sentences", str(args.sentences), "--beams", *map(str, args.beams),
+                   "--batch-sizes", *map(str, args.batch_sizes), "--force-len", str(force_len),
+                   "--threads", str(args.threads), "--precision", precision]
             if args.batch_tokens:
                 cmd += ["--batch-tokens", str(args.batch_tokens)]
             if model_dir:
@@ -178,29 +192,39 @@ def main() -> int:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             return json.loads(out.strip().splitlines()[-1])
 
-        engines = [("nmt (PyTorch)", "float32", "nmt", None)] + \
+        engines = [("nmt (PyTorch)", "fp32", "nmt", None), ("nmt (PyTorch)", "int8", "nmt", None)] + \
+            ([("nmt (PyTorch)", "bf16", "nmt", None)] if args.bf16 else []) + \
             [("CTranslate2", quant, "ct2", dirs[quant]) for quant in ("float32", "int8")]
-        best, outputs = [float("inf")] * len(engines), [None] * len(engines)
+        settings = [f"{b}/{n}" for b in args.beams for n in args.batch_sizes]
+        best = [{k: float("inf") for k in settings} for _ in engines]
+        outputs, rss = [None] * len(engines), [0.0] * len(engines)
         for _ in range(args.repeats):  # round-robin, so that load from other processes hits every engine alike
-            for k, (_, _, engine, model_dir) in enumerate(engines):
-                r = timed(engine, model_dir)
-                best[k], outputs[k] = min(best[k], r["seconds"]), r["outputs"]
+            for k, (_, weights, engine, model_dir) in enumerate(engines):
+                r = timed(engine, model_dir, weights)
+                for key, run in r["runs"].items():
+                    best[k][key] = min(best[k][key], run["seconds"])
+                outputs[k], rss[k] = {key: run["outputs"] for key, run in r["runs"].items()}, max(rss[k], r["peak_rss_mb"])
         results = []
-        print(f"{'engine':<14} {'weights':<8} {'time_s':>8} {'sent/s':>8} {'tok/s':>8} {'speedup':>8} {'same':>6}")
-        for (name, weights, engine, _), secs, out in zip(engines, best, outputs):
-            tokens = sum(len(ids) for ids in tokenizer.encode_tgt(out))
-            r = dict(engine=name, weights=weights, seconds=secs, sentences=len(lines), target_tokens=tokens,
-                     sent_per_s=len(lines) / secs, tok_per_s=tokens / secs,
-                     same_as_nmt=sum(a == b for a, b in zip(out, outputs[0])) / len(lines))
-            r["speedup"] = r["sent_per_s"] / results[0]["sent_per_s"] if results else 1.0
-            results.append(r)
-            print(f"{name:<14} {weights:<8} {secs:>8.2f} {r['sent_per_s']:>8.2f} {r['tok_per_s']:>8.0f} "
-                  f"{r['speedup']:>7.2f}x {100 * r['same_as_nmt']:>5.1f}%", flush=True)
+        print(f"{'engine':<14} {'weights':<8} {'beam':>4} {'batch':>5} {'time_s':>8} {'sent/s':>8} {'tok/s':>8} "
+              f"{'vs nmt':>7} {'same':>6} {'rss_MB':>7}")
+        for key in settings:
+            beam, size = map(int, key.split("/"))
+            for k, (name, weights, _, _) in enumerate(engines):
+                secs, out, ref = best[k][key], outputs[k][key], outputs[0][key]
+                tokens = sum(len(ids) for ids in tokenizer.encode_tgt(out))
+                r = dict(engine=name, weights=weights, beam=beam, batch=size, seconds=secs, sentences=len(lines),
+                         target_tokens=tokens, sent_per_s=len(lines) / secs, tok_per_s=tokens / secs,
+                         vs_nmt=best[0][key] / secs, same_as_nmt=sum(a == b for a, b in zip(out, ref)) / len(lines),
+                         peak_rss_mb=rss[k])
+                results.append(r)
+                print(f"{name:<14} {weights:<8} {beam:>4} {size:>5} {secs:>8.2f} {r['sent_per_s']:>8.2f} "
+                      f"{r['tok_per_s']:>8.0f} {r['vs_nmt']:>6.2f}x {100 * r['same_as_nmt']:>5.1f}% {rss[k]:>7.0f}",
+                      flush=True)
         if args.json:
-            meta = dict(checkpoint=args.checkpoint or "random", input=args.input, beam=decode.beam_size,
-                        force_len=force_len, batch_tokens=decode.batch_tokens, threads=args.threads, cpu=cpu_name(),
-                        parameters=n_params, torch=torch.__version__, ctranslate2=ctranslate2.__version__,
-                        decode=dataclasses.asdict(decode))
+            meta = dict(checkpoint=args.checkpoint or "random", input=args.input, beams=args.beams,
+                        batch_sizes=args.batch_sizes, force_len=force_len, batch_tokens=decode.batch_tokens,
+                        threads=args.threads, cpu=cpu_name(), parameters=n_params, torch=torch.__version__,
+                        ctranslate2=ctranslate2.__version__, load=os.getloadavg())
             with open(args.json, "w") as f:
                 json.dump(dict(meta, results=results), f, indent=2)
     return 0

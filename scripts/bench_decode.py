@@ -44,9 +44,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1, ops=None):
+def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1, ops=None,
+               autocast=None):
     """Encode + search src_ids (subword ids, no EOS) in batches of batch_size sentences (sorted by length);
-    with workers > 1 on CPU, as `nmt translate --workers` runs them. -> (seconds, output tokens)."""
+    with workers > 1 on CPU, as `nmt translate --workers` runs them; autocast: the engine's dtype
+    (--precision bf16/fp16), entered in each worker thread. -> (seconds, output tokens)."""
+    import contextlib
     from nmt.layout import source_tensors
     from nmt.search import PLAIN_OPS, beam_search, greedy_search
     from nmt.batching import batch_cost, run_batches
@@ -57,6 +60,10 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
 
     def search(batch):
+        with torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext():
+            return _search(batch)
+
+    def _search(batch):
         src, src_mask = source_tensors(batch, device=device)  # x + EOS, padded
         if beam == 1:
             return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, ops=ops, **kw))
@@ -81,7 +88,7 @@ def whole_command(args, lines, beam, batch_size) -> float:
             f.write("\n".join(lines) + "\n")
         cmd = [sys.executable, "-m", "nmt", "translate", "--checkpoint", args.checkpoint, "-i", inp,
                "-o", os.path.join(tmp, "out.txt"), "--beam", str(beam), "--batch-size", str(batch_size),
-               "--batch-tokens", "1000000", "--device", args.device, "--workers", str(args.workers), "--quiet"]
+               "--batch-tokens", "1000000", "--device", args.device, "--precision", args.precision, "--workers", str(args.workers), "--quiet"]
         if args.force_len:
             cmd += ["--max-len-a", "0", "--max-len-b", str(args.force_len), "--min-len", str(args.force_len)]
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads)) if args.threads else dict(os.environ)
@@ -146,6 +153,7 @@ def main() -> int:
     ap.add_argument("--uncached-sentences", type=int, default=64, help="sentences for the uncached runs (0 = skip them)")
     ap.add_argument("--whole-command", action="store_true", help="also time `nmt translate` as a subprocess at batch 32")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32", help="decode.precision: fp32, bf16, fp16 (GPU), int8 (CPU)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU (0 = default)")
     ap.add_argument("--workers", type=int, default=1,
                     help="batches decoded at once on CPU, each with THREADS/N threads (`nmt translate --workers`; "
@@ -165,7 +173,7 @@ def main() -> int:
         os.environ["NMT_CPU_TUNING"] = "0"
     from nmt.fast import tune_malloc
 
-    tune_malloc()  # as the `nmt` command does
+    tune_malloc(inference=True)  # as `nmt translate` does
     import torch
 
     if args.threads:
@@ -173,7 +181,7 @@ def main() -> int:
     from nmt.torch_engine import TorchEngine
 
     t0 = time.perf_counter()
-    engine = TorchEngine.load(args.checkpoint, args.device)  # on CPU with nmt/fast.py's paths, as nmt translate
+    engine = TorchEngine.load(args.checkpoint, args.device, precision=args.precision)  # on CPU with nmt/fast.py's paths, as nmt translate
     model, tokenizer, ops = engine.model, engine.tokenizer, engine.ops
     lines = read_lines(args.input, args.sentences)
     src_ids = tokenizer.encode_src(lines)
@@ -195,7 +203,7 @@ def main() -> int:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 secs, toks = run_search(model, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch,
-                                        args.workers, ops)
+                                        args.workers, ops, engine.autocast)
                 mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
                 r = dict(search="greedy" if beam == 1 else f"beam{beam}", beam=beam, cache=use_cache, batch=bs,
                          sentences=n, seconds=secs, sent_per_s=n / secs, tok_per_s=toks / secs, tokens=toks,

@@ -81,6 +81,8 @@ def main() -> int:
     ap.add_argument("--workdir", help="where the tokenizer and encoded corpus are cached (default: a temp dir)")
     ap.add_argument("--no-cpu-tuning", action="store_true",
                     help="without nmt/fast.py's allocator tuning and numpy dropout (as NMT_CPU_TUNING=0)")
+    ap.add_argument("--cudnn-attention", action="store_true",
+                    help="CUDA: let SDPA pick cuDNN's attention again (nmt turns it off: device.avoid_cudnn_attention)")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     if args.no_cpu_tuning:
@@ -109,6 +111,8 @@ def main() -> int:
     os.makedirs(workdir, exist_ok=True)
     tr = build_training(cfg, workdir, device, RunLogger(workdir, enabled=False))  # exactly what nmt train runs
     train, tokenizer, model, precision = tr.train_data, tr.tokenizer, tr.model, tr.precision
+    if args.cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(True)
     optimizer, scheduler, fwd, t = tr.optimizer, tr.scheduler, tr.forward, cfg.train
     batches = epoch_batches(train, cfg, 1)
     need = (args.warmup + args.steps) * t.update_freq

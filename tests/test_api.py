@@ -69,7 +69,7 @@ def test_results_are_frozen_and_options_are_validated(ckpt, lines):
         translator.translate(lines[:3], prefixes=["a", "b"])
 
 
-def test_prefixes_and_first_line(ckpt, lines):
+def test_prefixes_first_line_and_line_numbers(ckpt, lines):
     from nmt import Translator
 
     translator = Translator(ckpt)
@@ -79,6 +79,11 @@ def test_prefixes_and_first_line(ckpt, lines):
     whole = translator.translate(lines[:6], **sampled)
     tail = translator.translate(lines[3:6], first_line=3, **sampled)  # a line's sample depends on its number
     assert [r.text for r in whole[3:]] == [r.text for r in tail]
+    # line_numbers: each line's own number (lines of several inputs in one call, as nmt serve gathers them)
+    gathered = translator.translate(lines[3:6] + lines[:2], line_numbers=[3, 4, 5, 0, 1], **sampled)
+    assert [r.text for r in gathered] == [r.text for r in whole[3:6] + whole[:2]]
+    with pytest.raises(UserError, match="2 line numbers for 3 lines"):
+        translator.translate(lines[:3], line_numbers=[0, 1])
 
 
 def test_concurrent_calls_from_threads_equal_sequential_calls(ckpt, lines):

@@ -105,15 +105,17 @@ def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
     src = tmp_path / "in.es"
     src.write_text("el perro rojo ve la casa\nla luna\nel gato come y el sol ve el rio\nla flor\n", encoding="utf-8")
     out = tmp_path / "ct2.json"
-    run_script("bench_ct2.py", "--checkpoint", ckpt, "--input", str(src), "--sentences", "0", "--beam", "2",
-               "--force-len", "4", "--repeats", "1", "--threads", "1", "--json", str(out))
+    run_script("bench_ct2.py", "--checkpoint", ckpt, "--input", str(src), "--sentences", "0", "--beams", "1", "2",
+               "--batch-sizes", "1", "3", "--force-len", "4", "--repeats", "1", "--threads", "1", "--json", str(out))
     res = json.loads(out.read_text())
     rows = res["results"]
-    assert [(r["engine"], r["weights"]) for r in rows] == \
-        [("nmt (PyTorch)", "float32"), ("CTranslate2", "float32"), ("CTranslate2", "int8")]
-    assert all(r["sentences"] == 4 and r["sent_per_s"] > 0 for r in rows)
-    assert rows[0]["same_as_nmt"] == 1.0 and rows[0]["speedup"] == 1.0
-    assert res["force_len"] == 4 and res["decode"]["min_len"] == 4 and res["decode"]["beam_size"] == 2
+    engines = [("nmt (PyTorch)", "fp32"), ("nmt (PyTorch)", "int8"), ("CTranslate2", "float32"), ("CTranslate2", "int8")]
+    assert [(r["engine"], r["weights"]) for r in rows] == engines * 4
+    assert [(r["beam"], r["batch"]) for r in rows[::4]] == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert all(r["sentences"] == 4 and r["sent_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in rows)
+    assert all(r["same_as_nmt"] == 1.0 and r["vs_nmt"] == 1.0 for r in rows[::4])
+    assert all(r["target_tokens"] == 16 for r in rows)  # forced: 4 tokens per sentence on every engine
+    assert res["force_len"] == 4
 
 
 def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):

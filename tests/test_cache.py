@@ -4,7 +4,7 @@ for the plain DecoderCache and nmt/fast.py's ReusingDecoderCache alike."""
 import pytest
 import torch
 
-from nmt.cache import DecoderCache, _source_groups
+from nmt.cache import GROW_CHUNK, DecoderCache, _source_groups
 from nmt.fast import ReusingDecoderCache
 from nmt.config import ModelConfig
 from nmt.masks import padding_mask
@@ -138,27 +138,63 @@ def test_cache_overflow_raises_a_clear_error():
 
 
 @torch.no_grad()
-def test_reusing_cache_swaps_buffers_and_copies_few_rows_in_place():
-    """ReusingDecoderCache: a permutation of most rows gathers into the spare buffers (ping-pong,
-    no allocation); a reorder that changes few rows copies them in place; contents as the plain cache."""
+def test_reusing_cache_rotates_one_spare_and_copies_few_rows_in_place():
+    """ReusingDecoderCache: a permutation of most rows gathers each buffer into one spare buffer (the
+    replaced buffer becomes the next spare: after the first, no allocation); a reorder that changes few
+    rows copies them in place; fewer rows reuse the same memory (prefix views); contents as the plain cache."""
     model = tiny_model()
     src, src_mask = source([5, 2, 4, 3])
     plain = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6)
     fast = model.init_cache(model.encode(src, src_mask), src_mask, max_len=6, cache_cls=ReusingDecoderCache)
     for c in (plain, fast):
         model.decode_step(torch.tensor([5, 6, 7, 8]), c)
-    first = fast.self_k[0].data_ptr()
+    storages = lambda c: {t.untyped_storage().data_ptr() for t in c.self_k + c.self_v}
+    seen = storages(fast)
+    n_buffers = len(seen)
     for idx, in_place in ((torch.tensor([1, 0, 3, 2]), False), (torch.tensor([1, 0, 3, 2]), False),
-                          (torch.tensor([0, 0, 2, 3]), True)):
+                          (torch.tensor([0, 0, 2, 3]), True), (torch.tensor([3, 1, 0]), False),
+                          (torch.tensor([2, 0]), False)):
         before = fast.self_k[0].data_ptr()
         plain.reorder(idx)
         fast.reorder(idx)
         assert (fast.self_k[0].data_ptr() == before) == in_place
         for a, b in zip(plain.self_k + plain.self_v, fast.self_k + fast.self_v):
+            assert b.shape == a.shape and b.is_contiguous()
             torch.testing.assert_close(a[:, :, :1], b[:, :, :1], atol=0, rtol=0)
-    assert fast.self_k[0].data_ptr() == first  # swapped twice: back in the first buffers
-    torch.testing.assert_close(model.decode_step(torch.tensor([4, 5, 6, 7]), plain),
-                               model.decode_step(torch.tensor([4, 5, 6, 7]), fast), atol=0, rtol=0)
+        seen |= storages(fast) | {fast.spare.untyped_storage().data_ptr()}
+    assert len(seen) == n_buffers + 1  # one spare buffer, reused throughout
+    torch.testing.assert_close(model.decode_step(torch.tensor([4, 5]), plain),
+                               model.decode_step(torch.tensor([4, 5]), fast), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("cache_cls", [DecoderCache, ReusingDecoderCache])
+@torch.no_grad()
+def test_growing_cache_holds_what_the_preallocated_one_holds(cache_cls):
+    """A cache that grows by chunks of 2 positions, through steps, beam expansion, permutations and
+    finished rows leaving: after every step its filled positions equal a preallocated cache's
+    (chunk 0), its logits too, and its capacity is the filled positions rounded up to the chunk."""
+    model = tiny_model()
+    src, src_mask = source([7, 2, 5])
+    memory = model.encode(src, src_mask)
+    pre = model.init_cache(memory, src_mask, max_len=11, chunk=0)
+    grown = model.init_cache(memory, src_mask, max_len=11, cache_cls=cache_cls, chunk=2)
+    assert pre.capacity == 11 and grown.capacity == 2 and grown.max_len == pre.max_len == 11
+    reorders = {1: torch.arange(3).repeat_interleave(3), 3: torch.tensor([2, 0, 1, 3, 4, 5, 8, 8, 6]),
+                4: torch.tensor([0, 1, 2, 3, 3, 5, 6, 7, 6]), 6: torch.tensor([6, 7, 8, 0, 1, 2]),
+                9: torch.tensor([4, 0])}
+    rows = 3
+    for t in range(11):
+        if t in reorders:
+            pre.reorder(reorders[t])
+            grown.reorder(reorders[t])
+            rows = len(reorders[t])
+        new = tokens(rows, 1, seed=20 + t)[:, 0]
+        torch.testing.assert_close(model.decode_step(new, grown), model.decode_step(new, pre), atol=0, rtol=0)
+        assert grown.capacity == min(11, 2 * ((t + 2) // 2)) and grown.length == t + 1
+        for a, b in zip(pre.self_k + pre.self_v, grown.self_k + grown.self_v):
+            assert torch.equal(a[:, :, : t + 1], b[:, :, : t + 1])
+    with pytest.raises(ValueError, match="max_len=11"):
+        model.decode_step(torch.tensor([5, 5]), grown)
 
 
 @torch.no_grad()
@@ -168,7 +204,7 @@ def test_cache_shapes_and_contract():
     cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=7)
     assert isinstance(cache, DecoderCache) and cache.length == 0 and cache.max_len == 7
     assert len(cache.self_k) == len(cache.cross_v) == 2
-    assert cache.self_k[0].shape == (2, 4, 7, 8) and cache.cross_k[0].shape == (2, 4, 5, 8)
+    assert cache.self_k[0].shape == (2, 4, min(7, GROW_CHUNK), 8) and cache.cross_k[0].shape == (2, 4, 5, 8)
     with pytest.raises(ValueError):
         DecoderCache(cache.self_k, cache.self_v, cache.cross_k, cache.cross_v, src_mask, group=2)
     # append writes at `length` and returns the filled positions; only advance moves on

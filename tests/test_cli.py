@@ -21,7 +21,7 @@ def run_nmt(*args, stdin=None, cwd=None):
 def test_help_lists_commands():
     r = run_nmt("--help")
     assert r.returncode == 0
-    for cmd in ("train", "translate", "evaluate", "average", "export"):
+    for cmd in ("train", "translate", "evaluate", "average", "export", "serve"):
         assert cmd in r.stdout
 
 
@@ -29,6 +29,8 @@ def test_help_lists_commands():
     ("train", ["--config", "--set", "--resume", "--device", "--quiet"]),
     ("translate", ["--checkpoint", "--input", "--output", "--beam", "--nbest", "--batch-tokens", "--device"]),
     ("evaluate", ["--hyp", "--ref", "--checkpoint", "--src", "--json", "--save-hyps"]),
+    ("serve", ["--checkpoint", "--model", "--engine", "--host", "--port", "--max-lines", "--max-chars", "--max-beam",
+               "--max-queue", "--timeout", "--batch-window-ms", "--batch-lines", "--no-batching", "--beam"]),
 ])
 def test_command_help_explains_every_option(cmd, options):
     from nmt.cli import build_parser

@@ -135,8 +135,9 @@ def test_switched_off_by_the_environment(monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's (Linux)")
-def test_tune_malloc_applies_on_glibc_and_not_when_switched_off():
-    code = "from nmt.fast import tune_malloc; print(tune_malloc())"
+@pytest.mark.parametrize("inference", [False, True])
+def test_tune_malloc_applies_on_glibc_and_not_when_switched_off(inference):
+    code = f"from nmt.fast import tune_malloc; print(tune_malloc(inference={inference}))"
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"NMT_CPU_TUNING": "0", "PATH": "/usr/bin:/bin"})

@@ -1,0 +1,167 @@
+"""`nmt export --format hf`: an nmt checkpoint -> a Hugging Face model directory.
+
+The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenizer`, and its
+`generate()` (with the written generation_config.json) searches as `nmt translate` does:
+
+- Family by architecture (nmt/hf.py `architecture_from_nmt`): post-norm -> MarianMT (needs
+  `positions: sinusoidal_halves`), pre-norm -> M2M100 (needs `positions: sinusoidal_fairseq`,
+  `position_offset` = pad id + 1, no output bias, one vocabulary). Anything else: one line naming the
+  options. (nmt's defaults, pre-norm with the paper's interleaved sinusoids, cannot be represented.)
+- Tokenizer. A model imported with `nmt import` gets its own files back (MarianTokenizer,
+  M2M100Tokenizer, or NLLB's tokenizer.json). A model with nmt's SentencePiece models gets
+  MarianTokenizer files for either family (`tokenizer_class` in tokenizer_config.json): source.spm
+  and target.spm = nmt's model(s), vocab.json = every piece at its SentencePiece id. MarianTokenizer
+  looks its special tokens up by name, so nmt's ids hold as they are (pad 0, unk 1, `<s>` 2, `</s>` 3)
+  and its ids equal nmt's: source `pieces </s>`, no language token (which M2M100's and NLLB's
+  tokenizers would add). decoder_start_token_id = `<s>`.
+- generation_config.json from the checkpoint's decode section: num_beams; length_penalty (average:
+  alpha; none: 0; gnmt has no counterpart: alpha, noted); early_stopping "never" (nmt's exact
+  stopping rule); bad_words_ids = the ids nmt never generates (pad, and the start token unless it is
+  EOS); max_length = max_len_b + 1 when max_len_a is 0 (+1 with MarianMT's forced EOS, as imported),
+  else max_positions (a length relative to the source has no counterpart, noted);
+  no_repeat_ngram_size, min_length; forced_bos_token_id = the default target language of a
+  multilingual model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from nmt.errors import UserError
+
+TOKENIZER_CLASS = {"marian": "MarianTokenizer", "m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer"}
+
+
+def tokenizer_files(tokenizer, cfg) -> dict[str, bytes]:
+    """The tokenizer files of the directory (with tokenizer_config.json)."""
+    kind = getattr(tokenizer, "kind", "spm")
+    d = cfg.data
+    if kind == "spm":
+        protos = tokenizer.to_bytes()
+        src, tgt = tokenizer.vocab_pieces()
+        files = {"source.spm": protos["src"], "target.spm": protos["src"] if tokenizer.joint else protos["tgt"],
+                 "vocab.json": _json({p: i for i, p in enumerate(src)})}
+        if not tokenizer.joint:
+            files["target_vocab.json"] = _json({p: i for i, p in enumerate(tgt)})
+        config = {"source_lang": d.src_lang, "target_lang": d.tgt_lang, "separate_vocabs": not tokenizer.joint}
+        kind = "marian"
+    else:
+        files = dict(tokenizer.files)
+        config = _imported_tokenizer_config(tokenizer, d, files)
+    config.update(tokenizer_class=TOKENIZER_CLASS[kind], model_max_length=cfg.model.max_positions)
+    files["tokenizer_config.json"] = _json(config)
+    return files
+
+
+def _imported_tokenizer_config(tokenizer, d, files: dict[str, bytes]) -> dict:
+    if tokenizer.kind == "marian":
+        return {"source_lang": d.src_lang, "target_lang": d.tgt_lang, "separate_vocabs": not tokenizer.joint}
+    src, tgt = tokenizer.settings["src_lang"], tokenizer.default_tgt_lang
+    if tokenizer.kind == "nllb":
+        if "tokenizer.json" not in files:
+            raise UserError("cannot export to Hugging Face: this NLLB tokenizer was imported without tokenizer.json, "
+                            "which transformers 5 needs for NLLB's language codes (import the model again from a "
+                            "directory that has it)")
+        return {"src_lang": src, "tgt_lang": tgt, "legacy_behaviour": False}
+    specials = [f"__{code}__" for code in tokenizer.languages]
+    files["special_tokens_map.json"] = _json({"additional_special_tokens": specials})
+    return {"src_lang": src, "tgt_lang": tgt, "language_codes": tokenizer.settings["language_codes"],
+            "num_madeup_words": tokenizer.settings["num_madeup_words"], "additional_special_tokens": specials}
+
+
+def _json(value) -> bytes:
+    return json.dumps(value, ensure_ascii=False, indent=1).encode("utf-8")
+
+
+def token_ids(tokenizer, family: str) -> dict:
+    """config.json's special ids: the tokenizer's; MarianMT imported with its forced EOS keeps it."""
+    ids = tokenizer.specials
+    out = dict(pad_token_id=ids.pad, eos_token_id=ids.eos, decoder_start_token_id=ids.start,
+               bos_token_id=ids.start if ids.start != ids.eos else 0, forced_eos_token_id=None)
+    if getattr(tokenizer, "kind", "spm") == "marian":
+        out.update(bos_token_id=ids.eos, forced_eos_token_id=ids.eos)  # as OPUS-MT's conversions
+    return out
+
+
+def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple[dict, list[str]]:
+    """generation_config.json for the checkpoint's decode section (module docstring), and notes."""
+    notes = []
+    forced_eos = ids["forced_eos_token_id"] is not None
+    gen = {k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")}
+    gen.update(num_beams=decode.beam_size, bad_words_ids=[[i] for i in tokenizer.specials.never_generated])
+    if forced_eos:
+        gen["forced_eos_token_id"] = ids["forced_eos_token_id"]
+    if decode.max_len_a == 0:
+        gen["max_length"] = min(decode.max_len_b, max_positions - 1) + 1 + (1 if forced_eos else 0)
+    else:
+        gen["max_length"] = max_positions
+        notes.append(f"max length {decode.max_len_a:g} * source + {decode.max_len_b} has no counterpart: "
+                     f"max_length {max_positions} written")
+    if decode.beam_size > 1:
+        kind, alpha = decode.length_penalty_type, decode.length_penalty
+        gen.update(length_penalty=0.0 if kind == "none" else alpha, early_stopping="never")
+        if kind == "gnmt" and alpha:
+            notes.append(f"the gnmt length penalty has no counterpart: length_penalty {alpha:g} (length ** alpha) written")
+    if decode.no_repeat_ngram:
+        gen["no_repeat_ngram_size"] = decode.no_repeat_ngram
+    if decode.min_len:
+        gen["min_length"] = decode.min_len + 1  # counts the decoder start
+    if tokenizer.languages and tokenizer.default_tgt_lang:
+        gen["forced_bos_token_id"] = tokenizer.languages[tokenizer.default_tgt_lang]
+    return gen, notes
+
+
+def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str]]:
+    """({file name: bytes} but the weights, the weights to save, notes) of the Hugging Face directory."""
+    from nmt.hf import architecture_from_nmt, config_to_hf, weights_to_hf
+
+    arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
+                                 tokenizer.specials.pad)
+    imported = getattr(tokenizer, "kind", "spm")
+    expected = {"marian": "marian", "m2m100": "m2m_100", "nllb": "m2m_100"}.get(imported, arch.family)
+    if expected != arch.family:
+        raise UserError(f"cannot export to Hugging Face: a {imported} tokenizer with a {arch.family} architecture")
+    ids = token_ids(tokenizer, arch.family)
+    config = config_to_hf(arch, ids)
+    if imported == "nllb":
+        config["tokenizer_class"] = "NllbTokenizer"
+    gen, notes = generation_config(cfg.decode, tokenizer, ids, cfg.model.max_positions)
+    files = {"config.json": _json(config), "generation_config.json": _json(gen), **tokenizer_files(tokenizer, cfg)}
+    return files, weights_to_hf(model.state_dict(), arch), notes
+
+
+def export_hf(checkpoint: str, output_dir: str, *, force: bool = False, quiet: bool = False, stderr=None) -> int:
+    """`nmt export --format hf`: write the Hugging Face directory of `checkpoint`. Returns 0."""
+    from safetensors.torch import save_file
+
+    from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
+    from nmt.export import METADATA_FILE, _check_output, _replace_dir
+
+    _check_output(output_dir, force)
+    state = load_checkpoint(checkpoint, mmap=True)
+    model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
+    files, weights, notes = build_directory(model.eval(), tokenizer, cfg)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
+    try:
+        save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        meta = {"format": "nmt-hf", "checkpoint": os.path.abspath(checkpoint), "step": state.get("step")}
+        for name, data in {**files, METADATA_FILE: _json(meta)}.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+        _replace_dir(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not quiet:
+        for note in notes:
+            print(f"nmt export: note: {note}", file=stderr or sys.stderr)
+        family = json.loads(files["config.json"])["model_type"]
+        tok = json.loads(files["tokenizer_config.json"])["tokenizer_class"]
+        print(f"exported {checkpoint} to {output_dir} (Hugging Face {family}, {tok})", file=stderr or sys.stderr)
+    return 0

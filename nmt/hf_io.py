@@ -1,0 +1,233 @@
+"""`nmt import`: a Hugging Face MarianMT / M2M100 / NLLB model -> an ordinary nmt checkpoint.
+
+    nmt import Helsinki-NLP/opus-mt-es-en -o opus-es-en.pt
+    nmt import ./nllb-200-distilled-600M -o nllb.pt --src-lang spa_Latn --tgt-lang eng_Latn
+
+SRC is a local model directory (what `save_pretrained` writes: config.json, model.safetensors or
+pytorch_model.bin, the tokenizer files) or a hub id, downloaded with `huggingface_hub`. The
+checkpoint holds the weights (nmt/hf.py), the tokenizer adapter (nmt/hf_tokenizer.py), a config
+whose `model` section is the architecture, whose `data` section names the languages, and whose
+`decode` section follows the model's generation_config.json (`decode_from_generation`); it has no
+training state, like an averaged checkpoint. translate, evaluate, score, average, export and
+`train.init_from` take it like any other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any
+
+from nmt.errors import UserError
+
+WEIGHTS_FIRST = ["*.safetensors", "*.safetensors.index.json"]  # transformers' preference
+WEIGHTS_LAST = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin"]
+OTHER_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+               "vocab.json", "target_vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model",
+               "tokenizer.json"]
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+GENERATION_KEYS = ("num_beams", "length_penalty", "max_length", "max_new_tokens", "min_length", "no_repeat_ngram_size",
+                   "forced_eos_token_id", "forced_bos_token_id", "bad_words_ids", "do_sample", "renormalize_logits")
+
+
+# --------------------------------------------------------------------------- the source
+
+def model_directory(source: str) -> str:
+    """A local directory as it is; else a hub id downloaded with huggingface_hub (the weights in
+    one format: safetensors when the repository has them)."""
+    if os.path.exists(source):
+        if not os.path.isdir(source):
+            raise UserError(f"{source} is not a directory (give a Hugging Face model directory or a hub id)")
+        return source
+    if source.startswith(("/", ".", "~")) or not HUB_ID.fullmatch(source):
+        raise UserError(f"Hugging Face model directory not found: {source}")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(f"downloading {source} needs huggingface_hub (pip install huggingface_hub); a local model "
+                        "directory works without it") from None
+    try:
+        path = snapshot_download(source, allow_patterns=OTHER_FILES + WEIGHTS_FIRST)
+        if not any(name.endswith(".safetensors") for name in os.listdir(path)):
+            path = snapshot_download(source, allow_patterns=OTHER_FILES + WEIGHTS_LAST)
+    except Exception as e:  # offline, unknown repository, gated model, ...: huggingface_hub's many error types
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UserError(f"could not download {source} from the Hugging Face Hub ({type(e).__name__}: {reason}); "
+                        "a local model directory works too (e.g. one written by save_pretrained)") from None
+    return path
+
+
+# --------------------------------------------------------------------------- decode settings
+
+def generation_settings(model_dir: str, config: dict) -> dict:
+    """generation_config.json, or (absent) the generation keys of config.json, as transformers'
+    `GenerationConfig.from_model_config` takes them."""
+    from nmt.hf_tokenizer import read_json
+
+    found = read_json(model_dir, "generation_config.json")
+    return found if found else {k: config[k] for k in GENERATION_KEYS if k in config}
+
+
+def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
+    """nmt `decode` keys for a model's generation settings, and notes on what does not map.
+
+    - num_beams -> beam_size (transformers' default 1: greedy when absent).
+    - length_penalty alpha -> length_penalty_type `average`, length_penalty alpha (default 1.0):
+      transformers divides a finished hypothesis' summed log-probability by L ** alpha with L the
+      generated tokens counting the forced language token and EOS: nmt's `average` with nmt's
+      length (generated tokens including EOS, the forced language token being one of them).
+    - max_new_tokens N, or max_length M (which counts the decoder start: N = M - 1) -> max_len_a 0,
+      max_len_b N, an absolute limit as transformers'; with forced_eos_token_id (MarianMT)
+      transformers spends the last of the N tokens on a forced EOS, so the limit becomes N - 1: an
+      output cut at the limit then has the same tokens in both. Absent: nmt's defaults (a * source
+      length + b; transformers' own default, 20 tokens, is not a limit anyone wants).
+    - min_length m (counts the start) -> min_len m - 1; no_repeat_ngram_size -> no_repeat_ngram.
+    - bad_words_ids: nmt never generates <pad> and a decoder start other than EOS (Specials.
+      never_generated); MarianMT's [[pad]] is exactly that, other entries are noted as not applied.
+    Not mapped (noted): sampling, renormalize_logits (nmt masks forbidden tokens without
+    renormalising), early_stopping (nmt stops exactly when no live beam can win; transformers'
+    default stops by a heuristic, which can only differ with a length penalty).
+    """
+    decode: dict[str, Any] = {"beam_size": max(1, int(gen.get("num_beams") or 1)),
+                              "length_penalty_type": "average", "length_penalty": float(gen.get("length_penalty", 1.0))}
+    notes = []
+    if decode["length_penalty"] < 0:
+        notes.append(f"length_penalty {decode['length_penalty']} < 0 is not supported: using 0 (no penalty)")
+        decode["length_penalty"] = 0.0
+    limit = gen.get("max_new_tokens") or (gen["max_length"] - 1 if gen.get("max_length") else None)
+    if limit:
+        forced_eos = gen.get("forced_eos_token_id") is not None
+        decode.update(max_len_a=0.0, max_len_b=max(1, int(limit) - (1 if forced_eos else 0)))
+    if gen.get("min_length"):
+        decode["min_len"] = max(0, int(gen["min_length"]) - 1)
+    if gen.get("no_repeat_ngram_size"):
+        decode["no_repeat_ngram"] = int(gen["no_repeat_ngram_size"])
+    never = set(tokenizer.specials.never_generated)
+    other = [ids for ids in gen.get("bad_words_ids") or [] if not (len(ids) == 1 and ids[0] in never)]
+    if other:
+        notes.append(f"bad_words_ids {other} not applied (nmt forbids only {sorted(never)})")
+    if gen.get("do_sample"):
+        notes.append("do_sample not applied: nmt translates with beam search by default (--sampling topk|topp samples)")
+    if gen.get("renormalize_logits"):
+        notes.append("renormalize_logits not applied: nmt does not renormalise after forbidding tokens")
+    return decode, notes
+
+
+def default_language(gen: dict, tokenizer) -> str | None:
+    """The target language generation_config.json forces (forced_bos_token_id), if it is one."""
+    forced = gen.get("forced_bos_token_id")
+    return next((code for code, i in tokenizer.languages.items() if i == forced), None)
+
+
+# --------------------------------------------------------------------------- import
+
+def imported_config(arch, tokenizer, src_lang: str, tgt_lang: str, decode: dict, name: str):
+    """The nmt Config of an imported model (validated as a checkpoint's config)."""
+    from nmt.config import config_from_dict, to_dict
+
+    model = to_dict(arch.model)
+    data = {"src_lang": src_lang, "tgt_lang": tgt_lang, "max_len": min(256, model["max_positions"] - 2),
+            "tokenizer": {"joint": tokenizer.joint}}
+    return config_from_dict({"name": name, "data": data, "model": model, "decode": decode},
+                            check_files=False, training=False)
+
+
+def _languages(model_dir: str, tokenizer, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str]:
+    """(source, target) language codes for the data section."""
+    if tokenizer.languages:
+        return tokenizer.settings["src_lang"], tokenizer.default_tgt_lang
+    from nmt.hf_tokenizer import read_json
+
+    tok_config = read_json(model_dir, "tokenizer_config.json")
+    src, tgt = src_lang or tok_config.get("source_lang"), tgt_lang or tok_config.get("target_lang")
+    if not src or not tgt:
+        raise UserError(f"{model_dir}: tokenizer_config.json names no source_lang/target_lang: give --src-lang and "
+                        "--tgt-lang (they name the languages in the checkpoint's config)")
+    return str(src), str(tgt)
+
+
+def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | None = None) -> tuple[dict, list[str]]:
+    """(checkpoint dict, notes) for a Hugging Face model directory or hub id."""
+    from nmt.hf import architecture, import_weights, read_config
+    from nmt.hf_tokenizer import read_tokenizer
+
+    model_dir = model_directory(source)
+    config = read_config(model_dir)
+    arch = architecture(config)  # settings nmt cannot represent fail before the weights are read
+    multilingual = config["model_type"] == "m2m_100"
+    tokenizer = read_tokenizer(model_dir, config, src_lang=src_lang, tgt_lang=tgt_lang if multilingual else None)
+    gen = generation_settings(model_dir, config)
+    if tokenizer.languages and tokenizer.default_tgt_lang is None:
+        tokenizer.default_tgt_lang = default_language(gen, tokenizer)
+        if tokenizer.default_tgt_lang is None:
+            raise UserError(f"{source}: a multilingual model needs --tgt-lang (the default target language; "
+                            f"e.g. {', '.join(list(tokenizer.languages)[:5])})")
+    src, tgt = _languages(model_dir, tokenizer, src_lang, tgt_lang)
+    decode, notes = decode_from_generation(gen, tokenizer)
+    model, arch, _ = import_weights(model_dir)
+    name = re.sub(r"[^\w.-]+", "-", source.strip("/").rsplit("/", 1)[-1]) or "imported"
+    cfg = imported_config(arch, tokenizer, src, tgt, decode, name)
+    from nmt.config import to_dict
+
+    state = {"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
+             "vocab": {"src": arch.src_vocab_size, "tgt": arch.tgt_vocab_size}, "step": 0, "epoch": 0,
+             "imported_from": {"source": source, "family": arch.family, "tokenizer": tokenizer.kind}}
+    return state, notes
+
+
+FINETUNE_HEADER = """\
+# Fine-tuning config for {output}, written by `nmt import {source}`.
+# Fill in data.train and data.valid (your corpus), then: nmt train --config {config}
+# The model section is the imported architecture (only dropout rates may change); data.tokenizer is left
+# out: the imported tokenizer is used as it is. The train settings are starting points for fine-tuning
+# a pretrained model (small learning rate, short warmup), not tuned values.
+"""
+
+
+def finetune_config(state: dict, checkpoint: str) -> dict:
+    """A fine-tuning config (as a dict) for an imported checkpoint: its model, decode and languages,
+    train.init_from = the checkpoint; data.train / data.valid are placeholders to fill in."""
+    c = state["config"]
+    data = {"src_lang": c["data"]["src_lang"], "tgt_lang": c["data"]["tgt_lang"],
+            "train": {"src": "TRAIN_SOURCE_FILE", "tgt": "TRAIN_TARGET_FILE"},
+            "valid": {"src": "VALID_SOURCE_FILE", "tgt": "VALID_TARGET_FILE"},
+            "max_len": c["data"]["max_len"], "batch_tokens": 4096}
+    if not c["data"]["tokenizer"]["joint"]:
+        data["tokenizer"] = {"joint": False}
+    train = {"init_from": os.path.abspath(checkpoint), "lr": 5e-5, "schedule": "constant", "warmup_steps": 200,
+             "max_steps": 5000, "valid_every": 500, "keep_best": 3}
+    return {"name": f"{c['name']}-finetuned", "data": data, "model": c["model"], "train": train, "decode": c["decode"]}
+
+
+def import_command(source: str, output: str, *, src_lang: str | None = None, tgt_lang: str | None = None,
+                   config: str | None = None, quiet: bool = False, stderr=None) -> int:
+    """`nmt import`: write the checkpoint of a Hugging Face model to `output` (and, with `config`, a
+    fine-tuning config for it). Returns 0."""
+    import yaml
+
+    from nmt import textio
+    from nmt.checkpoint import save_checkpoint
+
+    stderr = stderr or sys.stderr
+    textio.check_paths({}, {"--output": output, **({"--config": config} if config else {})})
+    state, notes = import_model(source, src_lang=src_lang, tgt_lang=tgt_lang)
+    save_checkpoint(state, output)
+    if config:
+        text = yaml.safe_dump(finetune_config(state, output), sort_keys=False, allow_unicode=True)
+        textio.write_lines(config, (FINETUNE_HEADER.format(output=output, source=source, config=config) + text)
+                           .rstrip("\n").split("\n"))
+    if not quiet:
+        for note in notes:
+            print(f"nmt import: note: generation_config: {note}", file=stderr)
+        c, info = state["config"], state["imported_from"]
+        langs = f"{c['data']['src_lang']} -> {c['data']['tgt_lang']}"
+        if state["tokenizer"].get("languages"):
+            langs += f" (default; {len(state['tokenizer']['languages'])} target languages: --tgt-lang)"
+        d = c["decode"]
+        n_params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())
+        print(f"imported {source} ({info['family']}, {info['tokenizer']} tokenizer, {n_params:,} parameters, "
+              f"vocab {state['vocab']['src']}/{state['vocab']['tgt']}, {langs}) into {output}; decode: beam "
+              f"{d['beam_size']}, length penalty {d['length_penalty_type']} {d['length_penalty']:g}, max length "
+              f"{d['max_len_a']:g} * source + {d['max_len_b']}", file=stderr)
+    return 0

@@ -1,0 +1,527 @@
+"""nmt serve: a real server process on a free localhost port, with a tiny model.
+
+Every answer is compared with `nmt translate` (the command's own function, nmt.cli.main, on the
+same lines and flags): greedy, beam, n-best, sampling with a seed, prefixes, alignment; concurrent
+clients whose requests share calls (the server's own counters say so) still get exactly their
+own results. Limits and errors (400, 413, 503, 504), /health, the web page in a real headless
+browser, SIGTERM draining, and the batcher's grouping on its own (no HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from nmt import cli
+from nmt.batcher import MAX_WAIT, Batcher, Job, Settings, gather_wait, groups, merge
+
+from helpers import make_pairs, make_tiny_checkpoint
+
+pytest.importorskip("starlette", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
+pytest.importorskip("uvicorn", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
+
+
+# --------------------------------------------------------------------------- a server process
+
+class Server:
+    """`nmt serve -c MODEL --port 0 ARGS` (ct2: `--engine ctranslate2 --model MODEL`) as a subprocess;
+    its URL read from its first stderr line."""
+
+    def __init__(self, model: str, *args: str, ct2: bool = False):
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+        what = ["--engine", "ctranslate2", "--model", model] if ct2 else ["-c", model]
+        self.proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", *what, "--port", "0", *args],
+                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        self.log: list[str] = []
+        first = self.proc.stderr.readline()
+        match = re.search(r"http://[^/ ]+", first)
+        if not match:
+            self.proc.kill()
+            raise RuntimeError(f"nmt serve did not start: {first}{self.proc.stderr.read()}")
+        self.url = match.group(0)
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+
+    def request(self, path: str, body: bytes | None = None, timeout: float = 60) -> tuple[int, dict, dict]:
+        """(status, headers, JSON body) of GET path, or POST path with body."""
+        req = urllib.request.Request(self.url + path, data=body, method="GET" if body is None else "POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, dict(r.headers), json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), json.loads(e.read())
+
+    def translate(self, text, options=None, prefix=None, **kw) -> tuple[int, dict]:
+        body = {"text": text}
+        if options is not None:
+            body["options"] = options
+        if prefix is not None:
+            body["prefix"] = prefix
+        status, _, data = self.request("/translate", json.dumps(body).encode(), **kw)
+        return status, data
+
+    def health(self) -> dict:
+        return self.request("/health")[2]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("serve") / "tiny.pt"))
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    """One server for the module: small limits (cheap 413s), a 50 ms window (visible sharing)."""
+    s = Server(ckpt, "--max-lines", "40", "--max-chars", "2000", "--max-beam", "4", "--batch-window-ms", "50")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+LINES = [p[0] for p in make_pairs(10, 5)] + ["", " ".join(p[0] for p in make_pairs(8, 6))]  # empty, truncated
+
+
+def nmt_translate(ckpt, lines, options=None, prefix=None, tmp_path=None) -> list[str]:
+    """The output lines of `nmt translate -c CKPT --quiet FLAGS` (the command's function) on `lines`."""
+    directory = tmp_path or os.path.dirname(ckpt)
+    src, out = os.path.join(directory, "in.txt"), os.path.join(directory, "out.txt")
+    with open(src, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+    argv = ["translate", "-c", ckpt, "-i", src, "-o", out, "--quiet"]
+    for key, value in (options or {}).items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    if prefix is not None:
+        with open(src + ".prefix", "w", encoding="utf-8") as f:
+            f.write("".join(p + "\n" for p in prefix))
+        argv += ["--prefix", src + ".prefix"]
+    assert cli.main(argv) == 0
+    with open(out, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def as_command_output(translations: list[dict], options: dict) -> list[str]:
+    """The server's answer written as `nmt translate` writes its output."""
+    if options.get("nbest", 1) > 1:
+        return [f"{i} ||| {h['text']} ||| {h['score']:.4f}" for i, t in enumerate(translations) for h in t["nbest"]]
+    if options.get("alignment"):
+        return [f"{t['text']} ||| {t['alignment']}" for t in translations]
+    return [t["text"] for t in translations]
+
+
+# --------------------------------------------------------------------------- the contract
+
+OPTION_SETS = [
+    {},  # the checkpoint's decode section: beam 2
+    {"beam_size": 1},
+    {"beam_size": 2, "nbest": 2, "length_penalty_type": "average"},
+    {"sampling": "topk", "topk": 3, "seed": 4, "nbest": 3},
+    {"sampling": "topp", "topp": 0.9, "temperature": 1.5, "seed": 7},
+    {"beam_size": 3, "no_repeat_ngram": 2, "min_len": 2},
+    {"beam_size": 1, "alignment": True},
+]
+
+
+@pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_answers_equal_nmt_translate(server, ckpt, options):
+    status, data = server.translate(LINES, options)
+    assert status == 200, data
+    got = data["translations"]
+    assert len(got) == len(LINES)
+    assert as_command_output(got, options) == nmt_translate(ckpt, LINES, options)
+    assert [t["truncated"] for t in got] == [False] * (len(LINES) - 1) + [True]
+    assert got[-2]["text"] == "" and got[-2]["score"] == 0.0  # an empty line stays empty
+    assert all(t["text"] == t.get("nbest", [t])[0]["text"] for t in got)
+
+
+def test_prefixes_equal_nmt_translate(server, ckpt):
+    prefix = ["the", "", "the red", "", "the cat", "", "", "", "", "", "", "the"]
+    status, data = server.translate(LINES, {"beam_size": 2}, prefix=prefix)
+    assert status == 200, data
+    texts = [t["text"] for t in data["translations"]]
+    assert texts == nmt_translate(ckpt, LINES, {"beam_size": 2}, prefix=prefix)
+    assert [t["prefix_truncated"] for t in data["translations"]] == [False] * len(LINES)
+    assert texts[2].startswith("the red") and texts[4].startswith("the cat")
+
+
+def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
+    """Requests sent at once by 12 threads: several share one translate call (the server's
+    counters), and each answer equals `nmt translate` on that request's lines alone (with sampling,
+    a line's samples depend on its number within its own request)."""
+    before = server.health()
+    pairs = [p[0] for p in make_pairs(60, 11)]
+    options = [{"sampling": "topk", "topk": 4, "seed": 3}, {"beam_size": 2}, {}]
+    requests = [(pairs[i * 5: i * 5 + 1 + i % 5], options[i % 3], None if i % 4 else ["the"] * (1 + i % 5))
+                for i in range(12)]
+    answers: list = [None] * len(requests)
+    barrier = threading.Barrier(len(requests))
+
+    def client(i: int) -> None:
+        lines, opts, prefix = requests[i]
+        barrier.wait()
+        answers[i] = server.translate(lines, opts, prefix)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = server.health()
+    for (lines, opts, prefix), (status, data) in zip(requests, answers):
+        assert status == 200, data
+        assert [t["text"] for t in data["translations"]] == nmt_translate(ckpt, lines, opts, prefix)
+    assert after["requests"] - before["requests"] == len(requests)
+    assert after["calls"] - before["calls"] < len(requests)  # some requests shared a call
+    assert after["shared_calls"] > before["shared_calls"] and after["largest_call"] >= 2
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"{not json", "the body is not JSON"),
+    (b'["a"]', "must be a JSON object"),
+    (b'{"text": "a sentence"}', "text must be a list of strings"),
+    (b'{"text": ["a", 1]}', "text must be a list of strings"),
+    (b'{"text": ["a\\nb"]}', "text[0] contains a line break"),
+    (b'{"text": ["a"], "lines": ["b"]}', "unknown field 'lines'"),
+    (b'{"text": ["a", "b"], "prefix": ["c"]}', "1 prefixes for 2 lines"),
+    (b'{"text": ["a"], "options": [1]}', "options must be a JSON object"),
+    (b'{"text": ["a"], "options": {"beam": 2}}', "unknown key 'decode.beam' - did you mean 'decode.beam_size'?"),
+    (b'{"text": ["a"], "options": {"workers": 2}}', "option 'workers' is not set per request"),
+    (b'{"text": ["a"], "options": {"batch_tokens": 9}}', "option 'batch_tokens' is not set per request"),
+    (b'{"text": ["a"], "options": {"protect_pattern": "x+"}}', "option 'protect_pattern' is not set per request"),
+    (b'{"text": ["a"], "options": {"beam_size": 5}}', "beam_size 5 is over this server's limit 4"),
+    (b'{"text": ["a"], "options": {"protect": true}}', "--protect needs a model trained with data.protect: true"),
+    (b'{"text": ["a"], "options": {"tgt_lang": "de"}}', "this model translates into one language only"),
+])
+def test_bad_requests_get_400_with_one_line(server, body, message):
+    status, _, data = server.request("/translate", body)
+    assert status == 400 and message in data["error"] and "\n" not in data["error"]
+
+
+@pytest.mark.parametrize("options, flags", [
+    ({"beam_size": 0}, ["--beam", "0"]),
+    ({"nbest": 3, "beam_size": 2}, ["--nbest", "3", "--beam", "2"]),
+    ({"topp": 1.5, "sampling": "topp"}, ["--topp", "1.5", "--sampling", "topp"]),
+])
+def test_option_errors_are_the_command_line_errors(server, ckpt, capsys, options, flags):
+    status, data = server.translate(["el sol"], options)
+    assert cli.main(["translate", "-c", ckpt, "-i", os.devnull, "--quiet", *flags]) == cli.EXIT_USAGE
+    command_error = capsys.readouterr().err.strip()
+    assert status == 400 and command_error == f"nmt translate: error: {data['error']}"
+
+
+def test_too_large_requests_get_413(server):
+    status, data = server.translate(["el sol"] * 41)
+    assert status == 413 and "41 lines in one request (this server takes at most 40" in data["error"]
+    status, data = server.translate(["el sol " * 200, "la luna " * 200])
+    assert status == 413 and "3000 characters in one request" in data["error"]
+    status, _, data = server.request("/translate", b'{"text": ["' + b"x" * 200_000 + b'"]}')
+    assert status == 413 and "bytes" in data["error"]
+    assert server.translate(["el sol"] * 40)[0] == 200  # at the limits
+
+
+def test_health_and_page(server):
+    status, _, health = server.request("/health")
+    assert status == 200 and health["status"] == "ok" and health["engine"] == "torch"
+    assert health["model"] == "tiny.pt" and health["batching"] is True
+    assert "beam_size" in health["request_keys"] and "workers" not in health["request_keys"]
+    with urllib.request.urlopen(server.url + "/", timeout=30) as r:
+        page = r.read().decode()
+    assert r.headers["content-type"].startswith("text/html")
+    assert 'id="source"' in page and 'id="translate"' in page and 'id="output"' in page
+    assert "http" not in page.replace("http-equiv", "")  # self-contained: no external address
+
+
+@pytest.fixture(scope="module")
+def slow_ckpt(tmp_path_factory) -> str:
+    """A tiny model that accepts 4,096 positions: LONG options force a search of thousands of steps."""
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("slow") / "slow.pt"), max_positions=4096)
+
+
+def long_search(steps: int) -> dict:
+    return {"min_len": steps, "max_len_a": 0, "max_len_b": steps, "beam_size": 4}
+
+
+def test_full_queue_503_and_time_limit_504(slow_ckpt):
+    """A long search (4,000 forced steps, about 2 s here) keeps the model busy; two more requests
+    fill a queue of 2; the next gets 503 with Retry-After. The time limit (0.5 s) passes for all
+    three: 504; the queued ones are skipped, the running one's results dropped when they come."""
+    server = Server(slow_ckpt, "--max-queue", "2", "--timeout", "0.5")
+    try:
+        answers: dict = {}
+
+        def client(i: int) -> None:
+            answers[i] = server.translate(["el sol"], long_search(4000) if i == 0 else {"beam_size": 1})
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+        threads[0].start()
+        _wait_for(server, lambda h: h["translating"] == 1)
+        for t in threads[1:]:
+            t.start()
+        _wait_for(server, lambda h: h["queued"] == 2)
+        status, headers, data = server.request("/translate", b'{"text": ["la luna"]}')
+        assert status == 503 and headers["retry-after"] == "1" and "busy" in data["error"]
+        for t in threads:
+            t.join()
+        for status, data in answers.values():
+            assert status == 504 and "not translated within 0.5 s" in data["error"]
+        health = _wait_for(server, lambda h: h["expired"] == 3)
+        assert health["requests"] == 1 and health["calls"] == 1  # only the long search ran
+    finally:
+        server.proc.kill()  # (a drain would wait for the long search; draining has its own test)
+        server.proc.wait()
+
+
+def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
+    """SIGTERM while a long search runs: new requests and /health get 503, the running request is
+    answered (equal to nmt translate), and the process exits 0."""
+    server = Server(slow_ckpt)
+    answer: list = []
+    t = threading.Thread(target=lambda: answer.append(server.translate(["el sol"], long_search(2000))))
+    t.start()
+    _wait_for(server, lambda h: h["translating"] == 1)
+    server.proc.send_signal(signal.SIGTERM)
+    _wait_for_log(server, "SIGTERM: answering the 1 accepted requests")
+    status, _, data = server.request("/translate", b'{"text": ["la luna"]}')
+    assert status == 503 and "shutting down" in data["error"]
+    assert server.request("/health")[0] == 503
+    t.join()
+    assert server.proc.wait(timeout=30) == 0
+    status, data = answer[0]
+    assert status == 200 and [x["text"] for x in data["translations"]] == \
+        nmt_translate(slow_ckpt, ["el sol"], long_search(2000))
+    assert "nmt serve: stopped" in "".join(server.log)
+
+
+def test_a_second_signal_stops_at_once(slow_ckpt):
+    server = Server(slow_ckpt)
+    t = threading.Thread(target=lambda: _ignore_errors(server.translate, ["el sol"], long_search(4000)))
+    t.start()
+    _wait_for(server, lambda h: h["translating"] == 1)
+    server.proc.send_signal(signal.SIGTERM)
+    _wait_for_log(server, "SIGTERM: answering the 1 accepted requests")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 128 + signal.SIGTERM
+    t.join()
+    assert "nmt serve: stopped (SIGTERM twice)" in "".join(server.log)
+
+
+def _ignore_errors(fn, *args) -> None:
+    try:
+        fn(*args)
+    except (OSError, ValueError):  # the connection closed without an answer (or an empty one)
+        pass
+
+
+def _wait_for(server: Server, condition, timeout: float = 30) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        health = server.health()
+        if condition(health):
+            return health
+        time.sleep(0.02)
+    raise AssertionError(f"condition not reached: {server.health()}")
+
+
+def _wait_for_log(server: Server, text: str, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while text not in "".join(server.log):
+        assert time.monotonic() < end, "".join(server.log)
+        time.sleep(0.02)
+
+
+def test_ctranslate2_model(ckpt, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
+    out = str(tmp_path / "ct2")
+    assert cli.main(["export", "-c", ckpt, "-o", out]) == 0
+    server = Server(out, "--workers", "1", ct2=True)
+    try:
+        assert server.health()["engine"] == "ctranslate2"
+        for options in ({"beam_size": 1}, {"beam_size": 2}):
+            status, data = server.translate(LINES, options)
+            assert status == 200, data
+            assert [t["text"] for t in data["translations"]] == nmt_translate(out, LINES, options, tmp_path=tmp_path)
+    finally:
+        assert server.stop() == 0
+
+
+# --------------------------------------------------------------------------- command-line errors
+
+def test_command_errors_are_one_line(ckpt, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", "-c", ckpt, "--port", str(port)]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.strip().startswith(f"nmt serve: error: cannot listen on 127.0.0.1:{port}: ")
+    assert cli.main(["serve", "-c", ckpt + ".missing"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.strip().startswith("nmt serve: error: checkpoint not found")
+    assert cli.main(["serve", "-c", ckpt, "--max-lines", "0"]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.strip() == "nmt serve: error: --max-lines must be at least 1"
+
+
+def test_missing_extra_is_a_one_line_error(ckpt):
+    code = ("import sys; sys.modules['uvicorn'] = None; from nmt.cli import main; "
+            f"raise SystemExit(main(['serve', '-c', {ckpt!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "nmt serve: error: nmt serve needs the optional extra 'serve' (uvicorn is not installed): "
+        "pip install -e \".[serve]\""]
+
+
+# --------------------------------------------------------------------------- the batcher alone
+
+def _job(loop, lines, decode="d", prefixes=None, options=None) -> Job:
+    return Job(list(lines), prefixes, options or {}, decode, loop.create_future(), loop.time())
+
+
+def test_groups_and_merge():
+    loop = asyncio.new_event_loop()
+    try:
+        a, b, c = _job(loop, ["a1", "a2"], "x"), _job(loop, ["b1"], "y", ["p"]), _job(loop, ["c1", "c2"], "x", ["q", ""])
+        assert groups([a, b, c]) == [[a, c], [b]]
+        assert merge([a, c]) == (["a1", "a2", "c1", "c2"], ["", "", "q", ""], [0, 1, 0, 1])
+        assert merge([a]) == (["a1", "a2"], None, [0, 1])
+    finally:
+        loop.close()
+
+
+def test_gather_wait_is_the_window_or_a_fraction_of_the_last_call():
+    settings = Settings(window=0.005, wait_fraction=0.05)
+    assert gather_wait(settings, 0.0) == 0.005 and gather_wait(settings, 0.05) == 0.005  # short calls: the window
+    assert gather_wait(settings, 4.0) == pytest.approx(0.2)  # 5% of a 4 s call
+    assert gather_wait(settings, 1000.0) == MAX_WAIT
+
+
+def test_batcher_gathers_groups_splits_and_skips():
+    calls: list = []
+
+    def translate(lines, prefixes, numbers, options):
+        calls.append((list(lines), prefixes, list(numbers), options))
+        if "boom" in lines:
+            raise RuntimeError("engine failure")
+        return [f"{line}/{n}" for line, n in zip(lines, numbers)]
+
+    async def scenario(settings: Settings):
+        batcher = Batcher(translate, settings)
+        loop = asyncio.get_running_loop()
+        jobs = [_job(loop, ["a", "b"], "x"), _job(loop, ["c"], "y", options={"beam_size": 1}),
+                _job(loop, ["d", "e", "f"], "x"), _job(loop, ["g"], "x"), _job(loop, ["boom"], "z")]
+        jobs[3].future.cancel()  # its time limit passed while queued
+        for job in jobs:
+            batcher.submit(job)
+        task = loop.create_task(batcher.run())
+        await asyncio.wait([j.future for j in jobs], timeout=5)
+        for job in jobs:
+            if job.future.done() and not job.future.cancelled():
+                job.future.exception()  # retrieved (asyncio logs unretrieved exceptions)
+        task.cancel()
+        batcher.close()
+        return jobs, batcher.stats
+
+    jobs, stats = asyncio.run(scenario(Settings(window=0.05)))
+    assert [j.future.result() for j in jobs[:3]] == [["a/0", "b/1"], ["c/0"], ["d/0", "e/1", "f/2"]]
+    assert calls[:2] == [(["a", "b", "d", "e", "f"], None, [0, 1, 0, 1, 2], {}), (["c"], None, [0], {"beam_size": 1})]
+    assert isinstance(jobs[4].future.exception(), RuntimeError)
+    assert (stats.calls, stats.shared_calls, stats.largest_call, stats.expired, stats.requests) == (3, 1, 2, 1, 4)
+
+    calls.clear()
+    jobs, stats = asyncio.run(scenario(Settings(batching=False)))
+    assert [c[0] for c in calls] == [["a", "b"], ["c"], ["d", "e", "f"], ["boom"]]  # one request per call
+    assert stats.shared_calls == 0 and stats.largest_call == 1
+
+    calls.clear()
+    asyncio.run(scenario(Settings(window=0.05, batch_lines=3)))  # a call stops gathering at 3 lines
+    assert [c[0] for c in calls] == [["a", "b"], ["c"], ["d", "e", "f"], ["boom"]]
+
+
+def test_a_failing_request_does_not_fail_the_requests_it_shared_a_call_with():
+    calls: list = []
+
+    def translate(lines, prefixes, numbers, options):
+        calls.append(list(lines))
+        if "boom" in lines:
+            raise RuntimeError("engine failure")
+        return [line.upper() for line in lines]
+
+    async def scenario():
+        batcher = Batcher(translate, Settings(window=0.05))
+        loop = asyncio.get_running_loop()
+        jobs = [_job(loop, ["a"]), _job(loop, ["boom", "b"]), _job(loop, ["c"])]
+        for job in jobs:
+            batcher.submit(job)
+        task = loop.create_task(batcher.run())
+        await asyncio.wait([j.future for j in jobs], timeout=5)
+        task.cancel()
+        batcher.close()
+        return [j.future.exception() or j.future.result() for j in jobs], batcher.stats
+
+    results, stats = asyncio.run(scenario())
+    assert results[0] == ["A"] and results[2] == ["C"] and isinstance(results[1], RuntimeError)
+    assert calls == [["a", "boom", "b", "c"], ["a"], ["boom", "b"], ["c"]]  # shared, then each alone
+    assert (stats.requests, stats.calls, stats.shared_calls) == (3, 4, 1)
+
+
+# --------------------------------------------------------------------------- the page in a browser
+
+def _browser(profile: str):
+    """A selenium Chrome driver on Debian's chromium, or pytest.skip with the reason."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("no headless browser: apt-get install chromium chromium-driver")
+    from selenium.webdriver.chrome.service import Service as DriverService
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                f"--user-data-dir={profile}"):
+        opts.add_argument(arg)
+    return webdriver, webdriver.Chrome(options=opts, service=DriverService(executable_path=driver))
+
+
+def test_page_translates_in_a_headless_browser(server, ckpt, tmp_path):
+    webdriver, browser = _browser(str(tmp_path / "profile"))
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda b: "tiny.pt" in b.find_element(By.ID, "model").text)
+        browser.find_element(By.ID, "source").send_keys("el perro rojo ve la casa\nla luna come el sol")
+        browser.find_element(By.ID, "translate").click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "time"), " ms"))
+        output = browser.find_element(By.ID, "output").get_attribute("textContent")
+        assert output.split("\n") == nmt_translate(ckpt, ["el perro rojo ve la casa", "la luna come el sol"],
+                                                   tmp_path=str(tmp_path))
+        assert re.fullmatch(r"2 lines in \d+ ms", browser.find_element(By.ID, "time").text)
+        assert browser.find_element(By.ID, "error").text == ""
+    finally:
+        browser.quit()
