@@ -78,6 +78,9 @@ class Translator:
         self._engine.check_precision(decode.precision)
         if decode.protect:
             check_protect(self._engine.tokenizer)
+        engine_check = getattr(self._engine, "check", None)  # settings an engine refuses (nmt/ct2.py)
+        if engine_check is not None:
+            engine_check(decode)
         if decode.tgt_lang is not None:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         return decode

@@ -1,4 +1,4 @@
-"""Command line: `nmt train | translate | evaluate | score | average | import | export | serve`.
+"""Command line: `nmt train | translate | evaluate | score | tune | average | import | export | serve`.
 
 Only argument parsing and dispatch live here; every command is an importable
 function. torch is imported lazily, inside the commands, so `nmt --help`
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nmt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     parser.set_defaults(command_parsers=sub.choices)  # {command: its parser}, for `parse_args`
-    for add in (_train_parser, _translate_parser, _evaluate_parser, _score_parser, _average_parser, _import_parser,
-                _export_parser, _serve_parser):
+    for add in (_train_parser, _translate_parser, _evaluate_parser, _score_parser, _tune_parser, _average_parser,
+                _import_parser, _export_parser, _serve_parser):
         add(sub)
     return parser
 
@@ -127,6 +127,9 @@ def _evaluate_parser(sub) -> None:
     )
     p.add_argument("--ref", "-r", required=True, metavar="FILE", help="reference translations, one per line")
     p.add_argument("--hyp", metavar="FILE", help="hypotheses to score, one per line (- = stdin)")
+    p.add_argument("--compare", nargs="+", metavar="HYP", help="compare two or more hypothesis files (the first is the "
+                   "baseline): scores with 95%% confidence intervals, paired bootstrap and approximate randomization "
+                   "p-values (sacreBLEU's), per-line wins/losses by sentence chrF, degeneration differences")
     _add_model_options(p, "to translate --src with, then score")
     p.add_argument("--src", metavar="FILE", help="source sentences: translated with --checkpoint or --model; with --hyp "
                    "only used by the degeneration report (copied sources)")
@@ -157,6 +160,27 @@ def _score_parser(sub) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="output file, written when complete (default: stdout)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings")
     _add_decode_options(p, SCORE_KEYS)
+
+
+def _tune_parser(sub) -> None:
+    p = sub.add_parser(
+        "tune", help="choose a checkpoint's decode settings on a dev set",
+        description="Search decode settings (beam size, length penalty type and strength, n-gram blocking) on a dev "
+        "set within a time budget (successive halving; every length penalty is scored from one search), print the "
+        "table explored, and write the best settings into the decode section of a new checkpoint (-o) or of this "
+        "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines.")
+    p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to tune")
+    p.add_argument("--src", required=True, metavar="FILE", help="dev source sentences")
+    p.add_argument("--ref", required=True, metavar="FILE", help="dev reference translations")
+    p.add_argument("--output", "-o", metavar="FILE", help="write a copy of the checkpoint with the chosen settings")
+    p.add_argument("--in-place", action="store_true", help="write the chosen settings into CKPT itself (atomically)")
+    p.add_argument("--max-time", type=float, default=600.0, metavar="SECONDS",
+                   help="time budget (default 600); the first round (100 lines per setting) always runs")
+    p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
+    p.add_argument("--max-loops", type=float, default=0.02, metavar="SHARE",
+                   help="largest share of looping output lines allowed (a word 3-gram 3+ times; default 0.02)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 
 
 def _average_parser(sub) -> None:
@@ -276,6 +300,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from nmt.evaluate import evaluate_command
 
     path, engine = _model(args, needed=False)
+    if args.compare is not None:
+        if args.hyp is not None or path is not None:
+            raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
+        from nmt.compare import compare_command
+
+        return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
+                               lowercase=args.lowercase, json_out=args.json)
     if (args.hyp is None) == (path is None):
         raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT (or --model DIR) with --src FILE")
     if path is not None and args.src is None:
@@ -292,6 +323,14 @@ def _cmd_score(args: argparse.Namespace) -> int:
     path, engine = _model(args)
     return score_command(path, args.src, args.tgt, args.output, engine=engine, device=args.device,
                          overrides=_decode_overrides(args), quiet=args.quiet)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from nmt.tune import tune_command
+
+    return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
+                        max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
+                        quiet=args.quiet)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -351,7 +390,8 @@ def _sigterm_like_ctrl_c(command: str):
 
 
 COMMANDS = {"train": _cmd_train, "translate": _cmd_translate, "evaluate": _cmd_evaluate, "score": _cmd_score,
-            "average": _cmd_average, "import": _cmd_import, "export": _cmd_export, "serve": _cmd_serve}
+            "tune": _cmd_tune, "average": _cmd_average, "import": _cmd_import, "export": _cmd_export,
+            "serve": _cmd_serve}
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -391,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.config import ConfigError
     from nmt.errors import UserError
 
-    if args.command in ("train", "translate", "evaluate", "score", "serve"):
+    if args.command in ("train", "translate", "evaluate", "score", "tune", "serve"):
         from nmt.fast import tune_malloc
 
         tune_malloc(inference=args.command != "train")  # before the command allocates its tensors; see nmt/fast.py

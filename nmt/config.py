@@ -228,6 +228,9 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
         _check_corpus(c, key, errors, check_files)
     _check_mix(d, errors)
     _check_languages(d, errors)
+    if t.tune_decode and d.train_corpora and d.multilingual:
+        errors.append("'train.tune_decode' is for a model with one target language (nmt tune tunes one set of "
+                      "decode settings on one validation set; a multilingual model has a set per direction)")
     if check_files:
         for key in ("model", "src_model", "tgt_model"):
             p = getattr(tok, key)

@@ -212,6 +212,7 @@ class Source(NamedTuple):
     tag: str | None = None                                    # prepended to non-empty source lines
     protect: bool = False                                     # protected spans -> placeholders (nmt/protect.py)
     tgt_prefix: tuple[int, ...] = ()                          # ids before every non-empty target (a language token)
+    protect_inject: float = 0.0                               # share of span-less pairs given placeholders (protect)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -221,16 +222,18 @@ def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.nda
 
 
 def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str | None = None,
-                 protect: bool = False, tgt_prefix: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                                   np.ndarray]:
+                 protect: bool = False, tgt_prefix: tuple[int, ...] = (),
+                 protect_inject: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(src tokens, src lens [n], tgt tokens, tgt lens [n]) of aligned lines; with `protect` each pair's
-    spans become placeholders (`protect.mask_pair`); `tag + " "` goes before every non-empty source
+    spans become placeholders (`protect.mask_pair`; `protect_inject`: the share of pairs without spans
+    that get placeholders at aligned positions); `tag + " "` goes before every non-empty source
     line (an empty one stays empty, so the pair is dropped); `tgt_prefix` (a multilingual model's
     language token, nmt/languages.py) goes before every non-empty target."""
     if protect:
         from nmt.protect import mask_pair
 
-        src, tgt = map(list, zip(*(mask_pair(a, b) for a, b in zip(src, tgt)))) if src else (src, tgt)
+        pairs = [mask_pair(a, b, inject=protect_inject) for a, b in zip(src, tgt)]
+        src, tgt = (list(x) for x in zip(*pairs)) if pairs else (src, tgt)
     if tag:
         src = [f"{tag} {x}" if x else x for x in src]
     st, sl = _flatten(tokenizer.encode_src(src), token_dtype(tokenizer.src_vocab_size))
@@ -347,7 +350,8 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
         for src in sources:
             counts = dict.fromkeys(COUNTS, 0)
             for src_lines, tgt_lines in src.chunks():
-                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, src.protect, src.tgt_prefix)
+                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, src.protect, src.tgt_prefix,
+                                              src.protect_inject)
                 keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None, len(src.tgt_prefix))
                 writer.add("src", st[np.repeat(keep, sl)], sl[keep])
                 writer.add("tgt", tt[np.repeat(keep, tl)], tl[keep])

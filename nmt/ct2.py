@@ -2,28 +2,39 @@
 
 The text pipeline is nmt/translate.py's, the same as for PyTorch models (batches, workers,
 empty lines, truncation, order). This module only searches and scores batches of ids.
-Search settings follow nmt.search exactly where CTranslate2 allows it:
+Search settings follow nmt.search exactly; what CTranslate2 cannot do the same way is refused
+(`Ct2Engine.check`, a one-line error) instead of giving other outputs:
 
 - Maximum output length per sentence: `nmt.search.max_output_lengths` (EOS counted, as
   CTranslate2's `max_decoding_length` does). CTranslate2 takes one limit per call: a batch
   is searched under its largest limit, and the sentences whose own smaller limit a
   hypothesis reaches are searched again with their exact limit.
-- `min_len` -> `min_decoding_length` (EOS forbidden for the first min_len steps in both;
-  CTranslate2 masks before its softmax, so those steps' log-probabilities are renormalised).
+- `min_len` -> `min_decoding_length`, `no_repeat_ngram` -> `no_repeat_ngram_size`: both engines
+  remove the forbidden tokens before the softmax (renormalised; the prefix counts, as in
+  nmt.search), on the generated tokens (not the start token).
 - PAD and BOS are never generated. nmt masks them after its log-softmax (not renormalised);
   CTranslate2 can only mask before (`suppress_sequences`, renormalised). So sentences are
   first translated unmasked (CTranslate2's log-probabilities are then ours to float precision)
   and only the rare ones whose result contains PAD or BOS again with both suppressed.
-- Length penalty: CTranslate2 divides by `length ** alpha` only at the end of the search. We ask
-  it for all finished hypotheses with their ends (`return_end_token`, so a length counts EOS as
-  ours does), recover each raw log-probability and rank them with our formula (gnmt, average
-  or none): `score` and `log_prob` mean what they mean in nmt.search.Hypothesis.
-- Stopping: with a penalty CTranslate2 ends a sentence once `beam_size * patience` hypotheses
-  are finished; nmt's beam search goes on until no live beam can still win. With patience 1,
-  CTranslate2 often settles for short, poor hypotheses (4% of sentences differed on a small
-  post-norm model); patience 2 (`DEFAULT_PATIENCE`) gave the same outputs. Without a penalty
-  both stop when the best beam ends. Both refill a beam slot whose candidate ended from
-  the top 2K candidates. Greedy search is the same search in both.
+- Length penalty: CTranslate2 divides by `length ** alpha` only at the end of the search and
+  ends a sentence once `beam_size * patience` hypotheses are finished; nmt's beam search goes
+  on until no live beam can still win (exact). With patience = the length limit, CTranslate2
+  never stops early (at most beam_size hypotheses finish per step) and returns every finished
+  hypothesis (`return_end_token`, so a length counts EOS as ours does); we recover each raw
+  log-probability and rank them with our formula (gnmt, average or none). Both searches keep
+  the same live beams (the K best candidates that do not end, refilled from the top 2K), so the
+  best is the same. Without a penalty both stop when the best candidate ends; for an n-best list
+  CTranslate2 is given a negligible penalty (`NO_EARLY_EXIT`) and searches to the end too.
+- Prefixes: CTranslate2 forces them and scores only what follows; the prefix's own
+  log-probability is added from `score_batch` (less its first `nmt.languages.free_prefix` tokens,
+  which count 0 as in nmt.search: an imported M2M100/NLLB model's language token). Right after a prefix, only the best candidate may
+  end (CTranslate2's rule, which nmt.search follows).
+- Sampling is refused: CTranslate2 draws its own random numbers (one generator per thread,
+  seeded once), so its samples cannot be the PyTorch engine's (`--engine torch`).
+- Protected spans (`protect`): CTranslate2 cannot forbid tokens per sentence and step, so its
+  search is not constrained as nmt.search's is; among the finished hypotheses of its beam the
+  best one that has every placeholder of its source exactly once is taken (greedy search has
+  only one). The protect report counts the lines that still miss one.
 """
 
 from __future__ import annotations
@@ -38,15 +49,12 @@ from nmt.errors import UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.languages import free_prefix
 from nmt.precision import CT2_COMPUTE_TYPES
+from nmt.protect import PLACEHOLDERS
 from nmt.search import Hypothesis, length_penalty_factor, max_output_lengths
 from nmt.tokenizer import Tokenizer
 
-DEFAULT_PATIENCE = 2.0  # finished hypotheses per beam slot before CTranslate2 stops (see above)
+NO_EARLY_EXIT = 1e-6  # a length penalty that changes no ranking but turns off CTranslate2's early exit
 
-
-def _unpenalised(decode: DecodeConfig) -> bool:
-    """Searches without a length penalty: greedy search and sampling."""
-    return decode.beam_size == 1 or decode.sampling != "none"
 
 
 def resolve_ct2_device(name: str | None, ctranslate2) -> tuple[str, int]:
@@ -66,18 +74,15 @@ class Ct2Engine:
     the exported weights' type; "int8", "float32", ...). intra_threads: threads per translation
     (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated
     at once (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see
-    `resolve_workers`). patience: with a length penalty, CTranslate2 ends a sentence once
-    `beam_size * patience` hypotheses are finished (see the module docstring). precision: a
-    decode.precision, mapped onto compute_type (nmt/precision.py; None: the export's decode.precision,
-    whose default `auto` keeps compute_type).
+    `resolve_workers`). precision: a decode.precision, mapped onto compute_type (nmt/precision.py;
+    None: the export's decode.precision, whose default `auto` keeps compute_type).
     """
 
     name = "ctranslate2"
     torch_device = None
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",
-                 intra_threads: int = 0, patience: float = DEFAULT_PATIENCE, workers: int | None = None,
-                 precision: str | None = None):
+                 intra_threads: int = 0, workers: int | None = None, precision: str | None = None):
         ctranslate2 = self.ctranslate2 = require_ctranslate2()
         meta = read_metadata(model_dir)
         tokenizer = Tokenizer.load(model_dir)
@@ -109,7 +114,6 @@ class Ct2Engine:
         self.tgt_ids = {piece: i for i, piece in enumerate(tgt)}
         self.specials = tokenizer.specials
         self.suppress = [[tgt[i]] for i in self.specials.never_generated]
-        self.patience = patience
 
     def check_precision(self, precision: str) -> None:
         """UserError unless `precision` is the one this engine was loaded with (compute_type is fixed)."""
@@ -123,16 +127,21 @@ class Ct2Engine:
     def running(self) -> Iterator[None]:
         yield
 
+    def check(self, decode: DecodeConfig) -> None:
+        """UserError for the settings this engine cannot search as nmt.search does (module docstring)."""
+        if decode.sampling != "none":
+            raise UserError("--sampling is not supported by the ctranslate2 engine: CTranslate2 draws its own random "
+                            "numbers, so its samples cannot match the PyTorch engine's (translate with the checkpoint "
+                            "and --engine torch)")
+
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
                      prefixes: Sequence[list[int]] | None = None) -> list[list[Hypothesis]]:
         """Per source (ids without EOS) up to `decode.nbest` hypotheses, best first; greedy when
         beam_size == 1. CTranslate2 takes one output limit per call: the batch's largest. Sentences
         whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
-        grouped by limit, so no output exceeds its sentence's maximum length. With sampling,
-        `keys` are not used: CTranslate2 seeds each of its threads' generator once, from
-        decode.seed (`set_random_seed` stores the seed; a thread seeds its own generator on first
-        use), so a line's samples depend on the batches its thread sampled before: reproducible
-        with workers 1 and the same input, not across batchings (the PyTorch engine's are)."""
+        grouped by limit, so no output exceeds its sentence's maximum length. `keys` (sampling) are
+        not used: sampling is refused (`check`)."""
+        self.check(decode)
         batch = list(range(len(src_ids)))
         limits = max_output_lengths([len(ids) + 1 for ids in src_ids], decode.max_len_a, decode.max_len_b,
                                     self.max_positions, prefixes)
@@ -166,55 +175,65 @@ class Ct2Engine:
     def _search_batch(self, pieces: list[list[str]], prefix: list[list[str]] | None, limit: int,
                       decode: DecodeConfig, suppress: bool) -> list[list[Hypothesis]]:
         """One `translate_batch` call (one batch): sources (pieces, no EOS) sharing the output limit."""
-        sampling = decode.sampling != "none"
-        K = 1 if sampling else decode.beam_size
+        K = decode.beam_size
         alpha, kind = decode.length_penalty, decode.length_penalty_type
         ct2_alpha = 0.0 if K == 1 or kind == "none" or alpha == 0 else alpha
-        patience = self.patience if ct2_alpha else 1.0
-        options = {}
-        if sampling:
-            self.ctranslate2.set_random_seed(decode.seed)
-            options = dict(sampling_topk=decode.topk if decode.sampling == "topk" else 0,
-                           sampling_topp=decode.topp if decode.sampling == "topp" else 1.0,
-                           sampling_temperature=decode.temperature)
+        if K > 1 and not ct2_alpha and decode.nbest > 1:  # CTranslate2 would stop when the best beam ends, nmt
+            ct2_alpha = NO_EARLY_EXIT  # when the nbest-th can no longer be beaten: search to the end instead
+        # with a penalty, CTranslate2 stops a sentence after beam_size * patience finished hypotheses: at
+        # most K finish per step, so patience = limit never stops it early, and it returns them all
+        patience = float(limit) if ct2_alpha else 1.0
+        every = ct2_alpha or (decode.protect and K > 1)  # all finished hypotheses, ranked here
         results = self.translator.translate_batch(
             pieces, prefix, max_batch_size=0, beam_size=K, patience=patience,
-            num_hypotheses=round(K * patience) if ct2_alpha else decode.nbest,
+            num_hypotheses=round(K * patience) if ct2_alpha else K if every else decode.nbest,
             length_penalty=ct2_alpha, return_scores=True, return_end_token=True,
             max_decoding_length=limit, min_decoding_length=min(decode.min_len, limit),  # CTranslate2 wants min <= max
             max_input_length=0, suppress_sequences=self.suppress if suppress else None,
-            no_repeat_ngram_size=decode.no_repeat_ngram, **options)
-        rescore = sampling or prefix is not None  # their scores are not the model's plain log-probabilities
+            no_repeat_ngram_size=decode.no_repeat_ngram)
         free = free_prefix(self.tokenizer, prefix)
-        return [self._rank(r, decode, ct2_alpha, src if rescore else None, free) for r, src in zip(results, pieces)]
+        forced = self._prefix_log_probs(pieces, prefix, free) if prefix is not None else [0.0] * len(pieces)
+        return [self._rank(r, decode, ct2_alpha, f, src) for r, f, src in zip(results, forced, pieces)]
 
-    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, rescore: list[str] | None,
-              free: int = 0) -> list[Hypothesis]:
-        """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty. rescore: the
-        source pieces, when log_prob must be computed again by forced decoding (sampling, prefixes);
+    def _prefix_log_probs(self, pieces: list[list[str]], prefix: list[list[str]], free: int = 0) -> list[float]:
+        """The model's log-probability of each forced prefix (CTranslate2 scores only what follows it).
         free: leading prefix tokens whose log-probability counts 0 (nmt.languages.free_prefix)."""
+        todo = [i for i, p in enumerate(prefix) if len(p) > free]
+        out = [0.0] * len(pieces)
+        if todo:
+            scored = self.translator.score_batch([pieces[i] for i in todo], [prefix[i] for i in todo], max_batch_size=0,
+                                                 max_input_length=0)
+            for i, r in zip(todo, scored):
+                out[i] = float(sum(list(r.log_probs)[free: len(prefix[i])]))  # the prefix tokens, not the final EOS
+        return out
+
+    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, prefix_log_prob: float,
+              src: list[str]) -> list[Hypothesis]:
+        """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty. With --protect,
+        those that copy every placeholder of the source exactly once come first (CTranslate2 cannot
+        constrain its search per step, as nmt.search does: see the module docstring)."""
         hyps = []
         EOS = self.specials.eos
         tokens = [[self.tgt_ids.get(p, self.specials.unk) for p in pieces] for pieces in result.hypotheses]
-        if rescore is not None:
-            forced = self.translator.score_batch([rescore] * len(tokens),
-                                                 [[self.tgt_pieces[t] for t in ids if t != EOS] for ids in tokens],
-                                                 max_batch_size=0, max_input_length=0)
-        for k, (ids, ct2_score) in enumerate(zip(tokens, result.scores)):
+        for ids, ct2_score in zip(tokens, result.scores):
             length = len(ids)  # generated tokens, EOS included when it ended with one
             log_prob = ct2_score * length ** ct2_alpha if ct2_alpha else ct2_score  # undo CTranslate2's len ** alpha
+            log_prob += prefix_log_prob
             finished = bool(ids) and ids[-1] == EOS
             if finished:
                 ids.pop()
-            if rescore is not None:
-                log_probs = list(forced[k].log_probs)  # the target tokens, then EOS
-                log_prob = sum(log_probs[free:] if finished else log_probs[free:-1])
-            if _unpenalised(decode):
-                score = log_prob  # greedy and sampling: no length penalty, as nmt.search
+            if decode.beam_size == 1:
+                score = log_prob  # greedy: no length penalty, as nmt.search
             else:
                 score = log_prob / length_penalty_factor(length, decode.length_penalty, decode.length_penalty_type)
             hyps.append(Hypothesis(ids, float(score), float(log_prob), finished))
         hyps.sort(key=lambda h: -h.score)
+        if decode.protect:
+            needed = sorted(p.lstrip("▁") for p in src if p.lstrip("▁") in PLACEHOLDERS)
+            def exact(h: Hypothesis) -> bool:
+                return h.finished and sorted(w for w in (self.tgt_pieces[t].lstrip("▁") for t in h.tokens)
+                                             if w in PLACEHOLDERS) == needed
+            hyps.sort(key=lambda h: not exact(h))  # exact ones first (stable: by score within each)
         return hyps[: decode.nbest]
 
     def align_batch(self, src_ids, tgt_ids):

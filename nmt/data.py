@@ -104,8 +104,10 @@ def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[
     langs = [language_prefix(cfg, tokenizer, c) for c in corpora]
     key = [[[source_fingerprint(c, *d.langs(c)), c.src_tag] for c in corpora],
            _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else []) + _lang_key(langs)
-    sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, *d.langs(c)), c.src_tag, d.protect, lang)
-               for c, lang in zip(corpora, langs)]
+    inject = d.protect_inject if d.protect else 0.0
+    key += [["inject", inject]] if inject else []
+    sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, *d.langs(c)), c.src_tag, d.protect, lang,
+                      inject) for c, lang in zip(corpora, langs)]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
 
 

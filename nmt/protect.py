@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import random
 import re
+import weakref
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from nmt.search import Placeholders
 
 MAX_SPANS = 16
 PLACEHOLDERS = tuple(f"<ph_{k}>" for k in range(MAX_SPANS))  # SentencePiece user-defined symbols
@@ -82,14 +86,40 @@ def mask_like(text: str, spans: list[str], extra: str | None = None) -> str:
     return pattern(extra).sub(sub, text)
 
 
-def mask_pair(src: str, tgt: str, extra: str | None = None) -> tuple[str, str]:
+def mask_pair(src: str, tgt: str, extra: str | None = None, inject: float = 0.0) -> tuple[str, str]:
     """A training pair with the same placeholder for the same span on both sides. The placeholder
     numbers are drawn at random (seeded by the source text, so a pair always masks the same way):
-    the model must copy the number it sees, not count spans, and every placeholder gets trained."""
+    the model must copy the number it sees, not count spans, and every placeholder gets trained.
+    inject: the share of pairs without spans that get placeholders at aligned positions instead
+    (`inject_placeholders`), so that a corpus without spans still teaches copying them."""
     n = min(len(pattern(extra).findall(src)), MAX_SPANS)
-    numbers = random.Random(zlib.crc32(src.encode("utf-8"))).sample(range(MAX_SPANS), n)
+    rng = random.Random(zlib.crc32(src.encode("utf-8")))
+    numbers = rng.sample(range(MAX_SPANS), n)
+    if n == 0 and inject > 0 and rng.random() < inject:
+        return inject_placeholders(src, tgt, rng)
     masked, spans = mask(src, extra, numbers)
     return masked, mask_like(tgt, spans, extra)
+
+
+_ALIGNED = re.compile(r"\b(?=\w*[A-Z0-9])\w{2,}\b")  # a word with a capital or a digit: names, numbers
+
+
+def inject_placeholders(src: str, tgt: str, rng: random.Random) -> tuple[str, str]:
+    """Placeholders at aligned positions of a pair without spans: 1-3 words that occur exactly once,
+    identically, on each side (names, numbers: `Israel`, `12`) become the same placeholder on both
+    sides; a pair without such a word gets one at the start or the end of both sides, as a span
+    often sits (`%s: file not found`). Random numbers, as in `mask_pair`."""
+    src_words, tgt_words = _ALIGNED.findall(src), _ALIGNED.findall(tgt)
+    shared = [w for w in dict.fromkeys(src_words) if src_words.count(w) == 1 and tgt_words.count(w) == 1]
+    chosen = rng.sample(shared, min(len(shared), rng.choice((1, 1, 2, 3))))
+    numbers = rng.sample(range(MAX_SPANS), max(len(chosen), 1))
+    if not chosen:
+        ph = PLACEHOLDERS[numbers[0]]
+        return (f"{ph} {src}", f"{ph} {tgt}") if rng.random() < 0.5 else (f"{src} {ph}", f"{tgt} {ph}")
+    for word, k in zip(chosen, numbers):
+        word_re = re.compile(rf"\b{re.escape(word)}\b")
+        src, tgt = word_re.sub(PLACEHOLDERS[k], src, 1), word_re.sub(PLACEHOLDERS[k], tgt, 1)
+    return src, tgt
 
 
 @dataclass
@@ -120,6 +150,33 @@ def restore(text: str, spans: list[str]) -> Restored:
 def known_by(tokenizer) -> bool:
     """Whether the tokenizer has every placeholder as one symbol (a model trained with data.protect)."""
     return all(tokenizer.is_target_symbol(p) for p in PLACEHOLDERS)
+
+
+_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def placeholder_ids(tokenizer) -> tuple[dict[int, int], dict[int, int]]:
+    """({source id: K}, {target id: K}): every piece that writes placeholder <ph_K> (the symbol itself,
+    and a word model's or a merged "▁<ph_K>"). Cached per tokenizer."""
+    if tokenizer not in _IDS:
+        from nmt.export import vocabularies
+
+        number = {ph: k for k, ph in enumerate(PLACEHOLDERS)}
+        _IDS[tokenizer] = tuple({i: number[p.lstrip("▁")] for i, p in enumerate(pieces) if p.lstrip("▁") in number}
+                                for pieces in vocabularies(tokenizer))
+    return _IDS[tokenizer]
+
+
+def required_placeholders(src_ids: Sequence[list[int]], tokenizer) -> "Placeholders":
+    """nmt.search.Placeholders for a batch of encoded sources: the target ids that write each
+    placeholder, and per source the placeholders it holds (each to be copied once)."""
+    from nmt.search import Placeholders
+
+    src_ph, tgt_ph = placeholder_ids(tokenizer)
+    tokens: list[list[int]] = [[] for _ in PLACEHOLDERS]
+    for i, k in tgt_ph.items():
+        tokens[k].append(i)
+    return Placeholders(tokens, [sorted({src_ph[t] for t in ids if t in src_ph}) for ids in src_ids])
 
 
 def mask_for_scoring(src: str, tgt: str, extra: str | None = None) -> tuple[str, str]:

@@ -7,7 +7,8 @@ probability reaches `topp` (`"topp"`, nucleus sampling), after the search's step
 Gumbel-max trick with noise that is a hash of (seed, sentence key, sample number, step,
 token): a sentence's samples depend only on the seed and its key (the pipeline uses the
 input line number), not on batching, workers or other sentences. `log_prob` is the
-model's own (temperature 1, before any cut): what `nmt score` gives for the output.
+model's own (temperature 1, before any cut; renormalised over what the step rules allow, as
+in nmt/search.py): what `nmt score` gives for the output when no rule removed a token.
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.layout import NMT_SPECIALS, Specials
-from nmt.search import NEG_INF, PLAIN_OPS, SAMPLING, Hypothesis, SearchOps, StepRules, check_common, token_by_token
+from nmt.search import (NEG_INF, PLAIN_OPS, SAMPLING, Hypothesis, Placeholders, SearchOps, StepRules, check_common,
+                        token_by_token)
 
 
 @torch.inference_mode()
 def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sampling: str = "topk", topk: int = 10,
                   topp: float = 0.9, temperature: float = 1.0, seed: int = 1, keys: Sequence[int] | None = None,
                   max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
-                  prefixes: Sequence[list[int]] | None = None, use_cache: bool = True,
-                  ops: SearchOps = PLAIN_OPS, specials: Specials = NMT_SPECIALS,
+                  prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
+                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS, specials: Specials = NMT_SPECIALS,
                   free_prefix: int = 0) -> list[list[Hypothesis]]:
     """`samples` independent samples per sentence (module docstring), best log_prob first
     (score == log_prob). keys [B]: one integer per sentence (default 0..B-1); with the seed
@@ -55,7 +57,7 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
         gumbel = -torch.log(-torch.log(uniform_noise(row_keys.index_select(0, rows), t, x.shape[1])))
         return (x + gumbel.float()).argmax(dim=1)
 
-    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, free_prefix)
+    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
     out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
 

@@ -107,6 +107,7 @@ class DataConfig:
     protect: bool = _f(False, "Replace protected spans (placeholders such as `%s`, `{0}`, markup, `&amp;`: nmt/protect.py) in training and validation pairs by placeholder tokens `<ph_K>`, which become SentencePiece symbols: the model learns to copy them. Translate with `--protect`.")
     sampling_temperature: float = _f(1.0, "Temperature T of the epoch mix between directions (a direction = the corpora with one `src_lang`/`tgt_lang` pair): direction d gets a share proportional to w_d x N_d^(1/T), N_d = the pairs (after filtering) of its corpora, w_d = the mean weight of its corpora (1 by default); inside a direction its corpora share by weight, as with one direction. T = 1: directions in proportion to their size; larger T flattens toward the small directions (T -> infinity: equal shares). One direction: no effect.", min=0.0, exclusive_min=True)
     langid: Optional[bool] = _f(None, "Train a character n-gram language identifier (nmt/langid.py) on the training corpora (the first 50,000 lines of each language, sources and targets) and store it in the checkpoints: validation and `nmt evaluate` then count off-target outputs. null = only for a multilingual model.")
+    protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions instead (1-3 names or numbers that occur once, identically, on both sides; else one at the start or the end of both sides), so that a corpus with few or no spans still teaches copying them. 0 = off.", min=0.0, max=1.0)
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
 
     @property
@@ -235,6 +236,9 @@ class TrainConfig:
     init_reset: list[Literal["optimizer", "schedule", "counters"]] = _f(["optimizer", "schedule", "counters"], "With init_from, what starts fresh (leave an item out to carry it over from the checkpoint): optimizer (Adam moments), schedule (the learning-rate schedule's position), counters (the step count).")
     keep_best: int = _f(0, "Also keep the step checkpoints of the best this many validations (by `metric`), besides the last `keep_last`.", min=0)
     threads: int = _f(0, "CPU threads for torch; 0 = torch's default.", min=0)
+    ema_decay: float = _f(0.0, "Exponential moving average of the weights (fairseq's ema_decay, Marian's exponential-smoothing): after each update ema = d*ema + (1-d)*weights with d = min(ema_decay, (1+updates)/(10+updates)); validation, best.pt and every checkpoint's weights (translate, average, export) are the average, training continues from the trained weights. 0 = off; e.g. 0.9999.", min=0.0, max=1.0, exclusive_max=True)
+    tune_decode: bool = _f(False, "At the end of training run `nmt tune` on the validation set with best.pt and write the chosen decode settings into best.pt (and the run's config.yaml is left as is); costs up to tune_max_time seconds.")
+    tune_max_time: float = _f(300.0, "Time budget of tune_decode, in seconds (the tuning stops early when the budget would be exceeded).", min=1.0)
 
 
 # --------------------------------------------------------------------------- decode
@@ -247,7 +251,7 @@ class DecodeConfig:
     length_penalty_type: Literal["gnmt", "average", "none"] = _f("gnmt", "gnmt: score / ((5+len)/6)^alpha; average: score / len^alpha; none: raw log-probability.")
     max_len_a: float = _f(1.2, "Maximum output length = a * source_length + b.", min=0.0)
     max_len_b: int = _f(10, "See max_len_a.", min=1)
-    min_len: int = _f(0, "Minimum output length (EOS forbidden before it).", min=0)
+    min_len: int = _f(0, "Minimum output length (EOS forbidden before it; the other tokens' probabilities are renormalised, as in CTranslate2).", min=0)
     batch_tokens: int = _f(8192, "Source-token budget of a translation batch (padded).", min=1)
     max_batch_size: int = _f(256, "Cap on sentences per translation batch.", min=1)
     workers: int = _f(0, "CPU: batches decoded at once, each with torch threads / workers intra-op threads "
@@ -258,9 +262,9 @@ class DecodeConfig:
     topk: int = _f(10, "Tokens to sample from with `sampling: topk`.", min=1)
     topp: float = _f(0.9, "Probability mass to sample from with `sampling: topp`.", min=0.0, max=1.0, exclusive_min=True)
     temperature: float = _f(1.0, "Sampling temperature: the distribution is p^(1/T), renormalised (< 1 sharper, > 1 flatter).", min=0.0, exclusive_min=True)
-    seed: int = _f(1, "Sampling seed: with it, each input line's samples depend only on the line number and the line (PyTorch engine; CTranslate2 seeds each of its threads once, so its samples depend on the batching).", min=0)
-    no_repeat_ngram: int = _f(0, "Forbid any n-gram of this many target tokens from occurring twice in an output (greedy, beam and sampling); 0 = off.", min=0)
-    protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; needs a model trained with `data.protect: true`.")
+    seed: int = _f(1, "Sampling seed: with it, each input line's samples depend only on the line number and the line (sampling needs the PyTorch engine: CTranslate2's own random numbers could not give the same samples).", min=0)
+    no_repeat_ngram: int = _f(0, "Forbid any n-gram of this many target tokens (subwords) from occurring twice in an output (greedy, beam and sampling; the other tokens' probabilities are renormalised, as in CTranslate2); 0 = off.", min=0)
+    protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; the search writes each placeholder of the source exactly once (an output that ends before the length limit has them all; CTranslate2: the best hypothesis of its beam that does); needs a model trained with `data.protect: true`.")
     protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with `protect`).")
     alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (last decoder layer's cross-attention, averaged over heads), as Pharaoh `src-tgt` subword indices.")
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = _f("auto", "Arithmetic of the model's forward passes, chosen when the model loads: `fp32`; `bf16`/`fp16`: autocast (GPU; bf16 also on a CPU with AVX-512 BF16/AMX); `int8`: CPU only, linear layers with int8 weights quantized once at load and PyTorch's dynamic int8 kernel (nmt/precision.py). `auto`: fp32 for PyTorch, the exported weights' type for CTranslate2 (which maps the names onto its compute_type). Combinations a device cannot run fast are refused.")

@@ -22,7 +22,12 @@ Conventions (shared by all searches; `StepRules` applies them at every step):
   `forced_bos_token_id`), then the search continues.
 - no_repeat_ngram N > 0: a token that would complete an N-gram already present in the
   hypothesis (prefix included) is forbidden, so no N-gram occurs twice.
-- A row left with no allowed token may end (EOS keeps its log-probability).
+- Placeholders (`Placeholders`, with --protect): a placeholder token that is not in the
+  sentence's source, or is already in the hypothesis, is forbidden, and EOS is forbidden while
+  one of the source's is missing: an output that ends before the length limit has each of its
+  source's placeholders exactly once.
+- A row left with no allowed token may end (EOS allowed).
+- After a forced prefix, the first free step lets only the best candidate end (beam search).
 - Maximum output length per sentence: `min(floor(a * src_len + b), model.max_positions - 1)`
   tokens (at least 1; at least len(prefix) + 1 with a prefix), src_len = `src_mask.sum(1)`
   (real source tokens, EOS included).
@@ -30,10 +35,14 @@ Conventions (shared by all searches; `StepRules` applies them at every step):
   includes it) or when it reaches the maximum length without EOS (truncated:
   no EOS, nothing added). Either way its **length for the penalty is the
   number of generated tokens including EOS**, i.e. the step t at which it ended.
-- `log_prob` is the sum of fp32 `log_softmax` values (over the full
-  vocabulary, not renormalised after masking or by a temperature);
-  `score = log_prob / lp(length)`. Greedy search and sampling apply no length
-  penalty: their `score == log_prob`.
+- `log_prob` is the sum of fp32 `log_softmax` values, not changed by a temperature. The
+  rules that depend on the hypothesis (min_len, n-gram blocking, placeholders) remove tokens
+  before the softmax, so at a step where they removed some, the values are the model's
+  renormalised over the allowed tokens (CTranslate2's semantics); PAD and the start token are
+  removed after it, and forced prefix tokens keep the model's plain log-probability (0 for the
+  first `free_prefix`). Without
+  such a step, `log_prob` is what `nmt score` gives. `score = log_prob / lp(length)`. Greedy
+  search and sampling apply no length penalty: their `score == log_prob`.
 Sampling (`sample_search`) lives in nmt/sampling.py and uses the same step loop.
 """
 
@@ -159,12 +168,32 @@ def _start(model, src: Tensor, src_mask: Tensor, max_len_a: float, max_len_b: in
     return cls(model, memory, src_mask, max(limits), ops), max_lens
 
 
+@dataclass(frozen=True)
+class Placeholders:
+    """Tokens the output must copy from its source (protected spans, nmt/protect.py): `tokens[k]` are
+    the target ids that write placeholder k (a vocabulary may have several: `<ph_0>`, `▁<ph_0>`),
+    `required[b]` the placeholders in sentence b's source. Each required one must be written
+    exactly once (by any of its tokens); the others never (`StepRules`)."""
+
+    tokens: list[list[int]]
+    required: list[list[int]]
+
+
 class StepRules:
     """What may be generated at each step (module docstring): PAD/start never, EOS not before
-    min_len, the forced prefix, no repeated N-gram. Rows are mapped to their sentence by `sent`."""
+    min_len, the forced prefix, no repeated N-gram, placeholders copied exactly once. Rows are
+    mapped to their sentence by `sent`.
+
+    The rules that depend on the hypothesis (min_len, n-gram blocking, placeholders) remove tokens
+    *before* the softmax: the search's distribution is the model's, renormalised over what they
+    allow (CTranslate2's semantics; without it a hypothesis whose favourite token is blocked looks
+    worse than it is, and beam search drops it for a shorter one). PAD and the start token are
+    removed after it (their probability, ~0 for a trained model, is not redistributed), and a
+    forced prefix token keeps the model's own log-probability (0 for the first `free_prefix` tokens)."""
 
     def __init__(self, device, min_len: int = 0, no_repeat_ngram: int = 0,
-                 prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS, free_prefix: int = 0):
+                 prefixes: Sequence[list[int]] | None = None, specials: Specials = NMT_SPECIALS,
+                 placeholders: Placeholders | None = None, free_prefix: int = 0):
         self.min_len, self.n, self.specials, self.free_prefix = min_len, no_repeat_ngram, specials, free_prefix
         self.banned = torch.tensor(list(specials.never_generated), dtype=torch.long, device=device)
         self.prefix = self.prefix_len = None
@@ -174,32 +203,69 @@ class StepRules:
             self.prefix = torch.tensor([list(p) + [specials.pad] * (self.longest_prefix - len(p)) for p in prefixes],
                                        dtype=torch.long, device=device)  # [B, P]
             self.prefix_len = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=device)  # [B]
+        self.ph_ids = self.ph_of = self.ph_required = self.ph_onehot = None
+        if placeholders is not None and any(placeholders.tokens):
+            P = len(placeholders.tokens)
+            pairs = [(i, k) for k, ids in enumerate(placeholders.tokens) for i in ids]
+            self.ph_ids = torch.tensor([i for i, _ in pairs], dtype=torch.long, device=device)  # [Q] token ids
+            self.ph_of = torch.tensor([k for _, k in pairs], dtype=torch.long, device=device)  # [Q] their placeholder
+            self.ph_required = torch.tensor([[k in set(req) for k in range(P)] for req in placeholders.required],
+                                            dtype=torch.bool, device=device)  # [B, P]
+            self.ph_onehot = F.one_hot(self.ph_of, P).float()  # [Q, P]
+
+    def prefix_lengths(self, sent: Tensor) -> Tensor | None:
+        """len(prefix) of each row's sentence [R], or None without prefixes."""
+        return None if self.prefix_len is None else self.prefix_len.index_select(0, sent)
 
     def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor) -> Tensor:
         """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
         history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence."""
-        logp = F.log_softmax(logits.float(), dim=-1)
+        logits = logits.float()
+        masked = self._apply_rules(logits, t, history, sent)
+        logp = F.log_softmax(masked if masked is not None else logits, dim=-1)
         if self.banned.numel():
             logp.index_fill_(1, self.banned, NEG_INF)
-        EOS = self.specials.eos
-        eos = logp[:, EOS].clone() if self.n else None
-        if t <= self.min_len:
-            logp[:, EOS] = NEG_INF
-        forced = None
         if self.prefix is not None and t <= self.longest_prefix:
             rows = (self.prefix_len.index_select(0, sent) >= t).nonzero().squeeze(1)  # rows still in their prefix
             if rows.numel():
                 token = self.prefix.index_select(0, sent.index_select(0, rows))[:, t - 1]  # [F]
-                forced = (rows, token, logp[rows, token])
-        if self.n and history.shape[1] >= self.n - 1 and _block_repeats(logp, history, self.n):
-            dead = ~torch.isfinite(logp).any(dim=1)  # nothing left to generate: the row may end
-            if bool(dead.any()):
-                logp[dead, EOS] = eos[dead]
-        if forced is not None:
-            rows, token, value = forced
-            logp[rows] = NEG_INF
-            logp[rows, token] = value if t > self.free_prefix else 0.0
+                if t > self.free_prefix:
+                    value = F.log_softmax(logits.index_select(0, rows), dim=-1).gather(1, token[:, None]).squeeze(1)
+                else:
+                    value = 0.0  # a free prefix token (the language token of an imported model) counts 0
+                logp[rows] = NEG_INF
+                logp[rows, token] = value
         return logp
+
+    def _apply_rules(self, logits: Tensor, t: int, history: Tensor, sent: Tensor) -> Tensor | None:
+        """logits with the tokens min_len, n-gram blocking and the placeholders forbid at -inf (a copy),
+        or None when no rule applies at this step. A row left with nothing it may generate may end."""
+        EOS = self.specials.eos
+        blocks_eos, blocks_ngram = t <= self.min_len, bool(self.n) and history.shape[1] >= self.n - 1
+        if not (blocks_eos or blocks_ngram or self.ph_ids is not None):
+            return None
+        masked = logits.clone()
+        if blocks_eos:
+            masked[:, EOS] = NEG_INF
+        if blocks_ngram and not _block_repeats(masked, history, self.n) and not blocks_eos and self.ph_ids is None:
+            return None  # no repeated n-gram to block and no other rule: the plain softmax
+        if self.ph_ids is not None:
+            required = self.ph_required.index_select(0, sent)  # [R, P]
+            used = torch.zeros_like(required)
+            if history.shape[1]:
+                written = (history[:, :, None] == self.ph_ids).any(dim=1)  # [R, Q]: tokens already written
+                used = (written.float() @ self.ph_onehot) > 0  # [R, P]: placeholders already written
+            forbid = (~required | used).index_select(1, self.ph_of)  # [R, Q]
+            masked[:, self.ph_ids] = masked[:, self.ph_ids].masked_fill(forbid, NEG_INF)
+            missing = (required & ~used).any(dim=1)  # [R]: EOS waits for every placeholder
+            masked[:, EOS] = masked[:, EOS].masked_fill(missing, NEG_INF)
+        allowed = torch.isfinite(masked)
+        if self.banned.numel():
+            allowed.index_fill_(1, self.banned, False)
+        dead = ~allowed.any(dim=1)
+        if bool(dead.any()):
+            masked[dead, EOS] = logits[dead, EOS]
+        return masked
 
 
 def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
@@ -228,12 +294,12 @@ def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
                   no_repeat_ngram: int = 0, prefixes: Sequence[list[int]] | None = None,
-                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
+                  placeholders: Placeholders | None = None, use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
                   specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
     (score == log_prob: no length penalty). Finished sentences leave the batch."""
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
-    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, free_prefix)
+    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
     out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
     return [hyps[0] for hyps in out]
 
@@ -289,9 +355,10 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: i
 def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: int = 1,
                 length_penalty: float = 1.0, length_penalty_type: str = "gnmt",
                 max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
-                prefixes: Sequence[list[int]] | None = None,
+                prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[list[Hypothesis]]:
+                specials: Specials = NMT_SPECIALS, free_prefix: int = 0,
+                keep_all: bool = False) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
@@ -300,7 +367,16 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     candidates that do not end, taken from the top 2K (as fairseq and CTranslate2 do: an
     ending candidate does not cost the search a live beam). Early stop: see `_stopped` (with a length penalty the search goes on
     while a live beam can still win, so even K = 1 may return a longer output than greedy
-    search; with `length_penalty_type: none`, K = 1 is greedy search).
+    search; with `length_penalty_type: none`, K = 1 is greedy search). At the first step after a
+    forced prefix only the best candidate may end (CTranslate2's rule: a prefix that already reads
+    as a whole translation would otherwise let the short hypothesis in through the lower beams);
+    an EOS candidate ranked 2..K there leaves its beam slot empty.
+
+    keep_all: every candidate that ends in the top K is kept and no sentence stops before its
+    beams do (nothing is pruned by the length penalty): all its finished hypotheses are returned,
+    best first. Any length penalty can then be applied afterwards, with the result the search
+    would give under it: the live beams never depend on the penalty (nmt/tune.py). (A minimum
+    length cannot: it renormalises the distribution, which moves the live beams.)
     """
     _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type)
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
@@ -309,7 +385,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         return []
     decoder, max_lens = _start(model, src, src_mask, max_len_a, max_len_b, use_cache, ops, prefixes)
     B, device = src.shape[0], src.device
-    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials, free_prefix)
+    rules = StepRules(device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
     best_possible_lp = length_penalty_factor(max_lens.float(), alpha, kind)  # [N] penalty at the maximum length
     sent = torch.arange(B, device=device)  # [N] original index of each active sentence
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty
@@ -326,9 +402,12 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
         alive = top > NEG_INF
         ends = (word == EOS) | (max_lens <= t)[:, None]  # [N, 2K]
+        empty = _after_prefix(rules, sent, t, word, K, EOS)  # [N, 2K] or None: EOS ranked 2..K after a prefix
+        if empty is not None:
+            top, ends = top.masked_fill(empty, NEG_INF), ends & ~empty  # a live slot with no hypothesis
         ended = ends & alive & (torch.arange(2 * K, device=device) < K)  # endings in the top K finish
         score = top / length_penalty_factor(t, alpha, kind)  # [N, 2K] penalised score if the candidate ends now
-        enters = ended & (score > kth_best[:, -1:])  # can still be in the n-best
+        enters = ended if keep_all else ended & (score > kth_best[:, -1:])  # can still be in the n-best
         if bool(enters.any()):
             _collect(finished, enters, sent, history, rows, word, top, score, EOS)
             new = score.masked_fill(~ended, NEG_INF)
@@ -338,7 +417,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         sel = torch.where(live, rank, rank + 2 * K).argsort(dim=1)[:, :K]  # [N, K] the K best live candidates
         scores = top.gather(1, sel).masked_fill(~live.gather(1, sel), NEG_INF)  # [N, K] live beams; -inf = empty
         rows, word = rows.gather(1, sel), word.gather(1, sel)
-        keep = ~_stopped(scores, kth_best, best_possible_lp)  # [N]
+        keep = scores.max(dim=1).values > NEG_INF if keep_all else ~_stopped(scores, kth_best, best_possible_lp)
         if not bool(keep.all()):
             if not bool(keep.any()):
                 break
@@ -348,7 +427,20 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         decoder.reorder(flat)
         history = torch.cat([history.index_select(0, flat), word.reshape(-1, 1)], dim=1)
         tokens = word.reshape(-1)
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+    return [sorted(hyps, key=lambda h: -h.score)[: None if keep_all else nbest] for hyps in finished]
+
+
+def _after_prefix(rules: StepRules, sent: Tensor, t: int, word: Tensor, K: int, eos: int) -> Tensor | None:
+    """[N, 2K]: the EOS candidates ranked 2..K at the first step after a sentence's forced prefix
+    (they leave their beam slot empty: CTranslate2's rule), or None when no sentence is at that step."""
+    plen = rules.prefix_lengths(sent)
+    if plen is None:
+        return None
+    first_free = (plen > 0) & (plen + 1 == t)  # [N]
+    if not bool(first_free.any()):
+        return None
+    rank = torch.arange(word.shape[1], device=word.device)
+    return first_free[:, None] & (word == eos) & (rank >= 1) & (rank < K)
 
 
 def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor) -> Tensor:

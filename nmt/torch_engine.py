@@ -125,6 +125,10 @@ class TorchEngine:
         kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
                   no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops,
                   specials=self.tokenizer.specials, free_prefix=free_prefix(self.tokenizer, prefixes))
+        if decode.protect:  # the search copies each of the source's placeholders exactly once (nmt/search.py)
+            from nmt.protect import required_placeholders
+
+            kw["placeholders"] = required_placeholders(src_ids, self.tokenizer)
         with self._precision():
             if decode.sampling != "none":
                 return sample_search(self.model, src, src_mask, samples=decode.nbest, sampling=decode.sampling,

@@ -60,6 +60,7 @@ from nmt.corpus import EncodedCorpus
 from nmt.data import load_data
 from nmt.device import resolve_torch_device
 from nmt.distributed import DistEnv
+from nmt.ema import EMA
 from nmt.errors import UserError
 from nmt.langid import LanguageIdentifier
 from nmt.logging_utils import RunLogger
@@ -94,6 +95,7 @@ class Training:
     clock: Clock
     valid_sets: tuple = ()  # nmt.data.ValidSet per validation corpus
     langid: LanguageIdentifier | None = None  # rank 0's (validation, checkpoints); nmt/langid.py
+    ema: EMA | None = None  # train.ema_decay: the moving average of the weights (nmt/ema.py)
 
 
 # --------------------------------------------------------------------------- main entry
@@ -154,6 +156,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
         if env.rank:
             torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
     clock.before = state.elapsed
+    ema = _build_ema(cfg, model, saved)
     ddp = dist.wrap_model(env, model, device)
     forward = torch.compile(ddp) if cfg.train.compile else ddp
     log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"
@@ -161,7 +164,18 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
              f"{f'; DDP over {env.world_size} processes' if env.distributed else ''}")
     log.start_progress(cfg.train.max_steps or None, state.step)
     return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, data.valid_lines, model, forward,
-                    optimizer, scheduler, precision, state, clock, data.valid_sets, identifier)
+                    optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema)
+
+
+def _build_ema(cfg: Config, model, saved: dict | None) -> EMA | None:
+    """train.ema_decay's average: from the model's weights, or (resuming a run that kept one) from latest.pt."""
+    if not cfg.train.ema_decay:
+        return None
+    ema = EMA(model, cfg.train.ema_decay)
+    ts = saved["train_state"] if saved is not None else {}
+    if "ema" in ts:
+        ema.load(saved["model"], int(ts["ema"]["updates"]))
+    return ema
 
 
 def _load_latest(run_dir: str) -> dict:
@@ -247,7 +261,7 @@ def _restore(saved: dict, model, optimizer, scheduler, precision: Precision, cfg
              log: RunLogger) -> TrainState:
     """Load the training state of `saved` (latest.pt) into this rank; returns the counters."""
     ts = saved["train_state"]
-    model.load_state_dict(saved["model"])
+    model.load_state_dict(ts.get("raw_model", saved["model"]))  # with train.ema_decay, `model` is the average
     optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
     if precision.scaler is not None and ts.get("scaler"):

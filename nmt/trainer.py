@@ -13,8 +13,10 @@ with the token count and the clock), take an optimizer step (`step`), log, valid
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import os
 import signal
 import threading
 import time
@@ -152,6 +154,8 @@ class Trainer:
             self.save(improved=False, with_step=False)  # no validation: the user wants out
         elif state.last_valid_step != state.step:
             self.validate()
+        if signalled is None and t.tune_decode:
+            self.tune_decode()
         best = f"{state.best:.4g}" if state.best is not None else "none (not validated)"
         self.log.info(f"stopped at step {state.step}, epoch {state.epoch}: {reason}; best {t.metric} {best}")
         return {"step": state.step, "epoch": state.epoch, "best": state.best, "metric": t.metric, "reason": reason,
@@ -232,6 +236,8 @@ class Trainer:
         self.meter.add(res, group, n_tokens)
         if res.updated:
             state.step, state.nan_steps = state.step + 1, 0
+            if tr.ema is not None:
+                tr.ema.update(ckpt.unwrap(tr.model))
             self.log.progress(1)
             return True
         if res.nonfinite_loss or tr.precision.scaler is None:  # (an fp16 overflow is the scaler's business)
@@ -252,8 +258,10 @@ class Trainer:
         state, t, tr, env = self.state, self.t, self.tr, self.env
         shared = None
         if env.is_main:
-            metrics = validate(ckpt.unwrap(tr.model), self.cfg, tr.tokenizer, tr.valid_data, tr.valid_sets,
-                               tr.device, tr.precision, self.log, state.step, tr.langid)
+            model = ckpt.unwrap(tr.model)
+            with tr.ema.applied(model) if tr.ema is not None else contextlib.nullcontext():  # validate the average
+                metrics = validate(model, self.cfg, tr.tokenizer, tr.valid_data, tr.valid_sets,
+                                   tr.device, tr.precision, self.log, state.step, tr.langid)
             value = metrics[t.metric]
             improved = state.best is None or (value > state.best if HIGHER_IS_BETTER[t.metric] else value < state.best)
             if improved:
@@ -273,6 +281,25 @@ class Trainer:
         self.log.flush()
         return t.patience > 0 and state.bad_validations >= t.patience
 
+    def tune_decode(self) -> None:
+        """train.tune_decode: `nmt tune` of best.pt on the validation set, written into best.pt (rank 0;
+        the others wait)."""
+        if self.env.is_main:
+            from nmt.torch_engine import TorchEngine
+            from nmt.tune import apply_to_checkpoint, format_result, tune
+
+            best = os.path.join(self.tr.run_dir, "checkpoints", "best.pt")
+            if os.path.exists(best):
+                metric = "chrf" if self.t.metric == "chrf" else "bleu"
+                src, ref = self.tr.valid_lines
+                self.log.info(f"tuning the decode settings of best.pt on the validation set ({len(src)} lines, "
+                              f"at most {self.t.tune_max_time:g} s)")
+                result = tune(TorchEngine.load(best, str(self.tr.device)), src, ref, metric=metric,
+                              max_time=self.t.tune_max_time, log=lambda m: None)
+                self.log.info(format_result(result, metric))
+                apply_to_checkpoint(best, best, result, metric, "the validation set")
+        self.env.broadcast(None)
+
     def save(self, improved: bool, with_step: bool) -> None:
         """Collective: every rank calls it at the same step (their RNG states are gathered); rank 0 writes."""
         rngs = self.env.gather(ckpt.rng_state())
@@ -287,13 +314,15 @@ class Trainer:
         when distributed)."""
         tr = self.tr
         scaler = tr.precision.scaler
+        model = ckpt.unwrap(tr.model)
+        ema = {} if tr.ema is None else {"raw_model": model.state_dict(), "ema": {"updates": tr.ema.updates}}
         return {
-            "model": ckpt.unwrap(tr.model).state_dict(), "config": to_dict(self.cfg),
+            "model": model.state_dict() if tr.ema is None else tr.ema.state_dict(model), "config": to_dict(self.cfg),
             "tokenizer": tr.tokenizer.to_bytes(),
             "vocab": {"src": tr.tokenizer.src_vocab_size, "tgt": tr.tokenizer.tgt_vocab_size},
             "step": state.step, "epoch": state.epoch, **({"langid": self.langid} if self.langid is not None else {}),
             "train_state": {
                 "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **dataclasses.asdict(state)},
+                "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **ema, **dataclasses.asdict(state)},
         }

@@ -134,3 +134,64 @@ def test_training_with_data_protect_restores_the_spans(tmp_path):
     assert len(hyps) == len(src_lines)
     for src, hyp in zip(src_lines, hyps):  # restored spans are the source's, verbatim
         assert sorted(mask(hyp)[1]) == sorted(mask(src)[1]) or "<ph_" not in hyp
+
+
+def test_injected_placeholders_sit_at_aligned_positions():
+    """data.protect_inject: a pair without spans gets the same placeholders on both sides, on words that
+    occur once, identically, on each side (names, numbers), else at the start or the end; pairs with
+    spans are masked as before; the same pair always gets the same placeholders."""
+    import random as rnd
+
+    src, tgt = "Y Israel fue a Dan con 12 hombres.", "And Israel went to Dan with 12 men."
+    got = mask_pair(src, tgt, inject=1.0)
+    assert got == mask_pair(src, tgt, inject=1.0)
+    ks = re.findall(r"<ph_\d+>", got[0])
+    assert 1 <= len(ks) <= 3 and sorted(ks) == sorted(re.findall(r"<ph_\d+>", got[1]))
+    for ph in ks:  # each placeholder replaced the same word on both sides
+        word = [w for w in ("Israel", "Dan", "12") if w not in got[0]]
+        assert word and all(w not in got[1] for w in word)
+    plain = mask_pair("Y dijo Dios: Sea la luz.", "God said, Let there be light.", inject=1.0)
+    ph = re.findall(r"<ph_\d+>", plain[0])
+    assert len(ph) == 1 and (plain[0].startswith(ph[0]) == plain[1].startswith(ph[0]))
+    assert plain[0].replace(ph[0], "").strip() == "Y dijo Dios: Sea la luz."
+    assert mask_pair("Y dijo Dios.", "God said.", inject=0.0) == ("Y dijo Dios.", "God said.")
+    assert mask_pair("Borrar %s", "Delete %s", inject=1.0) == mask_pair("Borrar %s", "Delete %s")
+    share = sum("<ph_" in mask_pair(f"frase {i}", f"sentence {i + 1000}", inject=0.3)[0] for i in range(2000)) / 2000
+    assert 0.25 < share < 0.35
+    del rnd
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_search_restores_every_span_even_untrained(tmp_path, beam):
+    """--protect constrains the search: an untrained model (which copies nothing) still gives back every
+    span of its source exactly once in every line it ends before the length limit (before issue 25:
+    placeholders were dropped, repeated or invented)."""
+    import torch
+
+    from helpers import make_pairs, make_tiny_checkpoint
+    from nmt.config import decode_config
+    from nmt.layout import EOS_ID
+    from nmt.protect import placeholder_ids
+    from nmt.torch_engine import TorchEngine
+    from nmt.translate import translate_chunk
+
+    engine = TorchEngine.load(make_tiny_checkpoint(str(tmp_path / "tiny.pt"), symbols=PLACEHOLDERS), "cpu", fast=False)
+    old = engine.model.output_proj
+    engine.model.output_proj = torch.nn.Linear(old.in_features, old.out_features)  # biases: outputs end, and
+    with torch.no_grad():  # placeholders (any of them, e.g. "<ph_3>" or "▁<ph_3>") are likely
+        engine.model.output_proj.weight.copy_(old.weight)
+        engine.model.output_proj.bias.zero_()
+        engine.model.output_proj.bias[EOS_ID] = 3.0
+        engine.model.output_proj.bias[list(placeholder_ids(engine.tokenizer)[1])] = 2.0
+    lines = [f"{s} %s" if i % 3 == 0 else f"<b> {s} </b> {{0}}" if i % 3 == 1 else f"{s} &amp; %d"
+             for i, (s, _) in enumerate(make_pairs(30, 21))]  # (spaces: this word model has no "<ph_0>el")
+    decode = decode_config(engine.decode, dict(protect=True, beam_size=beam, max_len_a=2.0, max_len_b=12))
+    results = translate_chunk(engine, lines, decode)
+    free = translate_chunk(engine, lines, decode_config(decode, dict(protect=False)))
+    assert sum(bool(r.protected) for r in free) <= 3  # unconstrained: spans dropped, repeated, invented
+    ended = [r for r in results if r.finished]
+    assert len(ended) >= 10
+    assert all(r.protected for r in ended), [r.text for r in ended if not r.protected]
+    for line, r in zip(lines, results):
+        if r.finished:
+            assert sorted(mask(r.text)[1]) == sorted(mask(line)[1])

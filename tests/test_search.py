@@ -46,10 +46,19 @@ def enumerate_outputs(max_len: int, min_len: int):
         yield list(toks), False
 
 
-def fake_score(model: FakeModel, src: tuple, tokens: list[int], eos: bool, alpha: float, kind: str):
+def step_log_probs(model: FakeModel, src: tuple, prefix: tuple, min_len: int = 0) -> torch.Tensor:
+    """The search's distribution for the token after `prefix` (BOS first): the model's, renormalised
+    without EOS while the output is shorter than min_len (the rule removes EOS before the softmax)."""
+    logits = model.logits(src, prefix).clone()
+    if len(prefix) <= min_len:  # generating token t = len(prefix) <= min_len
+        logits[EOS_ID] = float("-inf")
+    return torch.log_softmax(logits, dim=-1)
+
+
+def fake_score(model: FakeModel, src: tuple, tokens: list[int], eos: bool, alpha: float, kind: str, min_len: int = 0):
     """(score, log_prob) of one output from the table directly."""
     seq = [BOS_ID] + tokens + ([EOS_ID] if eos else [])
-    lp = sum(float(model.log_probs(src, tuple(seq[: i + 1]))[seq[i + 1]]) for i in range(len(seq) - 1))
+    lp = sum(float(step_log_probs(model, src, tuple(seq[: i + 1]), min_len)[seq[i + 1]]) for i in range(len(seq) - 1))
     return lp / penalty(len(seq) - 1, alpha, kind), lp
 
 
@@ -62,7 +71,7 @@ def reference_beam(model: FakeModel, src: tuple, K: int, max_len: int, min_len: 
     for t in range(1, max_len + 1):
         cands = []
         for prefix, lp in beams:
-            logp = model.log_probs(src, prefix)
+            logp = step_log_probs(model, src, prefix, min_len)
             for w in range(V):
                 if w in (PAD_ID, BOS_ID) or (w == EOS_ID and t <= min_len):
                     continue
@@ -96,13 +105,14 @@ def test_fake_exhaustive_beam_equals_brute_force(kind, alpha):
                       length_penalty_type=kind, max_len_a=0.0, max_len_b=max_len, min_len=min_len)
     for i, hyps in enumerate(out):
         s = FakeModel._src(src[i])
-        ref = sorted((fake_score(model, s, toks, eos, alpha, kind)[0] for toks, eos in enumerate_outputs(max_len, min_len)),
-                     reverse=True)
+        ref = sorted((fake_score(model, s, toks, eos, alpha, kind, min_len)[0]
+                      for toks, eos in enumerate_outputs(max_len, min_len)), reverse=True)
         assert len(hyps) == nbest
         for rank, h in enumerate(hyps):
             assert h.score == pytest.approx(ref[rank], abs=1e-4)
             eos = len(h.tokens) < max_len
-            assert (h.score, h.log_prob) == pytest.approx(fake_score(model, s, h.tokens, eos, alpha, kind), abs=1e-4)
+            assert (h.score, h.log_prob) == pytest.approx(fake_score(model, s, h.tokens, eos, alpha, kind, min_len),
+                                                          abs=1e-4)
 
 
 @pytest.mark.parametrize("kind,alpha", PENALTIES)
@@ -152,10 +162,8 @@ def test_fake_greedy_is_argmax_chain():
         s, seq, lp = FakeModel._src(src[i]), [BOS_ID], 0.0
         max_len = len(s) + 2
         while len(seq) - 1 < max_len:
-            logp = model.log_probs(s, tuple(seq)).clone()
+            logp = step_log_probs(model, s, tuple(seq), min_len=1).clone()  # EOS renormalised away at step 1
             logp[[PAD_ID, BOS_ID]] = -math.inf
-            if len(seq) <= 1:  # step 1 <= min_len
-                logp[EOS_ID] = -math.inf
             seq.append(int(logp.argmax()))
             lp += float(logp[seq[-1]])
             if seq[-1] == EOS_ID:

@@ -1,0 +1,362 @@
+"""`nmt tune`: choose a model's decode settings on a dev set, within a time budget.
+
+    nmt tune --checkpoint CK --src dev.es --ref dev.en [-o TUNED.pt | --in-place] [--max-time 600] [--metric bleu|chrf]
+
+What is searched: the beam size (greedy, 5), n-gram blocking (off, 3, 4, 6), and for beam search
+the length penalty (gnmt and average, alpha 0.5 ... 2.0 in steps of 0.1, and none). Outputs that loop (a word
+3-gram 3+ times: nmt/degeneration.py) may be at most `max_loops` of the lines (default 2%):
+BLEU barely notices a loop, a reader does.
+
+How: the penalty costs nothing to try. Beam search's live beams never depend on the length
+penalty (they are the K best candidates by log-probability), so one search that keeps every
+hypothesis it finishes (`beam_search(keep_all=True)`) gives, for every penalty at once, the
+output the search would return under it: rank its finished hypotheses by that penalty. So each
+(beam size, n-gram) pair, an "arm", is decoded once per line and all penalties are scored from it.
+The arms are then raced by successive halving (Jamieson and Talwalkar, 2016): all arms decode the
+first 100 lines of a fixed shuffle of the dev set; the better half (by the metric of its best
+penalty, loops within the limit) decodes the next lines up to 200, and so on, doubling, until one
+arm has the whole dev set or the time budget would run out (the next round's time is estimated
+from the measured speed of each arm; the first round always runs). The chosen setting is the best
+one on the largest set of lines its arm decoded; the table printed shows each arm's best setting
+per round and, for the winner, every penalty on its last round.
+
+Scores are sacreBLEU's (corpus BLEU or chrF), computed from per-line sufficient statistics so
+that each setting costs a sum. Settings are chosen on the dev set only.
+
+The result is written into the `decode` section of a copy of the checkpoint (`-o`), or of the
+checkpoint itself (`--in-place`, atomically: a temporary file renamed over it); everything else
+in the checkpoint (weights, tokenizer, training state) is written back unchanged, and the
+checkpoint gets a `tuned` record (settings, metric, lines, the table). `train.tune_decode`
+runs it on the validation set at the end of training, on best.pt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from nmt import protect, textio
+from nmt.config import DecodeConfig, decode_config, to_dict
+from nmt.degeneration import loops
+from nmt.errors import UserError
+
+BEAMS = (1, 5)
+NGRAMS = (0, 3, 4, 6)
+PENALTIES = tuple((kind, a / 10) for kind in ("gnmt", "average") for a in range(5, 21)) + (("none", 0.0),)
+FIRST_ROUND_LINES = 100
+MAX_LOOPS = 0.02
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the search space: the decode keys it sets."""
+
+    beam_size: int
+    no_repeat_ngram: int
+    length_penalty_type: str = "none"
+    length_penalty: float = 0.0
+
+    def keys(self) -> dict:
+        keys = {"beam_size": self.beam_size, "no_repeat_ngram": self.no_repeat_ngram}
+        if self.beam_size > 1:
+            keys.update(length_penalty_type=self.length_penalty_type, length_penalty=self.length_penalty)
+        return keys
+
+    def label(self) -> str:
+        if self.beam_size == 1:
+            return f"greedy, no-repeat {self.no_repeat_ngram}"
+        pen = "none" if self.length_penalty_type == "none" else f"{self.length_penalty_type} {self.length_penalty:.1f}"
+        return f"beam {self.beam_size}, {pen}, no-repeat {self.no_repeat_ngram}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a setting scored on the first `lines` lines of the shuffled dev set."""
+
+    round: int
+    lines: int
+    setting: Setting
+    score: float
+    bp: float | None
+    ratio: float | None
+    loops: float
+
+    def as_dict(self) -> dict:
+        return {"round": self.round, "lines": self.lines, **self.setting.keys(), "score": self.score, "bp": self.bp,
+                "ratio": self.ratio, "loops": self.loops}
+
+
+# --------------------------------------------------------------------------- scoring
+
+class Scorer:
+    """Corpus scores of any choice of one hypothesis text per line, from cached per-line statistics."""
+
+    def __init__(self, refs: Sequence[str], metric: str):
+        from sacrebleu.metrics import BLEU, CHRF
+
+        self.refs, self.name = list(refs), metric
+        self.metric = BLEU() if metric == "bleu" else CHRF()
+        self._stats: dict[tuple[int, str], list] = {}
+        self._loops: dict[str, bool] = {}
+        self._split = BLEU().tokenizer
+
+    def _fill(self, pairs: list[tuple[int, str]]) -> None:
+        todo = [p for p in dict.fromkeys(pairs) if p not in self._stats]
+        if todo:
+            stats = self.metric._extract_corpus_statistics([h for _, h in todo], [[self.refs[i] for i, _ in todo]])
+            self._stats.update(zip(todo, stats))
+        for _, h in todo:
+            if h not in self._loops:
+                self._loops[h] = loops(self._split(h.rstrip()).split())
+
+    def score(self, lines: Sequence[int], texts: Sequence[str]) -> tuple[float, float | None, float | None, float]:
+        """(metric, BP, length ratio, share of looping lines) of texts[k] as the output of line lines[k]."""
+        pairs = list(zip(lines, texts))
+        self._fill(pairs)
+        total = [sum(col) for col in zip(*(self._stats[p] for p in pairs))]
+        result = self.metric._compute_score_from_stats(total)
+        bp = float(result.bp) if self.name == "bleu" else None
+        ratio = float(result.ratio) if self.name == "bleu" else None
+        return float(result.score), bp, ratio, sum(self._loops[t] for t in texts) / max(len(texts), 1)
+
+
+# --------------------------------------------------------------------------- decoding
+
+class Decoder:
+    """Decodes dev lines with a TorchEngine: greedy outputs, or every finished beam hypothesis."""
+
+    def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig):
+        from nmt.languages import free_prefix, target_prefix
+        from nmt.translate import check_protect, encode_sources
+
+        self.engine, self.decode = engine, decode
+        lines, self.spans = list(src_lines), [[] for _ in src_lines]
+        if decode.protect:
+            check_protect(engine.tokenizer)
+            masked = [protect.mask(x, decode.protect_pattern) for x in lines]
+            lines, self.spans = [m for m, _ in masked], [s for _, s in masked]
+        self.src_ids, _ = encode_sources(engine, lines)
+        self.lang = target_prefix(engine.tokenizer, decode.tgt_lang)
+        self.free = free_prefix(engine.tokenizer, [self.lang]) if self.lang else 0  # imported M2M100/NLLB: 1
+        self._texts: dict[tuple, str] = {}
+
+    def run(self, arm: tuple[int, int], lines: list[int]) -> dict[int, list[tuple]]:
+        """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines."""
+        from nmt.batching import run_engine
+        from nmt.layout import source_tensors
+        from nmt.search import beam_search, greedy_search
+
+        beam, ngram = arm
+        todo = [i for i in lines if self.src_ids[i]]
+        out: dict[int, list[tuple]] = {i: [((), 0.0, 1, True)] for i in lines if not self.src_ids[i]}
+        engine, d = self.engine, self.decode
+        kw = dict(max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len, no_repeat_ngram=ngram,
+                  ops=engine.ops, specials=engine.tokenizer.specials, free_prefix=self.free)
+
+        def search(batch: list[int]) -> list[list]:
+            ids = [self.src_ids[todo[j]] for j in batch]
+            src, mask = source_tensors(ids, engine.tokenizer.specials, engine.torch_device)
+            extra = dict(prefixes=[list(self.lang)] * len(ids)) if self.lang else {}
+            if d.protect:
+                extra["placeholders"] = protect.required_placeholders(ids, engine.tokenizer)
+            with engine._precision():  # the engine's autocast (bf16/fp16), entered in this thread
+                if beam == 1:
+                    return [[h] for h in greedy_search(engine.model, src, mask, **kw, **extra)]
+                return beam_search(engine.model, src, mask, beam_size=beam, keep_all=True, **kw, **extra)
+
+        for batch, nbests in run_engine(engine, search, [len(self.src_ids[i]) + 1 for i in todo], d):
+            for j, hyps in zip(batch, nbests):
+                out[todo[j]] = [(tuple(h.tokens), h.log_prob, len(h.tokens) + h.finished, h.finished) for h in hyps]
+        return out
+
+    def texts(self, line: int, hyps: Sequence[tuple]) -> list[str]:
+        """Detokenized outputs (protected spans restored), cached."""
+        todo = [h[0] for h in hyps if (line, h[0]) not in self._texts]
+        if todo:
+            for tokens, text in zip(todo, self.engine.tokenizer.decode_tgt([list(t) for t in todo])):
+                if self.spans[line]:
+                    text = protect.restore(text, self.spans[line]).text
+                self._texts[(line, tokens)] = textio.one_line(text)
+        return [self._texts[(line, h[0])] for h in hyps]
+
+
+def pick(hyps: Sequence[tuple], setting: Setting) -> tuple:
+    """The hypothesis beam search returns under `setting`'s length penalty (greedy: the one there is)."""
+    from nmt.search import length_penalty_factor
+
+    if setting.beam_size == 1:
+        return hyps[0]
+    return max(hyps, key=lambda h: h[1] / length_penalty_factor(h[2], setting.length_penalty,
+                                                                   setting.length_penalty_type))
+
+
+# --------------------------------------------------------------------------- the race
+
+@dataclass
+class TuneResult:
+    best: Setting
+    row: Row
+    table: list[Row]
+    lines: int
+    seconds: float
+    baseline: Row | None = None  # the checkpoint's own settings, where the search space holds them
+
+
+class Race:
+    """Successive halving over the arms (module docstring)."""
+
+    def __init__(self, decoder: Decoder, scorer: Scorer, n_lines: int, max_time: float, max_loops: float,
+                 log: Callable[[str], None], seed: int = 1):
+        self.decoder, self.scorer, self.max_time, self.max_loops, self.log = decoder, scorer, max_time, max_loops, log
+        self.order = list(range(n_lines))
+        random.Random(seed).shuffle(self.order)
+        self.outputs: dict[tuple[int, int], dict[int, list[tuple]]] = {}
+        self.rate: dict[tuple[int, int], float] = {}  # seconds per line
+        self.table: list[Row] = []
+
+    def settings(self, arm: tuple[int, int]) -> list[Setting]:
+        beam, ngram = arm
+        if beam == 1:
+            return [Setting(1, ngram)]
+        return [Setting(beam, ngram, kind, alpha) for kind, alpha in PENALTIES]
+
+    def evaluate(self, arm: tuple[int, int], size: int, round_: int) -> list[Row]:
+        lines = self.order[:size]
+        out = self.outputs[arm]
+        rows = []
+        for s in self.settings(arm):
+            texts = [self.decoder.texts(i, [pick(out[i], s)])[0] for i in lines]
+            score, bp, ratio, loop = self.scorer.score(lines, texts)
+            rows.append(Row(round_, size, s, score, bp, ratio, loop))
+        return rows
+
+    def best(self, rows: Sequence[Row]) -> Row:
+        """The highest score among rows within the loop limit (else the fewest loops)."""
+        ok = [r for r in rows if r.loops <= self.max_loops]
+        return max(ok, key=lambda r: r.score) if ok else min(rows, key=lambda r: (r.loops, -r.score))
+
+    def run(self, arms: Sequence[tuple[int, int]]) -> tuple[Row, list[Row]]:
+        """(the chosen row, every row of the winner's last round)."""
+        t0, n = time.perf_counter(), len(self.order)
+        arms, size, round_ = list(arms), min(FIRST_ROUND_LINES, n), 1
+        last: dict[tuple[int, int], list[Row]] = {}
+        while True:
+            if round_ > 1:
+                need = sum(self.rate[a] * (size - len(self.outputs[a])) for a in arms)
+                if time.perf_counter() - t0 + need > self.max_time:
+                    self.log(f"tune: stopping before round {round_} ({size} lines): about {need:.0f} s more would "
+                             f"pass the {self.max_time:g} s budget")
+                    break
+            for arm in arms:
+                done = self.outputs.setdefault(arm, {})
+                new = [i for i in self.order[:size] if i not in done]
+                t = time.perf_counter()
+                done.update(self.decoder.run(arm, new))
+                self.rate[arm] = (time.perf_counter() - t) / max(len(new), 1)
+            scored = {arm: self.evaluate(arm, size, round_) for arm in arms}
+            last = scored
+            for arm in arms:
+                row = self.best(scored[arm])
+                self.table.append(row)
+                self.log(_format_row(row))
+            ranked = sorted(arms, key=lambda a: _rank_key(self.best(scored[a]), self.max_loops))
+            if size >= n and len(arms) == 1:
+                break
+            arms = ranked[: max(1, math.ceil(len(arms) / 2))]
+            size, round_ = min(2 * size, n), round_ + 1
+        winner = min(last, key=lambda a: _rank_key(self.best(last[a]), self.max_loops))
+        return self.best(last[winner]), last[winner]
+
+
+def _rank_key(row: Row, max_loops: float) -> tuple:
+    """Sort key, best first: rows within the loop limit by score, then the others by loops."""
+    return (0, -row.score) if row.loops <= max_loops else (1, row.loops, -row.score)
+
+
+def _format_row(row: Row) -> str:
+    bp = f"  BP {row.bp:.3f}  ratio {row.ratio:.3f}" if row.bp is not None else ""
+    return (f"round {row.round}  {row.lines:>5} lines  {row.setting.label():<36}  score {row.score:6.2f}{bp}  "
+            f"loops {100 * row.loops:4.1f}%")
+
+
+# --------------------------------------------------------------------------- entry points
+
+def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: str = "bleu", max_time: float = 600.0,
+         max_loops: float = MAX_LOOPS, beams: Sequence[int] = BEAMS, ngrams: Sequence[int] = NGRAMS,
+         log: Callable[[str], None] = print) -> TuneResult:
+    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring)."""
+    if metric not in ("bleu", "chrf"):
+        raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
+    if len(src_lines) != len(ref_lines):
+        raise UserError(f"line counts differ: {len(src_lines)} source lines but {len(ref_lines)} references")
+    if not src_lines:
+        raise UserError("nothing to tune on: the dev set is empty")
+    t0 = time.perf_counter()
+    decode = dataclasses.replace(engine.decode, nbest=1, sampling="none", alignment=False)
+    race = Race(Decoder(engine, src_lines, decode), Scorer(ref_lines, metric), len(src_lines), max_time, max_loops, log)
+    arms = [(b, n) for b in beams for n in ngrams]
+    best, final = race.run(arms)
+    own = Setting(decode.beam_size, decode.no_repeat_ngram, decode.length_penalty_type, decode.length_penalty)
+    baseline = next((r for r in final if r.setting.keys() == own.keys()), None)
+    return TuneResult(best.setting, best, race.table + final, best.lines, time.perf_counter() - t0, baseline)
+
+
+def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str, src: str) -> None:
+    """Write `result`'s settings into the decode section of the checkpoint at `path`, saved to `output`
+    (atomically; `output` may be `path`). Everything else is written back as it was read."""
+    from nmt import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(path)
+    state.pop("format", None)
+    state.pop("version", None)
+    config = dict(state["config"])
+    config["decode"] = to_dict(decode_config(config.get("decode", {}), result.best.keys()))
+    state["config"] = config
+    state["tuned"] = {"settings": result.best.keys(), "metric": metric, "score": result.row.score, "dev": src,
+                      "lines": result.lines, "seconds": round(result.seconds, 1),
+                      "table": [r.as_dict() for r in result.table]}
+    ckpt.save_checkpoint(state, output)
+
+
+def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
+                 max_time: float = 600.0, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
+                 quiet: bool = False) -> int:
+    """`nmt tune` (module docstring). Returns 0."""
+    import sys
+
+    from nmt.torch_engine import TorchEngine
+
+    if output is not None and in_place:
+        raise UserError("give -o FILE or --in-place, not both")
+    if max_time <= 0:
+        raise UserError(f"--max-time must be > 0 seconds, got {max_time:g}")
+    if not 0 <= max_loops <= 1:
+        raise UserError(f"--max-loops is a share of the lines, between 0 and 1; got {max_loops:g}")
+    outputs = {"--output": output} if output is not None else {}
+    textio.check_paths({"--checkpoint": checkpoint, "--src": src, "--ref": ref}, outputs)
+    src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
+    engine = TorchEngine.load(checkpoint, device)
+    log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    result = tune(engine, src_lines, ref_lines, metric=metric, max_time=max_time, max_loops=max_loops, log=log)
+    print(format_result(result, metric), flush=True)
+    target = checkpoint if in_place else output
+    if target is not None:
+        apply_to_checkpoint(checkpoint, target, result, metric, src)
+        print(f"tune: wrote decode settings {result.best.keys()} into {target}", file=sys.stderr, flush=True)
+    return 0
+
+
+def format_result(result: TuneResult, metric: str) -> str:
+    """The table of the winner's last round (every penalty) and the choice."""
+    name = "BLEU" if metric == "bleu" else "chrF2"
+    lines = [f"tune: explored (best setting of each arm per round, then every penalty of the chosen arm on its "
+             f"{result.lines} lines); {name}:"]
+    lines += [_format_row(r) for r in result.table]
+    own = f"; the checkpoint's settings: {result.baseline.score:.2f}" if result.baseline is not None else ""
+    lines.append(f"tune: chose {result.best.label()} ({name} {result.row.score:.2f} on {result.lines} dev lines"
+                 f"{own}) in {result.seconds:.0f} s")
+    return "\n".join(lines)

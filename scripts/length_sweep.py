@@ -1,0 +1,81 @@
+"""Output length against training: greedy and beam length ratios, and where the model puts EOS.
+
+    python scripts/length_sweep.py --checkpoint A.pt B.pt ... --src data/bible-es-en/dev.es.gz \
+        --ref data/bible-es-en/dev.en.gz [--lines 500] [--json OUT]
+
+For each checkpoint (e.g. the same run at several steps): BLEU, BP and hyp/ref length ratio of
+greedy search and of beam 5 under several length penalties, with and without 3-gram blocking
+(every penalty from one `keep_all` beam search per blocking setting, as `nmt tune` scores them:
+nmt/tune.py), and the EOS statistics of scripts/length_report.py (teacher-forced along the
+references). The first `--lines` lines of the dev set (all with 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+SETTINGS = [("greedy", 1, "none", 0.0), ("beam 5 none", 5, "none", 0.0), ("beam 5 gnmt 1.0", 5, "gnmt", 1.0),
+            ("beam 5 average 1.0", 5, "average", 1.0), ("beam 5 average 1.2", 5, "average", 1.2)]
+
+
+def sweep(path: str, src: list[str], ref: list[str]) -> dict:
+    from length_report import eos_statistics
+
+    from nmt.torch_engine import TorchEngine
+    from nmt.tune import Decoder, Scorer, Setting, pick
+
+    engine = TorchEngine.load(path, "cpu")
+    decode = engine.decode
+    decoder, scorer = Decoder(engine, src, decode), Scorer(ref, "bleu")
+    lines = list(range(len(src)))
+    out: dict = {"step": None}
+    for ngram in (0, 3):
+        runs = {beam: decoder.run((beam, ngram), lines) for beam in (1, 5)}
+        for name, beam, kind, alpha in SETTINGS:
+            setting = Setting(beam, ngram, kind, alpha)
+            texts = [decoder.texts(i, [pick(runs[beam][i], setting)])[0] for i in lines]
+            bleu, bp, ratio, loops = scorer.score(lines, texts)
+            out[f"{name}, no-repeat {ngram}"] = {"bleu": bleu, "bp": bp, "ratio": ratio, "loops": loops}
+    out["eos"] = eos_statistics(TorchEngine.load(path, "cpu", fast=False), src, ref)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, nargs="+")
+    ap.add_argument("--src", required=True)
+    ap.add_argument("--ref", required=True)
+    ap.add_argument("--lines", type=int, default=0)
+    ap.add_argument("--json", metavar="OUT")
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(__file__))
+    from nmt.checkpoint import load_checkpoint
+    from nmt.textio import read_lines
+
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    if args.lines:
+        src, ref = src[: args.lines], ref[: args.lines]
+    results = {}
+    for path in args.checkpoint:
+        res = sweep(path, src, ref)
+        res["step"] = load_checkpoint(path, mmap=True).get("step")
+        results[path] = res
+        print(f"{path} (step {res['step']}):", flush=True)
+        for key, v in res.items():
+            if key not in ("step", "eos"):
+                print(f"  {key:<32} BLEU {v['bleu']:6.2f}  BP {v['bp']:.3f}  ratio {v['ratio']:.3f}  "
+                      f"loops {100 * v['loops']:4.1f}%", flush=True)
+        print("  EOS: " + ", ".join(f"{k} {v:.4g}" for k, v in res["eos"].items()), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

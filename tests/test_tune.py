@@ -1,0 +1,127 @@
+"""nmt tune: the settings it scores are what the search gives under them, it writes only the decode
+section (and its record), atomically in place, and train.tune_decode tunes best.pt."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt import checkpoint as ckpt
+from nmt.config import config_from_dict, decode_config
+from nmt.errors import UserError
+from nmt.evaluate import corpus_metrics
+from nmt.textio import read_lines
+from nmt.train import train
+
+from helpers import tiny_config_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(checkpoint, dev src, dev ref) of the synthetic task trained briefly (imperfect outputs: the
+    settings matter)."""
+    d = tmp_path_factory.mktemp("tune")
+    raw = tiny_config_dict(str(d), max_steps=80, valid_every=1000, valid_bleu=False, metric="loss")
+    cfg = config_from_dict(raw)
+    train(cfg, quiet=True)
+    return os.path.join(cfg.run_dir, "checkpoints", "latest.pt"), raw["data"]["valid"]["src"], raw["data"]["valid"]["tgt"]
+
+
+def test_every_scored_setting_is_what_the_search_gives(trained):
+    """The race scores each penalty from one keep_all search per arm: the score of a setting must
+    equal translating the same lines with that setting and scoring them with sacreBLEU."""
+    from nmt.torch_engine import TorchEngine
+    from nmt.translate import translate_lines
+    from nmt.tune import Race, tune
+
+    checkpoint, src, ref = trained
+    engine = TorchEngine.load(checkpoint, "cpu")
+    src_lines, ref_lines = read_lines(src), read_lines(ref)
+    result = tune(engine, src_lines, ref_lines, max_time=600, log=lambda m: None, beams=(1, 3), ngrams=(0, 2))
+    assert result.lines == len(src_lines)  # the budget let the race reach the whole dev set
+    final = [r for r in result.table if r.lines == len(src_lines) and r.round == max(x.round for x in result.table)]
+    order = list(range(len(src_lines)))
+    import random
+
+    random.Random(1).shuffle(order)  # the race's fixed shuffle (its rows are over order[:lines])
+    assert Race.__init__.__defaults__ == (1,)
+    for row in final[:: max(1, len(final) // 6)] + [result.row]:
+        decode = decode_config(engine.decode, {**row.setting.keys(), "min_len": 0})
+        lines = [src_lines[i] for i in order[: row.lines]]
+        hyps = translate_lines(engine, lines, decode)
+        want = corpus_metrics(hyps, [ref_lines[i] for i in order[: row.lines]], ("bleu",))["bleu"]
+        assert row.score == pytest.approx(want["score"], abs=1e-9), row.setting
+        assert row.bp == pytest.approx(want["bp"]) and row.ratio == pytest.approx(want["ratio"])
+    assert result.row.score == max(r.score for r in final if r.loops <= 0.02)
+
+
+def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
+    from nmt.tune import tune_command
+
+    checkpoint, src, ref = trained
+    out = str(tmp_path / "tuned.pt")
+    assert tune_command(checkpoint, src, ref, output=out, max_time=30, device="cpu", quiet=True) == 0
+    printed = capsys.readouterr().out
+    assert "tune: chose" in printed and "round 1" in printed
+    before, after = ckpt.load_checkpoint(checkpoint), ckpt.load_checkpoint(out)
+    chosen = after["tuned"]["settings"]
+    assert {k: after["config"]["decode"][k] for k in chosen} == chosen
+    assert {k: v for k, v in after["config"]["decode"].items() if k not in chosen} == \
+        {k: v for k, v in before["config"]["decode"].items() if k not in chosen}
+    assert {k: v for k, v in after["config"].items() if k != "decode"} == \
+        {k: v for k, v in before["config"].items() if k != "decode"}
+    assert set(after) == set(before) | {"tuned"}
+    for k, v in before["model"].items():
+        assert torch.equal(after["model"][k], v)
+    assert after["tokenizer"] == before["tokenizer"] and after["step"] == before["step"]
+    a, b = before["train_state"]["optimizer"]["state"], after["train_state"]["optimizer"]["state"]
+    assert all(torch.equal(a[i]["exp_avg"], b[i]["exp_avg"]) for i in a)
+    # in place: the same result, atomically (a new file renamed over the old one)
+    copy = str(tmp_path / "copy.pt")
+    with open(checkpoint, "rb") as f, open(copy, "wb") as g:
+        g.write(f.read())
+    inode = os.stat(copy).st_ino
+    assert tune_command(copy, src, ref, in_place=True, max_time=30, device="cpu", quiet=True) == 0
+    assert ckpt.load_checkpoint(copy)["config"]["decode"] == after["config"]["decode"]
+    assert os.stat(copy).st_ino != inode
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
+
+
+def test_errors_are_one_line(trained, tmp_path):
+    from nmt.tune import tune_command
+
+    checkpoint, src, ref = trained
+    with pytest.raises(UserError, match="not both"):
+        tune_command(checkpoint, src, ref, output=str(tmp_path / "x.pt"), in_place=True)
+    short = tmp_path / "short.en"
+    short.write_text("one line\n", encoding="utf-8")
+    with pytest.raises(UserError, match="line counts differ"):
+        tune_command(checkpoint, src, str(short), max_time=5, device="cpu", quiet=True)
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "nmt", "tune", "-c", checkpoint, "--src", src, "--ref", ref,
+                        "--metric", "ter"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = subprocess.run([sys.executable, "-m", "nmt", "tune", "-c", str(tmp_path / "missing.pt"), "--src", src, "--ref",
+                        ref], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_train_tune_decode_tunes_best_pt(tmp_path):
+    raw = tiny_config_dict(str(tmp_path), max_steps=40, warmup_steps=20, valid_every=1000, valid_bleu=False,
+                           metric="loss", tune_decode=True, tune_max_time=20)
+    cfg = config_from_dict(raw)
+    train(cfg, quiet=True)
+    best = ckpt.load_checkpoint(os.path.join(cfg.run_dir, "checkpoints", "best.pt"))
+    latest = ckpt.load_checkpoint(os.path.join(cfg.run_dir, "checkpoints", "latest.pt"))
+    assert best["tuned"]["dev"] == "the validation set" and best["tuned"]["lines"] >= 100
+    assert {k: best["config"]["decode"][k] for k in best["tuned"]["settings"]} == best["tuned"]["settings"]
+    assert "tuned" not in latest  # best.pt alone is rewritten (it was a hard link of latest.pt)
+    log = open(os.path.join(cfg.run_dir, "train.log"), encoding="utf-8").read()
+    assert "tuning the decode settings of best.pt" in log and "tune: chose" in log
