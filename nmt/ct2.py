@@ -25,6 +25,12 @@ Search settings follow nmt.search exactly; what CTranslate2 cannot do the same w
   the same live beams (the K best candidates that do not end, refilled from the top 2K), so the
   best is the same. Without a penalty both stop when the best candidate ends; for an n-best list
   CTranslate2 is given a negligible penalty (`NO_EARLY_EXIT`) and searches to the end too.
+  `decode.patience` > 0 is CTranslate2's own rule in both engines (nmt.search stops a sentence
+  after round(beam_size * patience) finished candidates, as CTranslate2 does): it is passed on
+  as is (with no penalty, as the negligible one: else CTranslate2 would ignore it), and the
+  finished hypotheses it returns are ranked here. CTranslate2 returns at most that many: when
+  more finish at the last step it keeps those best under `length ** alpha`, which is nmt's
+  `average` ranking but not `gnmt`'s, so patience with the gnmt penalty is refused.
 - Prefixes: CTranslate2 forces them and scores only what follows; the prefix's own
   log-probability is added from `score_batch` (less its first `nmt.languages.free_prefix` tokens,
   which count 0 as in nmt.search: an imported M2M100/NLLB model's language token). Right after a prefix, only the best candidate may
@@ -50,7 +56,7 @@ from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.languages import free_prefix
 from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.protect import PLACEHOLDERS
-from nmt.search import Hypothesis, length_penalty_factor, max_output_lengths
+from nmt.search import Hypothesis, length_penalty_factor, max_finished, max_output_lengths
 from nmt.tokenizer import Tokenizer
 
 NO_EARLY_EXIT = 1e-6  # a length penalty that changes no ranking but turns off CTranslate2's early exit
@@ -133,6 +139,10 @@ class Ct2Engine:
             raise UserError("--sampling is not supported by the ctranslate2 engine: CTranslate2 draws its own random "
                             "numbers, so its samples cannot match the PyTorch engine's (translate with the checkpoint "
                             "and --engine torch)")
+        if decode.patience and decode.beam_size > 1 and decode.length_penalty_type == "gnmt" and decode.length_penalty:
+            raise UserError("--patience with the gnmt length penalty is not supported by the ctranslate2 engine: "
+                            "CTranslate2 keeps the hypotheses it stops with by length ** alpha (use "
+                            "--length-penalty-type average, --patience 0, or --engine torch)")
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
                      prefixes: Sequence[list[int]] | None = None) -> list[list[Hypothesis]]:
@@ -178,15 +188,17 @@ class Ct2Engine:
         K = decode.beam_size
         alpha, kind = decode.length_penalty, decode.length_penalty_type
         ct2_alpha = 0.0 if K == 1 or kind == "none" or alpha == 0 else alpha
-        if K > 1 and not ct2_alpha and decode.nbest > 1:  # CTranslate2 would stop when the best beam ends, nmt
+        if K > 1 and not ct2_alpha and (decode.nbest > 1 or decode.patience):  # CTranslate2 would stop when the best beam ends, nmt
             ct2_alpha = NO_EARLY_EXIT  # when the nbest-th can no longer be beaten: search to the end instead
         # with a penalty, CTranslate2 stops a sentence after beam_size * patience finished hypotheses: at
-        # most K finish per step, so patience = limit never stops it early, and it returns them all
-        patience = float(limit) if ct2_alpha else 1.0
+        # most K finish per step, so patience = limit never stops it early, and it returns them all;
+        # decode.patience > 0 is that same rule in nmt.search (which may stop sooner, only where its
+        # exact bound shows that nothing better can come)
+        patience = (decode.patience or float(limit)) if ct2_alpha else 1.0
         every = ct2_alpha or (decode.protect and K > 1)  # all finished hypotheses, ranked here
         results = self.translator.translate_batch(
             pieces, prefix, max_batch_size=0, beam_size=K, patience=patience,
-            num_hypotheses=round(K * patience) if ct2_alpha else K if every else decode.nbest,
+            num_hypotheses=max_finished(K, patience) if ct2_alpha else K if every else decode.nbest,
             length_penalty=ct2_alpha, return_scores=True, return_end_token=True,
             max_decoding_length=limit, min_decoding_length=min(decode.min_len, limit),  # CTranslate2 wants min <= max
             max_input_length=0, suppress_sequences=self.suppress if suppress else None,

@@ -85,9 +85,11 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     - min_length m (counts the start) -> min_len m - 1; no_repeat_ngram_size -> no_repeat_ngram.
     - bad_words_ids: nmt never generates <pad> and a decoder start other than EOS (Specials.
       never_generated); MarianMT's [[pad]] is exactly that, other entries are noted as not applied.
+    - early_stopping True (stop once num_beams hypotheses have finished) -> patience 1.0, the same
+      rule; "never" and False -> patience 0, nmt's exact stop (transformers' False is a heuristic
+      that can only differ from it with a length penalty: noted when a penalty is set).
     Not mapped (noted): sampling, renormalize_logits (nmt masks forbidden tokens without
-    renormalising), early_stopping (nmt stops exactly when no live beam can win; transformers'
-    default stops by a heuristic, which can only differ with a length penalty).
+    renormalising).
     """
     decode: dict[str, Any] = {"beam_size": max(1, int(gen.get("num_beams") or 1)),
                               "length_penalty_type": "average", "length_penalty": float(gen.get("length_penalty", 1.0))}
@@ -107,6 +109,11 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     other = [ids for ids in gen.get("bad_words_ids") or [] if not (len(ids) == 1 and ids[0] in never)]
     if other:
         notes.append(f"bad_words_ids {other} not applied (nmt forbids only {sorted(never)})")
+    stop = gen.get("early_stopping", False)
+    if stop is True and decode["beam_size"] > 1:
+        decode["patience"] = 1.0
+    elif stop is False and decode["beam_size"] > 1 and decode["length_penalty"]:
+        notes.append("early_stopping false (a heuristic) not applied: nmt stops exactly when no live beam can win")
     if gen.get("do_sample"):
         notes.append("do_sample not applied: nmt translates with beam search by default (--sampling topk|topp samples)")
     if gen.get("renormalize_logits"):

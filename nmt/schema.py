@@ -249,6 +249,7 @@ class DecodeConfig:
     nbest: int = _f(1, "Hypotheses to output per sentence (<= beam_size).", min=1)
     length_penalty: float = _f(1.0, "Length penalty alpha.", min=0.0)
     length_penalty_type: Literal["gnmt", "average", "none"] = _f("gnmt", "gnmt: score / ((5+len)/6)^alpha; average: score / len^alpha; none: raw log-probability.")
+    patience: float = _f(0.0, "Beam search's stopping rule. 0 = exact: a sentence is searched until no live beam can still beat its best finished hypotheses (the same result as searching to the length limit). > 0: a sentence also stops once round(beam_size * patience) hypotheses have finished: fairseq's rule (1.0) and CTranslate2's `patience` (Kasai et al., 2022). Faster with a length penalty, whose exact bound is loose; a longer hypothesis that would have scored better can then be missed.", min=0.0)
     max_len_a: float = _f(1.2, "Maximum output length = a * source_length + b.", min=0.0)
     max_len_b: int = _f(10, "See max_len_a.", min=1)
     min_len: int = _f(0, "Minimum output length (EOS forbidden before it; the other tokens' probabilities are renormalised, as in CTranslate2).", min=0)

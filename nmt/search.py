@@ -358,7 +358,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
                 specials: Specials = NMT_SPECIALS, free_prefix: int = 0,
-                keep_all: bool = False) -> list[list[Hypothesis]]:
+                keep_all: bool = False, patience: float = 0.0) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
@@ -377,8 +377,14 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     best first. Any length penalty can then be applied afterwards, with the result the search
     would give under it: the live beams never depend on the penalty (nmt/tune.py). (A minimum
     length cannot: it renormalises the distribution, which moves the live beams.)
+
+    patience > 0: a sentence also stops once `max_finished(K, patience)` candidates have ended in
+    its top K (counted from the start, whether or not they enter the n-best): fairseq's rule
+    (patience 1) and CTranslate2's `patience` (Kasai et al., 2022). Faster with a length penalty,
+    where the exact stop waits for a bound that is loose; a longer hypothesis that would have won
+    can then be missed. With keep_all the count still applies (it does not depend on the penalty).
     """
-    _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type)
+    _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type, patience)
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
     alpha, kind, K, EOS = length_penalty, length_penalty_type, beam_size, specials.eos
     if src.shape[0] == 0:
@@ -392,6 +398,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     tokens = torch.full((B,), specials.start, dtype=torch.long, device=device)  # [N*k] input of this step
     history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N*k, t-1] generated tokens
     kth_best = torch.full((B, nbest), NEG_INF, device=device)  # [N, nbest] best finished scores, sorted
+    most = max_finished(K, patience)  # 0: the exact stop only
+    n_done = torch.zeros(B, dtype=torch.long, device=device)  # [N] candidates ended so far (with patience)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
         N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
@@ -412,17 +420,21 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
             _collect(finished, enters, sent, history, rows, word, top, score, EOS)
             new = score.masked_fill(~ended, NEG_INF)
             kth_best = torch.cat([kth_best, new], dim=1).topk(nbest, dim=1).values
+        if most:
+            n_done = n_done + ended.sum(dim=1)
         live = alive & ~ends  # [N, 2K]
         rank = torch.arange(2 * K, device=device)
         sel = torch.where(live, rank, rank + 2 * K).argsort(dim=1)[:, :K]  # [N, K] the K best live candidates
         scores = top.gather(1, sel).masked_fill(~live.gather(1, sel), NEG_INF)  # [N, K] live beams; -inf = empty
         rows, word = rows.gather(1, sel), word.gather(1, sel)
         keep = scores.max(dim=1).values > NEG_INF if keep_all else ~_stopped(scores, kth_best, best_possible_lp)
+        if most:
+            keep &= n_done < most
         if not bool(keep.all()):
             if not bool(keep.any()):
                 break
-            sent, max_lens, best_possible_lp, kth_best, scores, rows, word = (
-                x[keep] for x in (sent, max_lens, best_possible_lp, kth_best, scores, rows, word))
+            sent, max_lens, best_possible_lp, kth_best, scores, rows, word, n_done = (
+                x[keep] for x in (sent, max_lens, best_possible_lp, kth_best, scores, rows, word, n_done))
         flat = rows.reshape(-1)  # [N'*K] parent rows of the next step's beams
         decoder.reorder(flat)
         history = torch.cat([history.index_select(0, flat), word.reshape(-1, 1)], dim=1)
@@ -483,7 +495,13 @@ def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, his
         finished[sid].append(Hypothesis(prefix if w == eos else prefix + [w], sc, lp, w == eos))
 
 
-def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str) -> None:
+def max_finished(beam_size: int, patience: float) -> int:
+    """Ended candidates after which a sentence stops under `patience` (> 0), as CTranslate2 rounds
+    beam_size * patience (half away from zero), at least 1; 0 for patience 0 (the exact stop only)."""
+    return max(1, math.floor(beam_size * patience + 0.5)) if patience > 0 else 0
+
+
+def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, patience: float = 0.0) -> None:
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
@@ -492,6 +510,8 @@ def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str) -> Non
         raise ValueError(f"unknown length_penalty_type {kind!r} (expected one of {', '.join(PENALTY_TYPES)})")
     if alpha < 0:
         raise ValueError(f"length_penalty must be >= 0, got {alpha}")
+    if not patience >= 0:
+        raise ValueError(f"patience must be >= 0, got {patience}")
 
 
 def check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int, specials: Specials = NMT_SPECIALS) -> None:

@@ -12,6 +12,8 @@ penalty (they are the K best candidates by log-probability), so one search that 
 hypothesis it finishes (`beam_search(keep_all=True)`) gives, for every penalty at once, the
 output the search would return under it: rank its finished hypotheses by that penalty. So each
 (beam size, n-gram) pair, an "arm", is decoded once per line and all penalties are scored from it.
+(The checkpoint's `patience` is kept: its count of finished hypotheses does not depend on the
+penalty either, so the same holds under it.)
 The arms are then raced by successive halving (Jamieson and Talwalkar, 2016): all arms decode the
 first 100 lines of a fixed shuffle of the dev set; the better half (by the metric of its best
 penalty, loops within the limit) decodes the next lines up to 200, and so on, doubling, until one
@@ -166,7 +168,8 @@ class Decoder:
             with engine._precision():  # the engine's autocast (bf16/fp16), entered in this thread
                 if beam == 1:
                     return [[h] for h in greedy_search(engine.model, src, mask, **kw, **extra)]
-                return beam_search(engine.model, src, mask, beam_size=beam, keep_all=True, **kw, **extra)
+                return beam_search(engine.model, src, mask, beam_size=beam, keep_all=True, patience=d.patience,
+                                   **kw, **extra)
 
         for batch, nbests in run_engine(engine, search, [len(self.src_ids[i]) + 1 for i in todo], d):
             for j, hyps in zip(batch, nbests):

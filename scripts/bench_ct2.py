@@ -17,7 +17,9 @@ nmt/precision.py; --bf16 adds bf16) and nmt.ct2.Ct2Engine (float32: `nmt export`
 `nmt export --quantization int8`). Threads: torch.set_num_threads and CTranslate2's intra_threads;
 batches: the default workers (2 on 2 threads). Every engine runs in a fresh process (this script
 with --worker) that loads it, warms up on 8 lines and times every (beam, batch size) setting in turn;
-its peak RSS (ru_maxrss) is reported. torch's and CTranslate2's OpenMP threads compete when both run
+its peak RSS (ru_maxrss) is reported. `--patience 0 1` times beam search under both stopping rules
+(0: nmt's exact stop, which the CTranslate2 engine reproduces by never stopping early; 1: the
+rule CTranslate2 and fairseq use, in both engines). torch's and CTranslate2's OpenMP threads compete when both run
 in one process (CTranslate2 greedy ran at half speed after torch). The engines run round-robin
 --repeats times and each one's best time per setting is reported (other processes' load then
 affects all engines alike). Target tokens are the SentencePiece pieces of the output text. `same` is
@@ -86,6 +88,21 @@ def build_random_checkpoint(directory: str, args) -> str:
     return path
 
 
+def setting_keys(args) -> list[str]:
+    """"BEAM/BATCH[/PATIENCE]" for every combination (patience only for beams > 1)."""
+    keys = []
+    for beam in args.beams:
+        for size in args.batch_sizes:
+            for patience in (args.patience or [None]) if beam > 1 else [None]:
+                keys.append(f"{beam}/{size}" + ("" if patience is None else f"/{patience:g}"))
+    return keys
+
+
+def parse_key(key: str) -> tuple[int, int, float | None]:
+    beam, size, *patience = key.split("/")
+    return int(beam), int(size), float(patience[0]) if patience else None
+
+
 def worker(args) -> dict:
     """Timed runs of one engine in this (fresh) process: {"runs": {"BEAM/BATCH": {"seconds", "outputs"}},
     "peak_rss_mb"}."""
@@ -111,17 +128,21 @@ def worker(args) -> dict:
     from nmt.translate import translate_lines
 
     runs = {}
-    for beam in args.beams:
-        for size in args.batch_sizes:
-            overrides = dict(beam_size=beam, nbest=1, max_batch_size=size, **limits)
-            if args.batch_tokens:
-                overrides["batch_tokens"] = args.batch_tokens
-            decode = decode_config(engine.decode, dict(overrides, precision=engine.precision))
-            run = lambda some: translate_lines(engine, some, decode, warn=lambda m: None)
-            run(lines[:8])  # warm-up
-            t0 = time.perf_counter()
-            outputs = run(lines)
-            runs[f"{beam}/{size}"] = dict(seconds=time.perf_counter() - t0, outputs=outputs)
+    for key in setting_keys(args):
+        beam, size, patience = parse_key(key)
+        overrides = dict(beam_size=beam, nbest=1, max_batch_size=size, **limits)
+        if patience is not None:
+            overrides["patience"] = patience
+        if args.length_penalty_type:
+            overrides["length_penalty_type"] = args.length_penalty_type
+        if args.batch_tokens:
+            overrides["batch_tokens"] = args.batch_tokens
+        decode = decode_config(engine.decode, dict(overrides, precision=engine.precision))
+        run = lambda some: translate_lines(engine, some, decode, warn=lambda m: None)
+        run(lines[:8])  # warm-up
+        t0 = time.perf_counter()
+        outputs = run(lines)
+        runs[key] = dict(seconds=time.perf_counter() - t0, outputs=outputs)
     return dict(runs=runs, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
@@ -133,6 +154,12 @@ def main() -> int:
     ap.add_argument("--beams", type=int, nargs="+", default=[5], help="beam sizes (1 = greedy)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[256],
                     help="decode.max_batch_size values (sentences per batch; the checkpoint's default is 256)")
+    ap.add_argument("--patience", type=float, nargs="+", default=None,
+                    help="decode.patience values for beam search (default: the checkpoint's; 0 = exact stop, 1 = "
+                         "CTranslate2's and fairseq's rule)")
+    ap.add_argument("--length-penalty-type", choices=("gnmt", "average", "none"), default=None,
+                    help="decode.length_penalty_type (default: the checkpoint's; the CTranslate2 engine refuses "
+                         "patience > 0 with gnmt)")
     ap.add_argument("--bf16", action="store_true", help="also nmt with --precision bf16 (CPUs with AVX-512 BF16/AMX)")
     ap.add_argument("--force-len", type=int, default=None,
                     help="decode exactly N tokens per sentence (default: 32 for the random model, else natural lengths)")
@@ -185,6 +212,10 @@ def main() -> int:
                    "--input", args.input, "--sentences", str(args.sentences), "--beams", *map(str, args.beams),
                    "--batch-sizes", *map(str, args.batch_sizes), "--force-len", str(force_len),
                    "--threads", str(args.threads), "--precision", precision]
+            if args.patience:
+                cmd += ["--patience", *map(str, args.patience)]
+            if args.length_penalty_type:
+                cmd += ["--length-penalty-type", args.length_penalty_type]
             if args.batch_tokens:
                 cmd += ["--batch-tokens", str(args.batch_tokens)]
             if model_dir:
@@ -195,7 +226,7 @@ def main() -> int:
         engines = [("nmt (PyTorch)", "fp32", "nmt", None), ("nmt (PyTorch)", "int8", "nmt", None)] + \
             ([("nmt (PyTorch)", "bf16", "nmt", None)] if args.bf16 else []) + \
             [("CTranslate2", quant, "ct2", dirs[quant]) for quant in ("float32", "int8")]
-        settings = [f"{b}/{n}" for b in args.beams for n in args.batch_sizes]
+        settings = setting_keys(args)
         best = [{k: float("inf") for k in settings} for _ in engines]
         outputs, rss = [None] * len(engines), [0.0] * len(engines)
         for _ in range(args.repeats):  # round-robin, so that load from other processes hits every engine alike
@@ -205,19 +236,21 @@ def main() -> int:
                     best[k][key] = min(best[k][key], run["seconds"])
                 outputs[k], rss[k] = {key: run["outputs"] for key, run in r["runs"].items()}, max(rss[k], r["peak_rss_mb"])
         results = []
-        print(f"{'engine':<14} {'weights':<8} {'beam':>4} {'batch':>5} {'time_s':>8} {'sent/s':>8} {'tok/s':>8} "
-              f"{'vs nmt':>7} {'same':>6} {'rss_MB':>7}")
+        print(f"{'engine':<14} {'weights':<8} {'beam':>4} {'batch':>5} {'pat.':>4} {'time_s':>8} {'sent/s':>8} "
+              f"{'tok/s':>8} {'vs nmt':>7} {'same':>6} {'rss_MB':>7}")
         for key in settings:
-            beam, size = map(int, key.split("/"))
+            beam, size, patience = parse_key(key)
+            pat = "-" if patience is None else f"{patience:g}"
             for k, (name, weights, _, _) in enumerate(engines):
                 secs, out, ref = best[k][key], outputs[k][key], outputs[0][key]
                 tokens = sum(len(ids) for ids in tokenizer.encode_tgt(out))
-                r = dict(engine=name, weights=weights, beam=beam, batch=size, seconds=secs, sentences=len(lines),
+                r = dict(engine=name, weights=weights, beam=beam, batch=size, patience=patience, seconds=secs,
+                         sentences=len(lines),
                          target_tokens=tokens, sent_per_s=len(lines) / secs, tok_per_s=tokens / secs,
                          vs_nmt=best[0][key] / secs, same_as_nmt=sum(a == b for a, b in zip(out, ref)) / len(lines),
                          peak_rss_mb=rss[k])
                 results.append(r)
-                print(f"{name:<14} {weights:<8} {beam:>4} {size:>5} {secs:>8.2f} {r['sent_per_s']:>8.2f} "
+                print(f"{name:<14} {weights:<8} {beam:>4} {size:>5} {pat:>4} {secs:>8.2f} {r['sent_per_s']:>8.2f} "
                       f"{r['tok_per_s']:>8.0f} {r['vs_nmt']:>6.2f}x {100 * r['same_as_nmt']:>5.1f}% {rss[k]:>7.0f}",
                       flush=True)
         if args.json:

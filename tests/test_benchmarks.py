@@ -106,12 +106,15 @@ def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
     src.write_text("el perro rojo ve la casa\nla luna\nel gato come y el sol ve el rio\nla flor\n", encoding="utf-8")
     out = tmp_path / "ct2.json"
     run_script("bench_ct2.py", "--checkpoint", ckpt, "--input", str(src), "--sentences", "0", "--beams", "1", "2",
-               "--batch-sizes", "1", "3", "--force-len", "4", "--repeats", "1", "--threads", "1", "--json", str(out))
+               "--batch-sizes", "1", "3", "--force-len", "4", "--repeats", "1", "--threads", "1", "--patience", "0", "1",
+               "--length-penalty-type", "average",
+               "--json", str(out))
     res = json.loads(out.read_text())
     rows = res["results"]
     engines = [("nmt (PyTorch)", "fp32"), ("nmt (PyTorch)", "int8"), ("CTranslate2", "float32"), ("CTranslate2", "int8")]
-    assert [(r["engine"], r["weights"]) for r in rows] == engines * 4
-    assert [(r["beam"], r["batch"]) for r in rows[::4]] == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert [(r["engine"], r["weights"]) for r in rows] == engines * 6
+    assert [(r["beam"], r["batch"], r["patience"]) for r in rows[::4]] == \
+        [(1, 1, None), (1, 3, None), (2, 1, 0.0), (2, 1, 1.0), (2, 3, 0.0), (2, 3, 1.0)]
     assert all(r["sentences"] == 4 and r["sent_per_s"] > 0 and r["peak_rss_mb"] > 0 for r in rows)
     assert all(r["same_as_nmt"] == 1.0 and r["vs_nmt"] == 1.0 for r in rows[::4])
     assert all(r["target_tokens"] == 16 for r in rows)  # forced: 4 tokens per sentence on every engine

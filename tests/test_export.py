@@ -331,6 +331,11 @@ CONTROLS = {  # issue 25: every control the CTranslate2 engine accepts gives the
     "beam 4 none, nbest 3": dict(beam_size=4, length_penalty_type="none", nbest=3),
     "beam 4 average, prefixes": dict(beam_size=4, length_penalty_type="average", prefix=True),
     "greedy, prefixes, no-repeat 2": dict(beam_size=1, no_repeat_ngram=2, prefix=True),
+    "beam 4 average, patience 1": dict(beam_size=4, length_penalty_type="average", patience=1.0),
+    "beam 4 average 1.5, patience 1.5, nbest 2": dict(beam_size=4, length_penalty_type="average", length_penalty=1.5,
+                                                      patience=1.5, nbest=2),
+    "beam 4 none, patience 0.25": dict(beam_size=4, length_penalty_type="none", patience=0.25),
+    "beam 4 none, patience 0.5, nbest 2": dict(beam_size=4, length_penalty_type="none", patience=0.5, nbest=2),
 }
 
 
@@ -370,6 +375,9 @@ def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
     translator = Translator(out)
     with pytest.raises(UserError, match="--sampling is not supported"):
         translator.translate(["el perro come"], sampling="topp")
+    with pytest.raises(UserError, match="--patience with the gnmt length penalty is not supported"):
+        translator.translate(["el perro come"], beam_size=4, length_penalty_type="gnmt", patience=1.0)
+    assert translator.translate(["el perro come"], beam_size=4, length_penalty_type="average", patience=1.0)[0].text
     r = subprocess.run([sys.executable, "-m", "nmt", "translate", "--model", out, "--sampling", "topk"], input="el sol\n",
                        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--engine torch" in r.stderr, r.stderr

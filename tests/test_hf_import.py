@@ -280,7 +280,7 @@ def test_greedy_equals_generate(imported, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("penalty", ["none", "average"])
+@pytest.mark.parametrize("penalty", ["none", "average", "average, early_stopping"])
 def test_beam_equals_generate(imported, family, penalty):
     """Beam 4 with matched length-penalty semantics, on at least 99% of lines.
 
@@ -293,6 +293,8 @@ def test_beam_equals_generate(imported, family, penalty):
       transformers' stopping test exact as nmt's; no forced EOS at the limit (transformers would
       count that EOS as a token of log-prob 0, nmt stops the hypothesis without it), so both cut
       at max_length - 1 tokens.
+    - average with transformers' early_stopping=True (stop once num_beams hypotheses have finished)
+      = nmt's patience 1.0 (what `nmt import` maps it to).
     """
     model, tokenizer, _, ckpt = imported[family]
     lines = fx.corpus_lines("test", "es", 60, skip=100)
@@ -300,14 +302,44 @@ def test_beam_equals_generate(imported, family, penalty):
         hf = dict(length_penalty=0.0)
         ours = dict(length_penalty_type="none")
     else:
-        hf = dict(length_penalty=1.0, early_stopping="never", forced_eos_token_id=None)
-        ours = dict(length_penalty_type="average", length_penalty=1.0, max_len_a=0, max_len_b=59)
+        stop = penalty.endswith("early_stopping")
+        hf = dict(length_penalty=1.0, early_stopping=True if stop else "never", forced_eos_token_id=None)
+        ours = dict(length_penalty_type="average", length_penalty=1.0, max_len_a=0, max_len_b=59,
+                    patience=1.0 if stop else 0.0)
     theirs = hf_outputs(model, tokenizer, lines, family, num_beams=4, max_length=60, **hf)
     got = nmt_outputs(ckpt, lines, family, beam_size=4, **ours)
     same = sum(a == b for a, b in zip(got, theirs))
     assert same >= 0.99 * len(lines), f"{len(lines) - same} of {len(lines)} lines differ"
     greedy = hf_outputs(model, tokenizer, lines, family, num_beams=1, max_length=60, forced_eos_token_id=None)
     assert sum(a != b for a, b in zip(greedy, theirs)) >= 5  # the beam does change outputs
+
+
+def test_generation_settings_map_onto_decode_keys():
+    """early_stopping True -> patience 1 (the same rule); "never" -> the exact stop; False (a heuristic)
+    -> the exact stop, noted when a length penalty makes them differ."""
+    from nmt.hf_io import decode_from_generation
+    from nmt.layout import NMT_SPECIALS
+
+    tok = type("Tok", (), {"specials": NMT_SPECIALS})()
+    for stop, patience, noted in ((True, 1.0, False), ("never", None, False), (False, None, True)):
+        decode, notes = decode_from_generation({"num_beams": 4, "length_penalty": 1.0, "early_stopping": stop}, tok)
+        assert decode.get("patience") == patience and any("early_stopping" in n for n in notes) == noted
+    decode, notes = decode_from_generation({"num_beams": 1, "early_stopping": True}, tok)
+    assert "patience" not in decode and not notes
+
+
+def test_export_writes_the_stopping_rule():
+    """patience 0 -> early_stopping "never" (exact); 1 -> True (the same rule); others -> "never", noted."""
+    from nmt.hf_export import generation_config
+    from nmt.layout import NMT_SPECIALS
+    from nmt.schema import DecodeConfig
+
+    tok = type("Tok", (), {"specials": NMT_SPECIALS, "languages": {}})()
+    ids = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0, decoder_start_token_id=2, forced_eos_token_id=None)
+    for patience, stop, noted in ((0.0, "never", False), (1.0, True, False), (2.0, "never", True)):
+        gen, notes = generation_config(DecodeConfig(beam_size=4, length_penalty_type="average", patience=patience),
+                                       tok, ids, 128)
+        assert gen["early_stopping"] == stop and any("patience" in n for n in notes) == noted
 
 
 @pytest.mark.parametrize("family", FAMILIES)

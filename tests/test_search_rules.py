@@ -170,6 +170,34 @@ def test_keep_all_then_any_penalty_equals_the_search(K):
                 assert best.tokens == d[0].tokens, (kind, alpha, min_len)
 
 
+@pytest.mark.parametrize("K,patience", [(3, 1.0), (4, 0.5), (3, 2.0)])
+@pytest.mark.parametrize("kind,alpha", [("average", 1.0), ("gnmt", 1.5), ("none", 0.0)])
+def test_patience_stops_after_that_many_finished_candidates(K, patience, kind, alpha):
+    """Reference: the keep_all search (never stops) lists every candidate that ended in a top K with
+    the step it ended at (its length); a sentence under `patience` sees those that ended up to the
+    step where the count reached round(K * patience), and returns the best of them."""
+    from nmt.search import max_finished
+
+    model = FakeModel(seed=17, scale=1.2)
+    src, mask = fake_batch([5, 2, 7, 3, 6, 4], seed=17)
+    kw = dict(max_len_a=1.5, max_len_b=4, no_repeat_ngram=2)
+    every = beam_search(model, src, mask, beam_size=K, nbest=1, keep_all=True, **kw)
+    got = beam_search(model, src, mask, beam_size=K, nbest=2, length_penalty=alpha, length_penalty_type=kind,
+                      patience=patience, **kw)
+    exact = beam_search(model, src, mask, beam_size=K, nbest=2, length_penalty=alpha, length_penalty_type=kind, **kw)
+    most, differ = max_finished(K, patience), 0
+    for hyps, ours, full in zip(every, got, exact):
+        step = lambda h: len(h.tokens) + h.finished  # noqa: E731 (the step it ended at)
+        steps = sorted(step(h) for h in hyps)
+        stop = steps[min(most, len(steps)) - 1]  # the step at which the count reached `most`
+        seen = [h for h in hyps if step(h) <= stop]
+        ranked = sorted(seen, key=lambda h: -h.log_prob / length_penalty_factor(step(h), alpha, kind))
+        assert [h.tokens for h in ours] == [h.tokens for h in ranked[:2]]
+        differ += [h.tokens for h in ours] != [h.tokens for h in full]
+    if kind != "none" and patience < 2:
+        assert differ  # the rule does stop sooner than the exact search somewhere (the test can fail)
+
+
 def test_a_placeholder_written_by_several_tokens_counts_once():
     """A vocabulary may write <ph_0> as "<ph_0>" and as "▁<ph_0>": either one, once, in all."""
     model = FakeModel(seed=16, scale=2.0)

@@ -34,15 +34,20 @@ def trained(tmp_path_factory):
     return os.path.join(cfg.run_dir, "checkpoints", "latest.pt"), raw["data"]["valid"]["src"], raw["data"]["valid"]["tgt"]
 
 
-def test_every_scored_setting_is_what_the_search_gives(trained):
+@pytest.mark.parametrize("patience", [0.0, 1.0])
+def test_every_scored_setting_is_what_the_search_gives(trained, patience):
     """The race scores each penalty from one keep_all search per arm: the score of a setting must
-    equal translating the same lines with that setting and scoring them with sacreBLEU."""
+    equal translating the same lines with that setting and scoring them with sacreBLEU (also under
+    the checkpoint's patience, whose stop does not depend on the penalty)."""
+    import dataclasses
+
     from nmt.torch_engine import TorchEngine
     from nmt.translate import translate_lines
     from nmt.tune import Race, tune
 
     checkpoint, src, ref = trained
     engine = TorchEngine.load(checkpoint, "cpu")
+    engine.decode = dataclasses.replace(engine.decode, patience=patience)
     src_lines, ref_lines = read_lines(src), read_lines(ref)
     result = tune(engine, src_lines, ref_lines, max_time=600, log=lambda m: None, beams=(1, 3), ngrams=(0, 2))
     assert result.lines == len(src_lines)  # the budget let the race reach the whole dev set
