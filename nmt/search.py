@@ -23,9 +23,11 @@ Conventions (shared by all searches; `StepRules` applies them at every step):
 - no_repeat_ngram N > 0: a token that would complete an N-gram already present in the
   hypothesis (prefix included) is forbidden, so no N-gram occurs twice.
 - Placeholders (`Placeholders`, with --protect): a placeholder token that is not in the
-  sentence's source, or is already in the hypothesis, is forbidden, and EOS is forbidden while
-  one of the source's is missing: an output that ends before the length limit has each of its
-  source's placeholders exactly once.
+  sentence's source, or is already in the hypothesis, is forbidden; EOS is forbidden while
+  one of the source's is missing; and once no more steps are left before the length limit than
+  placeholders are missing, only a missing one may be generated. So every output has each of its
+  source's placeholders exactly once (one cut at the length limit too, when the limit has room
+  for them all).
 - A row left with no allowed token may end (EOS allowed).
 - After a forced prefix, the first free step lets only the best candidate end (beam search).
 - Maximum output length per sentence: `min(floor(a * src_len + b), model.max_positions - 1)`
@@ -217,11 +219,12 @@ class StepRules:
         """len(prefix) of each row's sentence [R], or None without prefixes."""
         return None if self.prefix_len is None else self.prefix_len.index_select(0, sent)
 
-    def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor) -> Tensor:
+    def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor, limit: Tensor | None = None) -> Tensor:
         """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
-        history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence."""
+        history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence; limit [R]: each
+        row's maximum output length (placeholders: what is missing is forced before it)."""
         logits = logits.float()
-        masked = self._apply_rules(logits, t, history, sent)
+        masked = self._apply_rules(logits, t, history, sent, limit)
         logp = F.log_softmax(masked if masked is not None else logits, dim=-1)
         if self.banned.numel():
             logp.index_fill_(1, self.banned, NEG_INF)
@@ -237,7 +240,8 @@ class StepRules:
                 logp[rows, token] = value
         return logp
 
-    def _apply_rules(self, logits: Tensor, t: int, history: Tensor, sent: Tensor) -> Tensor | None:
+    def _apply_rules(self, logits: Tensor, t: int, history: Tensor, sent: Tensor,
+                     limit: Tensor | None = None) -> Tensor | None:
         """logits with the tokens min_len, n-gram blocking and the placeholders forbid at -inf (a copy),
         or None when no rule applies at this step. A row left with nothing it may generate may end."""
         EOS = self.specials.eos
@@ -257,8 +261,14 @@ class StepRules:
                 used = (written.float() @ self.ph_onehot) > 0  # [R, P]: placeholders already written
             forbid = (~required | used).index_select(1, self.ph_of)  # [R, Q]
             masked[:, self.ph_ids] = masked[:, self.ph_ids].masked_fill(forbid, NEG_INF)
-            missing = (required & ~used).any(dim=1)  # [R]: EOS waits for every placeholder
-            masked[:, EOS] = masked[:, EOS].masked_fill(missing, NEG_INF)
+            missing = (required & ~used).sum(dim=1)  # [R]: EOS waits for every placeholder
+            masked[:, EOS] = masked[:, EOS].masked_fill(missing > 0, NEG_INF)
+            if limit is not None:  # steps t..limit are left: with no more than missing, write one now
+                must = ((missing > 0) & (missing >= limit - t + 1)).nonzero().squeeze(1)
+                if must.numel():
+                    only = torch.full((must.numel(), masked.shape[1]), NEG_INF, dtype=masked.dtype, device=masked.device)
+                    only[:, self.ph_ids] = masked[must][:, self.ph_ids]  # the allowed (missing) placeholders
+                    masked[must] = only
         allowed = torch.isfinite(masked)
         if self.banned.numel():
             allowed.index_fill_(1, self.banned, False)
@@ -324,7 +334,7 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: i
     history = torch.empty(R, 0, dtype=torch.long, device=device)  # [N, t-1]
     out: list[list[Hypothesis | None]] = [[None] * per_sentence for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
-        logp = rules.log_probs(decoder.step(tokens), t, history, rows // per_sentence)  # [N,V]
+        logp = rules.log_probs(decoder.step(tokens), t, history, rows // per_sentence, max_lens)  # [N,V]
         if choose is None:
             best, tokens = ops.argmax(logp)  # [N], [N]
         else:
@@ -403,7 +413,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
         N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
-        logp = rules.log_probs(decoder.step(tokens), t, history, sent.repeat_interleave(k))  # [N*k, V]
+        logp = rules.log_probs(decoder.step(tokens), t, history, sent.repeat_interleave(k),
+                               max_lens.repeat_interleave(k) if rules.ph_ids is not None else None)  # [N*k, V]
         V = logp.shape[1]
         top, idx = _topk(logp.add_(scores.view(-1, 1)).view(N, k * V), 2 * K, ops)  # [N, 2K] (in place: logp is fresh)
         word = idx % V  # [N, 2K] token of each candidate

@@ -74,11 +74,17 @@ def test_no_repeat_ngram_renormalises_over_the_allowed_tokens(kind):
 PH = [6, 7]  # the fake vocabulary's "placeholder" tokens: placeholder 0 is written by 6, placeholder 1 by 7
 
 
-def ph_banned(required):
+def ph_banned(required, max_len=None):
+    """The placeholder rules at the step after `prefix`: a placeholder not required or already written is
+    banned, EOS while one is missing, and everything but the missing ones once the steps left before
+    `max_len` are no more than the missing count."""
     def banned(prefix):
         out = {p for p in PH if p not in required or p in prefix}
-        if any(p not in prefix for p in required):
+        missing = [p for p in required if p not in prefix]
+        if missing:
             out.add(EOS_ID)
+            if max_len is not None and len(missing) >= max_len - len(prefix):
+                out |= {t for t in range(V) if t not in missing}  # PAD and BOS too: only these are left
         return out
     return banned
 
@@ -98,12 +104,41 @@ def test_placeholders_exactly_once_in_every_search():
     for name, out in searches.items():
         assert sum(h.finished for hyps in out for h in hyps) >= 0.8 * sum(map(len, out)), name
         for i, hyps in enumerate(out):
-            for h in hyps:
-                if not h.finished:  # stopped at the length limit: at most once each, never another one
-                    assert all(h.tokens.count(p) <= (p in required[i]) for p in PH), (name, i, h.tokens)
-                    continue
+            for h in hyps:  # finished or cut at the length limit: each required placeholder exactly once
                 assert sorted(t for t in h.tokens if t in PH) == sorted(required[i]), (name, i, h.tokens)
-                want = search_log_prob(model, FakeModel._src(src[i]), h.tokens, True, ph_banned(required[i]))
+                want = search_log_prob(model, FakeModel._src(src[i]), h.tokens, h.finished, ph_banned(required[i], 10))
+                assert h.log_prob == pytest.approx(want, abs=1e-4)
+
+
+class Rambling(FakeModel):
+    """Never wants to end or to write a placeholder: without the room rule every output would reach the
+    length limit with its placeholders missing."""
+
+    def logits(self, src, prefix):
+        row = super().logits(src, prefix).clone()
+        row[EOS_ID] -= 20.0
+        row[6] -= 20.0
+        row[7] -= 20.0
+        return row
+
+
+@pytest.mark.parametrize("max_len", [2, 3, 6])
+def test_placeholders_are_written_before_the_length_limit(max_len):
+    """Fails without the room rule: outputs cut at the limit lacked their placeholders."""
+    model = Rambling(seed=18, scale=1.0)
+    src, mask = fake_batch([4, 3, 5, 2], seed=18)
+    required = [[6], [], [6, 7], [7]]
+    ph = Placeholders([[6], [7]], [[PH.index(t) for t in r] for r in required])
+    kw = dict(max_len_a=0.0, max_len_b=max_len, placeholders=ph)
+    searches = {"greedy": [[h] for h in greedy_search(model, src, mask, **kw)],
+                "beam": beam_search(model, src, mask, beam_size=3, nbest=2, length_penalty_type="average", **kw),
+                "sample": sample_search(model, src, mask, samples=3, sampling="topk", topk=4, seed=3, **kw)}
+    for name, out in searches.items():
+        for i, hyps in enumerate(out):
+            for h in hyps:
+                assert not h.finished and len(h.tokens) == max_len, (name, h)  # this model never ends
+                assert sorted(t for t in h.tokens if t in PH) == sorted(required[i]), (name, i, h.tokens)
+                want = search_log_prob(model, FakeModel._src(src[i]), h.tokens, False, ph_banned(required[i], max_len))
                 assert h.log_prob == pytest.approx(want, abs=1e-4)
 
 
@@ -116,7 +151,7 @@ def test_exhaustive_beam_with_placeholders_equals_brute_force():
                       max_len_a=0.0, max_len_b=max_len,
                       placeholders=Placeholders([[6], [7]], [[PH.index(t) for t in r] for r in required]))
     for i, hyps in enumerate(out):
-        s, banned = FakeModel._src(src[i]), ph_banned(required[i])
+        s, banned = FakeModel._src(src[i]), ph_banned(required[i], max_len)
         scored = []
         for n in range(0, max_len + 1):
             for toks in itertools.product(REAL, repeat=n):
