@@ -222,37 +222,43 @@ class StepRules:
     def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor, limit: Tensor | None = None) -> Tensor:
         """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
         history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence; limit [R]: each
-        row's maximum output length (placeholders: what is missing is forced before it)."""
+        row's maximum output length (placeholders: what is missing is forced before it). `logits` is
+        the search's own (a decoding step's fresh output): the rules mask it in place."""
         logits = logits.float()
-        masked = self._apply_rules(logits, t, history, sent, limit)
-        logp = F.log_softmax(masked if masked is not None else logits, dim=-1)
-        if self.banned.numel():
-            logp.index_fill_(1, self.banned, NEG_INF)
+        forced = None
         if self.prefix is not None and t <= self.longest_prefix:
             rows = (self.prefix_len.index_select(0, sent) >= t).nonzero().squeeze(1)  # rows still in their prefix
             if rows.numel():
                 token = self.prefix.index_select(0, sent.index_select(0, rows))[:, t - 1]  # [F]
-                if t > self.free_prefix:
+                if t > self.free_prefix:  # the model's own log-probability, before any rule masks
                     value = F.log_softmax(logits.index_select(0, rows), dim=-1).gather(1, token[:, None]).squeeze(1)
                 else:
                     value = 0.0  # a free prefix token (the language token of an imported model) counts 0
-                logp[rows] = NEG_INF
-                logp[rows, token] = value
+                forced = rows, token, value
+        logp = F.log_softmax(self._apply_rules(logits, t, history, sent, limit), dim=-1)
+        if self.banned.numel():
+            logp.index_fill_(1, self.banned, NEG_INF)
+        if forced is not None:
+            rows, token, value = forced
+            logp[rows] = NEG_INF
+            logp[rows, token] = value
         return logp
 
     def _apply_rules(self, logits: Tensor, t: int, history: Tensor, sent: Tensor,
-                     limit: Tensor | None = None) -> Tensor | None:
-        """logits with the tokens min_len, n-gram blocking and the placeholders forbid at -inf (a copy),
-        or None when no rule applies at this step. A row left with nothing it may generate may end."""
+                     limit: Tensor | None = None) -> Tensor:
+        """logits with the tokens min_len, n-gram blocking and the placeholders forbid at -inf (in
+        place). A row left with nothing it may generate may end (with the model's EOS logit)."""
         EOS = self.specials.eos
         blocks_eos, blocks_ngram = t <= self.min_len, bool(self.n) and history.shape[1] >= self.n - 1
         if not (blocks_eos or blocks_ngram or self.ph_ids is not None):
-            return None
-        masked = logits.clone()
+            return logits
+        eos = logits[:, EOS].clone()  # [R]: for a row left with nothing
+        most = int(blocks_eos)  # how many tokens a row can have lost, at most (for the check below)
         if blocks_eos:
-            masked[:, EOS] = NEG_INF
-        if blocks_ngram and not _block_repeats(masked, history, self.n) and not blocks_eos and self.ph_ids is None:
-            return None  # no repeated n-gram to block and no other rule: the plain softmax
+            logits[:, EOS] = NEG_INF
+        if blocks_ngram and _block_repeats(logits, history, self.n):
+            most += history.shape[1] if self.n == 1 else history.shape[1] - self.n + 1  # one per earlier window
+        forced_rows = False
         if self.ph_ids is not None:
             required = self.ph_required.index_select(0, sent)  # [R, P]
             used = torch.zeros_like(required)
@@ -260,22 +266,25 @@ class StepRules:
                 written = (history[:, :, None] == self.ph_ids).any(dim=1)  # [R, Q]: tokens already written
                 used = (written.float() @ self.ph_onehot) > 0  # [R, P]: placeholders already written
             forbid = (~required | used).index_select(1, self.ph_of)  # [R, Q]
-            masked[:, self.ph_ids] = masked[:, self.ph_ids].masked_fill(forbid, NEG_INF)
+            logits[:, self.ph_ids] = logits[:, self.ph_ids].masked_fill(forbid, NEG_INF)
             missing = (required & ~used).sum(dim=1)  # [R]: EOS waits for every placeholder
-            masked[:, EOS] = masked[:, EOS].masked_fill(missing > 0, NEG_INF)
+            logits[:, EOS] = logits[:, EOS].masked_fill(missing > 0, NEG_INF)
+            most += self.ph_ids.numel() + 1
             if limit is not None:  # steps t..limit are left: with no more than missing, write one now
                 must = ((missing > 0) & (missing >= limit - t + 1)).nonzero().squeeze(1)
                 if must.numel():
-                    only = torch.full((must.numel(), masked.shape[1]), NEG_INF, dtype=masked.dtype, device=masked.device)
-                    only[:, self.ph_ids] = masked[must][:, self.ph_ids]  # the allowed (missing) placeholders
-                    masked[must] = only
-        allowed = torch.isfinite(masked)
-        if self.banned.numel():
-            allowed.index_fill_(1, self.banned, False)
-        dead = ~allowed.any(dim=1)
-        if bool(dead.any()):
-            masked[dead, EOS] = logits[dead, EOS]
-        return masked
+                    only = torch.full((must.numel(), logits.shape[1]), NEG_INF, dtype=logits.dtype, device=logits.device)
+                    only[:, self.ph_ids] = logits[must][:, self.ph_ids]  # the allowed (missing) placeholders
+                    logits[must] = only
+                    forced_rows = True
+        if forced_rows or most >= logits.shape[1] - self.banned.numel():  # else every row keeps some token
+            allowed = torch.isfinite(logits)
+            if self.banned.numel():
+                allowed.index_fill_(1, self.banned, False)
+            dead = ~allowed.any(dim=1)
+            if bool(dead.any()):
+                logits[dead, EOS] = eos[dead]
+        return logits
 
 
 def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
