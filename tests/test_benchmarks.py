@@ -190,3 +190,14 @@ def test_bench_cache_runs_every_variant_through_the_cache_api(tmp_path):
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"cached", "cached-rows", "cat", "uncached"}
     assert all(results[v]["total_s"] > 0 for v in ("cached", "cached-rows", "cat"))
+
+
+def test_bench_int8_times_every_shape_on_every_path(tmp_path):
+    """scripts/bench_int8.py (BENCHMARKS.md "Lean inference": why int8 does not pay on a small model)."""
+    out = tmp_path / "int8.json"
+    run_script("bench_int8.py", "--rows", "4", "32", "--calls", "3", "--threads", "1", "--json", str(out))
+    res = json.loads(out.read_text())
+    rows = res["results"]
+    assert [(r["rows"], r["inputs"], r["outputs"]) for r in rows][:2] == [(4, 256, 768), (4, 256, 256)]
+    assert len(rows) == 2 * 5 and {r["rows"] for r in rows} == {4, 32}
+    assert all(r[k] > 0 for r in rows for k in ("fp32", "int_mm", "int8_linear"))
