@@ -170,6 +170,16 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_nee
     if dec.nbest > dec.beam_size and dec.sampling == "none":
         errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
                       "or set sampling: nbest samples per line)")
+    if dec.patience > 0 and dec.beam_size > 1 and dec.sampling == "none":
+        from nmt.schema import max_finished
+
+        most = max_finished(dec.beam_size, dec.patience)
+        if most < 1:
+            errors.append(f"invalid value for '{prefix}.patience': {dec.patience:g} (beam_size * patience rounds to 0 "
+                          f"finished hypotheses: use at least {0.5 / dec.beam_size:g}, or 0 for the exact stop)")
+        elif dec.nbest > most:
+            errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (with patience {dec.patience:g} the search "
+                          f"stops after round(beam_size * patience) = {most} finished hypotheses: nbest must be <= {most})")
     if dec.protect_pattern is not None:
         import re
 

@@ -104,7 +104,7 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
                      f"max_length {max_positions} written")
     if decode.beam_size > 1:
         kind, alpha = decode.length_penalty_type, decode.length_penalty
-        from nmt.search import max_finished
+        from nmt.schema import max_finished
 
         # transformers' early_stopping True stops once num_beams hypotheses have finished: patience 1
         same_count = decode.patience and max_finished(decode.beam_size, decode.patience) == decode.beam_size

@@ -10,6 +10,7 @@ nmt/config.py (which re-exports these names). Importable without torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -242,6 +243,21 @@ class TrainConfig:
 
 
 # --------------------------------------------------------------------------- decode
+
+def max_finished(beam_size: int, patience: float) -> int:
+    """Finished hypotheses after which beam search stops a sentence under `patience` > 0 (0 for
+    patience 0: the exact stop only): CTranslate2's `std::round(float(beam_size) * patience)`, in
+    float32 as it computes it (the product of two float32 values is exact in a Python float, then
+    rounded to float32) and rounded half away from zero, so that both engines stop at the same count.
+    A patience that rounds to 0 is refused by the config check (`nmt.config`)."""
+    if patience <= 0:
+        return 0
+    import struct
+
+    def f32(x: float) -> float:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    return math.floor(f32(f32(float(beam_size)) * f32(patience)) + 0.5)
+
 
 @dataclass(frozen=True)
 class DecodeConfig:

@@ -61,6 +61,7 @@ from torch import Tensor
 
 from nmt.cache import DecoderCache
 from nmt.layout import NMT_SPECIALS, Specials
+from nmt.schema import max_finished  # noqa: F401 (also nmt.search's: the engines and tests use it)
 
 PENALTY_TYPES = ("gnmt", "average", "none")
 SAMPLING = ("topk", "topp")
@@ -417,7 +418,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     tokens = torch.full((B,), specials.start, dtype=torch.long, device=device)  # [N*k] input of this step
     history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N*k, t-1] generated tokens
     kth_best = torch.full((B, nbest), NEG_INF, device=device)  # [N, nbest] best finished scores, sorted
-    most = max_finished(K, patience)  # 0: the exact stop only
+    most = max(1, max_finished(K, patience)) if patience > 0 else 0  # 0: the exact stop only
     n_done = torch.zeros(B, dtype=torch.long, device=device)  # [N] candidates ended so far (with patience)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
@@ -513,12 +514,6 @@ def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, his
     for sid, prefix, w, lp, sc in zip(sent[s].tolist(), prefixes, word[s, j].tolist(),
                                       log_prob[s, j].tolist(), score[s, j].tolist()):
         finished[sid].append(Hypothesis(prefix if w == eos else prefix + [w], sc, lp, w == eos))
-
-
-def max_finished(beam_size: int, patience: float) -> int:
-    """Ended candidates after which a sentence stops under `patience` (> 0), as CTranslate2 rounds
-    beam_size * patience (half away from zero), at least 1; 0 for patience 0 (the exact stop only)."""
-    return max(1, math.floor(beam_size * patience + 0.5)) if patience > 0 else 0
 
 
 def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, patience: float = 0.0) -> None:

@@ -122,6 +122,35 @@ def test_cross_field_checks(files):
     assert any("share_embeddings" in e for e in errs)
 
 
+def test_patience_rules(files):
+    """patience must leave at least one finished hypothesis, and no more n-best than the search keeps."""
+    from nmt.config import ConfigError, decode_config
+    from nmt.schema import DecodeConfig
+
+    with pytest.raises(ConfigError, match=r"'decode.patience': 0.1 \(beam_size \* patience rounds to 0"):
+        decode_config(DecodeConfig(), dict(beam_size=4, patience=0.1))
+    with pytest.raises(ConfigError, match=r"'decode.nbest': 4 .* = 2 finished hypotheses"):
+        decode_config(DecodeConfig(), dict(beam_size=4, nbest=4, patience=0.5))
+    assert decode_config(DecodeConfig(), dict(beam_size=4, nbest=2, patience=0.5)).patience == 0.5
+    assert decode_config(DecodeConfig(), dict(beam_size=1, patience=0.1)).patience == 0.1  # greedy: no beam to stop
+
+
+def test_max_finished_rounds_as_ctranslate2_does():
+    """round(float32(K) * float32(p)), half away from zero (CTranslate2's std::round on floats): numpy's
+    float32 arithmetic as the reference; e.g. K=25, p=0.58 gives 15 (14 in float64)."""
+    import numpy as np
+
+    from nmt.schema import max_finished
+
+    for K in range(1, 41):
+        for i in range(1, 301):
+            p = i / 100
+            prod = np.float32(K) * np.float32(p)
+            want = int(np.floor(prod)) + (1 if prod - np.floor(prod) >= 0.5 else 0)
+            assert max_finished(K, p) == want, (K, p)
+    assert max_finished(25, 0.58) == 15 and max_finished(30, 1.05) == 31 and max_finished(5, 0.0) == 0
+
+
 def test_hf_source_and_requirements(files):
     raw = minimal(files)
     raw["data"]["train"] = {"hf_path": "wmt14", "hf_name": "de-en"}

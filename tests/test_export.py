@@ -335,6 +335,7 @@ CONTROLS = {  # issue 25: every control the CTranslate2 engine accepts gives the
     "beam 4 average 1.5, patience 1.5, nbest 2": dict(beam_size=4, length_penalty_type="average", length_penalty=1.5,
                                                       patience=1.5, nbest=2),
     "beam 4 none, patience 0.25": dict(beam_size=4, length_penalty_type="none", patience=0.25),
+    "beam 15 average, patience 2.1 (float32 rounding: 31)": dict(beam_size=15, length_penalty_type="average", patience=2.1),
     "beam 4 none, patience 0.5, nbest 2": dict(beam_size=4, length_penalty_type="none", patience=0.5, nbest=2),
 }
 
@@ -375,6 +376,10 @@ def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
     translator = Translator(out)
     with pytest.raises(UserError, match="--sampling is not supported"):
         translator.translate(["el perro come"], sampling="topp")
+    from nmt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="nbest"):  # both engines: no more n-best than the search keeps
+        translator.translate(["el perro come"], beam_size=4, nbest=4, patience=0.5, length_penalty_type="average")
     with pytest.raises(UserError, match="--patience with the gnmt length penalty is not supported"):
         translator.translate(["el perro come"], beam_size=4, length_penalty_type="gnmt", patience=1.0)
     assert translator.translate(["el perro come"], beam_size=4, length_penalty_type="average", patience=1.0)[0].text
