@@ -93,7 +93,7 @@ def test_invalid_utf8(tmp_path, gz):
 
 @pytest.fixture
 def hf_cache(tmp_path, monkeypatch):
-    datasets = pytest.importorskip("datasets")
+    datasets = pytest.importorskip("datasets", reason="the Hugging Face datasets package (a dependency) is not installed")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     return datasets
 

@@ -562,7 +562,7 @@ def test_openmp_threads_sleep_instead_of_spinning(big):
     chose a policy (which is kept)."""
     spin = _openmp_spincount(big)
     if spin is None:
-        pytest.skip("torch's OpenMP runtime is not GNU libgomp (its settings are not displayed)")
+        pytest.skip(reason="torch's OpenMP runtime is not GNU libgomp (its settings are not displayed)")
     assert spin == "0"  # PASSIVE: 300000 (the runtime's default) before
     assert _openmp_spincount(big, OMP_WAIT_POLICY="ACTIVE") == "30000000000"  # the user's choice stands
     assert _openmp_spincount(big, GOMP_SPINCOUNT="5000") == "5000"

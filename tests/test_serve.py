@@ -493,7 +493,7 @@ def _browser(profile: str):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if not chromium or not driver:
-        pytest.skip("no headless browser: apt-get install chromium chromium-driver")
+        pytest.skip(reason="no headless browser: apt-get install chromium chromium-driver")
     from selenium.webdriver.chrome.service import Service as DriverService
 
     opts = webdriver.ChromeOptions()
