@@ -163,6 +163,8 @@ def _score_parser(sub) -> None:
 
 
 def _tune_parser(sub) -> None:
+    from nmt.tune import MAX_LOOPS, MAX_TIME  # no torch, no sacrebleu at import
+
     p = sub.add_parser(
         "tune", help="choose a checkpoint's decode settings on a dev set",
         description="Search decode settings (beam size, length penalty type and strength, n-gram blocking) on a dev "
@@ -174,11 +176,11 @@ def _tune_parser(sub) -> None:
     p.add_argument("--ref", required=True, metavar="FILE", help="dev reference translations")
     p.add_argument("--output", "-o", metavar="FILE", help="write a copy of the checkpoint with the chosen settings")
     p.add_argument("--in-place", action="store_true", help="write the chosen settings into CKPT itself (atomically)")
-    p.add_argument("--max-time", type=float, default=600.0, metavar="SECONDS",
-                   help="time budget (default 600); the first round (100 lines per setting) always runs")
+    p.add_argument("--max-time", type=float, default=MAX_TIME, metavar="SECONDS",
+                   help=f"time budget (default {MAX_TIME:g}); the first round (100 lines per setting) always runs")
     p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
-    p.add_argument("--max-loops", type=float, default=0.02, metavar="SHARE",
-                   help="largest share of looping output lines allowed (a word 3-gram 3+ times; default 0.02)")
+    p.add_argument("--max-loops", type=float, default=MAX_LOOPS, metavar="SHARE",
+                   help=f"largest share of looping output lines allowed (a word 3-gram 3+ times; default {MAX_LOOPS:g})")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 

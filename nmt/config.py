@@ -25,7 +25,7 @@ import yaml
 
 from nmt.protect import PLACEHOLDERS
 from nmt.schema import (LANG_FORMAT, REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError, CorpusConfig, DataConfig,
-                        DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig, iter_fields)
+                        DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig, iter_fields, max_finished)
 
 __all__ = ["Config", "ConfigError", "CorpusConfig", "DataConfig", "DecodeConfig", "ModelConfig", "REQUIRED",
            "TokenizerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "decode_config", "dump_config",
@@ -171,8 +171,6 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_nee
         errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
                       "or set sampling: nbest samples per line)")
     if dec.patience > 0 and dec.beam_size > 1 and dec.sampling == "none":
-        from nmt.schema import max_finished
-
         most = max_finished(dec.beam_size, dec.patience)
         if most < 1:
             errors.append(f"invalid value for '{prefix}.patience': {dec.patience:g} (beam_size * patience rounds to 0 "
@@ -228,9 +226,7 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
         errors.append("'data.tokenizer.model' is a joint model but 'data.tokenizer.joint' is false (use src_model and tgt_model)")
     if not tok.joint and bool(tok.src_model) != bool(tok.tgt_model):
         errors.append("'data.tokenizer.src_model' and 'data.tokenizer.tgt_model' must be given together")
-    corpora = [(d.train_key(i), c) for i, c in enumerate(d.train_corpora)]
-    corpora += [(d.valid_key(i), c) for i, c in enumerate(d.valid_corpora)]
-    corpora += [("data.test", d.test)] if d.test is not None else []
+    corpora = [(d.train_key(i), c) for i, c in enumerate(d.train_corpora)] + _eval_corpora(d)
     for split in ("train", "valid"):
         if isinstance(getattr(d, split), list) and not getattr(d, split):
             errors.append(f"'data.{split}' is an empty list (give at least one corpus)")
@@ -238,7 +234,7 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
         _check_corpus(c, key, errors, check_files)
     _check_mix(d, errors)
     _check_languages(d, errors)
-    if t.tune_decode and d.train_corpora and d.multilingual:
+    if t.tune_decode and d.multilingual:
         errors.append("'train.tune_decode' is for a model with one target language (nmt tune tunes one set of "
                       "decode settings on one validation set; a multilingual model has a set per direction)")
     if check_files:
@@ -308,11 +304,14 @@ def _check_corpus(c: CorpusConfig, key: str, errors: list[str], check_files: boo
                     errors.append(f"data file not found: '{key}.hf_data_files': {p}")
 
 
+def _eval_corpora(d: DataConfig) -> list[tuple[str, CorpusConfig]]:
+    """(config key, corpus) of the validation corpora and the test corpus."""
+    return [(d.valid_key(i), c) for i, c in enumerate(d.valid_corpora)] + ([("data.test", d.test)] if d.test is not None else [])
+
+
 def _check_mix(d: DataConfig, errors: list[str]) -> None:
     """Weights and tags: only on training corpora; weights finite with a positive sum; tags <NAME>."""
-    others = [(d.valid_key(i), c) for i, c in enumerate(d.valid_corpora)]
-    others += [("data.test", d.test)] if d.test is not None else []
-    for key, c in others:
+    for key, c in _eval_corpora(d):
         if c.weight != 1.0:
             errors.append(f"'{key}.weight' is set, but weights apply only to training corpora (data.train)")
         if c.src_tag is not None:

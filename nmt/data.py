@@ -85,17 +85,12 @@ def _tokenizer_hash(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()
 
 
-def language_prefix(cfg: Config, tokenizer: Tokenizer, corpus: CorpusConfig | None = None) -> tuple[int, ...]:
+def language_prefix(cfg: Config, tokenizer: Tokenizer, corpus: CorpusConfig) -> tuple[int, ...]:
     """The language token before every target of a corpus of a multilingual model (nmt/languages.py):
-    the token of the corpus' target language (default data.tgt_lang); () for a bilingual model."""
+    the token of the corpus' target language; () for a bilingual model."""
     if not tokenizer.languages:
-        if cfg.data.multilingual:
-            raise UserError(f"data.train has {len(cfg.data.target_languages)} target languages "
-                            f"({', '.join(cfg.data.target_languages)}) but the tokenizer in use has no language tokens "
-                            "(it was made for a bilingual model, e.g. a fine-tuning source's)")
         return ()
-    tgt = cfg.data.langs(corpus)[1] if corpus is not None else cfg.data.tgt_lang
-    return tuple(target_prefix(tokenizer, tgt))
+    return tuple(target_prefix(tokenizer, cfg.data.langs(corpus)[1]))
 
 
 def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None]) -> EncodedCorpus:
@@ -186,6 +181,10 @@ def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[st
     """
     d = cfg.data
     check_tags(tokenizer, train_tags(cfg), "in use")
+    if d.multilingual and not tokenizer.languages:
+        raise UserError(f"data.train has {len(d.target_languages)} target languages ({', '.join(d.target_languages)}) "
+                        "but the tokenizer in use has no language tokens (it was made for a bilingual model, e.g. a "
+                        "fine-tuning source's)")
     if d.protect and not all(tokenizer.is_target_symbol(p) for p in PLACEHOLDERS):
         raise UserError(f"data.protect: the tokenizer in use has no placeholder tokens {PLACEHOLDERS[0]} ... "
                         f"{PLACEHOLDERS[-1]} (it was made without data.protect, e.g. a fine-tuning source's)")

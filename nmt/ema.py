@@ -55,8 +55,9 @@ class EMA:
         """Move the average toward the model's current weights (call after each optimizer update)."""
         d = self.rate()
         state = model.state_dict()
-        for key, avg in self.shadow.items():
-            avg.mul_(d).add_(state[key].detach().float(), alpha=1.0 - d)
+        averages = list(self.shadow.values())
+        torch._foreach_mul_(averages, d)  # one call over all tensors, as torch.optim's foreach paths
+        torch._foreach_add_(averages, [state[key].detach().float() for key in self.shadow], alpha=1.0 - d)
         self.updates += 1
 
     def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -107,7 +107,7 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
         from nmt.schema import max_finished
 
         # transformers' early_stopping True stops once num_beams hypotheses have finished: patience 1
-        same_count = decode.patience and max_finished(decode.beam_size, decode.patience) == decode.beam_size
+        same_count = max_finished(decode.beam_size, decode.patience) == decode.beam_size
         gen.update(length_penalty=0.0 if kind == "none" else alpha, early_stopping=True if same_count else "never")
         if decode.patience and not same_count:
             notes.append(f"patience {decode.patience:g} has no counterpart: early_stopping \"never\" (the exact stop) written")

@@ -159,11 +159,9 @@ def placeholder_ids(tokenizer) -> tuple[dict[int, int], dict[int, int]]:
     """({source id: K}, {target id: K}): every piece that writes placeholder <ph_K> (the symbol itself,
     and a word model's or a merged "▁<ph_K>"). Cached per tokenizer."""
     if tokenizer not in _IDS:
-        from nmt.export import vocabularies
-
         number = {ph: k for k, ph in enumerate(PLACEHOLDERS)}
         _IDS[tokenizer] = tuple({i: number[p.lstrip("▁")] for i, p in enumerate(pieces) if p.lstrip("▁") in number}
-                                for pieces in vocabularies(tokenizer))
+                                for pieces in tokenizer.vocab_pieces())
     return _IDS[tokenizer]
 
 

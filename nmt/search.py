@@ -61,7 +61,7 @@ from torch import Tensor
 
 from nmt.cache import DecoderCache
 from nmt.layout import NMT_SPECIALS, Specials
-from nmt.schema import max_finished  # noqa: F401 (also nmt.search's: the engines and tests use it)
+from nmt.schema import max_finished
 
 PENALTY_TYPES = ("gnmt", "average", "none")
 SAMPLING = ("topk", "topp")
@@ -418,7 +418,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     tokens = torch.full((B,), specials.start, dtype=torch.long, device=device)  # [N*k] input of this step
     history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N*k, t-1] generated tokens
     kth_best = torch.full((B, nbest), NEG_INF, device=device)  # [N, nbest] best finished scores, sorted
-    most = max(1, max_finished(K, patience)) if patience > 0 else 0  # 0: the exact stop only
+    most = max_finished(K, patience)  # 0: the exact stop only
     n_done = torch.zeros(B, dtype=torch.long, device=device)  # [N] candidates ended so far (with patience)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
@@ -525,8 +525,8 @@ def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, patien
         raise ValueError(f"unknown length_penalty_type {kind!r} (expected one of {', '.join(PENALTY_TYPES)})")
     if alpha < 0:
         raise ValueError(f"length_penalty must be >= 0, got {alpha}")
-    if not patience >= 0:
-        raise ValueError(f"patience must be >= 0, got {patience}")
+    if not patience >= 0 or (patience > 0 and max_finished(beam_size, patience) < 1):
+        raise ValueError(f"patience must be 0 or leave round(beam_size * patience) >= 1, got {patience}")
 
 
 def check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int, specials: Specials = NMT_SPECIALS) -> None:

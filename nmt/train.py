@@ -85,7 +85,6 @@ class Training:
     tokenizer: Tokenizer
     train_data: EncodedCorpus
     valid_data: EncodedCorpus
-    valid_lines: tuple[list[str], list[str]]  # the first validation set's
     model: nn.Module  # the plain Transformer (checkpoints, validation)
     forward: nn.Module  # what the step calls: the model, wrapped by DDP and/or torch.compile
     optimizer: torch.optim.Optimizer
@@ -163,7 +162,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
              f"{', compiled' if cfg.train.compile else ''}"
              f"{f'; DDP over {env.world_size} processes' if env.distributed else ''}")
     log.start_progress(cfg.train.max_steps or None, state.step)
-    return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, data.valid_lines, model, forward,
+    return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, model, forward,
                     optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema)
 
 

@@ -291,7 +291,7 @@ class Trainer:
             best = os.path.join(self.tr.run_dir, "checkpoints", "best.pt")
             if os.path.exists(best):
                 metric = "chrf" if self.t.metric == "chrf" else "bleu"
-                src, ref = self.tr.valid_lines
+                src, ref = self.tr.valid_sets[0].lines
                 self.log.info(f"tuning the decode settings of best.pt on the validation set ({len(src)} lines, "
                               f"at most {self.t.tune_max_time:g} s)")
                 result = tune(TorchEngine.load(best, str(self.tr.device)), src, ref, metric=metric,

@@ -51,6 +51,7 @@ NGRAMS = (0, 3, 4, 6)
 PENALTIES = tuple((kind, a / 10) for kind in ("gnmt", "average") for a in range(5, 21)) + (("none", 0.0),)
 FIRST_ROUND_LINES = 100
 MAX_LOOPS = 0.02
+MAX_TIME = 600.0  # seconds: `nmt tune`'s default budget
 
 
 @dataclass(frozen=True)
@@ -326,7 +327,7 @@ def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str,
 
 
 def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
-                 max_time: float = 600.0, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
+                 max_time: float = MAX_TIME, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
                  quiet: bool = False) -> int:
     """`nmt tune` (module docstring). Returns 0."""
     import sys
