@@ -88,19 +88,17 @@ def build_random_checkpoint(directory: str, args) -> str:
     return path
 
 
-def setting_keys(args) -> list[str]:
-    """"BEAM/BATCH[/PATIENCE]" for every combination (patience only for beams > 1)."""
-    keys = []
-    for beam in args.beams:
-        for size in args.batch_sizes:
-            for patience in (args.patience or [None]) if beam > 1 else [None]:
-                keys.append(f"{beam}/{size}" + ("" if patience is None else f"/{patience:g}"))
-    return keys
+def settings_of(args) -> list[tuple[int, int, float | None]]:
+    """(beam, batch size, patience) for every combination (patience only for beams > 1; None = the
+    checkpoint's)."""
+    return [(beam, size, patience) for beam in args.beams for size in args.batch_sizes
+            for patience in ((args.patience or [None]) if beam > 1 else [None])]
 
 
-def parse_key(key: str) -> tuple[int, int, float | None]:
-    beam, size, *patience = key.split("/")
-    return int(beam), int(size), float(patience[0]) if patience else None
+def key_of(setting: tuple[int, int, float | None]) -> str:
+    """"BEAM/BATCH[/PATIENCE]": a setting's key in the workers' JSON."""
+    beam, size, patience = setting
+    return f"{beam}/{size}" + ("" if patience is None else f"/{patience:g}")
 
 
 def worker(args) -> dict:
@@ -128,8 +126,7 @@ def worker(args) -> dict:
     from nmt.translate import translate_lines
 
     runs = {}
-    for key in setting_keys(args):
-        beam, size, patience = parse_key(key)
+    for beam, size, patience in settings_of(args):
         overrides = dict(beam_size=beam, nbest=1, max_batch_size=size, **limits)
         if patience is not None:
             overrides["patience"] = patience
@@ -142,7 +139,7 @@ def worker(args) -> dict:
         run(lines[:8])  # warm-up
         t0 = time.perf_counter()
         outputs = run(lines)
-        runs[key] = dict(seconds=time.perf_counter() - t0, outputs=outputs)
+        runs[key_of((beam, size, patience))] = dict(seconds=time.perf_counter() - t0, outputs=outputs)
     return dict(runs=runs, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
@@ -226,7 +223,7 @@ def main() -> int:
         engines = [("nmt (PyTorch)", "fp32", "nmt", None), ("nmt (PyTorch)", "int8", "nmt", None)] + \
             ([("nmt (PyTorch)", "bf16", "nmt", None)] if args.bf16 else []) + \
             [("CTranslate2", quant, "ct2", dirs[quant]) for quant in ("float32", "int8")]
-        settings = setting_keys(args)
+        settings = [key_of(x) for x in settings_of(args)]
         best = [{k: float("inf") for k in settings} for _ in engines]
         outputs, rss = [None] * len(engines), [0.0] * len(engines)
         for _ in range(args.repeats):  # round-robin, so that load from other processes hits every engine alike
@@ -238,8 +235,7 @@ def main() -> int:
         results = []
         print(f"{'engine':<14} {'weights':<8} {'beam':>4} {'batch':>5} {'pat.':>4} {'time_s':>8} {'sent/s':>8} "
               f"{'tok/s':>8} {'vs nmt':>7} {'same':>6} {'rss_MB':>7}")
-        for key in settings:
-            beam, size, patience = parse_key(key)
+        for key, (beam, size, patience) in zip(settings, settings_of(args)):
             pat = "-" if patience is None else f"{patience:g}"
             for k, (name, weights, _, _) in enumerate(engines):
                 secs, out, ref = best[k][key], outputs[k][key], outputs[0][key]

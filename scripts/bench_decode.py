@@ -20,6 +20,7 @@ the way the other toolkits were timed in BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -45,11 +46,10 @@ def peak_rss_mb() -> float:
 
 
 def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1, ops=None,
-               autocast=None):
+               precision=contextlib.nullcontext):
     """Encode + search src_ids (subword ids, no EOS) in batches of batch_size sentences (sorted by length);
-    with workers > 1 on CPU, as `nmt translate --workers` runs them; autocast: the engine's dtype
-    (--precision bf16/fp16), entered in each worker thread. -> (seconds, output tokens)."""
-    import contextlib
+    with workers > 1 on CPU, as `nmt translate --workers` runs them; precision: the engine's
+    `_precision` (its autocast for --precision bf16/fp16), entered in each worker thread. -> (seconds, output tokens)."""
     from nmt.layout import source_tensors
     from nmt.search import PLAIN_OPS, beam_search, greedy_search
     from nmt.batching import batch_cost, run_batches
@@ -60,15 +60,12 @@ def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, t
     kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
 
     def search(batch):
-        with torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext():
-            return _search(batch)
-
-    def _search(batch):
         src, src_mask = source_tensors(batch, device=device)  # x + EOS, padded
-        if beam == 1:
-            return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, ops=ops, **kw))
-        hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, ops=ops, **kw)
-        return sum(len(h[0].tokens) for h in hyps)
+        with precision():
+            if beam == 1:
+                return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, ops=ops, **kw))
+            hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, ops=ops, **kw)
+            return sum(len(h[0].tokens) for h in hyps)
 
     batches = [[src_ids[i] for i in order[start:start + batch_size]] for start in range(0, len(order), batch_size)]
     if device.type == "cuda":
@@ -203,7 +200,7 @@ def main() -> int:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 secs, toks = run_search(model, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch,
-                                        args.workers, ops, engine.autocast)
+                                        args.workers, ops, engine._precision)
                 mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
                 r = dict(search="greedy" if beam == 1 else f"beam{beam}", beam=beam, cache=use_cache, batch=bs,
                          sentences=n, seconds=secs, sent_per_s=n / secs, tok_per_s=toks / secs, tokens=toks,

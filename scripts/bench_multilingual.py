@@ -58,6 +58,11 @@ def _env() -> dict:
     return env
 
 
+def _langs(d: dict, corpus: dict) -> tuple[str, str]:
+    """(source, target) language of a raw corpus entry (its own, or the data section's)."""
+    return corpus.get("src_lang", d["src_lang"]), corpus.get("tgt_lang", d["tgt_lang"])
+
+
 def configs(raw: dict, out: str, steps: int, bi_steps: int | None, bi_vocab: int) -> dict[str, dict]:
     """{run name: raw config}: the multilingual one, then one bilingual one per training corpus."""
     d = raw["data"]
@@ -68,8 +73,8 @@ def configs(raw: dict, out: str, steps: int, bi_steps: int | None, bi_vocab: int
     runs = {"multi": multi}
     valid = d["valid"] if isinstance(d["valid"], list) else [d["valid"]]
     for corpus in d["train"]:
-        src, tgt = corpus.get("src_lang", d["src_lang"]), corpus.get("tgt_lang", d["tgt_lang"])
-        match = [v for v in valid if (v.get("src_lang", d["src_lang"]), v.get("tgt_lang", d["tgt_lang"])) == (src, tgt)]
+        src, tgt = _langs(d, corpus)
+        match = [v for v in valid if _langs(d, v) == (src, tgt)]
         bi = json.loads(json.dumps(raw))
         bi.update(name=f"{raw['name']}-{src}-{tgt}", output_dir=out)
         strip = lambda c: {k: v for k, v in c.items() if k not in ("src_lang", "tgt_lang")}  # noqa: E731
@@ -80,7 +85,7 @@ def configs(raw: dict, out: str, steps: int, bi_steps: int | None, bi_vocab: int
     return runs
 
 
-def prepare(runs: dict[str, dict], out: str) -> dict[str, float]:
+def prepare(runs: dict[str, dict]) -> dict[str, float]:
     """Tokenizer and encoded corpora of every run, in its run directory; seconds per run."""
     from nmt.data import load_data
     from nmt.tokenizer import build_tokenizer
@@ -152,7 +157,7 @@ def evaluate_all(runs: dict[str, dict], out: str, zero_shot: list[str], lines: i
     multi_ckpt = os.path.join(out, raw["name"], "checkpoints", "best.pt")
     results: dict = {"directions": {}, "zero_shot": {}}
     for corpus in d["train"]:
-        src, tgt = corpus.get("src_lang", d["src_lang"]), corpus.get("tgt_lang", d["tgt_lang"])
+        src, tgt = _langs(d, corpus)
         s, t = (_head(corpus[k].replace("/train.", "/test."), out, lines) for k in ("src", "tgt"))
         bi_ckpt = os.path.join(out, runs[f"{src}-{tgt}"]["name"], "checkpoints", "best.pt")
         common = ["--src", s, "--ref", t, "--json", "-q", *flags]
@@ -214,7 +219,7 @@ def main() -> int:
     stages = args.stages.split(",")
     os.makedirs(args.out, exist_ok=True)
     if "prepare" in stages:
-        state["prepare_seconds"] = prepare(runs, args.out)
+        state["prepare_seconds"] = prepare(runs)
     if "train" in stages:
         state["train"] = train(runs, args.out)
     if "evaluate" in stages:

@@ -55,14 +55,17 @@ def main() -> int:
     controls = dict(parse_control(c) for c in args.control) if args.control else CONTROLS
     torch_tr = Translator(args.checkpoint, engine="torch", device="cpu", workers=1)
     ct2_tr = Translator(args.export, engine="ctranslate2", device="cpu", workers=1)
-    results = {}
+    results, plain = {}, None  # plain: the torch engine's output with the checkpoint's settings
     for name, options in controls.items():
         prefixes = None
         if options == "PREFIX":
             options = {}
-            prefixes = [" ".join(r.text.split()[:3]) for r in torch_tr.translate(src)]
+            plain = plain or torch_tr.translate(src)
+            prefixes = [" ".join(r.text.split()[:3]) for r in plain]
         t0 = time.perf_counter()
         a = torch_tr.translate(src, prefixes=prefixes, **options)
+        if not options and prefixes is None:
+            plain = a
         t1 = time.perf_counter()
         b = ct2_tr.translate(src, prefixes=prefixes, **options)
         t2 = time.perf_counter()
