@@ -72,15 +72,10 @@ class Translator:
         return self._checked(decode_config(self.decode, decode_options)) if decode_options else self.decode
 
     def _checked(self, decode: DecodeConfig) -> DecodeConfig:
-        if decode.alignment and self._engine.name != "torch":
-            raise UserError(f"--alignment is not supported by the {self._engine.name} engine (translate with the "
-                            "checkpoint and --engine torch)")
+        self._engine.check(decode)  # settings an engine refuses (nmt/ct2.py)
         self._engine.check_precision(decode.precision)
         if decode.protect:
             check_protect(self._engine.tokenizer)
-        engine_check = getattr(self._engine, "check", None)  # settings an engine refuses (nmt/ct2.py)
-        if engine_check is not None:
-            engine_check(decode)
         if decode.tgt_lang is not None:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         return decode

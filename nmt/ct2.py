@@ -135,6 +135,9 @@ class Ct2Engine:
 
     def check(self, decode: DecodeConfig) -> None:
         """UserError for the settings this engine cannot search as nmt.search does (module docstring)."""
+        if decode.alignment:
+            raise UserError("--alignment is not supported by the ctranslate2 engine (translate with the checkpoint "
+                            "and --engine torch)")
         if decode.sampling != "none":
             raise UserError("--sampling is not supported by the ctranslate2 engine: CTranslate2 draws its own random "
                             "numbers, so its samples cannot match the PyTorch engine's (translate with the checkpoint "

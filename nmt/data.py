@@ -85,12 +85,13 @@ def _tokenizer_hash(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()
 
 
-def language_prefix(cfg: Config, tokenizer: Tokenizer, corpus: CorpusConfig) -> tuple[int, ...]:
+def language_prefix(cfg: Config, tokenizer: Tokenizer, corpus: CorpusConfig | None = None) -> tuple[int, ...]:
     """The language token before every target of a corpus of a multilingual model (nmt/languages.py):
-    the token of the corpus' target language; () for a bilingual model."""
+    the token of the corpus' target language (default data.tgt_lang); () for a tokenizer without
+    language tokens (`load_data` refuses one for a multilingual config)."""
     if not tokenizer.languages:
         return ()
-    return tuple(target_prefix(tokenizer, cfg.data.langs(corpus)[1]))
+    return tuple(target_prefix(tokenizer, cfg.data.langs(corpus)[1] if corpus is not None else cfg.data.tgt_lang))
 
 
 def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None]) -> EncodedCorpus:

@@ -16,6 +16,7 @@ a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported w
         workers: int | None             batches the engine searches at once (None: decided per call, `resolve_workers`)
         precision: str                  decode.precision it was loaded with (nmt/precision.py)
         def check_precision(p)           UserError unless calls with decode.precision p can run (fixed at load)
+        def check(decode)                UserError for decode settings this engine cannot search as nmt.search does
         def running() -> ContextManager  around a run of calls: the model in eval mode
         def search_batch(src_ids, decode, keys=None, prefixes=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
@@ -51,6 +52,8 @@ class Engine(Protocol):
     precision: str
 
     def check_precision(self, precision: str) -> None: ...
+
+    def check(self, decode: DecodeConfig) -> None: ...
 
     def running(self) -> ContextManager: ...
 

@@ -436,11 +436,12 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
             top, ends = top.masked_fill(empty, NEG_INF), ends & ~empty  # a live slot with no hypothesis
         ended = ends & alive & (torch.arange(2 * K, device=device) < K)  # endings in the top K finish
         score = top / length_penalty_factor(t, alpha, kind)  # [N, 2K] penalised score if the candidate ends now
-        enters = ended if keep_all else ended & (score > kth_best[:, -1:])  # can still be in the n-best
+        enters = ended & (score > kth_best[:, -1:])  # can still be in the n-best (keep_all: kth_best stays -inf)
         if bool(enters.any()):
             _collect(finished, enters, sent, history, rows, word, top, score, EOS)
-            new = score.masked_fill(~ended, NEG_INF)
-            kth_best = torch.cat([kth_best, new], dim=1).topk(nbest, dim=1).values
+            if not keep_all:
+                new = score.masked_fill(~ended, NEG_INF)
+                kth_best = torch.cat([kth_best, new], dim=1).topk(nbest, dim=1).values
         if most:
             n_done = n_done + ended.sum(dim=1)
         live = alive & ~ends  # [N, 2K]
@@ -448,7 +449,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         sel = torch.where(live, rank, rank + 2 * K).argsort(dim=1)[:, :K]  # [N, K] the K best live candidates
         scores = top.gather(1, sel).masked_fill(~live.gather(1, sel), NEG_INF)  # [N, K] live beams; -inf = empty
         rows, word = rows.gather(1, sel), word.gather(1, sel)
-        keep = scores.max(dim=1).values > NEG_INF if keep_all else ~_stopped(scores, kth_best, best_possible_lp)
+        keep = ~_stopped(scores, kth_best, best_possible_lp)  # keep_all: stops only with no live beam
         if most:
             keep &= n_done < most
         if not bool(keep.all()):
@@ -466,9 +467,9 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
 def _after_prefix(rules: StepRules, sent: Tensor, t: int, word: Tensor, K: int, eos: int) -> Tensor | None:
     """[N, 2K]: the EOS candidates ranked 2..K at the first step after a sentence's forced prefix
     (they leave their beam slot empty: CTranslate2's rule), or None when no sentence is at that step."""
-    plen = rules.prefix_lengths(sent)
-    if plen is None:
+    if rules.prefix is None or t > rules.longest_prefix + 1:  # no sentence can be right after its prefix
         return None
+    plen = rules.prefix_lengths(sent)
     first_free = (plen > 0) & (plen + 1 == t)  # [N]
     if not bool(first_free.any()):
         return None

@@ -73,6 +73,9 @@ class TorchEngine:
         engine.precision = precision
         return engine
 
+    def check(self, decode: DecodeConfig) -> None:
+        """Every decode setting is this engine's own (nothing to refuse)."""
+
     def check_precision(self, precision: str) -> None:
         """UserError unless calls with decode.precision `precision` can run on this engine (fixed at load)."""
         from nmt.precision import resolve
