@@ -47,3 +47,36 @@ def test_each_listed_api_is_used_where_listed_and_exists_here():
     assert "device_id" in inspect.signature(torch.distributed.init_process_group).parameters
     assert "mmap" in inspect.signature(torch.load).parameters
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], fused=True)  # CPU fused kernels
+
+
+def _block_after(text: str, heading: str) -> list[str]:
+    """The command lines of the first ```bash block after `heading` in README.md."""
+    part = text[text.index(heading):]
+    block = part[part.index("```bash") + len("```bash"):]
+    return [line.strip() for line in block[:block.index("```")].splitlines() if line.strip()]
+
+
+def test_ci_installs_and_tests_exactly_as_the_readme_says():
+    """CI is what a newcomer gets: every command of README.md's Install and Test blocks is in .ci/run (a fresh
+    virtual environment, torch first, then the package with tests/constraints.txt), in the same order."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    install = _block_after(readme, "## Install")
+    assert install[0].startswith("python3 -m venv ")
+    wanted = install[1:] + _block_after(readme, "## Test")  # the venv's path is CI's own (a new temporary one)
+    assert "pip install -e \".[dev,ct2]\" -c tests/constraints.txt" in wanted
+    at = [next((i for i, line in enumerate(ci) if line.replace("pip install -q ", "pip install ") == cmd
+                or (cmd.startswith("python3 -m venv") and line.startswith("python3 -m venv"))), None) for cmd in wanted]
+    missing = [cmd for cmd, i in zip(wanted, at) if i is None]
+    assert not missing, f".ci/run lacks README commands: {missing}"
+    assert at == sorted(at), "README's commands run in another order in .ci/run"
+
+
+def test_constraints_pin_every_dev_tool_and_leave_torch_to_the_user():
+    with open(os.path.join(ROOT, "tests", "constraints.txt"), encoding="utf-8") as f:
+        pins = dict(line.strip().split("==") for line in f if "==" in line)
+    names = {name.lower().replace("_", "-") for name in pins}
+    assert {"pytest", "ruff", "transformers", "selenium", "ctranslate2", "sacrebleu", "sentencepiece"} <= names
+    assert not {"torch", "triton"} & names, "torch is installed first, CPU or CUDA build: not pinned here"
