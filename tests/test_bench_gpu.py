@@ -1,0 +1,59 @@
+"""scripts/bench_gpu.py (nmt against transformers, training and decoding; BENCHMARKS.md "On a GPU:
+nmt against transformers"): its --device cpu --quick run measures every part and writes the JSON that
+checks outside the repository read. Timings are never asserted, only what the numbers count: the two
+training systems are the same model (equal loss from the same weights, transformers' own forward pass
+as the reference), decoding does the forced work in both, and greedy search agrees line for line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "bench_gpu.py")
+
+
+def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path):
+    pytest.importorskip("transformers", reason="the A/B rows compare against transformers")
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--json", str(out)],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["errors"] == [] and res["quick"] is True and res["peak_flops_per_s"] > 0
+    assert "tgt tok/s" in proc.stdout and "same lines" in proc.stdout  # the table
+
+    train = res["train"]
+    assert all("error" not in r for r in train)
+    ab = [r for r in train if r["system"] in ("nmt", "transformers")]
+    keys = {(r["model"], r["batch_tokens"]) for r in ab}
+    assert len({m for m, _ in keys}) == 2 and len({bt for _, bt in keys}) == 2  # two models x two budgets
+    for model, bt in keys:
+        pair = {r["system"]: r for r in ab if (r["model"], r["batch_tokens"]) == (model, bt)}
+        assert set(pair) == {"nmt", "transformers"}
+        # the same weights give the same loss: the two systems train the same model
+        assert pair["transformers"]["start_loss"] == pytest.approx(pair["nmt"]["start_loss"], rel=1e-5)
+        assert pair["nmt"]["flops_per_tgt_token"] == pair["transformers"]["flops_per_tgt_token"]  # same batches
+        assert pair["transformers"]["nmt_speedup"] == pytest.approx(
+            pair["nmt"]["tgt_tok_per_s"] / pair["transformers"]["tgt_tok_per_s"])
+    for r in ab:
+        assert r["tgt_tok_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] > 0 and r["steps"] > 0
+    (e2e,) = [r for r in train if r["system"] == "nmt train"]
+    assert e2e["tgt_tok_per_s"] > 0 and e2e["mfu"] > 0 and e2e["vs_step"] > 0 and e2e["log_intervals"] >= 1
+    assert (e2e["model"], e2e["batch_tokens"]) in keys
+
+    decode = res["decode"]
+    assert all("error" not in r for r in decode)
+    configs = {(r["precision"], r["beam"], r["batch"]) for r in decode}
+    assert {b for _, b, _ in configs} == {1, 5} and len({n for _, _, n in configs}) == 2
+    for config in configs:
+        pair = {r["system"]: r for r in decode if (r["precision"], r["beam"], r["batch"]) == config}
+        assert set(pair) == {"nmt", "transformers"}
+        for r in pair.values():
+            assert r["sent_per_s"] > 0 and r["tok_per_s"] > 0 and 0 <= r["same_lines"] <= 1
+            assert r["tok_per_s"] / r["sent_per_s"] == pytest.approx(r["length"])  # every output forced to length
+        if config[1] == 1:  # greedy: the argmax of the same fp32 logits, line for line
+            assert pair["transformers"]["same_lines"] == 1.0
