@@ -80,6 +80,7 @@ from bench_train import forward_flops  # the MFU formula (scripts/ is on sys.pat
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 BIBLE = os.path.join(ROOT, "data", "bible-es-en")
+LR, WARMUP = 5e-4, 4000  # inverse_sqrt schedule (only the warm-up's first steps run)
 T0 = time.perf_counter()
 
 
@@ -179,7 +180,7 @@ def bench_config(plan: Plan, output_dir: str, name: str, model: str, batch_token
                     "batch_tokens": batch_tokens},
            "model": {**plan.models[model], "norm": "post", "positions": "sinusoidal_halves", "activation": "relu",
                      "dropout": 0.1},
-           "train": {"lr": 5e-4, "warmup_steps": 4000, "max_steps": 10 ** 6, "label_smoothing": 0.1, "clip_norm": 1.0,
+           "train": {"lr": LR, "warmup_steps": WARMUP, "max_steps": 10 ** 6, "label_smoothing": 0.1, "clip_norm": 1.0,
                      "precision": "auto", "device": device, "valid_bleu": False, "metric": "loss", **train},
            # nmt's counterpart of transformers' beam search (nmt/hf_export.py): score / length^1, exact stop
            "decode": {"beam_size": 5, "length_penalty": 1.0, "length_penalty_type": "average", "patience": 0.0}}
@@ -441,8 +442,10 @@ def train_e2e(plan: Plan, work: str, device, peak: float | None, step_rows: list
     model, bt = plan.e2e
     spm = os.path.join(work, "ab", "spm.model")  # part 2's tokenizer: no second training
     output_dir = tempfile.mkdtemp(prefix="nmt-train-", dir=work)  # a new run directory, even in a reused --workdir
+    # the learning rates of part 2's first steps (warmup must end inside max_steps: a lower peak instead)
+    warmup = plan.e2e_steps - 1
     cfg = bench_config(plan, output_dir, "e2e", model, bt, str(device), spm_model=spm if os.path.isfile(spm) else None,
-                       max_steps=plan.e2e_steps, warmup_steps=min(4000, plan.e2e_steps // 2),
+                       max_steps=plan.e2e_steps, warmup_steps=warmup, lr=LR * warmup / WARMUP,
                        log_every=plan.e2e_log_every, valid_every=0, keep_last=0)
     path = os.path.join(output_dir, "e2e.yaml")
     save_config(cfg, path)
@@ -505,7 +508,7 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
 
     lines = read_lines(os.path.join(BIBLE, "test.es.gz"), plan.sentences)
     L = plan.length
-    nmt_tokenizer = Tokenizer.from_bytes(load_checkpoint(checkpoint)["tokenizer"])
+    nmt_tokenizer = Tokenizer.from_bytes(load_checkpoint(checkpoint, mmap=True)["tokenizer"])
     hf_model = hf_tokenizer = None
     if have_hf:
         import transformers
