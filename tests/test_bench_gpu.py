@@ -2,7 +2,8 @@
 nmt against transformers"): its --device cpu --quick run measures every part and writes the JSON that
 checks outside the repository read. Timings are never asserted, only what the numbers count: the two
 training systems are the same model (equal loss from the same weights, transformers' own forward pass
-as the reference), decoding does the forced work in both, and greedy search agrees line for line."""
+as the reference), decoding does the forced work in both, and greedy search agrees line for line.
+The CUDA variant (skipped without a CUDA device) runs the same on a GPU: bf16, peak memory."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "bench_gpu.py")
 
 
-def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (none on CI)"))])
+def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path, device):
     pytest.importorskip("transformers", reason="the A/B rows compare against transformers")
+    cuda = device == "cuda"
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--json", str(out)],
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", device, "--quick", "--json", str(out)],
                           env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -34,13 +39,14 @@ def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path):
     for model, bt in keys:
         pair = {r["system"]: r for r in ab if (r["model"], r["batch_tokens"]) == (model, bt)}
         assert set(pair) == {"nmt", "transformers"}
-        # the same weights give the same loss: the two systems train the same model
-        assert pair["transformers"]["start_loss"] == pytest.approx(pair["nmt"]["start_loss"], rel=1e-5)
+        # the same weights give the same loss: the two systems train the same model (bf16 autocast on CUDA)
+        assert pair["transformers"]["start_loss"] == pytest.approx(pair["nmt"]["start_loss"], rel=2e-2 if cuda else 1e-5)
         assert pair["nmt"]["flops_per_tgt_token"] == pair["transformers"]["flops_per_tgt_token"]  # same batches
         assert pair["transformers"]["nmt_speedup"] == pytest.approx(
             pair["nmt"]["tgt_tok_per_s"] / pair["transformers"]["tgt_tok_per_s"])
     for r in ab:
         assert r["tgt_tok_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] > 0 and r["steps"] > 0
+        assert (r["peak_mem_mb"] > 0) if cuda else r["peak_mem_mb"] is None
     (e2e,) = [r for r in train if r["system"] == "nmt train"]
     assert e2e["tgt_tok_per_s"] > 0 and e2e["mfu"] > 0 and e2e["vs_step"] > 0 and e2e["log_intervals"] >= 1
     assert (e2e["model"], e2e["batch_tokens"]) in keys
@@ -49,11 +55,14 @@ def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path):
     assert all("error" not in r for r in decode)
     configs = {(r["precision"], r["beam"], r["batch"]) for r in decode}
     assert {b for _, b, _ in configs} == {1, 5} and len({n for _, _, n in configs}) == 2
+    assert {p for p, _, _ in configs} == ({"fp32", "bf16"} if cuda else {"fp32"})
     for config in configs:
         pair = {r["system"]: r for r in decode if (r["precision"], r["beam"], r["batch"]) == config}
         assert set(pair) == {"nmt", "transformers"}
         for r in pair.values():
             assert r["sent_per_s"] > 0 and r["tok_per_s"] > 0 and 0 <= r["same_lines"] <= 1
             assert r["tok_per_s"] / r["sent_per_s"] == pytest.approx(r["length"])  # every output forced to length
-        if config[1] == 1:  # greedy: the argmax of the same fp32 logits, line for line
+        if config[:2] == ("fp32", 1) and not cuda:  # greedy: the argmax of the same (bitwise) fp32 logits
             assert pair["transformers"]["same_lines"] == 1.0
+        elif config[:2] == ("fp32", 1):  # other kernels: equal logits to rounding, near-ties aside
+            assert pair["transformers"]["same_lines"] >= 0.9
