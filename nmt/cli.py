@@ -90,7 +90,8 @@ def _train_parser(sub) -> None:
         description="Train a Transformer from a YAML config. The run directory OUTPUT_DIR/NAME receives the resolved config, "
         "the SentencePiece model(s), checkpoints/, TensorBoard events and train.log.",
         epilog="Every config key, with its default, is listed in configs/README.md. "
-        "Ctrl-C (or SIGTERM) finishes the current step, saves checkpoints/latest.pt and exits; a second Ctrl-C exits at once. "
+        "Ctrl-C (or SIGTERM) finishes the current step, saves checkpoints/latest.pt and exits (during train.tune_decode: "
+        "stops the tuning, best.pt keeps its trained settings); a second Ctrl-C exits at once. "
         "Multi-GPU: torchrun --nproc_per_node N -m nmt train --config X.yaml",
     )
     p.add_argument("--config", required=True, metavar="YAML", help="the config file")

@@ -29,7 +29,8 @@ The result is written into the `decode` section of a copy of the checkpoint (`-o
 checkpoint itself (`--in-place`, atomically: a temporary file renamed over it); everything else
 in the checkpoint (weights, tokenizer, training state) is written back unchanged, and the
 checkpoint gets a `tuned` record (settings, metric, lines, the table). `train.tune_decode`
-runs it on the validation set at the end of training, on best.pt.
+runs it on the validation set at the end of training, on best.pt; its `stop` (a signal arrived)
+ends the race between two batches with `Stopped`, and nothing is written.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ PENALTIES = tuple((kind, a / 10) for kind in ("gnmt", "average") for a in range(
 FIRST_ROUND_LINES = 100
 MAX_LOOPS = 0.02
 MAX_TIME = 600.0  # seconds: `nmt tune`'s default budget
+
+
+class Stopped(Exception):
+    """`tune`'s `stop()` turned true (train.tune_decode got a signal): the race ended, nothing was chosen."""
 
 
 @dataclass(frozen=True)
@@ -132,11 +137,12 @@ class Scorer:
 class Decoder:
     """Decodes dev lines with a TorchEngine: greedy outputs, or every finished beam hypothesis."""
 
-    def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig):
+    def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig,
+                 stop: Callable[[], bool] = lambda: False):
         from nmt.languages import free_prefix, target_prefix
         from nmt.translate import check_protect, encode_sources
 
-        self.engine, self.decode = engine, decode
+        self.engine, self.decode, self.stop = engine, decode, stop
         lines, self.spans = list(src_lines), [[] for _ in src_lines]
         if decode.protect:
             check_protect(engine.tokenizer)
@@ -148,7 +154,8 @@ class Decoder:
         self._texts: dict[tuple, str] = {}
 
     def run(self, arm: tuple[int, int], lines: list[int]) -> dict[int, list[tuple]]:
-        """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines."""
+        """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines.
+        Raises `Stopped` between two batches once `stop()` is true."""
         from nmt.batching import run_engine
         from nmt.layout import source_tensors
         from nmt.search import beam_search, greedy_search
@@ -173,6 +180,8 @@ class Decoder:
                                    **kw, **extra)
 
         for batch, nbests in run_engine(engine, search, [len(self.src_ids[i]) + 1 for i in todo], d):
+            if self.stop():
+                raise Stopped
             for j, hyps in zip(batch, nbests):
                 out[todo[j]] = [(tuple(h.tokens), h.log_prob, len(h.tokens) + h.finished, h.finished) for h in hyps]
         return out
@@ -291,8 +300,9 @@ def _format_row(row: Row) -> str:
 
 def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: str = "bleu", max_time: float = 600.0,
          max_loops: float = MAX_LOOPS, beams: Sequence[int] = BEAMS, ngrams: Sequence[int] = NGRAMS,
-         log: Callable[[str], None] = print) -> TuneResult:
-    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring)."""
+         log: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False) -> TuneResult:
+    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring).
+    `stop()` is asked between batches and once more at the end: true raises `Stopped`."""
     if metric not in ("bleu", "chrf"):
         raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
     if len(src_lines) != len(ref_lines):
@@ -301,9 +311,12 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
         raise UserError("nothing to tune on: the dev set is empty")
     t0 = time.perf_counter()
     decode = dataclasses.replace(engine.decode, nbest=1, sampling="none", alignment=False)
-    race = Race(Decoder(engine, src_lines, decode), Scorer(ref_lines, metric), len(src_lines), max_time, max_loops, log)
+    race = Race(Decoder(engine, src_lines, decode, stop), Scorer(ref_lines, metric), len(src_lines), max_time,
+                max_loops, log)
     arms = [(b, n) for b in beams for n in ngrams]
     best, final = race.run(arms)
+    if stop():  # (arrived while the last round was scored)
+        raise Stopped
     own = Setting(decode.beam_size, decode.no_repeat_ngram, decode.length_penalty_type, decode.length_penalty)
     baseline = next((r for r in final if r.setting.keys() == own.keys()), None)
     return TuneResult(best.setting, best, race.table + final, best.lines, time.perf_counter() - t0, baseline)

@@ -4,11 +4,14 @@ section (and its record), atomically in place, and train.tune_decode tunes best.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
+import yaml
 
 from nmt import checkpoint as ckpt
 from nmt.config import config_from_dict, decode_config
@@ -130,3 +133,51 @@ def test_train_tune_decode_tunes_best_pt(tmp_path):
     assert "tuned" not in latest  # best.pt alone is rewritten (it was a hard link of latest.pt)
     log = open(os.path.join(cfg.run_dir, "train.log"), encoding="utf-8").read()
     assert "tuning the decode settings of best.pt" in log and "tune: chose" in log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_training_tunes_best_pt_stops_the_tuning(tmp_path, signum):
+    """Ctrl-C or SIGTERM while train.tune_decode tuned best.pt was ignored: the tuning ran to its end (up to
+    tune_max_time), wrote best.pt and `nmt train` exited 0. Now the tuning stops between two batches, best.pt
+    stays as trained (byte for byte), and the exit code is 130 / 143."""
+    import hashlib
+
+    from helpers import make_pairs
+
+    raw = tiny_config_dict(str(tmp_path), max_steps=20, warmup_steps=5, valid_every=1000, valid_bleu=False,
+                           metric="loss", tune_decode=True, tune_max_time=600)
+    valid = {}
+    for side, col in (("src", 0), ("tgt", 1)):  # a dev set large enough that tuning it takes a while
+        valid[side] = str(tmp_path / f"valid.{side}")
+        with open(valid[side], "w", encoding="utf-8") as f:
+            f.write("".join(p[col] + "\n" for p in make_pairs(3000, 5)))
+    raw["data"]["valid"] = valid
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run_dir = os.path.join(raw["output_dir"], raw["name"])
+    log, best = os.path.join(run_dir, "train.log"), os.path.join(run_dir, "checkpoints", "best.pt")
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "train", "--config", str(config), "--quiet"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(log) and "tuning the decode settings of best.pt" in open(log, encoding="utf-8").read():
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "training ended before it tuned"
+        with open(best, "rb") as f:
+            trained = hashlib.sha256(f.read()).hexdigest()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signum, err[-2000:]
+    name = signal.Signals(signum).name
+    assert f"received {name}: tuning stopped, best.pt keeps the decode settings it was trained with" in err, err
+    assert "Traceback" not in err and "tune: chose" not in err, err
+    with open(best, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == trained
+    assert "tuned" not in ckpt.load_checkpoint(best)
+    assert sorted(os.listdir(os.path.dirname(best))) == ["best.pt", "latest.pt", "step_20.pt"]
