@@ -171,7 +171,8 @@ def _tune_parser(sub) -> None:
         description="Search decode settings (beam size, length penalty type and strength, n-gram blocking) on a dev "
         "set within a time budget (successive halving; every length penalty is scored from one search), print the "
         "table explored, and write the best settings into the decode section of a new checkpoint (-o) or of this "
-        "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines.")
+        "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines: when no setting is "
+        "within it, nothing is written (a one-line error gives the share found).")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to tune")
     p.add_argument("--src", required=True, metavar="FILE", help="dev source sentences")
     p.add_argument("--ref", required=True, metavar="FILE", help="dev reference translations")
@@ -182,6 +183,9 @@ def _tune_parser(sub) -> None:
     p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
     p.add_argument("--max-loops", type=float, default=MAX_LOOPS, metavar="SHARE",
                    help=f"largest share of looping output lines allowed (a word 3-gram 3+ times; default {MAX_LOOPS:g})")
+    p.add_argument("--tgt-lang", metavar="L", help="a multilingual model's target language, the language of the dev "
+                   "references (--ref); the settings chosen on it become the model's decode settings for every "
+                   "target language (default: the model's default language)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 
@@ -333,7 +337,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
                         max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
-                        quiet=args.quiet)
+                        quiet=args.quiet, tgt_lang=args.tgt_lang)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

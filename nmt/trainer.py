@@ -303,9 +303,12 @@ class Trainer:
                     self.stop.announce(self.log.info, "tuning stopped, best.pt keeps the decode settings it was "
                                                       "trained with")
                 else:
-                    self.log.info(format_result(result, metric))
-                    apply_to_checkpoint(best, best, result, metric, "the validation set")
-                    self.stop.announce(self.log.info, "stopping (best.pt was tuned before it)")
+                    if result.within_limit:
+                        self.log.info(format_result(result, metric))
+                        apply_to_checkpoint(best, best, result, metric, "the validation set")
+                    else:
+                        self.log.info(f"warning: tune: {result.over_limit()}: best.pt keeps its decode settings")
+                    self.stop.announce(self.log.info, "stopping (the tuning had ended)")
         return self.env.broadcast(self.stop.requested)
 
     def save(self, improved: bool, with_step: bool) -> None:
