@@ -86,6 +86,30 @@ def test_prefixes_first_line_and_line_numbers(ckpt, lines):
         translator.translate(lines[:3], line_numbers=[0, 1])
 
 
+def test_texts_must_be_lists_of_strings(ckpt):
+    """translate("Hola") translated four characters as four lines, and a None line raised sentencepiece's
+    TypeError from deep inside; now a one-line TypeError names the argument (and the item)."""
+    from nmt import Translator
+
+    translator = Translator(ckpt)
+    calls = {"lines": lambda v: translator.translate(v),
+             "prefixes": lambda v: translator.translate(["a", "b"], prefixes=v),
+             "sources": lambda v: translator.score(v, ["a", "b"]), "targets": lambda v: translator.score(["a", "b"], v)}
+    for name, call in calls.items():
+        for value, message in (("ab", f"{name} must be a list of strings, one per line, not a str"),
+                               (b"ab", f"{name} must be a list of strings, one per line, not a bytes"),
+                               (["a", None], f"{name}[1] must be a string, not NoneType"),
+                               ([b"a", "b"], f"{name}[0] must be a string, not bytes"),
+                               (7, f"{name} must be a list of strings, one per line, not a int")):
+            with pytest.raises(TypeError) as e:
+                call(value)
+            assert str(e.value).startswith(message) and "\n" not in str(e.value), (name, value, str(e.value))
+    # sequences that are not lists still work, as before
+    assert [r.text for r in translator.translate(("el gato", "el perro"))] == \
+        [r.text for r in translator.translate(["el gato", "el perro"])]
+    assert len(translator.score(iter(["el gato"]), ("the cat",))) == 1
+
+
 def test_concurrent_calls_from_threads_equal_sequential_calls(ckpt, lines):
     from nmt import Translator
 
