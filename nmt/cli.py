@@ -141,7 +141,8 @@ def _evaluate_parser(sub) -> None:
                    "model's: ja-mecab for Japanese (char without MeCab, with a warning), zh for Chinese, else 13a)")
     p.add_argument("--langid", metavar="CKPT", help="count off-target outputs with the language identifier of this "
                    "checkpoint (or `nmt export` directory), e.g. with --hyp (default: the --checkpoint's, if it has "
-                   "one: multilingual models); the hypotheses' language is --tgt-lang or the model's")
+                   "one: multilingual models); the hypotheses' language is --tgt-lang or the model's. An error when "
+                   "CKPT has no identifier or it does not know that language")
     p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -310,6 +311,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.compare is not None:
         if args.hyp is not None or path is not None:
             raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
+        if args.langid is not None:
+            raise UserError("--compare does not count off-target outputs: give it without --langid")
         from nmt.compare import compare_command
 
         return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
