@@ -155,6 +155,30 @@ def test_a_ctranslate2_directory_gives_the_same_greedy_outputs(ckpt, lines, tmp_
         ct2.translate(lines, alignment=True)
 
 
+def test_a_ctranslate2_directory_refuses_sampling_as_the_readme_says(ckpt, tmp_path):
+    """The README said sampling with --engine ctranslate2 works (reproducible with --workers 1); the engine
+    refuses it. The README's sampling paragraph now says so."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
+    import os
+    import re
+
+    from nmt import Translator
+
+    out = tmp_path / "ct2"
+    subprocess.run([sys.executable, "-m", "nmt", "export", "-c", ckpt, "-o", str(out)], check=True,
+                   capture_output=True)
+    with pytest.raises(UserError, match="--sampling is not supported by the ctranslate2 engine"):
+        Translator(str(out), sampling="topk", topk=3)
+    with pytest.raises(UserError, match="--sampling is not supported by the ctranslate2 engine"):
+        Translator(str(out)).translate(["el gato"], sampling="topp")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        paragraph = re.search(r"^- \*\*Sampling\*\*.*?(?=^- )", f.read(), re.S | re.M).group(0)
+    paragraph = " ".join(paragraph.split())
+    assert "`--engine ctranslate2` refuses `--sampling`" in paragraph, paragraph
+    assert "reproducible with" not in paragraph, paragraph
+
+
 def test_import_nmt_does_not_import_torch():
     """`import nmt` and `from nmt import Translator` stay light: torch loads with the first model."""
     code = "import sys; from nmt import Translator; assert 'torch' not in sys.modules, 'torch imported'"
