@@ -93,22 +93,40 @@ class Translator:
         first_line: the input line number of lines[0] (with sampling, a line's samples depend
         only on the seed and its line number); line_numbers: each line's own number instead (lines
         of several inputs in one call, as `nmt serve` gathers requests). on_batch(n): called as n
-        more lines are done."""
+        more lines are done. `lines` and `prefixes` are lists (any iterables) of str: one str, or an
+        item that is not a str, is a one-line TypeError that names the argument."""
+        lines = _texts(lines, "lines")
+        prefixes = _texts(prefixes, "prefixes") if prefixes is not None else None
         decode = self.decode_settings(**decode_options)
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
             if given is not None and len(given) != len(lines):
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
         with _CALLS:
-            return translate_chunk(self._engine, list(lines), decode, on_batch, first_line=first_line,
+            return translate_chunk(self._engine, lines, decode, on_batch, first_line=first_line,
                                    prefixes=prefixes, line_numbers=line_numbers)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:
         """The model's log-probability of each target given its source (`nmt score`): one
         `nmt.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only
-        the batching keys of decode_options matter (batch_tokens, max_batch_size, workers)."""
+        the batching keys of decode_options matter (batch_tokens, max_batch_size, workers). `sources`
+        and `targets` are lists of str, checked as `translate` checks `lines`."""
         from nmt.score import score_pairs
 
+        sources, targets = _texts(sources, "sources"), _texts(targets, "targets")
         decode = self.decode_settings(**decode_options)
         with _CALLS:
-            return score_pairs(self._engine, list(sources), list(targets), decode, on_batch)
+            return score_pairs(self._engine, sources, targets, decode, on_batch)
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    """`value` (any iterable of str) as a list; a one-line TypeError naming the argument when it is one
+    string (its characters would be taken for lines) or holds something else than str."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a list of strings, one per line, not a {type(value).__name__}"
+                        + (" (for one line: [text])" if isinstance(value, str) else ""))
+    texts = list(value)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{i}] must be a string, not {type(text).__name__}")
+    return texts

@@ -90,7 +90,8 @@ def _train_parser(sub) -> None:
         description="Train a Transformer from a YAML config. The run directory OUTPUT_DIR/NAME receives the resolved config, "
         "the SentencePiece model(s), checkpoints/, TensorBoard events and train.log.",
         epilog="Every config key, with its default, is listed in configs/README.md. "
-        "Ctrl-C (or SIGTERM) finishes the current step, saves checkpoints/latest.pt and exits; a second Ctrl-C exits at once. "
+        "Ctrl-C (or SIGTERM) finishes the current step, saves checkpoints/latest.pt and exits (during train.tune_decode: "
+        "stops the tuning, best.pt keeps its trained settings); a second Ctrl-C exits at once. "
         "Multi-GPU: torchrun --nproc_per_node N -m nmt train --config X.yaml",
     )
     p.add_argument("--config", required=True, metavar="YAML", help="the config file")
@@ -140,7 +141,8 @@ def _evaluate_parser(sub) -> None:
                    "model's: ja-mecab for Japanese (char without MeCab, with a warning), zh for Chinese, else 13a)")
     p.add_argument("--langid", metavar="CKPT", help="count off-target outputs with the language identifier of this "
                    "checkpoint (or `nmt export` directory), e.g. with --hyp (default: the --checkpoint's, if it has "
-                   "one: multilingual models); the hypotheses' language is --tgt-lang or the model's")
+                   "one: multilingual models); the hypotheses' language is --tgt-lang or the model's. An error when "
+                   "CKPT has no identifier or it does not know that language")
     p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -170,7 +172,8 @@ def _tune_parser(sub) -> None:
         description="Search decode settings (beam size, length penalty type and strength, n-gram blocking) on a dev "
         "set within a time budget (successive halving; every length penalty is scored from one search), print the "
         "table explored, and write the best settings into the decode section of a new checkpoint (-o) or of this "
-        "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines.")
+        "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines: when no setting is "
+        "within it, nothing is written (a one-line error gives the share found).")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to tune")
     p.add_argument("--src", required=True, metavar="FILE", help="dev source sentences")
     p.add_argument("--ref", required=True, metavar="FILE", help="dev reference translations")
@@ -181,6 +184,9 @@ def _tune_parser(sub) -> None:
     p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
     p.add_argument("--max-loops", type=float, default=MAX_LOOPS, metavar="SHARE",
                    help=f"largest share of looping output lines allowed (a word 3-gram 3+ times; default {MAX_LOOPS:g})")
+    p.add_argument("--tgt-lang", metavar="L", help="a multilingual model's target language, the language of the dev "
+                   "references (--ref); the settings chosen on it become the model's decode settings for every "
+                   "target language (default: the model's default language)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 
@@ -305,6 +311,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.compare is not None:
         if args.hyp is not None or path is not None:
             raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
+        if args.langid is not None:
+            raise UserError("--compare does not count off-target outputs: give it without --langid")
         from nmt.compare import compare_command
 
         return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
@@ -332,7 +340,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
                         max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
-                        quiet=args.quiet)
+                        quiet=args.quiet, tgt_lang=args.tgt_lang)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -169,19 +169,26 @@ def model_info(path: str, engine: str = "auto") -> ModelInfo:
     return ModelInfo(default if languages else (config.get("data") or {}).get("tgt_lang"), langid)
 
 
-def _identifier(info: ModelInfo | None, lang: str | None, warn) -> Any:
+def _identifier(info: ModelInfo | None, lang: str | None, warn, given: str | None = None) -> Any:
     """The language identifier to count off-target outputs into `lang` with, or None (with a warning
-    when there is one that cannot be used)."""
+    when there is one that cannot be used). given: the --langid the user named; what keeps its
+    identifier from counting is then a UserError."""
+    def cannot(why: str) -> None:
+        if given is not None:
+            raise UserError(f"--langid {given}: off-target outputs cannot be counted: {why}")
+        warn(f"off-target outputs are not counted: {why}")
+
     if info is None or info.langid is None:
+        if given is not None:
+            cannot("it has no language identifier (multilingual models trained by nmt carry one)")
         return None
     from nmt.langid import LanguageIdentifier
 
     identifier = LanguageIdentifier.from_dict(info.langid)
     if lang is None:
-        warn("off-target outputs are not counted: give the hypotheses' language with --tgt-lang")
+        cannot("give the hypotheses' language with --tgt-lang")
     elif lang not in identifier.langs:
-        warn(f"off-target outputs are not counted: the language identifier knows {', '.join(identifier.langs)}, "
-             f"not {lang}")
+        cannot(f"the language identifier knows {', '.join(identifier.langs)}, not {lang}")
     else:
         return identifier
     return None
@@ -191,7 +198,8 @@ def _language(checkpoint: str | None, engine: str, langid: str | None, tgt_lang:
               warn) -> tuple[str | None, str | None, Any]:
     """(target language, BLEU tokenizer, language identifier or None) of an evaluation: the language is
     `tgt_lang` (--tgt-lang), else the translating model's (or the --langid model's); the tokenizer
-    `tokenize`, else `language_tokenize`'s choice; the identifier `langid`'s, else the checkpoint's."""
+    `tokenize`, else `language_tokenize`'s choice; the identifier `langid`'s (UserError when it cannot
+    count), else the checkpoint's (a warning when it cannot)."""
     info = model_info(checkpoint, engine) if checkpoint else None
     if langid:
         other = model_info(langid)
@@ -201,7 +209,7 @@ def _language(checkpoint: str | None, engine: str, langid: str | None, tgt_lang:
         tokenize, note = language_tokenize(lang)
         if note:
             warn(note)
-    return lang, tokenize, _identifier(info, lang, warn)
+    return lang, tokenize, _identifier(info, lang, warn, langid)
 
 
 def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid) -> None:
@@ -284,7 +292,8 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     `checkpoint`, and `hyp` is `save_hyps` (or null). With `hyp`, `src` is optional: the report then
     also counts copied sources. The target language L (`overrides["tgt_lang"]`, else the model's)
     picks the BLEU tokenizer when `tokenize` is None (`language_tokenize`); `langid`: a checkpoint or
-    export whose language identifier counts off-target outputs (default: the translating model's).
+    export whose language identifier counts off-target outputs (default: the translating model's; a
+    UserError when it has none, or does not know the language L).
     Everything is checked before any work. Returns 0.
     """
     stdout = stdout if stdout is not None else sys.stdout

@@ -96,7 +96,7 @@ def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: 
     stderr = stderr if stderr is not None else sys.stderr
     textio.check_paths({"--src": src, "--tgt": tgt, "--checkpoint": path}, {"--output": output},
                        stdout=stdout, input_dirs=("--checkpoint",))
-    n_src, n_tgt = textio.count_lines(src), textio.count_lines(tgt)
+    (n_src, src_lines), (n_tgt, tgt_lines) = textio.counted_lines(src), textio.counted_lines(tgt)
     if n_src != n_tgt:
         raise UserError(f"line counts differ: {n_src} lines in {src} but {n_tgt} in {tgt}")
     overrides = dict(overrides or {})
@@ -107,8 +107,7 @@ def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: 
     n_truncated = 0
     with textio.open_output(output, stdout) as out, \
             tqdm(total=n_src, disable=quiet, unit="pair", file=stderr, dynamic_ncols=True) as bar:
-        for src_chunk, tgt_chunk in zip(textio.iter_chunks(textio.iter_lines(src), 10_000),
-                                        textio.iter_chunks(textio.iter_lines(tgt), 10_000)):
+        for src_chunk, tgt_chunk in zip(textio.iter_chunks(src_lines, 10_000), textio.iter_chunks(tgt_lines, 10_000)):
             scores = translator.score(src_chunk, tgt_chunk, on_batch=bar.update, protect=overrides["protect"])
             n_truncated += sum(s.truncated for s in scores)
             out.write("".join(s.format() + "\n" for s in scores).encode("utf-8"))

@@ -1,8 +1,11 @@
 """Text in and out, one rule for every command (train, translate, evaluate, score).
 
-Reading (`iter_lines`, `read_lines`, `count_lines`):
+Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`):
 - a file is gzip when its first bytes are gzip's magic number, whatever its name;
-  "-" (or None) is standard input, also gzip-detected;
+  "-" (or None) is standard input, also gzip-detected; pipes (bash's `<(...)`, FIFOs)
+  are read as streams, once: their first bytes are looked at without seeking back, and
+  `counted_lines` reads them into memory where a regular file is counted, then read
+  (`rereadable`);
 - lines are split on "\\n" only (a stray "\\r" or U+2028 inside a line cannot shift
   the alignment of parallel files), decoded as strict UTF-8, and stripped of
   surrounding whitespace (so CRLF files read like LF files); a UTF-8 byte-order
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import stat
 import sys
@@ -57,23 +61,58 @@ def display_name(path: str | None) -> str:
 def open_bytes(path: str | None, stdin: IO[bytes] | None = None) -> Iterator[IO[bytes]]:
     """A binary stream of the file's text: decompressed when it starts with gzip's magic bytes."""
     if is_stdin(path):
-        stream = stdin if stdin is not None else sys.stdin.buffer
-        head = stream.peek(2)[:2] if hasattr(stream, "peek") else b""
-        if head == GZIP_MAGIC:
-            with gzip.GzipFile(fileobj=stream, mode="rb") as f:
-                yield f
-        else:
-            yield stream
+        with _decompressed(stdin if stdin is not None else sys.stdin.buffer) as f:
+            yield f
         return
     _check_readable(path)
-    with open(path, "rb") as raw:
-        if raw.read(2) == GZIP_MAGIC:
-            raw.seek(0)
-            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                yield f
-        else:
-            raw.seek(0)
-            yield raw
+    with open(path, "rb") as raw, _decompressed(raw) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def _decompressed(stream: IO[bytes]) -> Iterator[IO[bytes]]:
+    head, stream = _peek(stream, len(GZIP_MAGIC))
+    if head == GZIP_MAGIC:
+        with gzip.GzipFile(fileobj=stream, mode="rb") as f:
+            yield f
+    else:
+        yield stream
+
+
+def _peek(stream: IO[bytes], n: int) -> tuple[bytes, IO[bytes]]:
+    """(the first n bytes of `stream`, fewer at its end; a stream that still starts with them). A pipe
+    cannot seek back: its buffered reader's peek() shows them, and where that is not enough (a pipe that
+    delivered fewer bytes so far, an unbuffered stream) they are read and put in front of the rest."""
+    if hasattr(stream, "peek"):
+        head = stream.peek(n)[:n]
+        if len(head) == n:
+            return head, stream
+    if stream.seekable():
+        start = stream.tell()
+        head = stream.read(n)
+        stream.seek(start)
+        return head, stream
+    head = b""
+    while len(head) < n and (more := stream.read(n - len(head))):  # (a raw read may return fewer bytes)
+        head += more
+    return head, io.BufferedReader(_Prepended(head, stream))
+
+
+class _Prepended(io.RawIOBase):
+    """`head`, then the rest of `stream` (which `head` was read from)."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]):
+        self._head, self._stream = head, stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        return self._stream.readinto(buffer)
 
 
 def _check_readable(path: str) -> None:
@@ -114,6 +153,26 @@ def read_lines(path: str | None, stdin: IO[bytes] | None = None) -> list[str]:
     return list(iter_lines(path, stdin))
 
 
+def rereadable(path: str | None) -> bool:
+    """Whether the input can be read twice (e.g. counted, then read): a regular file; not standard input,
+    a pipe (`<(...)`, a FIFO) or a device, which give their text once."""
+    if is_stdin(path):
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def counted_lines(path: str) -> tuple[int, Iterator[str]]:
+    """(number of lines, the lines): a regular file is counted, then read as the lines are taken; any
+    other input (a pipe) is read into memory, once."""
+    if rereadable(path):
+        return count_lines(path), iter_lines(path)
+    lines = read_lines(path)
+    return len(lines), iter(lines)
+
+
 def iter_chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
     """Lists of at most `size` consecutive lines."""
     chunk: list[str] = []
@@ -127,7 +186,8 @@ def iter_chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
 
 
 def count_lines(path: str) -> int:
-    """Number of lines `iter_lines` yields (a last line without "\\n" counts)."""
+    """Number of lines `iter_lines` yields (a last line without "\\n" counts). It reads the file: a pipe
+    has nothing left to read after it (`counted_lines`)."""
     n, last = 0, b"\n"
     try:
         with open_bytes(path) as f:

@@ -37,8 +37,10 @@ metrics), "nan_steps", "signal" (None or the signal number), "run_dir", "elapsed
 
 SIGINT/SIGTERM: the current step finishes, latest.pt is written, and `train`
 returns normally with `result["signal"]` set to the signal number (the CLI
-exits with 128 + signal: 130 for Ctrl-C, 143 for SIGTERM). A second signal
-raises KeyboardInterrupt at once. Previous handlers are restored on return.
+exits with 128 + signal: 130 for Ctrl-C, 143 for SIGTERM). During
+`train.tune_decode` the tuning stops between two batches instead and best.pt
+keeps the decode settings it was trained with. A second signal raises
+KeyboardInterrupt at once. Previous handlers are restored on return.
 """
 
 from __future__ import annotations

@@ -111,12 +111,12 @@ class SignalStop:
             raise KeyboardInterrupt
         self.requested, self._since = signum, time.monotonic()
 
-    def announce(self, log: Callable[[str], None]) -> None:
-        """Log the first signal once (called from the loop, never from the handler)."""
+    def announce(self, log: Callable[[str], None], doing: str = "saving checkpoints/latest.pt") -> None:
+        """Log the first signal once, with what training does about it (called from the loop, never
+        from the handler)."""
         if self.requested is not None and not self._announced:
             self._announced = True
-            log(f"received {signal.Signals(self.requested).name}: saving checkpoints/latest.pt "
-                f"(signal again to abort at once)")
+            log(f"received {signal.Signals(self.requested).name}: {doing} (signal again to abort at once)")
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
@@ -155,7 +155,7 @@ class Trainer:
         elif state.last_valid_step != state.step:
             self.validate()
         if signalled is None and t.tune_decode:
-            self.tune_decode()
+            signalled = self.tune_decode()
         best = f"{state.best:.4g}" if state.best is not None else "none (not validated)"
         self.log.info(f"stopped at step {state.step}, epoch {state.epoch}: {reason}; best {t.metric} {best}")
         return {"step": state.step, "epoch": state.epoch, "best": state.best, "metric": t.metric, "reason": reason,
@@ -281,12 +281,13 @@ class Trainer:
         self.log.flush()
         return t.patience > 0 and state.bad_validations >= t.patience
 
-    def tune_decode(self) -> None:
+    def tune_decode(self) -> int | None:
         """train.tune_decode: `nmt tune` of best.pt on the validation set, written into best.pt (rank 0;
-        the others wait)."""
+        the others wait). A signal stops the tuning between two batches and best.pt stays as trained
+        (it is only ever replaced whole, atomically). Returns rank 0's signal number, or None."""
         if self.env.is_main:
             from nmt.torch_engine import TorchEngine
-            from nmt.tune import apply_to_checkpoint, format_result, tune
+            from nmt.tune import Stopped, apply_to_checkpoint, format_result, tune
 
             best = os.path.join(self.tr.run_dir, "checkpoints", "best.pt")
             if os.path.exists(best):
@@ -294,11 +295,21 @@ class Trainer:
                 src, ref = self.tr.valid_sets[0].lines
                 self.log.info(f"tuning the decode settings of best.pt on the validation set ({len(src)} lines, "
                               f"at most {self.t.tune_max_time:g} s)")
-                result = tune(TorchEngine.load(best, str(self.tr.device)), src, ref, metric=metric,
-                              max_time=self.t.tune_max_time, log=lambda m: None)
-                self.log.info(format_result(result, metric))
-                apply_to_checkpoint(best, best, result, metric, "the validation set")
-        self.env.broadcast(None)
+                try:
+                    result = tune(TorchEngine.load(best, str(self.tr.device)), src, ref, metric=metric,
+                                  max_time=self.t.tune_max_time, log=lambda m: None,
+                                  stop=lambda: self.stop.requested is not None)
+                except Stopped:
+                    self.stop.announce(self.log.info, "tuning stopped, best.pt keeps the decode settings it was "
+                                                      "trained with")
+                else:
+                    if result.within_limit:
+                        self.log.info(format_result(result, metric))
+                        apply_to_checkpoint(best, best, result, metric, "the validation set")
+                    else:
+                        self.log.info(f"warning: tune: {result.over_limit()}: best.pt keeps its decode settings")
+                    self.stop.announce(self.log.info, "stopping (the tuning had ended)")
+        return self.env.broadcast(self.stop.requested)
 
     def save(self, improved: bool, with_step: bool) -> None:
         """Collective: every rank calls it at the same step (their RNG states are gathered); rank 0 writes."""

@@ -247,16 +247,15 @@ def protect_report(n_lines: int, n_exact: int) -> str:
 
 def _prefix_chunks(prefix: str | None, input: str | None):
     """An iterator over the lines of the --prefix file (checked against the input's line count when
-    that is a file), or None."""
+    that is a regular file: a pipe is read once, as it is translated), or None."""
     if prefix is None:
         return None
     if textio.is_stdin(prefix):
         raise UserError("--prefix must be a file (standard input is the text to translate)")
-    n_prefixes = textio.count_lines(prefix)
-    if not textio.is_stdin(input) and n_prefixes != textio.count_lines(input):
-        raise UserError(f"line counts differ: {textio.count_lines(input)} lines in {input} but {n_prefixes} "
-                        f"prefixes in {prefix}")
-    return textio.iter_lines(prefix)
+    n_prefixes, lines = textio.counted_lines(prefix)
+    if textio.rereadable(input) and n_prefixes != (n_input := textio.count_lines(input)):
+        raise UserError(f"line counts differ: {n_input} lines in {input} but {n_prefixes} prefixes in {prefix}")
+    return lines
 
 
 def translate_command(path: str, input: str | None, output: str | None, *, engine: str = "auto",
@@ -280,7 +279,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     translator = Translator(path, engine=engine, device=device, **(overrides or {}))
     translator.check_language()  # before any output
     decode = translator.decode
-    total = textio.count_lines(input) if from_file and not quiet else None
+    total = textio.count_lines(input) if textio.rereadable(input) and not quiet else None  # (a pipe: no total)
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
         chunk_lines = 1  # interactive: answer each line as it is typed
     n_truncated = n_prefix_cut = index = protected = exact = 0

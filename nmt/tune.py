@@ -1,11 +1,15 @@
 """`nmt tune`: choose a model's decode settings on a dev set, within a time budget.
 
     nmt tune --checkpoint CK --src dev.es --ref dev.en [-o TUNED.pt | --in-place] [--max-time 600] [--metric bleu|chrf]
+             [--max-loops 0.02] [--tgt-lang L]
 
 What is searched: the beam size (greedy, 5), n-gram blocking (off, 3, 4, 6), and for beam search
 the length penalty (gnmt and average, alpha 0.5 ... 2.0 in steps of 0.1, and none). Outputs that loop (a word
 3-gram 3+ times: nmt/degeneration.py) may be at most `max_loops` of the lines (default 2%):
-BLEU barely notices a loop, a reader does.
+BLEU barely notices a loop, a reader does. When no setting is within that limit, nothing is chosen
+(`TuneResult.within_limit`; `nmt tune` then writes nothing and says which share it found).
+A multilingual model is tuned on a dev set in one of its target languages (`--tgt-lang`); the
+settings chosen there become its decode settings for every language (the decode section is one).
 
 How: the penalty costs nothing to try. Beam search's live beams never depend on the length
 penalty (they are the K best candidates by log-probability), so one search that keeps every
@@ -29,7 +33,8 @@ The result is written into the `decode` section of a copy of the checkpoint (`-o
 checkpoint itself (`--in-place`, atomically: a temporary file renamed over it); everything else
 in the checkpoint (weights, tokenizer, training state) is written back unchanged, and the
 checkpoint gets a `tuned` record (settings, metric, lines, the table). `train.tune_decode`
-runs it on the validation set at the end of training, on best.pt.
+runs it on the validation set at the end of training, on best.pt; its `stop` (a signal arrived)
+ends the race between two batches with `Stopped`, and nothing is written.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ PENALTIES = tuple((kind, a / 10) for kind in ("gnmt", "average") for a in range(
 FIRST_ROUND_LINES = 100
 MAX_LOOPS = 0.02
 MAX_TIME = 600.0  # seconds: `nmt tune`'s default budget
+
+
+class Stopped(Exception):
+    """`tune`'s `stop()` turned true (train.tune_decode got a signal): the race ended, nothing was chosen."""
 
 
 @dataclass(frozen=True)
@@ -132,11 +141,12 @@ class Scorer:
 class Decoder:
     """Decodes dev lines with a TorchEngine: greedy outputs, or every finished beam hypothesis."""
 
-    def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig):
+    def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig,
+                 stop: Callable[[], bool] = lambda: False):
         from nmt.languages import free_prefix, target_prefix
         from nmt.translate import check_protect, encode_sources
 
-        self.engine, self.decode = engine, decode
+        self.engine, self.decode, self.stop = engine, decode, stop
         lines, self.spans = list(src_lines), [[] for _ in src_lines]
         if decode.protect:
             check_protect(engine.tokenizer)
@@ -148,7 +158,8 @@ class Decoder:
         self._texts: dict[tuple, str] = {}
 
     def run(self, arm: tuple[int, int], lines: list[int]) -> dict[int, list[tuple]]:
-        """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines."""
+        """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines.
+        Raises `Stopped` between two batches once `stop()` is true."""
         from nmt.batching import run_engine
         from nmt.layout import source_tensors
         from nmt.search import beam_search, greedy_search
@@ -173,6 +184,8 @@ class Decoder:
                                    **kw, **extra)
 
         for batch, nbests in run_engine(engine, search, [len(self.src_ids[i]) + 1 for i in todo], d):
+            if self.stop():
+                raise Stopped
             for j, hyps in zip(batch, nbests):
                 out[todo[j]] = [(tuple(h.tokens), h.log_prob, len(h.tokens) + h.finished, h.finished) for h in hyps]
         return out
@@ -208,6 +221,19 @@ class TuneResult:
     lines: int
     seconds: float
     baseline: Row | None = None  # the checkpoint's own settings, where the search space holds them
+    max_loops: float = MAX_LOOPS
+    tgt_lang: str | None = None  # the language the dev set was decoded into (a multilingual model)
+
+    @property
+    def within_limit(self) -> bool:
+        """Whether the best setting's outputs loop on at most `max_loops` of the lines (else none did, and
+        `best` is only the one that looped least)."""
+        return self.row.loops <= self.max_loops
+
+    def over_limit(self) -> str:
+        """What `within_limit` false means, in words (for a one-line message)."""
+        return (f"no setting kept looping outputs within {100 * self.max_loops:g}% of the lines: the fewest, with "
+                f"{self.best.label()}, looped on {100 * self.row.loops:.1f}% of the {self.lines} dev lines")
 
 
 class Race:
@@ -291,8 +317,12 @@ def _format_row(row: Row) -> str:
 
 def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: str = "bleu", max_time: float = 600.0,
          max_loops: float = MAX_LOOPS, beams: Sequence[int] = BEAMS, ngrams: Sequence[int] = NGRAMS,
-         log: Callable[[str], None] = print) -> TuneResult:
-    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring)."""
+         log: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False,
+         tgt_lang: str | None = None) -> TuneResult:
+    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring).
+    tgt_lang: a multilingual model's target language, the references' (default: the engine's decode
+    setting, else the model's default). `stop()` is asked between batches and once more at the end:
+    true raises `Stopped`. Check `within_limit` before using the result."""
     if metric not in ("bleu", "chrf"):
         raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
     if len(src_lines) != len(ref_lines):
@@ -300,13 +330,18 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
     if not src_lines:
         raise UserError("nothing to tune on: the dev set is empty")
     t0 = time.perf_counter()
-    decode = dataclasses.replace(engine.decode, nbest=1, sampling="none", alignment=False)
-    race = Race(Decoder(engine, src_lines, decode), Scorer(ref_lines, metric), len(src_lines), max_time, max_loops, log)
+    decode = dataclasses.replace(engine.decode, nbest=1, sampling="none", alignment=False,
+                                 tgt_lang=tgt_lang if tgt_lang is not None else engine.decode.tgt_lang)
+    race = Race(Decoder(engine, src_lines, decode, stop), Scorer(ref_lines, metric), len(src_lines), max_time,
+                max_loops, log)
     arms = [(b, n) for b in beams for n in ngrams]
     best, final = race.run(arms)
+    if stop():  # (arrived while the last round was scored)
+        raise Stopped
     own = Setting(decode.beam_size, decode.no_repeat_ngram, decode.length_penalty_type, decode.length_penalty)
     baseline = next((r for r in final if r.setting.keys() == own.keys()), None)
-    return TuneResult(best.setting, best, race.table + final, best.lines, time.perf_counter() - t0, baseline)
+    return TuneResult(best.setting, best, race.table + final, best.lines, time.perf_counter() - t0, baseline,
+                      max_loops, decode.tgt_lang)
 
 
 def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str, src: str) -> None:
@@ -321,23 +356,24 @@ def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str,
     config["decode"] = to_dict(decode_config(config.get("decode", {}), result.best.keys()))
     state["config"] = config
     state["tuned"] = {"settings": result.best.keys(), "metric": metric, "score": result.row.score, "dev": src,
-                      "lines": result.lines, "seconds": round(result.seconds, 1),
+                      "lines": result.lines, "seconds": round(result.seconds, 1), "tgt_lang": result.tgt_lang,
                       "table": [r.as_dict() for r in result.table]}
     ckpt.save_checkpoint(state, output)
 
 
 def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
                  max_time: float = MAX_TIME, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
-                 quiet: bool = False) -> int:
-    """`nmt tune` (module docstring). Returns 0."""
+                 quiet: bool = False, tgt_lang: str | None = None) -> int:
+    """`nmt tune` (module docstring). Returns 0; a UserError, with nothing written, when no setting keeps
+    its looping outputs within `max_loops`."""
     import sys
 
     from nmt.torch_engine import TorchEngine
 
     if output is not None and in_place:
         raise UserError("give -o FILE or --in-place, not both")
-    if max_time <= 0:
-        raise UserError(f"--max-time must be > 0 seconds, got {max_time:g}")
+    if not (math.isfinite(max_time) and max_time > 0):
+        raise UserError(f"--max-time must be a number of seconds > 0, got {max_time:g}")
     if not 0 <= max_loops <= 1:
         raise UserError(f"--max-loops is a share of the lines, between 0 and 1; got {max_loops:g}")
     outputs = {"--output": output} if output is not None else {}
@@ -345,7 +381,11 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
     src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
     engine = TorchEngine.load(checkpoint, device)
     log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    result = tune(engine, src_lines, ref_lines, metric=metric, max_time=max_time, max_loops=max_loops, log=log)
+    result = tune(engine, src_lines, ref_lines, metric=metric, max_time=max_time, max_loops=max_loops, log=log,
+                  tgt_lang=tgt_lang)
+    if not result.within_limit:
+        accept = math.ceil(round(result.row.loops * 1000, 6)) / 1000  # rounded up to 0.1%: it accepts that share
+        raise UserError(f"{result.over_limit()}; nothing written (--max-loops {accept:g} would accept it)")
     print(format_result(result, metric), flush=True)
     target = checkpoint if in_place else output
     if target is not None:

@@ -86,6 +86,30 @@ def test_prefixes_first_line_and_line_numbers(ckpt, lines):
         translator.translate(lines[:3], line_numbers=[0, 1])
 
 
+def test_texts_must_be_lists_of_strings(ckpt):
+    """translate("Hola") translated four characters as four lines, and a None line raised sentencepiece's
+    TypeError from deep inside; now a one-line TypeError names the argument (and the item)."""
+    from nmt import Translator
+
+    translator = Translator(ckpt)
+    calls = {"lines": lambda v: translator.translate(v),
+             "prefixes": lambda v: translator.translate(["a", "b"], prefixes=v),
+             "sources": lambda v: translator.score(v, ["a", "b"]), "targets": lambda v: translator.score(["a", "b"], v)}
+    for name, call in calls.items():
+        for value, message in (("ab", f"{name} must be a list of strings, one per line, not a str"),
+                               (b"ab", f"{name} must be a list of strings, one per line, not a bytes"),
+                               (["a", None], f"{name}[1] must be a string, not NoneType"),
+                               ([b"a", "b"], f"{name}[0] must be a string, not bytes"),
+                               (7, f"{name} must be a list of strings, one per line, not a int")):
+            with pytest.raises(TypeError) as e:
+                call(value)
+            assert str(e.value).startswith(message) and "\n" not in str(e.value), (name, value, str(e.value))
+    # sequences that are not lists still work, as before
+    assert [r.text for r in translator.translate(("el gato", "el perro"))] == \
+        [r.text for r in translator.translate(["el gato", "el perro"])]
+    assert len(translator.score(iter(["el gato"]), ("the cat",))) == 1
+
+
 def test_concurrent_calls_from_threads_equal_sequential_calls(ckpt, lines):
     from nmt import Translator
 
@@ -129,6 +153,30 @@ def test_a_ctranslate2_directory_gives_the_same_greedy_outputs(ckpt, lines, tmp_
         [r.text for r in Translator(ckpt).translate(lines, beam_size=1)]
     with pytest.raises(UserError, match="alignment is not supported"):
         ct2.translate(lines, alignment=True)
+
+
+def test_a_ctranslate2_directory_refuses_sampling_as_the_readme_says(ckpt, tmp_path):
+    """The README said sampling with --engine ctranslate2 works (reproducible with --workers 1); the engine
+    refuses it. The README's sampling paragraph now says so."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
+    import os
+    import re
+
+    from nmt import Translator
+
+    out = tmp_path / "ct2"
+    subprocess.run([sys.executable, "-m", "nmt", "export", "-c", ckpt, "-o", str(out)], check=True,
+                   capture_output=True)
+    with pytest.raises(UserError, match="--sampling is not supported by the ctranslate2 engine"):
+        Translator(str(out), sampling="topk", topk=3)
+    with pytest.raises(UserError, match="--sampling is not supported by the ctranslate2 engine"):
+        Translator(str(out)).translate(["el gato"], sampling="topp")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        paragraph = re.search(r"^- \*\*Sampling\*\*.*?(?=^- )", f.read(), re.S | re.M).group(0)
+    paragraph = " ".join(paragraph.split())
+    assert "`--engine ctranslate2` refuses `--sampling`" in paragraph, paragraph
+    assert "reproducible with" not in paragraph, paragraph
 
 
 def test_import_nmt_does_not_import_torch():

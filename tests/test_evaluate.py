@@ -175,3 +175,55 @@ def test_tokenize_errors(tmp_path):
     except ImportError:  # without the optional MeCab packages: a one-line install hint
         with pytest.raises(UserError, match=r'pip install "sacrebleu\[ja\]"'):
             check_tokenize("ja-mecab")
+
+
+# --------------------------------------------------------------------------- --langid
+
+def test_an_explicit_langid_that_cannot_count_off_target_is_an_error(tmp_path):
+    """`nmt evaluate --langid X` with a checkpoint X that has no language identifier gave `off_target: null`
+    without a word. An explicit --langid that cannot be honoured is now a one-line error (no identifier, no
+    language to check, a language it does not know), before any work; one that can counts off-target lines."""
+    from helpers import make_pairs, make_tiny_checkpoint
+
+    from nmt import checkpoint as ckpt
+    from nmt.langid import LanguageIdentifier
+
+    plain = make_tiny_checkpoint(str(tmp_path / "plain.pt"))  # a bilingual model into "en": no identifier
+    state = ckpt.load_checkpoint(plain)
+    english = [p[1] for p in make_pairs(200, 1)]
+    state["langid"] = LanguageIdentifier.train({"en": english, "xx": [s[::-1] for s in english]}).to_dict()
+    for key in ("format", "version"):
+        state.pop(key)
+    with_langid = str(tmp_path / "langid.pt")
+    ckpt.save_checkpoint(state, with_langid)
+    hyps = [p[1] for p in make_pairs(10, 2)]
+    ref = _write(tmp_path, "ref.en", "".join(h + "\n" for h in hyps))
+    hyp = _write(tmp_path, "hyp.xx", "".join(h[::-1] + "\n" for h in hyps))  # all in the wrong language
+
+    def run(langid, **overrides):
+        out = io.StringIO()
+        evaluate_command(hyp, ref, json_out=True, langid=langid, overrides=overrides, stdout=out, stderr=io.StringIO())
+        return json.loads(out.getvalue())["off_target"]
+
+    with pytest.raises(UserError) as e:
+        run(plain)
+    assert str(e.value) == (f"--langid {plain}: off-target outputs cannot be counted: it has no language "
+                            "identifier (multilingual models trained by nmt carry one)")
+    with pytest.raises(UserError, match=f"^--langid {with_langid}: off-target outputs cannot be counted: the "
+                                        "language identifier knows en, xx, not fr$"):
+        run(with_langid, tgt_lang="fr")
+    assert run(with_langid)["count"] == 10  # the hypotheses' language: the --langid model's (en)
+    assert run(with_langid, tgt_lang="xx")["count"] == 0
+    assert run(None) is None  # none asked for, none counted
+
+
+def test_compare_with_langid_is_an_error(tmp_path):
+    """--compare does not count off-target outputs: a --langid with it was ignored without a word."""
+    import os
+
+    ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", HYP)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "nmt", "evaluate", "--ref", ref, "--compare", hyp, ref, "--langid", ref],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == "nmt evaluate: error: --compare does not count off-target outputs: give it without --langid\n"

@@ -4,11 +4,14 @@ section (and its record), atomically in place, and train.tune_decode tunes best.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
+import yaml
 
 from nmt import checkpoint as ckpt
 from nmt.config import config_from_dict, decode_config
@@ -130,3 +133,158 @@ def test_train_tune_decode_tunes_best_pt(tmp_path):
     assert "tuned" not in latest  # best.pt alone is rewritten (it was a hard link of latest.pt)
     log = open(os.path.join(cfg.run_dir, "train.log"), encoding="utf-8").read()
     assert "tuning the decode settings of best.pt" in log and "tune: chose" in log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_training_tunes_best_pt_stops_the_tuning(tmp_path, signum):
+    """Ctrl-C or SIGTERM while train.tune_decode tuned best.pt was ignored: the tuning ran to its end (up to
+    tune_max_time), wrote best.pt and `nmt train` exited 0. Now the tuning stops between two batches, best.pt
+    stays as trained (byte for byte), and the exit code is 130 / 143."""
+    import hashlib
+
+    from helpers import make_pairs
+
+    raw = tiny_config_dict(str(tmp_path), max_steps=20, warmup_steps=5, valid_every=1000, valid_bleu=False,
+                           metric="loss", tune_decode=True, tune_max_time=600)
+    valid = {}
+    for side, col in (("src", 0), ("tgt", 1)):  # a dev set large enough that tuning it takes a while
+        valid[side] = str(tmp_path / f"valid.{side}")
+        with open(valid[side], "w", encoding="utf-8") as f:
+            f.write("".join(p[col] + "\n" for p in make_pairs(3000, 5)))
+    raw["data"]["valid"] = valid
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run_dir = os.path.join(raw["output_dir"], raw["name"])
+    log, best = os.path.join(run_dir, "train.log"), os.path.join(run_dir, "checkpoints", "best.pt")
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "train", "--config", str(config), "--quiet"], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(log) and "tuning the decode settings of best.pt" in open(log, encoding="utf-8").read():
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "training ended before it tuned"
+        with open(best, "rb") as f:
+            trained = hashlib.sha256(f.read()).hexdigest()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signum, err[-2000:]
+    name = signal.Signals(signum).name
+    assert f"received {name}: tuning stopped, best.pt keeps the decode settings it was trained with" in err, err
+    assert "Traceback" not in err and "tune: chose" not in err, err
+    with open(best, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == trained
+    assert "tuned" not in ckpt.load_checkpoint(best)
+    assert sorted(os.listdir(os.path.dirname(best))) == ["best.pt", "latest.pt", "step_20.pt"]
+
+
+def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_path, monkeypatch):
+    """The README says settings that loop on more than --max-loops of the lines are not chosen; when none was
+    within it, `nmt tune` wrote the one that looped least (89% of the lines) without a word. Now: a one-line
+    error with the fewest loops found and the --max-loops that would accept it, and nothing written. (An
+    untrained model, greedy without n-gram blocking: 7% of its outputs loop.)"""
+    import functools
+
+    import nmt.tune
+    from helpers import make_pairs, make_tiny_checkpoint
+    from nmt.torch_engine import TorchEngine
+
+    checkpoint = make_tiny_checkpoint(str(tmp_path / "untrained.pt"))
+    pairs = make_pairs(100, 3)
+    src, ref = str(tmp_path / "dev.es"), str(tmp_path / "dev.en")
+    for path, col in ((src, 0), (ref, 1)):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(p[col] + "\n" for p in pairs))
+    engine = TorchEngine.load(checkpoint, "cpu")
+    found = nmt.tune.tune(engine, read_lines(src), read_lines(ref), max_loops=1.0, beams=(1,), ngrams=(0,),
+                          log=lambda m: None)
+    assert 0.02 < found.row.loops < 1  # what the limit is tested against
+    monkeypatch.setattr(nmt.tune, "tune", functools.partial(nmt.tune.tune, beams=(1,), ngrams=(0,)))
+    before = open(checkpoint, "rb").read()
+    out = str(tmp_path / "tuned.pt")
+    for kw in (dict(output=out), dict(in_place=True)):
+        with pytest.raises(UserError) as e:
+            nmt.tune.tune_command(checkpoint, src, ref, max_time=60, device="cpu", quiet=True, **kw)
+        msg = str(e.value)
+        assert "\n" not in msg and f"{100 * found.row.loops:.1f}% of the 100 dev lines" in msg, msg
+        assert "greedy, no-repeat 0" in msg and "nothing written" in msg
+        assert f"--max-loops {found.row.loops:g} would accept it" in msg  # (k of 100 lines: exact at 0.1%)
+    assert not os.path.exists(out) and open(checkpoint, "rb").read() == before
+    # the limit it names accepts that setting
+    assert nmt.tune.tune_command(checkpoint, src, ref, output=out, max_time=60, max_loops=found.row.loops,
+                                 device="cpu", quiet=True) == 0
+    assert ckpt.load_checkpoint(out)["tuned"]["settings"] == {"beam_size": 1, "no_repeat_ngram": 0}
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-time", "nan", "--max-time must be a number of seconds > 0, got nan"),
+    ("--max-time", "inf", "--max-time must be a number of seconds > 0, got inf"),
+    ("--max-time", "0", "--max-time must be a number of seconds > 0, got 0"),
+    ("--max-loops", "nan", "--max-loops is a share of the lines, between 0 and 1; got nan"),
+    ("--max-loops", "1.5", "--max-loops is a share of the lines, between 0 and 1; got 1.5"),
+])
+def test_budgets_that_are_not_numbers_are_one_line_errors(trained, flag, value, message):
+    """--max-time nan was accepted (nan <= 0 is false)."""
+    checkpoint, src, ref = trained
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "nmt", "tune", "-c", checkpoint, "--src", src, "--ref", ref, flag, value,
+                        "-o", os.devnull], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip() == f"nmt tune: error: {message}", r.stderr
+
+
+def test_a_multilingual_checkpoint_is_tuned_in_the_language_of_tgt_lang(tmp_path):
+    """On a multilingual checkpoint `nmt tune` said "choose one with --tgt-lang", a flag it did not have. Now
+    it has it: the dev set is decoded into that language (the chosen row's BLEU on the whole dev set is what
+    translating into it gives), the settings go into the decode section (one for every language: its
+    tgt_lang is unchanged) and the `tuned` record names the language."""
+    from test_multilingual import multilingual_dict
+
+    from nmt.api import Translator
+
+    raw = multilingual_dict(str(tmp_path), max_steps=60, warmup_steps=10, valid_every=1000, valid_bleu=False,
+                            metric="loss")
+    cfg = config_from_dict(raw)
+    train(cfg, quiet=True)
+    checkpoint = os.path.join(cfg.run_dir, "checkpoints", "latest.pt")
+    src, ref = raw["data"]["valid"][1]["src"], raw["data"]["valid"][1]["tgt"]  # es -> xx
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    out = str(tmp_path / "tuned.pt")
+    base = [sys.executable, "-m", "nmt", "tune", "-c", checkpoint, "--src", src, "--ref", ref, "-o", out, "-q"]
+    r = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "choose one with --tgt-lang (en, xx)" in r.stderr
+    r = subprocess.run(base + ["--tgt-lang", "xx", "--max-time", "300"], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    tuned, before = ckpt.load_checkpoint(out), ckpt.load_checkpoint(checkpoint)
+    record = tuned["tuned"]
+    assert record["tgt_lang"] == "xx" and record["lines"] == len(read_lines(src))
+    assert tuned["config"]["decode"]["tgt_lang"] == before["config"]["decode"]["tgt_lang"]
+    hyps = [x.text for x in Translator(out, device="cpu", tgt_lang="xx").translate(read_lines(src))]
+    assert record["score"] == pytest.approx(corpus_metrics(hyps, read_lines(ref), ("bleu",))["bleu"]["score"],
+                                            abs=1e-9)
+
+
+def test_train_tune_decode_leaves_best_pt_when_no_setting_is_within_the_loop_limit(tmp_path, monkeypatch):
+    """What `nmt tune` refuses, train.tune_decode does not write either: it logs why and best.pt stays as
+    trained. (The tuning is narrowed to greedy without n-gram blocking and no looping line allowed: after
+    20 steps some outputs loop.)"""
+    import functools
+
+    import nmt.tune
+
+    monkeypatch.setattr(nmt.tune, "tune", functools.partial(nmt.tune.tune, beams=(1,), ngrams=(0,), max_loops=0.0))
+    raw = tiny_config_dict(str(tmp_path), max_steps=20, warmup_steps=5, valid_every=1000, valid_bleu=False,
+                           metric="loss", tune_decode=True, tune_max_time=60)
+    cfg = config_from_dict(raw)
+    train(cfg, quiet=True)
+    best = os.path.join(cfg.run_dir, "checkpoints", "best.pt")
+    assert "tuned" not in ckpt.load_checkpoint(best)
+    assert os.path.samefile(best, os.path.join(cfg.run_dir, "checkpoints", "latest.pt"))  # never rewritten
+    log = open(os.path.join(cfg.run_dir, "train.log"), encoding="utf-8").read()
+    assert "warning: tune: no setting kept looping outputs within 0% of the lines: the fewest, with greedy, " \
+           "no-repeat 0, looped on" in log and "best.pt keeps its decode settings" in log

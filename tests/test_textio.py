@@ -1,0 +1,113 @@
+"""nmt/textio.py: text read by one rule from files, gzip files and streams, whatever their kind."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from nmt import textio
+from nmt.errors import UserError
+
+from helpers import make_pairs, make_tiny_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINES = ["uno", "dos dos", "", "tres \u00e9"]
+TEXT = "".join(line + "\n" for line in LINES).encode("utf-8")
+
+
+def _pipe(data: bytes, first: int = 0) -> str:
+    """A path like bash's <(...) gives: /dev/fd/N of a pipe that a thread writes `data` into (the first
+    `first` bytes on their own, a moment before the rest)."""
+    r, w = os.pipe()
+
+    def write():
+        with os.fdopen(w, "wb") as f:
+            if first:
+                f.write(data[:first])
+                f.flush()
+                time.sleep(0.2)
+            f.write(data[first:])
+
+    threading.Thread(target=write, daemon=True).start()
+    return f"/dev/fd/{r}"
+
+
+@pytest.mark.parametrize("first", [0, 1])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_pipe_is_read_as_a_stream(compressed, first):
+    """`nmt translate -i <(cat f)` said "not a valid gzip file (... not seekable)": the gzip test read two bytes
+    and seeked back, which a pipe cannot. Plain text and gzip through a pipe now read like the file, also when
+    the pipe delivers gzip's first byte on its own."""
+    data = gzip.compress(TEXT) if compressed else TEXT
+    path = _pipe(data, first)
+    try:
+        assert textio.read_lines(path) == LINES
+    finally:
+        os.close(int(path.rsplit("/", 1)[1]))
+    r, w = os.pipe()  # standard input that is a pipe
+    threading.Thread(target=lambda: (os.write(w, data), os.close(w)), daemon=True).start()
+    with os.fdopen(r, "rb", buffering=0) as stdin:  # unbuffered: no peek()
+        assert textio.read_lines("-", stdin=stdin) == LINES
+
+
+def test_a_corrupt_gzip_stream_is_still_a_one_line_error():
+    path = _pipe(gzip.compress(TEXT)[:-6])
+    with pytest.raises(UserError, match="corrupt or truncated gzip data"):
+        textio.read_lines(path)
+
+
+# --------------------------------------------------------------------------- the commands, with bash's <(...)
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("textio")
+    pairs = make_pairs(30, 4)
+    paths = {"ckpt": make_tiny_checkpoint(str(d / "tiny.pt"))}
+    for name, lines in (("es", [p[0] for p in pairs]), ("en", [p[1] for p in pairs]),
+                        ("prefix", ["the"] * 10 + [""] * 20)):
+        paths[name] = str(d / name)
+        with open(paths[name], "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+        with gzip.open(paths[name] + ".gz", "wt", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    paths["short"] = str(d / "short")
+    with open(paths["short"], "w", encoding="utf-8") as f:
+        f.write("one\n")
+    return paths
+
+
+def _bash(command: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for its <(...) process substitution")
+def test_commands_read_process_substitutions(files):
+    """`nmt translate -i <(cat f)` failed ("not a valid gzip file"), and so did `nmt score --src <(...)`; they
+    counted an input (progress bar, line-count check) and then read it again, which a pipe cannot give twice.
+    Now a pipe gives the same output as the file it carries, gzip or not."""
+    nmt = f"{sys.executable} -m nmt"
+    c = files["ckpt"]
+    want = _bash(f"{nmt} translate -c {c} -i {files['es']} --prefix {files['prefix']}")
+    assert want.returncode == 0, want.stderr
+    for src, prefix in ((f"<(cat {files['es']}.gz)", f"<(cat {files['prefix']})"),
+                        (f"<(cat {files['es']})", f"<(gzip -c {files['prefix']})")):
+        got = _bash(f"{nmt} translate -c {c} -i {src} --prefix {prefix}")
+        assert got.returncode == 0 and got.stdout == want.stdout, got.stderr
+    want = _bash(f"{nmt} score -c {c} --src {files['es']} --tgt {files['en']}")
+    assert want.returncode == 0 and len(want.stdout.splitlines()) == 30, want.stderr
+    got = _bash(f"{nmt} score -c {c} --src <(cat {files['es']}.gz) --tgt <(cat {files['en']})")
+    assert got.returncode == 0 and got.stdout == want.stdout, got.stderr
+    # the line counts are still checked before any output
+    for command in (f"score -c {c} --src <(cat {files['es']}) --tgt <(cat {files['short']})",
+                    f"translate -c {c} -i {files['es']} --prefix <(cat {files['short']})"):
+        bad = _bash(f"{nmt} {command}")
+        assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, bad.stderr
+        assert "line counts differ: 30 lines" in bad.stderr and "but 1 " in bad.stderr, bad.stderr
