@@ -92,9 +92,10 @@ def _words(line: str) -> set[str]:
 
 
 def extract_dictionary(pairs: Iterable[tuple[str, str]], *, min_count: int = 3, min_share: float = 0.7,
-                       stopwords: int = 100, max_lines: int = 200_000) -> list[Entry]:
+                       stopwords: int = 100, max_lines: int = 200_000, identical: bool = True) -> list[Entry]:
     """Single-word entries that align strongly in `pairs` (module docstring), rarest source word
-    first; reads at most the first `max_lines` pairs."""
+    first; reads at most the first `max_lines` pairs. identical=False leaves out words translated by
+    themselves (names, identifiers: a model copies most of them anyway)."""
     lines: list[tuple[set[str], set[str]]] = []
     df_src: collections.Counter = collections.Counter()
     df_tgt: collections.Counter = collections.Counter()
@@ -117,7 +118,7 @@ def extract_dictionary(pairs: Iterable[tuple[str, str]], *, min_count: int = 3, 
             together.update((w, v) for _, v in ct[lo:hi])
     scored = []
     for (w, v), c in together.items():
-        if c >= min_count and c >= min_share * df_src[w] and c >= min_share * df_tgt[v]:
+        if c >= min_count and c >= min_share * df_src[w] and c >= min_share * df_tgt[v] and (identical or w != v):
             scored.append((-2 * c / (df_src[w] + df_tgt[v]), -c, w, v))
     used_src: set[str] = set()
     used_tgt: set[str] = set()
