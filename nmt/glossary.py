@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -148,6 +149,33 @@ def word_joining(pieces: Sequence[str]) -> list[bool]:
     that `needs_word_end`, such a piece would make the term part of a longer word."""
     word = word_char_re()
     return [bool(p) and not p.startswith("\u2581") and word.match(p) is not None for p in pieces]
+
+
+_JOINS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def joining_tokens(tokenizer) -> list[bool]:
+    """`word_joining` of the tokenizer's target vocabulary (`vocab_pieces()[1]`, by id), cached per
+    tokenizer: the `joins` of nmt.constraints.Constraints.build."""
+    if tokenizer not in _JOINS:
+        _JOINS[tokenizer] = word_joining(tokenizer.vocab_pieces()[1])
+    return _JOINS[tokenizer]
+
+
+def term_tokens(targets: Sequence[str], tokenizer) -> tuple[list[list[int]], list[bool]]:
+    """The constraints of one line: per target term (`Glossary.targets`) its target token ids and
+    whether it `needs_word_end`; terms with the same ids count once. UserError for a term the model
+    cannot write (no token, or the unknown token)."""
+    seqs: list[list[int]] = []
+    ends: list[bool] = []
+    for term, ids in zip(targets, tokenizer.encode_tgt(list(targets))):
+        if not ids or tokenizer.specials.unk in ids:
+            raise UserError(f"the glossary target term {term!r} cannot be written by this model (its vocabulary "
+                            "has no token for some of its characters)")
+        if ids not in seqs:
+            seqs.append(ids)
+            ends.append(needs_word_end(term))
+    return seqs, ends
 
 
 # --------------------------------------------------------------------------- glossaries

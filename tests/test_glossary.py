@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from nmt.errors import UserError
-from nmt.glossary import (Entry, Glossary, GlossaryTooLarge, appears, check_entries, lines_with_terms, match,
-                          needs_word_end, read_glossary, term_use, word_joining)
+from nmt.glossary import (Entry, Glossary, GlossaryTooLarge, appears, check_entries, joining_tokens, lines_with_terms,
+                          match, needs_word_end, read_glossary, term_tokens, term_use, word_joining)
 
 
 def spans(line, entries, ignore_case=False):
@@ -161,3 +161,25 @@ def test_term_use_counts_matched_entries_per_line():
     assert lines_with_terms(srcs, Glossary(entries)) == [0, 1, 3]
     with pytest.raises(ValueError, match="2 translations for 1 source lines"):
         term_use(["a", "b"], ["a"], entries)
+
+
+def test_term_tokens_and_joining_tokens():
+    """What the search gets per line: the target terms' ids, once each, and which pieces join a word."""
+    from nmt.config import TokenizerConfig
+    from nmt.tokenizer import Tokenizer, train_sentencepiece
+
+    from helpers import make_pairs
+
+    text = [s for pair in make_pairs(300, 0) for s in pair]
+    tok = Tokenizer(train_sentencepiece(text, TokenizerConfig(vocab_size=60, model_type="bpe", threads=1), seed=1,
+                                        what="joint", log=lambda m: None))
+    seqs, ends = term_tokens(["the red dog", "dog", "the  red dog", "sees"], tok)
+    assert seqs == tok.encode_tgt(["the red dog", "dog", "sees"]) and ends == [True, True, True]
+    pieces = tok.vocab_pieces()[1]
+    joins = joining_tokens(tok)
+    assert len(joins) == len(pieces) and joins is joining_tokens(tok)  # cached
+    assert all(j == (not p.startswith("\u2581") and p[0].isalpha()) for p, j in zip(pieces, joins) if p.isascii()
+               and not p.startswith("<"))
+    assert any(joins) and not all(joins)
+    with pytest.raises(UserError, match="'perro€' cannot be written by this model"):
+        term_tokens(["perro€"], tok)
