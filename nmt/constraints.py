@@ -83,10 +83,12 @@ class Constraints:
 
     @classmethod
     def build(cls, per_sentence: Sequence[Sequence[Sequence[int]]], device=None, *,
-              joins: Sequence[bool] | Tensor | None = None,
-              open_end: Sequence[Sequence[bool]] | None = None) -> "Constraints":
+              joins: Sequence[bool] | Tensor | None = None, open_end: Sequence[Sequence[bool]] | None = None,
+              vocab_size: int | None = None) -> "Constraints":
         """per_sentence[b]: the token sequences sentence b's output must contain (non-empty, ids >= 0).
-        open_end[b][c]: whether constraint c ends inside a word (used with `joins`; default all False)."""
+        open_end[b][c]: whether constraint c ends inside a word (used with `joins`; default all False).
+        joins (`nmt.glossary.joining_tokens`) is padded with False to `vocab_size`, the model's output
+        size (which may exceed the tokenizer's)."""
         B = len(per_sentence)
         C = max([len(cs) for cs in per_sentence] + [1])
         L = max([len(s) for cs in per_sentence for s in cs] + [1])
@@ -100,7 +102,10 @@ class Constraints:
                 lengths[b, c] = len(seq)
                 fail[b, c, :len(seq) + 1] = torch.tensor(_failure(seq))
                 ends[b, c] = bool(open_end[b][c]) if open_end is not None and joins is not None else False
-        mask = None if joins is None else torch.as_tensor(joins, dtype=torch.bool, device=device)
+        mask = None if joins is None else torch.as_tensor(joins, dtype=torch.bool)
+        if mask is not None and vocab_size is not None and mask.shape[0] < vocab_size:
+            mask = torch.cat([mask, torch.zeros(vocab_size - mask.shape[0], dtype=torch.bool)])
+        mask = None if mask is None else mask.to(device)
         return cls(seqs.to(device), lengths.to(device), fail.to(device), ends.to(device), mask)
 
     @property
@@ -155,11 +160,15 @@ class ConstraintState:
         idx = torch.where(valid, tokens, V)  # invalid ones go to a spare column
         return torch.zeros(tokens.shape[0], V + 1, dtype=torch.bool, device=tokens.device).scatter_(1, idx, True)[:, :V]
 
+    def _started(self) -> tuple[Tensor, Tensor]:
+        """(unmet [R, C], the largest progress among them [R])."""
+        unmet = ~self._met()
+        return unmet, torch.where(unmet, self.progress, 0).max(dim=1).values
+
     def missing(self) -> Tensor:
         """[R] tokens that finish every unmet constraint, at most: continue the furthest started one,
         then write each other one whole."""
-        unmet = ~self._met()
-        started = torch.where(unmet, self.progress, 0).max(dim=1).values
+        unmet, started = self._started()
         return torch.where(unmet, self.lengths, 0).sum(dim=1) - started
 
     def forced(self, steps_left: Tensor, V: int, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -167,11 +176,10 @@ class ConstraintState:
         limit - t + 1; extra [R]: other tokens the row must still write (missing placeholders). ->
         (must [R]; allowed [R, V]: the tokens it may write, its placeholders aside; exclusive [R]: a
         constraint is started, so no placeholder)."""
-        unmet, met = ~self._met(), self._met()
+        unmet, started = self._started()
         extra = extra if extra is not None else torch.zeros_like(steps_left)
-        pending = (met & ~self.done).any(dim=1)  # [R] a term waits for its word end
-        started = torch.where(unmet, self.progress, 0).max(dim=1).values  # [R]
-        need = torch.where(unmet, self.lengths, 0).sum(dim=1) - started
+        pending = (~unmet & ~self.done).any(dim=1)  # [R] a term waits for its word end
+        need = self.missing()
         full = torch.where(self.done, 0, self.lengths).sum(dim=1)  # what a free token could leave to write
         must = ((need + extra > 0) | pending) & (full + extra >= steps_left)
         tokens, _ = self.next_tokens()

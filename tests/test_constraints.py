@@ -84,9 +84,15 @@ def test_bank_next_tokens_missing_and_eos():
     assert allowed[0].nonzero().squeeze(1).tolist() == [5]  # only the continuation of the started one
 
 
-def test_build_refuses_empty_constraints():
+def test_build_refuses_empty_constraints_and_pads_joins():
     with pytest.raises(ValueError, match="non-empty"):
         Constraints.build([[[4], []]])
+    cons = Constraints.build([[[4]]], joins=JOINS[:6], open_end=[[True]], vocab_size=V)
+    assert cons.joins.tolist() == JOINS[:6] + [False] * (V - 6)
+    state = cons.state(torch.tensor([0, 0]))
+    state.advance(torch.tensor([4, 4]))
+    state.advance(torch.tensor([5, 7]))  # 5 continues the word, 7 (beyond the tokenizer's pieces) does not
+    assert state.done[:, 0].tolist() == [False, True]
 
 
 # --------------------------------------------------------------------------- allocation
