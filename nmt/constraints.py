@@ -171,40 +171,58 @@ class ConstraintState:
         unmet, started = self._started()
         return torch.where(unmet, self.lengths, 0).sum(dim=1) - started
 
-    def forced(self, steps_left: Tensor, V: int, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Rows that must write toward their constraints now (module docstring). steps_left [R] =
-        limit - t + 1; extra [R]: other tokens the row must still write (missing placeholders). ->
-        (must [R]; allowed [R, V]: the tokens it may write, its placeholders aside; exclusive [R]: a
-        constraint is started, so no placeholder)."""
-        unmet, started = self._started()
+    def must_write(self, steps_left: Tensor, extra: Tensor | None = None) -> Tensor:
+        """[R] bool: rows that must write toward their constraints now (module docstring). steps_left
+        [R] = limit - t + 1; extra [R]: other tokens the row must still write (missing placeholders)."""
         extra = extra if extra is not None else torch.zeros_like(steps_left)
-        pending = (~unmet & ~self.done).any(dim=1)  # [R] a term waits for its word end
-        need = self.missing()
+        pending = (self._met() & ~self.done).any(dim=1)  # [R] a term waits for its word end
         full = torch.where(self.done, 0, self.lengths).sum(dim=1)  # what a free token could leave to write
-        must = ((need + extra > 0) | pending) & (full + extra >= steps_left)
+        return ((self.missing() + extra > 0) | pending) & (full + extra >= steps_left)
+
+    def _allowed(self, V: int, extra: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(allowed [R, V]: the constraint tokens a row that must write may write; exclusive [R]: a
+        constraint is started, so no placeholder either)."""
+        unmet, started = self._started()
         tokens, _ = self.next_tokens()
         idx = torch.where(unmet & (self.progress == started[:, None]), tokens, V)  # continue the furthest
         allowed = torch.zeros(tokens.shape[0], V + 1, dtype=torch.bool, device=tokens.device).scatter_(1, idx, True)
         allowed = allowed[:, :V]
         joins = self.cons.joins
         if joins is not None:  # after a term waiting for its word end: no token that would take it back
+            pending = (~unmet & ~self.done).any(dim=1)
             keep = allowed & ~joins
             allowed = torch.where((pending & keep.any(dim=1))[:, None], keep, allowed)
-            allowed |= (pending & (need + extra == 0))[:, None] & ~joins  # only that term: any word end
-        return must, allowed, started > 0
+            alone = pending & (self.missing() + (extra if extra is not None else 0) == 0)
+            allowed |= alone[:, None] & ~joins  # only that term: any token that ends the word
+        return allowed, started > 0
+
+    def forced(self, steps_left: Tensor, V: int, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(must [R] (`must_write`), allowed [R, V], exclusive [R]) for every row (`_allowed`)."""
+        return (self.must_write(steps_left, extra), *self._allowed(V, extra))
+
+    def _take(self, rows: Tensor) -> "ConstraintState":
+        """A copy of rows [F] of the state."""
+        sub = ConstraintState.__new__(ConstraintState)
+        sub.cons = self.cons
+        sub.sent, sub.lengths, sub.progress, sub.done = (x.index_select(0, rows) for x in
+                                                         (self.sent, self.lengths, self.progress, self.done))
+        return sub
 
     def apply(self, logits: Tensor, steps_left: Tensor, eos: int, extra: Tensor | None = None,
               extra_tokens: Tensor | None = None) -> Tensor:
         """logits [R, V] (before the softmax) with what the constraints forbid at -inf, in place: EOS
-        until every constraint is met; at the length limit all but the tokens `forced` allows (and the
-        row's `extra_tokens` [R, V], its missing placeholders, unless exclusive). With placeholders the
-        search leaves their length-limit rule to this call (extra, extra_tokens): two separate rules
-        would each allow only their own tokens."""
+        until every constraint is met; for the rows that `must_write`, all but the tokens `forced`
+        allows (and the row's `extra_tokens` [R, V], its missing placeholders, unless exclusive). With
+        placeholders the search leaves their length-limit rule to this call (extra, extra_tokens): two
+        separate rules would each allow only their own tokens. One host sync (the rows that must write)."""
         logits[:, eos] = logits[:, eos].masked_fill(~self.eos_allowed(), NEG_INF)
-        must, allowed, exclusive = self.forced(steps_left, logits.shape[1], extra)
-        if extra_tokens is not None:
-            allowed = allowed | (extra_tokens & ~exclusive[:, None])
-        return logits.masked_fill_(must[:, None] & ~allowed, NEG_INF)
+        rows = self.must_write(steps_left, extra).nonzero().squeeze(1)  # [F]
+        if rows.numel():
+            allowed, exclusive = self._take(rows)._allowed(logits.shape[1], None if extra is None else extra[rows])
+            if extra_tokens is not None:
+                allowed |= extra_tokens[rows] & ~exclusive[:, None]
+            logits[rows] = logits[rows].masked_fill(~allowed, NEG_INF)
+        return logits
 
 
 def _advance(cons: Constraints, sent: Tensor, lengths: Tensor, progress: Tensor, done: Tensor,
