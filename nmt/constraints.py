@@ -43,7 +43,7 @@ L when met, else progress). Candidates are sorted by (bank, score), ranked insid
 taken round-robin: the best of every bank (highest bank first), then the second of every bank, and
 so on; the search takes this order as it takes its top-k (endings among the first K finish, the
 first K live ones continue). A sentence whose candidates all have one bank (no constraints, or all
-met) gets exactly its top 2K, in order.
+done) gets exactly its top 2K, in order.
 """
 
 from __future__ import annotations

@@ -183,3 +183,12 @@ def test_term_tokens_and_joining_tokens():
     assert any(joins) and not all(joins)
     with pytest.raises(UserError, match="'perro€' cannot be written by this model"):
         term_tokens(["perro€"], tok)
+
+
+def test_importable_without_torch():
+    """The command layer reads glossaries before any model loads (and config checks import nmt.terms)."""
+    import subprocess
+    import sys
+
+    code = "import sys, nmt.glossary, nmt.terms, nmt.config; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
