@@ -26,6 +26,7 @@ import yaml
 from nmt.protect import PLACEHOLDERS
 from nmt.schema import (LANG_FORMAT, REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError, CorpusConfig, DataConfig,
                         DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig, iter_fields, max_finished)
+from nmt.terms import TERM_SYMBOLS
 
 __all__ = ["Config", "ConfigError", "CorpusConfig", "DataConfig", "DecodeConfig", "ModelConfig", "REQUIRED",
            "TokenizerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "decode_config", "dump_config",
@@ -242,6 +243,18 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
             p = getattr(tok, key)
             if p and not os.path.isfile(p):
                 errors.append(f"data file not found: 'data.tokenizer.{key}': {p}")
+    _check_terms(d, errors, check_files)
+
+
+def _check_terms(d: DataConfig, errors: list[str], check_files: bool) -> None:
+    """data.term_dictionary goes with data.terms > 0, and exists."""
+    if d.term_dictionary is None:
+        return
+    if d.terms == 0:
+        errors.append("'data.term_dictionary' is set but 'data.terms' is 0 (the share of training pairs to annotate "
+                      "with its terms; e.g. 0.5)")
+    elif check_files and not os.path.isfile(d.term_dictionary):
+        errors.append(f"data file not found: 'data.term_dictionary': {d.term_dictionary}")
 
 
 def _check_schedule(t: TrainConfig, errors: list[str]) -> None:
@@ -325,6 +338,9 @@ def _check_mix(d: DataConfig, errors: list[str]) -> None:
         if tag in RESERVED_TAGS:
             errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for SentencePiece's special "
                           f"tokens {', '.join(RESERVED_TAGS)}; choose another name, e.g. <BT>)")
+        elif tag in TERM_SYMBOLS:
+            errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for the term annotations of "
+                          "data.terms; choose another name, e.g. <BT>)")
         elif tag in PLACEHOLDERS:
             errors.append(f"invalid value for '{key}.src_tag': {tag!r} (reserved for the placeholders of protected "
                           f"spans, {PLACEHOLDERS[0]} ... {PLACEHOLDERS[-1]}: data.protect; choose another name, e.g. <BT>)")

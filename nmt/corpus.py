@@ -14,12 +14,13 @@ Cache entry `run_dir/cache/<split>-<key>`:
     .json             version, dtypes and lengths of the arrays, statistics, digest of the arrays
 The key hashes CACHE_VERSION, the split, each corpus' source fingerprint
 (`nmt.sources.source_fingerprint`: path, size, mtime, ctime and inode of each file) and tag,
-the tokenizer model bytes, the filter settings and `data.protect`. Files are written under `.tmp` names and
-renamed; the .json marker comes last, so an entry is complete only when its .json exists. A
-write error (disk full) is an OSError naming the cache file. A cache miss first removes every
-file of the split (stale entries, partial writes); when the run directory held an entry of the
-split before and the new arrays differ from it (their digest), one log line says so: a resumed
-run then does not continue exactly.
+the tokenizer model bytes, the filter settings, `data.protect` and `data.terms` (nmt/data.py); term
+annotations (`annotate_chunk`) change the sources of pairs the filters kept as plain pairs. Files
+are written under `.tmp` names and renamed; the .json marker comes last, so an entry is complete
+only when its .json exists. A write error (disk full) is an OSError naming the cache file. A
+cache miss first removes every file of the split (stale entries, partial writes); when the run
+directory held an entry of the split before and the new arrays differ from it (their digest), one
+log line says so: a resumed run then does not continue exactly.
 
 Why the fingerprint holds ctime: an edit of the same size with the mtime kept (`cp -p`,
 `rsync -a -c`, `tar x`, `os.utime`) leaves (size, mtime) as they were, but the kernel sets
@@ -213,6 +214,7 @@ class Source(NamedTuple):
     protect: bool = False                                     # protected spans -> placeholders (nmt/protect.py)
     tgt_prefix: tuple[int, ...] = ()                          # ids before every non-empty target (a language token)
     protect_inject: float = 0.0                               # share of span-less pairs given placeholders (protect)
+    terms: Callable[[list[str], list[str]], list[str]] | None = None  # term-annotated sources (`annotate_chunk`)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -225,23 +227,49 @@ def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str 
                  protect: bool = False, tgt_prefix: tuple[int, ...] = (),
                  protect_inject: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(src tokens, src lens [n], tgt tokens, tgt lens [n]) of aligned lines; with `protect` each pair's
-    spans become placeholders (`protect.mask_pair`; `protect_inject`: the share of pairs without spans
-    that get placeholders at aligned positions); `tag + " "` goes before every non-empty source
+    spans become placeholders (`mask_chunk`); `tag + " "` goes before every non-empty source
     line (an empty one stays empty, so the pair is dropped); `tgt_prefix` (a multilingual model's
     language token, nmt/languages.py) goes before every non-empty target."""
     if protect:
-        from nmt.protect import mask_pair
-
-        pairs = [mask_pair(a, b, inject=protect_inject) for a, b in zip(src, tgt)]
-        src, tgt = (list(x) for x in zip(*pairs)) if pairs else (src, tgt)
-    if tag:
-        src = [f"{tag} {x}" if x else x for x in src]
-    st, sl = _flatten(tokenizer.encode_src(src), token_dtype(tokenizer.src_vocab_size))
+        src, tgt = mask_chunk(src, tgt, protect_inject)
+    st, sl = _flatten(tokenizer.encode_src(_tagged(src, tag)), token_dtype(tokenizer.src_vocab_size))
     tgt_ids = tokenizer.encode_tgt(tgt)
     if tgt_prefix:
         tgt_ids = [list(tgt_prefix) + ids if ids else ids for ids in tgt_ids]
     tt, tl = _flatten(tgt_ids, token_dtype(tokenizer.tgt_vocab_size))
     return st, sl, tt, tl
+
+
+def _tagged(src: list[str], tag: str | None) -> list[str]:
+    return [f"{tag} {x}" if x else x for x in src] if tag else src
+
+
+def mask_chunk(src: list[str], tgt: list[str], protect_inject: float = 0.0) -> tuple[list[str], list[str]]:
+    """Aligned lines with each pair's protected spans as placeholders (`protect.mask_pair`;
+    `protect_inject`: the share of pairs without spans that get placeholders at aligned positions)."""
+    from nmt.protect import mask_pair
+
+    pairs = [mask_pair(a, b, inject=protect_inject) for a, b in zip(src, tgt)]
+    if not pairs:
+        return src, tgt
+    masked_src, masked_tgt = zip(*pairs)
+    return list(masked_src), list(masked_tgt)
+
+
+def annotate_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], st: np.ndarray, sl: np.ndarray,
+                   keep: np.ndarray, source: Source, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(src tokens, src lens [n]) with the kept pairs' sources term-annotated (`source.terms`, data.terms),
+    each where its annotated form still fits max_len: the filters judged the plain pair, so annotations
+    never drop a pair (a short pair with a term would fail data.max_ratio) nor keep one."""
+    annotated = source.terms(src, tgt)  # type: ignore[misc]
+    changed = [i for i, (a, b) in enumerate(zip(src, annotated)) if a != b and keep[i]]
+    if not changed:
+        return st, sl
+    seqs = np.split(st, np.cumsum(sl)[:-1]) if len(sl) else []
+    for i, ids in zip(changed, tokenizer.encode_src(_tagged([annotated[i] for i in changed], source.tag))):
+        if len(ids) <= max_len:
+            seqs[i] = ids
+    return _flatten(seqs, st.dtype)
 
 
 def array_digest(hashes: dict[str, str]) -> str:
@@ -350,9 +378,12 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
         for src in sources:
             counts = dict.fromkeys(COUNTS, 0)
             for src_lines, tgt_lines in src.chunks():
-                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, src.protect, src.tgt_prefix,
-                                              src.protect_inject)
+                if src.protect:
+                    src_lines, tgt_lines = mask_chunk(src_lines, tgt_lines, src.protect_inject)
+                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, tgt_prefix=src.tgt_prefix)
                 keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None, len(src.tgt_prefix))
+                if src.terms is not None:
+                    st, sl = annotate_chunk(tokenizer, src_lines, tgt_lines, st, sl, keep, src, max_len)
                 writer.add("src", st[np.repeat(keep, sl)], sl[keep])
                 writer.add("tgt", tt[np.repeat(keep, tl)], tl[keep])
                 c.update(src_tokens=int(sl[keep].sum()), tgt_tokens=int(tl[keep].sum()))

@@ -16,7 +16,11 @@ the rest, seeded by (seed, epoch, i). share_i = weight_i / sum of weights when
 all corpora have one direction (src_lang, tgt_lang); between directions,
 temperature sampling (`corpus_shares`, data.sampling_temperature T): a
 direction's share grows as its size^(1/T), times the mean weight of its corpora.
-Token-budget batching then runs over the epoch's pairs. One corpus (or every
+Token-budget batching then runs over the epoch's pairs.
+
+With `data.terms > 0` a share of each training corpus' pairs gets inline term annotations
+(nmt/terms.py: `source term <term> target term </term>`) from `data.term_dictionary`, or from a
+dictionary extracted from the corpus itself; validation pairs stay as they are. One corpus (or every
 corpus drawn exactly once) gives every pair once: the batches of a single
 corpus are those of `batch_indices` over the whole corpus.
 """
@@ -30,12 +34,14 @@ from typing import Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
-from nmt.config import Config, CorpusConfig
+from nmt import terms
+from nmt.config import Config, CorpusConfig, DataConfig
 from nmt.corpus import EncodedCorpus, Source, cache_prefix, cached_split, chunked
 from nmt.errors import UserError
+from nmt.glossary import read_glossary
 from nmt.languages import target_prefix
 from nmt.protect import PLACEHOLDERS
-from nmt.sources import iter_pairs, read_corpus, source_fingerprint
+from nmt.sources import file_fingerprint, iter_pairs, read_corpus, source_fingerprint
 from nmt.tokenizer import Tokenizer, check_tags, train_tags
 
 __all__ = ["load_data", "Data", "ValidSet", "corpus_name", "corpus_shares", "mix_counts", "epoch_pairs",
@@ -102,9 +108,35 @@ def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[
            _tokenizer_hash(tokenizer), d.max_len, d.max_ratio] + ([True] if d.protect else []) + _lang_key(langs)
     inject = d.protect_inject if d.protect else 0.0
     key += [["inject", inject]] if inject else []
+    key += [_terms_key(d)] if d.terms > 0 else []
     sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, *d.langs(c)), c.src_tag, d.protect, lang,
-                      inject) for c, lang in zip(corpora, langs)]
+                      inject, _annotator(cfg, c, log)) for c, lang in zip(corpora, langs)]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
+
+
+def _terms_key(d: DataConfig) -> list:
+    """The term annotation's part of a cache key: the share and the dictionary (its file, or the extractor)."""
+    where = file_fingerprint(d.term_dictionary) if d.term_dictionary else ["extracted", terms.EXTRACT_VERSION]
+    return ["terms", d.terms, where]
+
+
+def _annotator(cfg: Config, corpus: CorpusConfig, log: Callable[[str], None]) -> terms.TermAnnotator | None:
+    """The term annotation of a training corpus (data.terms), or None: its dictionary is read, or
+    extracted from the corpus, only when the corpus is encoded."""
+    d = cfg.data
+    if d.terms <= 0:
+        return None
+
+    def entries() -> list:
+        if d.term_dictionary:
+            found = read_glossary(d.term_dictionary)
+            log(f"data train {corpus_name(corpus)}: {len(found)} term dictionary entries from {d.term_dictionary}")
+            return found
+        found = terms.extract_dictionary(pair for src, tgt in iter_pairs(corpus, *d.langs(corpus))
+                                         for pair in zip(src, tgt))
+        log(f"data train {corpus_name(corpus)}: {len(found)} term dictionary entries extracted from the corpus")
+        return found
+    return terms.TermAnnotator(d.terms, entries)
 
 
 def _lang_key(langs: list[tuple[int, ...]]) -> list:
@@ -189,6 +221,9 @@ def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[st
     if d.protect and not all(tokenizer.is_target_symbol(p) for p in PLACEHOLDERS):
         raise UserError(f"data.protect: the tokenizer in use has no placeholder tokens {PLACEHOLDERS[0]} ... "
                         f"{PLACEHOLDERS[-1]} (it was made without data.protect, e.g. a fine-tuning source's)")
+    if d.terms > 0 and not terms.known_by(tokenizer):
+        raise UserError(f"data.terms: the tokenizer in use has no term markers {' and '.join(terms.TERM_SYMBOLS)} "
+                        "(it was made without data.terms, e.g. a fine-tuning source's)")
     train = _load_train(cfg, tokenizer, run_dir, log)
     _log_train(cfg, train, log)
     lines = [read_corpus(c, *d.langs(c)) for c in d.valid_corpora]

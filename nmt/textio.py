@@ -122,8 +122,9 @@ def _check_readable(path: str) -> None:
         raise UserError(f"file not found: {path}")
 
 
-def iter_lines(path: str | None, stdin: IO[bytes] | None = None) -> Iterator[str]:
-    """The file's lines, read by the module's rule (split on "\\n", UTF-8, stripped)."""
+def iter_lines(path: str | None, stdin: IO[bytes] | None = None, *, strip: str | None = None) -> Iterator[str]:
+    """The file's lines, read by the module's rule (split on "\\n", UTF-8, stripped). strip: the
+    characters stripped from both ends (default None: all whitespace; a TSV reader keeps tabs)."""
     name = display_name(path)
     number = 0
     try:
@@ -135,7 +136,7 @@ def iter_lines(path: str | None, stdin: IO[bytes] | None = None) -> Iterator[str
                     raise UserError(f"{name}: line {number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
                 if number == 1 and line.startswith("\ufeff"):
                     line = line[1:]
-                yield line.strip()
+                yield line.strip(strip)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise UserError(f"{name}: corrupt or truncated gzip data after line {number} ({_reason(e)})") from None
     except OSError as e:

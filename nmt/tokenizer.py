@@ -19,7 +19,9 @@ non-empty sentences, `sample_indices` picks a seeded sample of at most
 a second pass feeds just those sentences to SentencePiece; its own generator
 is seeded as well. Source tags (`data.train[i].src_tag`, e.g. `<BT>`) become
 user-defined symbols `▁<BT>` (with SentencePiece's word-start mark, so that
-"<BT> hola" encodes to the tag's id first): always exactly one token.
+"<BT> hola" encodes to the tag's id first): always exactly one token. A model trained with
+`data.terms > 0` gets the term annotation markers `<term>` and `</term>` (nmt/terms.py) the same
+way, `▁<term>` and `▁</term>`, in both models (as the placeholders of `data.protect`).
 
 A multilingual model (training corpora with several target languages) gets one symbol
 per target language, `__de__`, `__pt_BR__` (`language_symbol`), in the target model, and
@@ -46,6 +48,7 @@ from nmt.config import Config, TokenizerConfig, to_dict
 from nmt.errors import UserError
 from nmt.layout import BOS_ID, EOS_ID, NMT_SPECIALS, PAD_ID, UNK_ID
 from nmt.protect import PLACEHOLDERS
+from nmt.terms import TERM_SYMBOLS
 
 __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "build_tokenizer", "check_tags", "language_symbol",
            "read_model_file", "tag_symbol", "train_sentencepiece", "train_tags", "tokenizer_settings", "with_languages"]
@@ -337,8 +340,9 @@ def tokenizer_settings(cfg: Config) -> dict:
     else:
         sources = [source_fingerprint(c, *d.langs(c)) for c in d.train_corpora]
     languages = {"languages": list(d.target_languages)} if d.multilingual else {}  # (absent: bilingual, as before)
+    terms = {"terms": True} if d.terms > 0 else {}  # (absent: without term markers, as before)
     return {"tokenizer": section, "seed": cfg.seed, "tags": train_tags(cfg), "sources": sources,
-            "protect": cfg.data.protect, **languages}
+            "protect": cfg.data.protect, **languages, **terms}
 
 
 def _stale_reason(run_dir: str, settings: dict) -> str | None:
@@ -355,7 +359,7 @@ def _stale_reason(run_dir: str, settings: dict) -> str | None:
     if not isinstance(saved, dict):
         saved = {}
     names = {"seed": "seed", "tags": "data.train src_tag", "sources": "the training corpora or model files",
-             "protect": "data.protect", "languages": "the target languages of data.train"}
+             "protect": "data.protect", "languages": "the target languages of data.train", "terms": "data.terms"}
     diff = [f"data.tokenizer.{k}" for k in settings["tokenizer"]
             if saved.get("tokenizer", {}).get(k) != settings["tokenizer"][k]]
     diff += [names[k] for k in names if saved.get(k) != settings.get(k)]
@@ -388,6 +392,7 @@ def _train(cfg: Config, log: Callable[[str], None]) -> Tokenizer:
     def side(s: str) -> Callable[[], Iterator[str]]:
         return lambda: itertools.chain.from_iterable(iter_side(c, s, *d.langs(c)) for c in d.train_corpora)
     placeholders = list(PLACEHOLDERS) if d.protect else []  # plain symbols: a span may touch a word
+    placeholders += [tag_symbol(t) for t in TERM_SYMBOLS] if d.terms > 0 else []  # after a space, as tags
     symbols = [tag_symbol(t) for t in train_tags(cfg)] + placeholders
     n_src, n_tgt = sum(a for a, _ in counts), sum(b for _, b in counts)
     train = lambda lines, what, sym, n, control=(): train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log,
@@ -421,6 +426,10 @@ def build_tokenizer(cfg: Config, run_dir: str, log: Callable[[str], None] = prin
             raise UserError(f"data.protect needs the placeholder tokens {PLACEHOLDERS[0]} ... {PLACEHOLDERS[-1]} as "
                             f"user-defined symbols of {tok.model or tok.src_model} (train it with them, or let nmt "
                             "train the tokenizer)")
+        if cfg.data.terms > 0 and not all(result.is_target_symbol(t) for t in TERM_SYMBOLS):
+            raise UserError(f"data.terms needs the term markers {' and '.join(TERM_SYMBOLS)} as user-defined symbols "
+                            f"{', '.join(tag_symbol(t) for t in TERM_SYMBOLS)} of {tok.model or tok.src_model} and its "
+                            "target model (train it with them, or let nmt train the tokenizer)")
         log(f"tokenizer: loaded {tok.model or (tok.src_model + ', ' + tok.tgt_model)}")
     else:
         result = _train(cfg, log)
