@@ -359,12 +359,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     if not 0 <= args.batch_window_ms < math.inf:
         raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {args.batch_window_ms:g}")
+    for origin in args.allow_origin:
+        if origin != "*" and not _is_origin(origin):
+            raise UserError(f"--allow-origin {origin}: not an origin (scheme://host[:port], e.g. https://example.com, "
+                            "as browsers send it; * for any)")
     settings = Settings(max_lines=args.max_lines, max_chars=args.max_chars, max_beam=args.max_beam,
                         max_queue=args.max_queue, timeout=args.timeout, window=args.batch_window_ms / 1000,
                         batch_lines=args.batch_lines, batching=args.batching)
     return serve_command(path, engine=engine, device=args.device, overrides=_decode_overrides(args), host=args.host,
                          port=args.port, settings=settings, access_log=args.access_log,
                          allow_origins=tuple(args.allow_origin), allow_hosts=tuple(args.allow_host))
+
+
+def _is_origin(text: str) -> bool:
+    """Whether `text` is a web origin as browsers send it in the Origin header: scheme://host[:port]."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (a malformed port raises ValueError)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
 
 
 def _cmd_average(args: argparse.Namespace) -> int:

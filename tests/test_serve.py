@@ -562,6 +562,11 @@ def test_command_errors_are_one_line(ckpt, capsys):
                        "server's limit 16 (nmt serve --max-beam)"),
     (["--max-beam", "1"], "the server's default search settings are over its limits: beam_size 2 is over this "
                           "server's limit 1 (nmt serve --max-beam)"),  # the checkpoint's own beam
+    (["--allow-origin", "example.com"], "--allow-origin example.com: not an origin (scheme://host[:port], e.g. "
+                                         "https://example.com, as browsers send it; * for any)"),
+    (["--allow-origin", "https://example.com/page"], "--allow-origin https://example.com/page: not an origin "
+                                                     "(scheme://host[:port], e.g. https://example.com, as browsers "
+                                                     "send it; * for any)"),
     (["--min-len", "30"], "the server's default search settings are over its limits: min_len 30 is over this "
                           "model's limit 22 (its outputs have at most max_positions - 1 = 23 tokens, EOS included)"),
 ])
