@@ -21,7 +21,7 @@ for several threads or requests at once, gather their lines into one call.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from nmt.batching import Progress
 from nmt.config import DecodeConfig, decode_config
@@ -87,14 +87,17 @@ class Translator:
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
-                  **decode_options: Any) -> list[TranslationResult]:
+                  cancel: Callable[[], bool] | None = None, **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
         first_line: the input line number of lines[0] (with sampling, a line's samples depend
         only on the seed and its line number); line_numbers: each line's own number instead (lines
         of several inputs in one call, as `nmt serve` gathers requests). on_batch(n): called as n
-        more lines are done. `lines` and `prefixes` are lists (any iterables) of str: one str, or an
-        item that is not a str, is a one-line TypeError that names the argument."""
+        more lines are done. cancel(): checked at every decoding step (CTranslate2: before each
+        batch); when it returns True the call stops there and raises `nmt.errors.Cancelled` (how
+        `nmt serve` stops the work of a request nobody waits for any more). `lines` and `prefixes`
+        are lists (any iterables) of str: one str, or an item that is not a str, is a one-line
+        TypeError that names the argument."""
         lines = _texts(lines, "lines")
         prefixes = _texts(prefixes, "prefixes") if prefixes is not None else None
         decode = self.decode_settings(**decode_options)
@@ -103,7 +106,7 @@ class Translator:
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
         with _CALLS:
             return translate_chunk(self._engine, lines, decode, on_batch, first_line=first_line,
-                                   prefixes=prefixes, line_numbers=line_numbers)
+                                   prefixes=prefixes, line_numbers=line_numbers, cancel=cancel)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:

@@ -1,8 +1,8 @@
 """Cross-request batching for `nmt serve`: a bounded queue of requests and one task that
 translates them in groups.
 
-    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, options)
-    batcher.submit(job)                        # asyncio.QueueFull when the queue is full (503)
+    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, options, cancel)
+    batcher.submit(job)                        # asyncio.QueueFull when max_queue requests wait (503)
     task = asyncio.create_task(batcher.run())  # until cancelled
 
 The batcher takes the first queued request, then gathers more until `gather_wait` seconds
@@ -19,21 +19,29 @@ process anyway: nmt/api.py). Each line keeps its number within its own request (
 request alone; each sentence is searched independently of its batch companions (nmt/translate.py),
 so a request's results do not depend on who shared its call.
 
-A request whose future is already done when its turn comes (its time limit passed: the
-server answered 504) is skipped; one that times out during the call gets its results
-dropped when they come. When a shared call fails, each of its requests is translated alone, so
-only the one that fails gets the error. With `batching` off the batcher takes one request per call (the
-comparison point of scripts/bench_serve.py).
+A request is abandoned when its future is done before its answer: the server cancels it when
+its time limit passes (504) or its client goes away. An abandoned request leaves the queue at
+once (its slot is free for the next); if it is being translated, the call stops at its next
+decoding step (the `cancel` argument: nmt.Translator's, which raises nmt.errors.Cancelled) and
+runs again over the requests of the call still waiting, which get the same results (they do
+not depend on the call's other lines). When a shared call fails, each of its requests is
+translated alone, so only the one that fails gets the error. With `batching` off the batcher
+takes one request per call (the comparison point of scripts/bench_serve.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-Translate = Callable[[list[str], "list[str] | None", list[int], dict], Sequence[Any]]
+from nmt.errors import Cancelled
+
+# translate(lines, prefixes or None, line numbers, decode options, cancel) -> one result per line
+Translate = Callable[[list[str], "list[str] | None", list[int], dict, Callable[[], bool]], Sequence[Any]]
 MAX_WAIT = 1.0  # seconds: the longest a request waits for company
 
 
@@ -71,10 +79,11 @@ class Stats:
 
     requests: int = 0  # requests translated (or being translated)
     sentences: int = 0
-    calls: int = 0  # translate calls
+    calls: int = 0  # translate calls (a cancelled call included)
     shared_calls: int = 0  # calls that served more than one request
     largest_call: int = 0  # the most requests one call served
-    expired: int = 0  # requests skipped or dropped because their time limit passed
+    expired: int = 0  # requests abandoned before their answer (time limit passed, or the client went away)
+    cancelled_calls: int = 0  # calls stopped because a request of theirs was abandoned
     translating: int = 0  # requests in the call now running
 
 
@@ -109,14 +118,35 @@ class Batcher:
     def __init__(self, translate: Translate, settings: Settings):
         self._translate = translate
         self.settings = settings
-        self.queue: asyncio.Queue[Job] = asyncio.Queue(maxsize=settings.max_queue)
+        self._queue: deque[Job] = deque()  # jobs waiting for a call, oldest first (abandoned ones leave at once)
+        self._arrived = asyncio.Event()  # set when a job is queued
+        self._running: list[Job] = []  # the jobs of the call in progress
+        self._stop = threading.Event()  # set: the call in progress (or the last one) stops at its next step
         self.stats = Stats()
         self.last_call = 0.0  # seconds the previous translate call took
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-serve")
 
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for a call."""
+        return len(self._queue)
+
     def submit(self, job: Job) -> None:
-        """Queue a job; asyncio.QueueFull when the queue holds max_queue jobs."""
-        self.queue.put_nowait(job)
+        """Queue a job; asyncio.QueueFull when max_queue jobs wait already."""
+        if len(self._queue) >= self.settings.max_queue:
+            raise asyncio.QueueFull
+        self._queue.append(job)
+        self._arrived.set()
+        job.future.add_done_callback(lambda _, job=job: self._abandoned(job))
+
+    def _abandoned(self, job: Job) -> None:
+        """A job's future is done: delivered, or abandoned (its handler cancelled it). An abandoned
+        job leaves the queue; the call translating it stops at its next step."""
+        if job in self._queue:  # (identity: Job compares by identity)
+            self._queue.remove(job)
+            self.stats.expired += 1
+        elif job in self._running:
+            self._stop.set()
 
     async def run(self) -> None:
         """Translate queued jobs until cancelled."""
@@ -125,52 +155,84 @@ class Batcher:
                 await self._run_group(group)
 
     def close(self) -> None:
-        """Wait for the running call (if any) to end; no call starts afterwards."""
+        """Stop the running call (if any) at its next step and wait for it; no call starts afterwards."""
+        self._stop.set()  # (the run task is cancelled first: the call may still run in the worker thread)
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    async def _take(self, deadline: float | None = None) -> Job | None:
+        """The oldest queued job, waiting for one until `deadline` (loop time; None: for ever)."""
+        loop = asyncio.get_running_loop()
+        while not self._queue:
+            self._arrived.clear()
+            if deadline is None:
+                await self._arrived.wait()
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                return None
+        return self._queue.popleft()
+
     async def _gather(self) -> list[Job]:
-        first = await self.queue.get()
+        first = await self._take()
         jobs, n_lines = [first], len(first.lines)
         if not self.settings.batching:
             return jobs
-        loop = asyncio.get_running_loop()
         deadline = first.arrived + gather_wait(self.settings, self.last_call)
         while n_lines < self.settings.batch_lines:
-            if self.queue.empty():
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self.queue.get(), remaining)
-                except asyncio.TimeoutError:
-                    break
-            else:
-                job = self.queue.get_nowait()
+            job = await self._take(deadline)
+            if job is None:
+                break
             jobs.append(job)
             n_lines += len(job.lines)
         return jobs
 
-    async def _run_group(self, jobs: list[Job]) -> None:
-        live = [job for job in jobs if not job.future.done()]  # done: timed out while queued
+    def _live(self, jobs: list[Job]) -> list[Job]:
+        """The jobs still waiting for their answer (the others are counted as expired)."""
+        live = [job for job in jobs if not job.future.done()]
         self.stats.expired += len(jobs) - len(live)
+        return live
+
+    async def _run_group(self, jobs: list[Job]) -> None:
+        live = self._live(jobs)  # (a job gathered but abandoned before its group's turn)
         if not live:
             return
         self.stats.requests += len(live)
         self.stats.sentences += sum(len(job.lines) for job in live)
         try:
-            self._deliver(live, await self._call(live))
+            await self._translate_live(live)
         except Exception as e:
             if len(live) == 1:
                 _fail(live[0], e)
                 return
             for job in live:  # one request's failure must not fail the others: each alone
                 try:
-                    self._deliver([job], await self._call([job]))
+                    await self._translate_live([job])
                 except Exception as e:  # an engine failure: the request gets it (500)
                     _fail(job, e)
 
+    async def _translate_live(self, jobs: list[Job]) -> None:
+        """Translate `jobs` in one call and deliver their results. When one is abandoned during
+        the call, the call stops and runs again over the others (as long as any is live)."""
+        while jobs:
+            try:
+                results = await self._call(jobs)
+            except Cancelled:
+                self.stats.cancelled_calls += 1
+                live = self._live(jobs)
+                if len(live) == len(jobs):  # stopped by close(), not by an abandoned job
+                    raise
+                jobs = live
+                continue
+            self._deliver(jobs, results)
+            return
+
     async def _call(self, jobs: list[Job]) -> Sequence[Any]:
-        """One translate call over `jobs`, in the worker thread."""
+        """One translate call over `jobs`, in the worker thread; nmt.errors.Cancelled when one of
+        them is abandoned while it runs."""
         s = self.stats
         s.calls += 1
         s.shared_calls += len(jobs) > 1
@@ -178,11 +240,13 @@ class Batcher:
         s.translating = len(jobs)
         lines, prefixes, numbers = merge(jobs)
         loop = asyncio.get_running_loop()
+        self._running, self._stop = jobs, threading.Event()
         start = loop.time()
         try:
             return await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
-                                              jobs[0].options)
+                                              jobs[0].options, self._stop.is_set)
         finally:
+            self._running = []
             s.translating = 0
             self.last_call = loop.time() - start
 
@@ -191,7 +255,7 @@ class Batcher:
         for job in jobs:
             part = list(results[start:start + len(job.lines)])
             start += len(job.lines)
-            if job.future.done():  # its time limit passed during the call: the answer was 504
+            if job.future.done():  # abandoned after the call's last step: nobody waits for it
                 self.stats.expired += 1
             else:
                 job.future.set_result(part)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -239,8 +240,15 @@ def _serve_parser(sub) -> None:
         "stops at once). The search settings below are the server's defaults; a request may change them except "
         "--batch-tokens, --batch-size, --workers and --protect-pattern.")
     _add_model_options(p, "to translate with")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only; "
+                   "0.0.0.0 or ::, every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = a free one, printed at start)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages of ORIGIN (e.g. https://example.com; * = any) call POST /translate, with CORS "
+                   "headers (default: none; pages of other sites get 403). Repeatable")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="accept requests whose Host header is NAME (* = any; default: the --host address, and this "
+                   "machine's names for a loopback one; any name when listening on every interface). Repeatable")
     g = p.add_argument_group("limits and batching")
     g.add_argument("--max-lines", type=int, default=256, metavar="N", help="sentences per request (more: 413; default: 256)")
     g.add_argument("--max-chars", type=int, default=100_000, metavar="N",
@@ -250,7 +258,8 @@ def _serve_parser(sub) -> None:
     g.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting for the model (more: 503 with Retry-After; default: 256)")
     g.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds from a request's arrival to its answer (more: 504; default: 60)")
+                   help="seconds from a request's arrival to its answer, its upload included (more: 504, or 408 for "
+                   "a body still arriving; the request's work stops; default: 60)")
     g.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
                    help="after a request arrives, how long to wait for others to translate with it (default: 5; "
                    "5%% of the previous call's duration when that is longer, at most 1 s)")
@@ -259,7 +268,7 @@ def _serve_parser(sub) -> None:
     g.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
                    help="translate requests that arrive together in one call (default: on; --no-batching: one "
                    "request at a time)")
-    p.add_argument("--access-log", action="store_true", help="log every request on stderr")
+    p.add_argument("--access-log", action="store_true", help="log every request, one line each, on stdout")
     _add_decode_options(p)
 
 
@@ -352,13 +361,34 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for flag in ("max_lines", "max_chars", "max_beam", "max_queue", "batch_lines"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.timeout <= 0 or args.batch_window_ms < 0:
-        raise UserError("--timeout must be positive and --batch-window-ms at least 0")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    if not 0 < args.timeout < math.inf:
+        raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if not 0 <= args.batch_window_ms < math.inf:
+        raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {args.batch_window_ms:g}")
+    for origin in args.allow_origin:
+        if origin != "*" and not _is_origin(origin):
+            raise UserError(f"--allow-origin {origin}: not an origin (scheme://host[:port], e.g. https://example.com, "
+                            "as browsers send it; * for any)")
     settings = Settings(max_lines=args.max_lines, max_chars=args.max_chars, max_beam=args.max_beam,
                         max_queue=args.max_queue, timeout=args.timeout, window=args.batch_window_ms / 1000,
                         batch_lines=args.batch_lines, batching=args.batching)
     return serve_command(path, engine=engine, device=args.device, overrides=_decode_overrides(args), host=args.host,
-                         port=args.port, settings=settings, access_log=args.access_log)
+                         port=args.port, settings=settings, access_log=args.access_log,
+                         allow_origins=tuple(args.allow_origin), allow_hosts=tuple(args.allow_host))
+
+
+def _is_origin(text: str) -> bool:
+    """Whether `text` is a web origin as browsers send it in the Origin header: scheme://host[:port]."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (a malformed port raises ValueError)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
 
 
 def _cmd_average(args: argparse.Namespace) -> int:

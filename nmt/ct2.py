@@ -51,12 +51,12 @@ from typing import Iterator, Sequence
 
 from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import parse_device, resolve_workers
-from nmt.errors import UserError
+from nmt.errors import Cancelled, UserError
 from nmt.export import read_metadata, require_ctranslate2, vocabularies
 from nmt.languages import free_prefix
 from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.protect import PLACEHOLDERS
-from nmt.search import Hypothesis, length_penalty_factor, max_finished, max_output_lengths
+from nmt.search import Cancel, Hypothesis, length_penalty_factor, max_finished, max_output_lengths
 from nmt.tokenizer import Tokenizer
 
 NO_EARLY_EXIT = 1e-6  # a length penalty that changes no ranking but turns off CTranslate2's early exit
@@ -148,13 +148,16 @@ class Ct2Engine:
                             "--length-penalty-type average, --patience 0, or --engine torch)")
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
-                     prefixes: Sequence[list[int]] | None = None) -> list[list[Hypothesis]]:
+                     prefixes: Sequence[list[int]] | None = None,
+                     cancel: Cancel | None = None) -> list[list[Hypothesis]]:
         """Per source (ids without EOS) up to `decode.nbest` hypotheses, best first; greedy when
         beam_size == 1. CTranslate2 takes one output limit per call: the batch's largest. Sentences
         whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
         grouped by limit, so no output exceeds its sentence's maximum length. `keys` (sampling) are
-        not used: sampling is refused (`check`)."""
+        not used: sampling is refused (`check`). cancel: checked before each search (CTranslate2
+        cannot stop one that runs)."""
         self.check(decode)
+        _check_cancel(cancel)
         batch = list(range(len(src_ids)))
         limits = max_output_lengths([len(ids) + 1 for ids in src_ids], decode.max_len_a, decode.max_len_b,
                                     self.max_positions, prefixes)
@@ -165,6 +168,7 @@ class Ct2Engine:
             if limits[i] < limit and any(len(x.tokens) >= limits[i] for x in h):
                 again.setdefault(limits[i], []).append(i)
         for own, members in again.items():
+            _check_cancel(cancel)
             for i, h in zip(members, self._search_safe(src_ids, members, own, decode, prefixes)):
                 found[i] = h
         return found
@@ -262,3 +266,8 @@ class Ct2Engine:
         tgt = [[self.tgt_pieces[t] for t in ids] for ids in tgt_ids]
         results = self.translator.score_batch(src, tgt, max_batch_size=0, max_input_length=0)
         return [list(r.log_probs) for r in results]
+
+
+def _check_cancel(cancel: Cancel | None) -> None:
+    if cancel is not None and cancel():
+        raise Cancelled()

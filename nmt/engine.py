@@ -18,7 +18,7 @@ a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported w
         def check_precision(p)           UserError unless calls with decode.precision p can run (fixed at load)
         def check(decode)                UserError for decode settings this engine cannot search as nmt.search does
         def running() -> ContextManager  around a run of calls: the model in eval mode
-        def search_batch(src_ids, decode, keys=None, prefixes=None) -> list[list[Hypothesis]]
+        def search_batch(src_ids, decode, keys=None, prefixes=None, cancel=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
         def align_batch(src_ids, tgt_ids) -> list[list[tuple[int, int]]]   (UserError where unsupported)
 
@@ -27,7 +27,9 @@ search_batch, possibly none for score_batch);
 the engine appends EOS. `search_batch` returns per source up to `decode.nbest`
 hypotheses, best first (nmt.search.Hypothesis: tokens without BOS/EOS, score,
 log_prob, finished); `keys` (one integer per source, the input line number) fix the (PyTorch engine's)
-samples with `decode.sampling`; `prefixes` (target ids per source) are forced.
+samples with `decode.sampling`; `prefixes` (target ids per source) are forced; `cancel()` (or None)
+is checked at every decoding step (CTranslate2: before each of its calls, which it cannot stop) and
+True raises nmt.errors.Cancelled.
 `score_batch` returns per pair the log-probability of each target token and of the
 final EOS under the model (teacher forcing). `align_batch` gives per pair the
 (source index, target index) alignment of each target token (nmt.model.Transformer.alignment).
@@ -58,7 +60,7 @@ class Engine(Protocol):
     def running(self) -> ContextManager: ...
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
-                     prefixes: Sequence[list[int]] | None = None) -> list[list]: ...
+                     prefixes: Sequence[list[int]] | None = None, cancel=None) -> list[list]: ...
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]: ...
 

@@ -17,3 +17,9 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+class Cancelled(Exception):
+    """A translation stopped because its caller's `cancel()` said so (`nmt.Translator.translate`:
+    checked at every decoding step); nothing of the call is returned. `nmt serve` cancels the work
+    of a request whose time limit passed or whose client went away."""

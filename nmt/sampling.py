@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.layout import NMT_SPECIALS, Specials
-from nmt.search import (NEG_INF, PLAIN_OPS, SAMPLING, Hypothesis, Placeholders, SearchOps, StepRules, check_common,
-                        token_by_token)
+from nmt.search import (NEG_INF, PLAIN_OPS, SAMPLING, Cancel, Hypothesis, Placeholders, SearchOps, StepRules,
+                        check_common, token_by_token)
 
 
 @torch.inference_mode()
@@ -30,10 +30,10 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
                   max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
                   prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
                   use_cache: bool = True, ops: SearchOps = PLAIN_OPS, specials: Specials = NMT_SPECIALS,
-                  free_prefix: int = 0) -> list[list[Hypothesis]]:
+                  free_prefix: int = 0, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
     """`samples` independent samples per sentence (module docstring), best log_prob first
     (score == log_prob). keys [B]: one integer per sentence (default 0..B-1); with the seed
-    they fix its samples."""
+    they fix its samples. cancel: see nmt.search.Cancel."""
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
     if sampling not in SAMPLING:
         raise ValueError(f"unknown sampling {sampling!r} (expected one of {', '.join(SAMPLING)})")
@@ -58,7 +58,8 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
         return (x + gumbel.float()).argmax(dim=1)
 
     rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
-    out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
+    out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b, rules, prefixes, use_cache, ops,
+                         cancel)
     return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
 
 

@@ -60,12 +60,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.cache import DecoderCache
+from nmt.errors import Cancelled
 from nmt.layout import NMT_SPECIALS, Specials
 from nmt.schema import max_finished
 
 PENALTY_TYPES = ("gnmt", "average", "none")
 SAMPLING = ("topk", "topp")
 NEG_INF = float("-inf")
+Cancel = Callable[[], bool]  # checked before every decoding step: True stops the search (nmt.errors.Cancelled)
 
 
 @dataclass(frozen=True)
@@ -315,20 +317,22 @@ def _block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
 def greedy_search(model, src: Tensor, src_mask: Tensor, *, max_len_a: float, max_len_b: int, min_len: int = 0,
                   no_repeat_ngram: int = 0, prefixes: Sequence[list[int]] | None = None,
                   placeholders: Placeholders | None = None, use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
-                  specials: Specials = NMT_SPECIALS, free_prefix: int = 0) -> list[Hypothesis]:
+                  specials: Specials = NMT_SPECIALS, free_prefix: int = 0,
+                  cancel: Cancel | None = None) -> list[Hypothesis]:
     """Most probable next token at every step. src, src_mask [B,S] -> one Hypothesis per sentence
-    (score == log_prob: no length penalty). Finished sentences leave the batch."""
+    (score == log_prob: no length penalty). Finished sentences leave the batch. cancel: see `Cancel`."""
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
     rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
-    out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops)
+    out = token_by_token(model, src, src_mask, None, 1, max_len_a, max_len_b, rules, prefixes, use_cache, ops, cancel)
     return [hyps[0] for hyps in out]
 
 
 def token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: int, max_len_a: float,
-                    max_len_b: int, rules: StepRules, prefixes, use_cache: bool, ops: SearchOps) -> list[list[Hypothesis]]:
+                   max_len_b: int, rules: StepRules, prefixes, use_cache: bool, ops: SearchOps,
+                   cancel: Cancel | None = None) -> list[list[Hypothesis]]:
     """One token per row per step: the best one (choose None) or choose(logp, t, rows) -> tokens.
     per_sentence rows per sentence (samples). Finished rows leave the batch. -> per sentence its rows'
-    hypotheses, in row order."""
+    hypotheses, in row order. cancel: see `Cancel`."""
     B, device = src.shape[0], src.device
     if B == 0:
         return []
@@ -344,6 +348,8 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, choose, per_sentence: i
     history = torch.empty(R, 0, dtype=torch.long, device=device)  # [N, t-1]
     out: list[list[Hypothesis | None]] = [[None] * per_sentence for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
+        if cancel is not None and cancel():
+            raise Cancelled()
         logp = rules.log_probs(decoder.step(tokens), t, history, rows // per_sentence, max_lens)  # [N,V]
         if choose is None:
             best, tokens = ops.argmax(logp)  # [N], [N]
@@ -378,7 +384,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
                 specials: Specials = NMT_SPECIALS, free_prefix: int = 0,
-                keep_all: bool = False, patience: float = 0.0) -> list[list[Hypothesis]]:
+                keep_all: bool = False, patience: float = 0.0,
+                cancel: Cancel | None = None) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
     Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
@@ -403,6 +410,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     (patience 1) and CTranslate2's `patience` (Kasai et al., 2022). Faster with a length penalty,
     where the exact stop waits for a bound that is loose; a longer hypothesis that would have won
     can then be missed. With keep_all the count still applies (it does not depend on the penalty).
+
+    cancel: see `Cancel`.
     """
     _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type, patience)
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
@@ -422,6 +431,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     n_done = torch.zeros(B, dtype=torch.long, device=device)  # [N] candidates ended so far (with patience)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(1, int(max_lens.max()) + 1):
+        if cancel is not None and cancel():
+            raise Cancelled()
         N, k = scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
         logp = rules.log_probs(decoder.step(tokens), t, history, sent.repeat_interleave(k),
                                max_lens.repeat_interleave(k) if rules.ph_ids is not None else None)  # [N*k, V]

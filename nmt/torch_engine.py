@@ -15,7 +15,7 @@ from nmt.errors import UserError
 from nmt.languages import free_prefix
 from nmt.layout import source_tensors, target_tensors
 from nmt.sampling import sample_search
-from nmt.search import PLAIN_OPS, Hypothesis, SearchOps, beam_search, greedy_search
+from nmt.search import PLAIN_OPS, Cancel, Hypothesis, SearchOps, beam_search, greedy_search
 
 
 MAX_CPU_ROWS = 256  # decoder rows (sentences x beams) searched at once on CPU (search_batch)
@@ -105,28 +105,28 @@ class TorchEngine:
         return source_tensors(src_ids, self.tokenizer.specials, self.torch_device)
 
     def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
-                     prefixes: Sequence[list[int]] | None = None) -> list[list[Hypothesis]]:
+                     prefixes: Sequence[list[int]] | None = None, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
         """Per source its n-best hypotheses. On CPU a batch is searched in consecutive parts of at most
         `MAX_CPU_ROWS` decoder rows (sentences x beams or samples): the decoder cache and beam state of
         a 256-sentence batch at beam 5 would otherwise hold 1,280 rows; at 256 rows the matmuls are
         as efficient (and use nmt/fast.py's packed weights). Each sentence's search is independent of
-        its companions, so the results are the same."""
+        its companions, so the results are the same. cancel: checked at every step (nmt.search.Cancel)."""
         per_sentence = decode.nbest if decode.sampling != "none" else decode.beam_size
         step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // per_sentence)
         if len(src_ids) <= step:
-            return self._search(src_ids, decode, keys, prefixes)
+            return self._search(src_ids, decode, keys, prefixes, cancel)
         out: list[list[Hypothesis]] = []
         for i in range(0, len(src_ids), step):
             part = slice(i, i + step)
             out += self._search(src_ids[part], decode, keys[part] if keys is not None else None,
-                                prefixes[part] if prefixes is not None else None)
+                                prefixes[part] if prefixes is not None else None, cancel)
         return out
 
     def _search(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None,
-                prefixes: Sequence[list[int]] | None) -> list[list[Hypothesis]]:
+                prefixes: Sequence[list[int]] | None, cancel: Cancel | None) -> list[list[Hypothesis]]:
         src, src_mask = self._source(src_ids)
         kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
-                  no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops,
+                  no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops, cancel=cancel,
                   specials=self.tokenizer.specials, free_prefix=free_prefix(self.tokenizer, prefixes))
         if decode.protect:  # the search copies each of the source's placeholders exactly once (nmt/search.py)
             from nmt.protect import required_placeholders

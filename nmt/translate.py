@@ -151,13 +151,15 @@ def _translation(text: str, h, spans: list[str], alignment) -> Translation:
 
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
                     first_line: int = 0, prefixes: Sequence[str] | None = None,
-                    line_numbers: Sequence[int] | None = None) -> list[TranslationResult]:
+                    line_numbers: Sequence[int] | None = None,
+                    cancel: Callable[[], bool] | None = None) -> list[TranslationResult]:
     """One TranslationResult per line, in order (module docstring).
 
     first_line: the input line number of lines[0] (sampling keys). line_numbers: each line's own
     number instead (lines gathered from several inputs, e.g. the requests `nmt serve` translates
     together); first_line is then not used. prefixes: per line a target prefix text the output
-    must start with (may be empty).
+    must start with (may be empty). cancel: checked at every decoding step; True stops the call
+    (nmt.errors.Cancelled).
     """
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
@@ -177,7 +179,8 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
         nbests = engine.search_batch([src_ids[i] for i in rows], decode, keys=[keys[i] for i in rows],
-                                     prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None)
+                                     prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None,
+                                     cancel=cancel)
         if not decode.alignment:
             return nbests, None
         pairs = [(src_ids[i], h.tokens) for i, nbest in zip(rows, nbests) for h in nbest]

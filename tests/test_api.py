@@ -129,6 +129,35 @@ def test_concurrent_calls_from_threads_equal_sequential_calls(ckpt, lines):
     assert got == want
 
 
+@pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 3, "nbest": 2},
+                                     {"sampling": "topk", "topk": 4, "nbest": 2, "seed": 5}],
+                         ids=["greedy", "beam", "sampling"])
+def test_cancel_is_checked_at_every_step_and_stops_the_call(tmp_path, options):
+    """Translator.translate(cancel=...): with min_len = max_len_b = 30 (and max_len_a 0) every search
+    runs exactly 30 steps, so cancel() is called 30 times for one line and changes nothing while
+    it says False; True at its 7th call raises Cancelled there (no 8th call), and the translator
+    keeps working."""
+    from nmt import Translator
+    from nmt.errors import Cancelled
+
+    translator = Translator(make_tiny_checkpoint(str(tmp_path / "long.pt"), max_positions=64), workers=1)
+    steps = dict(min_len=30, max_len_a=0, max_len_b=30, **options)
+    line = [make_pairs(1, 5)[0][0]]
+    calls: list[int] = []
+
+    def cancel_at(n: int):
+        return lambda: calls.append(1) or len(calls) >= n
+
+    plain = translator.translate(line, **steps)
+    assert translator.translate(line, cancel=cancel_at(10**9), **steps) == plain
+    assert len(calls) == 30 and len(plain[0].hypotheses[0].text.split()) == 30
+    calls.clear()
+    with pytest.raises(Cancelled):
+        translator.translate(line, cancel=cancel_at(7), **steps)
+    assert len(calls) == 7
+    assert translator.translate(line, **steps) == plain
+
+
 def test_score_equals_score_pairs(ckpt):
     from nmt import Translator
 

@@ -3,8 +3,10 @@
 Every answer is compared with `nmt translate` (the command's own function, nmt.cli.main, on the
 same lines and flags): greedy, beam, n-best, sampling with a seed, prefixes, alignment; concurrent
 clients whose requests share calls (the server's own counters say so) still get exactly their
-own results. Limits and errors (400, 413, 503, 504), /health, the web page in a real headless
-browser, SIGTERM draining, and the batcher's grouping on its own (no HTTP).
+own results. Limits and errors (400, 403, 404, 405, 408, 413, 503, 504, all JSON), the Host and
+Origin policy, abandoned requests (time limit, client gone: their slot freed, their call stopped),
+/health, the access log, the web page in a real headless browser, SIGTERM draining, and the
+batcher's grouping and cancelling on its own (no HTTP).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import pytest
 
 from nmt import cli
 from nmt.batcher import MAX_WAIT, Batcher, Job, Settings, gather_wait, groups, merge
+from nmt.errors import Cancelled
+from nmt.serve import allowed_hosts
 
 from helpers import make_pairs, make_tiny_checkpoint
 
@@ -41,30 +45,52 @@ NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
 
 class Server:
     """`nmt serve -c MODEL --port 0 ARGS` (ct2: `--engine ctranslate2 --model MODEL`) as a subprocess;
-    its URL read from its first stderr line."""
+    its URL read from its first stderr line; its stderr lines in `log`, its stdout lines in `out`."""
 
     def __init__(self, model: str, *args: str, ct2: bool = False):
         env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
         what = ["--engine", "ctranslate2", "--model", model] if ct2 else ["-c", model]
         self.proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", *what, "--port", "0", *args],
-                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+                                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
+        self.out: list[str] = []
         first = self.proc.stderr.readline()
         match = re.search(r"http://[^/ ]+", first)
         if not match:
             self.proc.kill()
             raise RuntimeError(f"nmt serve did not start: {first}{self.proc.stderr.read()}")
         self.url = match.group(0)
+        self.port = int(self.url.rsplit(":", 1)[1])
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+        threading.Thread(target=lambda: self.out.extend(self.proc.stdout), daemon=True).start()
 
-    def request(self, path: str, body: bytes | None = None, timeout: float = 60) -> tuple[int, dict, dict]:
-        """(status, headers, JSON body) of GET path, or POST path with body."""
-        req = urllib.request.Request(self.url + path, data=body, method="GET" if body is None else "POST")
+    def request(self, path: str, body: bytes | None = None, timeout: float = 60, headers: dict | None = None,
+                method: str | None = None) -> tuple[int, dict, dict]:
+        """(status, headers (lower-case names), JSON body) of GET path, or POST path with body (or
+        `method`: a body that is not JSON is given as text)."""
+        req = urllib.request.Request(self.url + path, data=body, headers=headers or {},
+                                     method=method or ("GET" if body is None else "POST"))
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                return r.status, dict(r.headers), json.loads(r.read())
+                status, answer_headers, answer = r.status, r.headers, r.read()
         except urllib.error.HTTPError as e:
-            return e.code, dict(e.headers), json.loads(e.read())
+            status, answer_headers, answer = e.code, e.headers, e.read()
+        headers = {k.lower(): v for k, v in answer_headers.items()}
+        json_body = headers.get("content-type") == "application/json" or method is None
+        return status, headers, json.loads(answer) if json_body else answer.decode()
+
+    def send(self, head: bytes, body: bytes = b"") -> socket.socket:
+        """A raw client: a connection that has sent `head` (request line and headers) and `body`
+        (all or part of it), to read from or close."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+        sock.sendall(head + b"\r\n\r\n" + body)
+        return sock
+
+    def post(self, body: bytes, length: int | None = None) -> socket.socket:
+        """A raw POST /translate that has sent `body` of a declared `length` (default: all of it)."""
+        length = len(body) if length is None else length
+        return self.send(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(length).encode(), body)
 
     def translate(self, text, options=None, prefix=None, **kw) -> tuple[int, dict]:
         body = {"text": text}
@@ -93,12 +119,36 @@ def ckpt(tmp_path_factory) -> str:
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("serve") / "tiny.pt"))
 
 
+PAGE_ORIGIN = "http://page.example"  # a web site allowed to call the module's server (--allow-origin)
+
+
 @pytest.fixture(scope="module")
 def server(ckpt):
-    """One server for the module: small limits (cheap 413s), a 50 ms window (visible sharing)."""
-    s = Server(ckpt, "--max-lines", "40", "--max-chars", "2000", "--max-beam", "4", "--batch-window-ms", "50")
+    """One server for the module: small limits (cheap 413s), a 50 ms window (visible sharing), one
+    allowed origin, the access log. No client error leaves a traceback in its log."""
+    s = Server(ckpt, "--max-lines", "40", "--max-chars", "2000", "--max-beam", "4", "--batch-window-ms", "50",
+               "--allow-origin", PAGE_ORIGIN, "--access-log")
     yield s
     assert s.stop() == 0, "".join(s.log)
+    assert "Traceback" not in "".join(s.log), "".join(s.log)
+
+
+def _read_answer(sock: socket.socket) -> tuple[int, dict]:
+    """(status, JSON body) of the answer on a raw connection (read until the server closes it or
+    the body is complete)."""
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    return int(head.split()[1]), json.loads(body)
+
+
+def _length(data: bytes) -> int:
+    match = re.search(rb"content-length: (\d+)", data.split(b"\r\n\r\n", 1)[0], re.I)
+    return int(match.group(1)) if match else 1 << 30
 
 
 LINES = [p[0] for p in make_pairs(10, 5)] + ["", " ".join(p[0] for p in make_pairs(8, 6))]  # empty, truncated
@@ -142,6 +192,7 @@ OPTION_SETS = [
     {"sampling": "topp", "topp": 0.9, "temperature": 1.5, "seed": 7},
     {"beam_size": 3, "no_repeat_ngram": 2, "min_len": 2},
     {"beam_size": 1, "alignment": True},
+    {"beam_size": 2, "min_len": 22, "max_len_a": 0, "max_len_b": 23},  # the longest output the model can write
 ]
 
 
@@ -214,10 +265,73 @@ def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     (b'{"text": ["a"], "options": {"beam_size": 5}}', "beam_size 5 is over this server's limit 4"),
     (b'{"text": ["a"], "options": {"protect": true}}', "--protect needs a model trained with data.protect: true"),
     (b'{"text": ["a"], "options": {"tgt_lang": "de"}}', "this model translates into one language only"),
+    (b'{"text": ["Hola \\ud800"]}', "text[0] is not Unicode text: a lone surrogate U+D800 at character 5"),
+    (b'{"text": ["a", "b"], "prefix": ["", "\\udfff"]}', "prefix[1] is not Unicode text: a lone surrogate U+DFFF"),
+    (b'{"text": ["a"], "options": {"\\ud800": 1}}', "unknown key 'decode.\ud800'"),  # the answer quotes it
+    (b"[" * 20_000 + b"]" * 20_000, "JSON nested too deeply"),
+    (b'{"text": ["a"], "options": {"seed": ' + b"[" * 20_000 + b"]" * 20_000 + b"}}", "JSON nested too deeply"),
+    # the model's max_positions is 24: an output has at most 23 tokens, EOS included
+    (b'{"text": ["a"], "options": {"min_len": 23}}', "min_len 23 is over this model's limit 22 (its outputs have "
+                                                     "at most max_positions - 1 = 23 tokens, EOS included)"),
+    (b'{"text": ["a"], "options": {"max_len_b": 1000}}', "max_len_b 1000 is over this model's limit 23"),
+    (b'{"text": ["a"], "options": {"max_len_a": 23.5}}', "max_len_a 23.5 is over this model's limit 23"),
 ])
 def test_bad_requests_get_400_with_one_line(server, body, message):
-    status, _, data = server.request("/translate", body)
+    status, headers, data = server.request("/translate", body)
     assert status == 400 and message in data["error"] and "\n" not in data["error"]
+    assert headers["content-type"] == "application/json"
+
+
+def test_unknown_paths_and_methods_get_json(server):
+    status, _, data = server.request("/translations", b'{"text": ["el sol"]}')
+    assert status == 404 and data["error"].startswith("Not Found: POST /translations (this server has POST ")
+    status, headers, data = server.request("/translate")
+    assert status == 405 and data["error"].startswith("Method Not Allowed: GET /translate") and headers["allow"] == "POST"
+
+
+def test_host_and_origin_policy(server):
+    """Only this machine's names in the Host header (the server listens on 127.0.0.1: no DNS
+    rebinding); POSTs from web pages of other sites refused (403) unless --allow-origin names
+    them, which also gives them CORS headers; the server's own page and clients without an
+    Origin header (curl) are served."""
+    body = b'{"text": ["el sol"]}'
+    for host in ("localhost", f"localhost:{server.port}", f"127.0.0.1:{server.port}", f"[::1]:{server.port}"):
+        assert server.request("/translate", body, headers={"Host": host})[0] == 200, host
+    for host in ("evil.example", f"evil.example:{server.port}", "127.0.0.1.evil.example"):
+        status, _, data = server.request("/translate", body, headers={"Host": host})
+        assert status == 400 and data["error"].startswith(f"the Host header {host!r} is not a name of this server")
+    status, _, data = server.request("/translate", body, headers={"Origin": "http://evil.example"})
+    assert status == 403 and data["error"] == ("a cross-origin request from 'http://evil.example' (nmt serve "
+                                               "--allow-origin http://evil.example lets web pages of that origin "
+                                               "call this server)")
+    status, headers, _ = server.request("/translate", body, headers={"Origin": server.url})  # the server's own page
+    assert status == 200 and "access-control-allow-origin" not in headers
+    status, headers, _ = server.request("/translate", body, headers={"Origin": PAGE_ORIGIN})
+    assert status == 200 and headers["access-control-allow-origin"] == PAGE_ORIGIN
+    status, headers, _ = server.request("/translate", method="OPTIONS", headers={  # the browser's preflight
+        "Origin": PAGE_ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+    assert status == 200 and headers["access-control-allow-origin"] == PAGE_ORIGIN  # (its body: Starlette's "OK")
+    assert "POST" in headers["access-control-allow-methods"]
+    assert server.request("/health", headers={"Origin": "http://evil.example"})[0] == 200  # reads change nothing
+
+
+def test_allowed_hosts():
+    assert allowed_hosts("0.0.0.0") is None and allowed_hosts("::") is None  # every interface: any name
+    assert allowed_hosts("127.0.0.1") == allowed_hosts("::1") == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_hosts("10.1.2.3", ("mt.example.com", "[fe80::1]")) == {"10.1.2.3", "mt.example.com", "fe80::1"}
+    assert allowed_hosts("10.1.2.3", ("*",)) is None
+
+
+def test_access_log_is_on_stdout_as_its_help_says(server, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    assert "--access-log log every request, one line each, on stdout" in " ".join(capsys.readouterr().out.split())
+    server.request("/health?from=access-log-test")
+    end = time.monotonic() + 30
+    while not any('"GET /health?from=access-log-test HTTP/1.1" 200' in line for line in server.out):
+        assert time.monotonic() < end, server.out
+        time.sleep(0.02)
+    assert "access-log-test" not in "".join(server.log)
 
 
 @pytest.mark.parametrize("options, flags", [
@@ -265,15 +379,15 @@ def long_search(steps: int) -> dict:
 
 
 def test_full_queue_503_and_time_limit_504(slow_ckpt):
-    """A long search (4,000 forced steps, about 2 s here) keeps the model busy; two more requests
-    fill a queue of 2; the next gets 503 with Retry-After. The time limit (0.5 s) passes for all
-    three: 504; the queued ones are skipped, the running one's results dropped when they come."""
+    """A long search (4,000 forced steps, seconds here) keeps the model busy; two more fill a queue
+    of 2; the next request gets 503 with Retry-After. The time limit (0.5 s) passes for all three:
+    504 (each call stops when its requests' time is up)."""
     server = Server(slow_ckpt, "--max-queue", "2", "--timeout", "0.5")
     try:
         answers: dict = {}
 
         def client(i: int) -> None:
-            answers[i] = server.translate(["el sol"], long_search(4000) if i == 0 else {"beam_size": 1})
+            answers[i] = server.translate(["el sol"], long_search(4000))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
         threads[0].start()
@@ -287,28 +401,36 @@ def test_full_queue_503_and_time_limit_504(slow_ckpt):
             t.join()
         for status, data in answers.values():
             assert status == 504 and "not translated within 0.5 s" in data["error"]
-        health = _wait_for(server, lambda h: h["expired"] == 3)
-        assert health["requests"] == 1 and health["calls"] == 1  # only the long search ran
+        _wait_for(server, lambda h: h["expired"] == 3 and h["translating"] == 0 and h["queued"] == 0)
     finally:
         server.proc.kill()  # (a drain would wait for the long search; draining has its own test)
         server.proc.wait()
 
 
 def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
-    """SIGTERM while a long search runs: new requests and /health get 503, the running request is
+    """SIGTERM while a long search runs: new requests and /health get 503, and so does a request
+    still sending its body (a slow upload does not hold the shutdown); the running request is
     answered (equal to nmt translate), and the process exits 0."""
     server = Server(slow_ckpt)
-    answer: list = []
-    t = threading.Thread(target=lambda: answer.append(server.translate(["el sol"], long_search(2000))))
-    t.start()
-    _wait_for(server, lambda h: h["translating"] == 1)
-    server.proc.send_signal(signal.SIGTERM)
-    _wait_for_log(server, "SIGTERM: answering the 1 accepted requests")
-    status, _, data = server.request("/translate", b'{"text": ["la luna"]}')
-    assert status == 503 and "shutting down" in data["error"]
-    assert server.request("/health")[0] == 503
-    t.join()
-    assert server.proc.wait(timeout=30) == 0
+    try:
+        answer: list = []
+        t = threading.Thread(target=lambda: answer.append(server.translate(["el sol"], long_search(2000))))
+        t.start()
+        _wait_for(server, lambda h: h["translating"] == 1)
+        upload = server.post(b'{"text": ["la', length=100)
+        _wait_for(server, lambda h: h["in_flight"] == 2)
+        server.proc.send_signal(signal.SIGTERM)
+        _wait_for_log(server, "SIGTERM: answering the 2 requests in progress")
+        assert _read_answer(upload) == (503, {"error": "the server is shutting down"})
+        upload.close()
+        status, _, data = server.request("/translate", b'{"text": ["la luna"]}')
+        assert status == 503 and "shutting down" in data["error"]
+        assert server.request("/health")[0] == 503
+        t.join()
+        assert server.proc.wait(timeout=30) == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
     status, data = answer[0]
     assert status == 200 and [x["text"] for x in data["translations"]] == \
         nmt_translate(slow_ckpt, ["el sol"], long_search(2000))
@@ -321,11 +443,58 @@ def test_a_second_signal_stops_at_once(slow_ckpt):
     t.start()
     _wait_for(server, lambda h: h["translating"] == 1)
     server.proc.send_signal(signal.SIGTERM)
-    _wait_for_log(server, "SIGTERM: answering the 1 accepted requests")
+    _wait_for_log(server, "SIGTERM: answering the 1 requests in progress")
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=30) == 128 + signal.SIGTERM
     t.join()
     assert "nmt serve: stopped (SIGTERM twice)" in "".join(server.log)
+
+
+def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
+    """With a queue of one: a long search runs, a second request waits, a third gets 503. The
+    waiting client goes away: its slot is free at once (a new request may queue). The running
+    client goes away: its call stops at the next step, and the next request is answered at once
+    (equal to nmt translate)."""
+    server = Server(slow_ckpt, "--max-queue", "1")
+    try:
+        running = server.post(json.dumps({"text": ["el sol"], "options": long_search(4000)}).encode())
+        _wait_for(server, lambda h: h["translating"] == 1)
+        waiting = server.post(b'{"text": ["la luna"]}')
+        _wait_for(server, lambda h: h["queued"] == 1)
+        status, _, data = server.request("/translate", b'{"text": ["la luna"]}')
+        assert status == 503 and "busy" in data["error"]
+        waiting.close()
+        _wait_for(server, lambda h: h["queued"] == 0 and h["expired"] == 1 and h["translating"] == 1)
+        running.close()
+        _wait_for(server, lambda h: h["translating"] == 0 and h["expired"] == 2 and h["cancelled_calls"] == 1)
+        status, data = server.translate(["el perro"], {"beam_size": 1})
+        assert status == 200 and [t["text"] for t in data["translations"]] == \
+            nmt_translate(slow_ckpt, ["el perro"], {"beam_size": 1})
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+    assert "Traceback" not in "".join(server.log)
+
+
+def test_the_time_limit_stops_the_work_and_covers_the_upload(slow_ckpt):
+    """--timeout 2: a long search gets 504 and its call stops (the next request is answered, equal
+    to nmt translate, within its own time limit); a body that does not arrive in time gets 408."""
+    server = Server(slow_ckpt, "--timeout", "2")
+    try:
+        status, data = server.translate(["el sol"], long_search(4000))
+        assert status == 504 and data["error"] == "not translated within 2 s (nmt serve --timeout)"
+        status, data = server.translate(["el perro"], {"beam_size": 1})
+        assert status == 200 and [t["text"] for t in data["translations"]] == \
+            nmt_translate(slow_ckpt, ["el perro"], {"beam_size": 1})
+        health = server.health()
+        assert (health["expired"], health["cancelled_calls"], health["requests"]) == (1, 1, 2)
+        upload = server.post(b'{"text": ["la', length=100)
+        assert _read_answer(upload) == (408, {"error": "the request body did not arrive within 2 s (nmt serve "
+                                                       "--timeout)"})
+        assert upload.recv(1) == b""  # and the connection is closed
+        upload.close()
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+    assert "Traceback" not in "".join(server.log)
 
 
 def _ignore_errors(fn, *args) -> None:
@@ -382,6 +551,33 @@ def test_command_errors_are_one_line(ckpt, capsys):
     assert capsys.readouterr().err.strip() == "nmt serve: error: --max-lines must be at least 1"
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--port", "70000"], "--port must be between 0 and 65535, got 70000"),
+    (["--port", "-1"], "--port must be between 0 and 65535, got -1"),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds, got nan"),
+    (["--timeout", "inf"], "--timeout must be a positive number of seconds, got inf"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
+    (["--batch-window-ms", "nan"], "--batch-window-ms must be a number of milliseconds, at least 0, got nan"),
+    (["--beam", "20"], "the server's default search settings are over its limits: beam_size 20 is over this "
+                       "server's limit 16 (nmt serve --max-beam)"),
+    (["--max-beam", "1"], "the server's default search settings are over its limits: beam_size 2 is over this "
+                          "server's limit 1 (nmt serve --max-beam)"),  # the checkpoint's own beam
+    (["--allow-origin", "example.com"], "--allow-origin example.com: not an origin (scheme://host[:port], e.g. "
+                                         "https://example.com, as browsers send it; * for any)"),
+    (["--allow-origin", "https://example.com/page"], "--allow-origin https://example.com/page: not an origin "
+                                                     "(scheme://host[:port], e.g. https://example.com, as browsers "
+                                                     "send it; * for any)"),
+    (["--min-len", "30"], "the server's default search settings are over its limits: min_len 30 is over this "
+                          "model's limit 22 (its outputs have at most max_positions - 1 = 23 tokens, EOS included)"),
+])
+def test_settings_out_of_range_are_one_line_errors(ckpt, capsys, monkeypatch, flags, message):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: pytest.fail("the server started"))
+    assert cli.main(["serve", "-c", ckpt, "--port", "0", *flags]) == cli.EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [f"nmt serve: error: {message}"]
+
+
 def test_missing_extra_is_a_one_line_error(ckpt):
     code = ("import sys; sys.modules['uvicorn'] = None; from nmt.cli import main; "
             f"raise SystemExit(main(['serve', '-c', {ckpt!r}]))")
@@ -419,7 +615,7 @@ def test_gather_wait_is_the_window_or_a_fraction_of_the_last_call():
 def test_batcher_gathers_groups_splits_and_skips():
     calls: list = []
 
-    def translate(lines, prefixes, numbers, options):
+    def translate(lines, prefixes, numbers, options, cancel):
         calls.append((list(lines), prefixes, list(numbers), options))
         if "boom" in lines:
             raise RuntimeError("engine failure")
@@ -461,7 +657,7 @@ def test_batcher_gathers_groups_splits_and_skips():
 def test_a_failing_request_does_not_fail_the_requests_it_shared_a_call_with():
     calls: list = []
 
-    def translate(lines, prefixes, numbers, options):
+    def translate(lines, prefixes, numbers, options, cancel):
         calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("engine failure")
@@ -483,6 +679,85 @@ def test_a_failing_request_does_not_fail_the_requests_it_shared_a_call_with():
     assert results[0] == ["A"] and results[2] == ["C"] and isinstance(results[1], RuntimeError)
     assert calls == [["a", "boom", "b", "c"], ["a"], ["boom", "b"], ["c"]]  # shared, then each alone
     assert (stats.requests, stats.calls, stats.shared_calls) == (3, 4, 1)
+
+
+def test_an_abandoned_request_leaves_the_queue_at_once():
+    """A queue of 2 behind a running call is full; one queued request is abandoned (its handler
+    cancels its future): its slot is free at once, and it is never translated."""
+    calls: list = []
+    release = threading.Event()
+
+    def translate(lines, prefixes, numbers, options, cancel=None):
+        calls.append(list(lines))
+        release.wait(10)
+        return [line.upper() for line in lines]
+
+    async def scenario():
+        batcher = Batcher(translate, Settings(max_queue=2, window=0.0))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(batcher.run())
+        running, queued, abandoned, late = (_job(loop, [x]) for x in "abcd")
+        batcher.submit(running)
+        await _until(lambda: batcher.stats.translating == 1)
+        batcher.submit(abandoned)
+        batcher.submit(queued)
+        with pytest.raises(asyncio.QueueFull):
+            batcher.submit(late)
+        abandoned.future.cancel()
+        await asyncio.sleep(0)  # (its done callbacks run)
+        batcher.submit(late)
+        assert batcher.queued == 2 and batcher.stats.expired == 1
+        release.set()
+        await asyncio.wait([running.future, queued.future, late.future], timeout=10)
+        task.cancel()
+        batcher.close()
+        return [j.future.result() for j in (running, queued, late)]
+
+    assert asyncio.run(scenario()) == [["A"], ["B"], ["D"]]
+    assert calls == [["a"], ["b", "d"]]
+
+
+def test_an_abandoned_request_stops_its_call_and_the_others_get_their_results():
+    """Three requests share a call; one is abandoned while it runs: the call is cancelled (the
+    translate function sees cancel() turn True and raises Cancelled) and runs again over the two
+    others, which get their results."""
+    calls: list = []
+
+    def translate(lines, prefixes, numbers, options, cancel):
+        calls.append(list(lines))
+        if "slow" in lines:
+            end = time.monotonic() + 10
+            while not cancel():
+                assert time.monotonic() < end, "never cancelled"
+                time.sleep(0.005)
+            raise Cancelled()
+        return [line.upper() for line in lines]
+
+    async def scenario():
+        batcher = Batcher(translate, Settings(window=0.05))
+        loop = asyncio.get_running_loop()
+        jobs = [_job(loop, ["a"]), _job(loop, ["slow"]), _job(loop, ["b", "c"])]
+        for job in jobs:
+            batcher.submit(job)
+        task = loop.create_task(batcher.run())
+        await _until(lambda: batcher.stats.translating == 3)
+        jobs[1].future.cancel()
+        await asyncio.wait([jobs[0].future, jobs[2].future], timeout=10)
+        task.cancel()
+        batcher.close()
+        return [jobs[0].future.result(), jobs[2].future.result()], batcher.stats
+
+    results, stats = asyncio.run(scenario())
+    assert results == [["A"], ["B", "C"]]
+    assert calls == [["a", "slow", "b", "c"], ["a", "b", "c"]]
+    assert (stats.calls, stats.cancelled_calls, stats.expired, stats.requests) == (2, 1, 1, 3)
+
+
+async def _until(condition, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "condition not reached"
+        await asyncio.sleep(0.005)
 
 
 # --------------------------------------------------------------------------- the page in a browser
