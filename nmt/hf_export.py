@@ -70,8 +70,11 @@ def _imported_tokenizer_config(tokenizer, d, files: dict[str, bytes]) -> dict:
         return {"src_lang": src, "tgt_lang": tgt, "legacy_behaviour": False}
     specials = [f"__{code}__" for code in tokenizer.languages]
     files["special_tokens_map.json"] = _json({"additional_special_tokens": specials})
+    from nmt.grow import m2m100_added_tokens
+
     return {"src_lang": src, "tgt_lang": tgt, "language_codes": tokenizer.settings["language_codes"],
-            "num_madeup_words": tokenizer.settings["num_madeup_words"], "additional_special_tokens": specials}
+            "num_madeup_words": tokenizer.settings["num_madeup_words"], "additional_special_tokens": specials,
+            **m2m100_added_tokens(tokenizer)}
 
 
 def _json(value) -> bytes:

@@ -91,6 +91,7 @@ class TokenizerConfig:
     src_model: Optional[str] = _f(None, "Existing source SentencePiece `.model` (with `joint: false`).")
     tgt_model: Optional[str] = _f(None, "Existing target SentencePiece `.model` (with `joint: false`).")
     threads: int = _f(2, "Threads for SentencePiece training and batch encoding.", min=1)
+    add_pieces: int = _f(0, "With `train.init_from` and `data.add_languages`: grow the source model's vocabulary by at most this many pieces of the new languages: SentencePiece (the source model's type) is trained on their training text and its pieces the vocabulary lacks are appended, most frequent first; existing ids never change; a new piece's embedding starts as the mean of the rows of the pieces the old vocabulary splits it into (nmt/grow.py, README \"Add a language\"). 0 = no growth.", min=0)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class DataConfig:
     sampling_temperature: float = _f(1.0, "Temperature T of the epoch mix between directions (a direction = the corpora with one `src_lang`/`tgt_lang` pair): direction d gets a share proportional to w_d x N_d^(1/T), N_d = the pairs (after filtering) of its corpora, w_d = the mean weight of its corpora (1 by default); inside a direction its corpora share by weight, as with one direction. T = 1: directions in proportion to their size; larger T flattens toward the small directions (T -> infinity: equal shares). One direction: no effect.", min=0.0, exclusive_min=True)
     langid: Optional[bool] = _f(None, "Train a character n-gram language identifier (nmt/langid.py) on the training corpora (the first 50,000 lines of each language, sources and targets) and store it in the checkpoints: validation and `nmt evaluate` then count off-target outputs. null = only for a multilingual model.")
     protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions instead (1-3 names or numbers that occur once, identically, on both sides; else one at the start or the end of both sides), so that a corpus with few or no spans still teaches copying them. 0 = off.", min=0.0, max=1.0)
+    add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the source model does not know, as a mapping new code -> the existing language whose token initialises the new one's (null: the mean of the model's language tokens), e.g. `{it: es}`. Each gets a token in the model's own convention (NLLB `ita_Latn`, M2M100 `__it__`, nmt's multilingual models `__it__`) when it is a target language of data.train; a corpus naming a language the model does not know and that is not listed here is an error. See `data.tokenizer.add_pieces` and README \"Add a language\".")
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
 
     @property
@@ -316,6 +318,9 @@ def _type_name(tp: Any) -> str:
         return " | ".join(_type_name(a) for a in args) + " | null"
     if origin in (list, tuple):
         return str(tp).replace("typing.", "")
+    if origin is dict:
+        key, value = typing.get_args(tp)
+        return f"mapping {_type_name(key)} -> {_type_name(value)}"
     if dataclasses.is_dataclass(tp):
         return "mapping"
     return getattr(tp, "__name__", str(tp))
