@@ -127,8 +127,10 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
 
 def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str]]:
     """({file name: bytes} but the weights, the weights to save, notes) of the Hugging Face directory."""
+    from nmt.grow import hf_numbering
     from nmt.hf import architecture_from_nmt, config_to_hf, weights_to_hf
 
+    state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/grow.py)
     arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
                                  tokenizer.specials.pad)
     imported = getattr(tokenizer, "kind", "spm")
@@ -141,7 +143,7 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
         config["tokenizer_class"] = "NllbTokenizer"
     gen, notes = generation_config(cfg.decode, tokenizer, ids, cfg.model.max_positions)
     files = {"config.json": _json(config), "generation_config.json": _json(gen), **tokenizer_files(tokenizer, cfg)}
-    return files, weights_to_hf(model.state_dict(), arch), notes
+    return files, weights_to_hf(state, arch), notes
 
 
 def export_hf(checkpoint: str, output_dir: str, *, force: bool = False, quiet: bool = False, stderr=None) -> int:

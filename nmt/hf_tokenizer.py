@@ -418,6 +418,10 @@ def _m2m100_settings(files: dict[str, bytes], config: dict, tok_config: dict, mo
         raise UserError(f"{model_dir}/tokenizer_config.json: language_codes {tok_config['language_codes']!r} is not "
                         f"supported (supported: {', '.join(M2M100_CODES)})")
     languages = {code: len(vocab) + i for i, code in enumerate(codes.split())}
+    for i, token in (tok_config.get("added_tokens_decoder") or {}).items():  # codes added by nmt/grow.py
+        code = re.fullmatch(r"__(.+)__", str(token.get("content", "")) if isinstance(token, dict) else "")
+        if code and code.group(1) not in languages and str(i).isdigit():
+            languages[code.group(1)] = int(i)
     specials = _specials(config, pad=vocab["<pad>"], unk=vocab["<unk>"], eos=vocab["</s>"])
     V = config["vocab_size"]
     drop = sorted({vocab["<s>"], specials["pad"], specials["eos"], specials["unk"]})
