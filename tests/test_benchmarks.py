@@ -206,10 +206,9 @@ def test_bench_int8_times_every_shape_on_every_path(tmp_path):
 def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
     """The whole pipeline of bench_add_language --quick on a tiny gettext-layout corpus made from the
     shipped Bible text (the first 8 words of each verse; en and es as they are, de, fr, it letter
-    substitutions of the Spanish): a base
-    model trained with transformers, imported, four variants trained for the same steps, every model
-    evaluated on every direction, the grow model exported to Hugging Face with transformers' greedy
-    outputs equal to nmt's."""
+    substitutions of the Spanish): a base model trained with transformers, imported, four variants
+    trained for the same steps, every model evaluated on every direction, the grow model exported to
+    Hugging Face with transformers' greedy outputs equal to nmt's."""
     import gzip
 
     data = tmp_path / "gettext"
