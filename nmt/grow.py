@@ -23,7 +23,7 @@ Languages (`check_languages`, one-line UserErrors naming the key):
 
 Pieces (`data.tokenizer.add_pieces: N`, per SentencePiece model that encodes new-language text: the one
 model of a joint vocabulary, else source text -> source model, target text -> target model):
-- a SentencePiece model of the source model's type (unigram, bpe, ...) with 2N + 256 pieces (fewer when
+- a SentencePiece model of the source model's type (unigram, bpe, ...) with 4N + 256 pieces (fewer when
   the text is small) is trained on the new languages' training text (a seeded sample of at most
   data.tokenizer.max_sentences lines); its pieces the model lacks are ranked most frequent first
   (unigram: by their count in the new text encoded with that model; bpe: its characters by their count,
@@ -34,13 +34,17 @@ model of a joint vocabulary, else source text -> source model, target text -> ta
   - bpe: a score below every existing piece (its merge comes after all old merges, in order); a piece is
     added only when the grown model splits its text into exactly two pieces (so that one merge forms
     it) or it is one character (a character the old model lacked: no more `<unk>`).
+- old text: one SentencePiece model serves every language (transformers' tokenizers load one, and
+  pieces for the new languages only would need a tokenizer per language), so a new piece would apply
+  wherever its text occurs, in the old languages too. A candidate that the grown model uses in the old
+  languages' training text (KEEP = 40,000 old-language lines each SentencePiece model encodes, the
+  first lines of each corpus and side in an old language, in equal shares) is left out and the next one taken, until none is: those lines segment exactly as before
+  (a line whose segmentation uses no new piece is the old model's), other old-language text almost
+  always (the log gives the share of held-out old-language lines, the ones after those, that changed),
+  and old directions translate as before until training moves the weights. The log also gives how
+  many candidates were left out and the new languages' tokens per line before and after;
 - ids: appended after every existing id (nmt: SentencePiece ids; M2M100: vocab.json; NLLB: after
-  `<mask>`, the adapter maps SentencePiece ids past the old model onto them), language tokens first;
-- old text: one SentencePiece model serves every language (transformers' tokenizers load one), so a new
-  piece applies wherever its text occurs: an old-language line that contains it is segmented
-  differently (its other ids are the old ones). The share of old-language training lines this changes
-  is logged; replaying the old directions lets the model learn them. Pieces for the new languages
-  only would need a tokenizer per language, which no Hugging Face tokenizer has.
+  `<mask>`, the adapter maps SentencePiece ids past the old model onto them), language tokens first.
 
 Weights (`grow_weights`): rows appended to src_embed / tgt_embed / output_proj (and its bias): a language
 token copies the initialising language's rows (null: the mean of the language tokens' rows); a piece
@@ -62,7 +66,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from sentencepiece import sentencepiece_model_pb2 as pb
@@ -75,7 +79,9 @@ NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # = nmt.hf_tokenizer.NLLB_COD
 TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}  # sentencepiece TrainerSpec.ModelType
 NORMAL, CONTROL, UNKNOWN = pb.ModelProto.SentencePiece.NORMAL, pb.ModelProto.SentencePiece.CONTROL, \
     pb.ModelProto.SentencePiece.UNKNOWN
-SAMPLE = 2000  # old-language lines checked for a changed segmentation (logged)
+KEEP = 40_000  # old-language lines per SentencePiece model whose segmentation the new pieces must not change
+SAMPLE = 2000  # lines logged: new-language lines' length, and held-out old-language lines (after the KEEP)
+MAX_ROUNDS = 50  # of leaving out the pieces old-language text uses and taking the next ones
 
 
 # --------------------------------------------------------------------------- languages
@@ -184,15 +190,39 @@ def piece_text(piece: str) -> str:
 
 @dataclass
 class Grown:
-    """One SentencePiece model after growth: the model, and each appended piece (in id order)."""
+    """One SentencePiece model after growth: the model, each appended piece (in id order), and how many
+    candidates were left out because old-language text would have used them."""
 
     model: bytes
     pieces: list[str]
+    left_out: int = 0
 
 
-def append_pieces(model: bytes, candidates: Iterable[str], n: int) -> Grown:
+def append_pieces(model: bytes, candidates: Iterable[str], n: int, keep: Sequence[str] = ()) -> Grown:
     """Append at most `n` of `candidates` (ranked, not in the model) to `model` with usable scores
-    (module docstring: unigram, bpe)."""
+    (module docstring: unigram, bpe). keep: old-language lines whose segmentation must not change: a
+    candidate the grown model uses in them is left out and the next ones are taken, until none is."""
+    import sentencepiece as spm
+
+    pool, banned = list(candidates), set()
+    size = len(proto_of(model).pieces)
+    for round_ in itertools.count():
+        grown = _append(model, [c for c in pool if c not in banned], n, banned)
+        if not keep or not grown.pieces:
+            break
+        sp = spm.SentencePieceProcessor(model_proto=grown.model)
+        used = {sp.id_to_piece(i) for ids in sp.encode(list(keep)) for i in ids if i >= size}
+        if not used:
+            break
+        banned |= used
+        if round_ + 1 == MAX_ROUNDS:
+            pool = grown.pieces  # from now on: only leave out, no more refills
+    grown.left_out = len(banned)
+    return grown
+
+
+def _append(model: bytes, candidates: Iterable[str], n: int, banned: set[str]) -> Grown:
+    """`append_pieces` without the check on old-language text (`banned`: characters never added)."""
     m = proto_of(model)
     kind = TYPES.get(m.trainer_spec.model_type, "unigram")
     have = {p.piece for p in m.pieces}
@@ -212,7 +242,7 @@ def append_pieces(model: bytes, candidates: Iterable[str], n: int) -> Grown:
             if len(piece) > 1 and len(_bpe_merge(split, rank)) != 2:  # (unknown characters: one symbol each)
                 continue  # no single merge forms it
             new = list(dict.fromkeys([c for c in piece if c not in have] + [piece]))  # its new characters first
-            if len(added) + len(new) > n:
+            if len(added) + len(new) > n or banned.intersection(new):
                 continue
             scores = [floor - 1.0 - len(added) - k for k in range(len(new))]
             rank.update({p: len(rank) for p in new})
@@ -256,7 +286,7 @@ def candidates(lines: Callable[[], Iterator[str]], model: bytes, cfg: Config, n:
     import sentencepiece as spm
 
     kind = TYPES.get(proto_of(model).trainer_spec.model_type, "unigram")
-    tok = replace(cfg.data.tokenizer, vocab_size=2 * n + 256, model_type=kind)
+    tok = replace(cfg.data.tokenizer, vocab_size=4 * n + 256, model_type=kind)
     new = spm.SentencePieceProcessor(model_proto=train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log))
     have = {p.piece for p in proto_of(model).pieces}
     ordinary = [i for i in range(new.get_piece_size())
@@ -329,10 +359,19 @@ def _any(lines: Callable[[], Iterator[str]]) -> bool:
     return next(lines(), None) is not None
 
 
-def _old_texts(cfg: Config, codes: set[str], side: str) -> list[str]:
-    """A sample of old-language training lines (the first SAMPLE of the corpora on `side`)."""
-    known = {code for c in cfg.data.train_corpora for code in cfg.data.langs(c)} - codes
-    return list(itertools.islice(_texts(cfg, known, side)(), SAMPLE))
+def _old_texts(cfg: Config, codes: set[str], side: str, start: int, stop: int) -> list[str]:
+    """Old-language training lines, the same share of each (corpus, side) in an old language on `side`:
+    of `stop` lines in all, those after the first `start` (non-empty lines)."""
+    from nmt.sources import iter_side
+
+    d = cfg.data
+    streams = [(c, s) for c in d.train_corpora if c.weight > 0
+               for s, code in zip(("src", "tgt"), d.langs(c)) if code not in codes and side in (s, "both")]
+    out: list[str] = []
+    for c, s in streams:
+        lines = (x for x in iter_side(c, s, *d.langs(c)) if x)
+        out += itertools.islice(lines, start // len(streams), stop // len(streams))
+    return out
 
 
 def grow_source(cfg: Config, source: dict, log: Callable[[str], None] = print) -> dict:
@@ -345,17 +384,22 @@ def grow_source(cfg: Config, source: dict, log: Callable[[str], None] = print) -
     old = Tokenizer.from_bytes(source["tokenizer"], threads=cfg.data.tokenizer.threads)
     kind = getattr(old, "kind", "spm")
     new_codes = set(plan.init)
-    if kind == "spm":
-        tokenizer, src, tgt = _grow_spm(old, cfg, plan, new_codes, log)
-    else:
-        tokenizer, src, tgt = _grow_imported(old, cfg, plan, new_codes, log)
+    notes: list[str] = []
+    grow = _grow_spm if kind == "spm" else _grow_imported
+    tokenizer, src, tgt = grow(old, cfg, plan, new_codes, log, notes)
     state = grow_weights(source["model"], src, tgt)
-    _log_growth(cfg, old, tokenizer, plan, new_codes, log)
+    _log_growth(cfg, old, tokenizer, plan, new_codes, log, notes)
     return {**source, "model": state, "tokenizer": tokenizer.to_bytes(),
             "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}}
 
 
-def _grow_spm(old: Tokenizer, cfg: Config, plan: Plan, codes: set[str], log) -> tuple[Tokenizer, Rows, Rows]:
+def _note(what: str, result: Grown) -> str:
+    return (f"{what} model: {len(result.pieces)} pieces appended ({result.left_out} more left out: old-language text "
+            "would have used them)")
+
+
+def _grow_spm(old: Tokenizer, cfg: Config, plan: Plan, codes: set[str], log, notes: list[str]
+              ) -> tuple[Tokenizer, Rows, Rows]:
     """nmt's SentencePiece models: language control symbols then pieces appended to the target (joint) model."""
     n = cfg.data.tokenizer.add_pieces
     protos = old.to_bytes()
@@ -375,7 +419,8 @@ def _grow_spm(old: Tokenizer, cfg: Config, plan: Plan, codes: set[str], log) -> 
         if n and _any(_texts(cfg, codes, side)):
             what = {"both": "new-language", "src": "new-language source", "tgt": "new-language target"}[side]
             found = candidates(_texts(cfg, codes, side), model, cfg, n, what, log)
-            result = append_pieces(model, found, n)
+            result = append_pieces(model, found, n, _old_texts(cfg, codes, side, 0, KEEP))
+            notes.append(_note(what, result))
             split = splitter(protos["src" if side != "tgt" else "tgt"])
             to_id = lambda p, s=split: s.piece_to_id(p)  # noqa: E731
             init += [_split_ids(split, p, to_id, old.specials.unk) for p in result.pieces]
@@ -391,7 +436,8 @@ def _grow_spm(old: Tokenizer, cfg: Config, plan: Plan, codes: set[str], log) -> 
     return tokenizer, rows["src"], rows["tgt"]
 
 
-def _grow_imported(old, cfg: Config, plan: Plan, codes: set[str], log) -> tuple[object, Rows, Rows]:
+def _grow_imported(old, cfg: Config, plan: Plan, codes: set[str], log, notes: list[str]
+                   ) -> tuple[object, Rows, Rows]:
     """An imported M2M100/NLLB tokenizer (one vocabulary): language tokens at the old size, then pieces."""
     from nmt import hf_tokenizer
 
@@ -417,7 +463,8 @@ def _grow_imported(old, cfg: Config, plan: Plan, codes: set[str], log) -> tuple[
     pieces: list[str] = []
     if n:
         found = [p for p in candidates(_texts(cfg, codes, "tgt"), model, cfg, n, "new-language", log) if p not in have]
-        result = append_pieces(model, found, n)
+        result = append_pieces(model, found, n, _old_texts(cfg, codes, "both", 0, KEEP))
+        notes.append(_note("new-language", result))
         pieces, files["sentencepiece.bpe.model"] = result.pieces, result.model
         init += [_split_ids(split, p, to_id, old.specials.unk) for p in pieces]
     if old.kind == "m2m100":
@@ -461,8 +508,10 @@ def _nllb_tokenizer_json(data: bytes, pieces: list[str], first: int, codes: dict
     return json.dumps(tj, ensure_ascii=False).encode("utf-8")
 
 
-def _log_growth(cfg: Config, old, new, plan: Plan, codes: set[str], log: Callable[[str], None]) -> None:
-    """One line: what was added; one line: how old-language and new-language text segment now."""
+def _log_growth(cfg: Config, old, new, plan: Plan, codes: set[str], log: Callable[[str], None],
+                notes: list[str]) -> None:
+    """One line: what was added; one line: the pieces, and how new-language and held-out old-language
+    text (training lines after the KEEP checked ones, when there are any) segment now."""
     tokens = ", ".join(f"{c} (id {new.languages[c]}, from {plan.init[c] or 'the mean of the language tokens'})"
                        for c in plan.tokens)
     grew = (new.src_vocab_size - old.src_vocab_size, new.tgt_vocab_size - old.tgt_vocab_size)
@@ -470,13 +519,14 @@ def _log_growth(cfg: Config, old, new, plan: Plan, codes: set[str], log: Callabl
         f"/{old.tgt_vocab_size} -> {new.src_vocab_size}/{new.tgt_vocab_size} (+{grew[0]}/+{grew[1]} ids)")
     if not cfg.data.tokenizer.add_pieces:
         return
-    parts = []
+    parts = list(notes)
     for side, name, encode_old, encode_new in (("src", "source", old.encode_src, new.encode_src),
                                                ("tgt", "target", old.encode_tgt, new.encode_tgt)):
-        before = _old_texts(cfg, codes, side)
-        if before:
-            changed = sum(a != b for a, b in zip(encode_old(before), encode_new(before)))
-            parts.append(f"{changed / len(before):.1%} of {len(before)} old-language {name} lines segmented differently")
+        held_out = _old_texts(cfg, codes, side, KEEP, KEEP + SAMPLE)
+        if held_out:
+            changed = sum(a != b for a, b in zip(encode_old(held_out), encode_new(held_out)))
+            parts.append(f"{changed / len(held_out):.1%} of {len(held_out)} held-out old-language {name} lines "
+                         "segmented differently")
         fresh = list(itertools.islice(_texts(cfg, codes, side)(), SAMPLE))
         if fresh:
             a, b = (sum(map(len, enc(fresh))) / len(fresh) for enc in (encode_old, encode_new))

@@ -10,7 +10,8 @@ Stages (`--stages`, default all, in this order; each reuses what an earlier run 
             transformers' own classes only: a SentencePiece BPE model (--vocab pieces) trained on the
             old languages' training text, converted by transformers' NllbTokenizer to tokenizer.json,
             with language codes for the old languages only (eng_Latn and --old); trained with
-            transformers (AdamW, linear warmup, one direction per batch of --base-batch sentences) on
+            transformers (AdamW, linear warmup, one direction per batch of --base-batch sentences of
+            similar lengths) on
             en -> each old language for --base-steps steps; save_pretrained into OUT/base-hf;
   import    `nmt import OUT/base-hf -o OUT/base.pt --src-lang eng_Latn` (the source language token of
             an imported M2M100/NLLB model is fixed, so every direction is from English);
@@ -128,9 +129,11 @@ def train_base(args, directory: str, log) -> dict:
     pairs = {lang: list(zip(*(read(p, args.train_lines) for p in files(args.data, "train", lang)))) for lang in args.old}
     rng = random.Random(args.seed)
     batches = []
-    for lang, items in pairs.items():  # one direction per batch, a share of the batches by size
-        items = [p for p in items if p[0] and p[1]]
+    for lang, items in pairs.items():  # one direction per batch, a share of the batches by size; sentences of
+        items = [p for p in items if p[0] and p[1]]  # similar lengths together (pools of 100 batches sorted)
         rng.shuffle(items)
+        pool = 100 * args.base_batch
+        items = [x for i in range(0, len(items), pool) for x in sorted(items[i:i + pool], key=lambda p: len(p[0]))]
         batches += [(lang, items[i:i + args.base_batch]) for i in range(0, len(items), args.base_batch)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.base_lr, betas=(0.9, 0.98), weight_decay=0.0)
     warmup = max(1, args.base_steps // 10)
@@ -306,18 +309,18 @@ def parse_args(argv=None):
     p.add_argument("--init", default="es", help="the old language whose token initialises the new one ('' = mean)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {', '.join(STAGES)}")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
-    p.add_argument("--vocab", type=int, default=8000, help="SentencePiece pieces of the base (and scratch) model")
-    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=4000, help="SentencePiece pieces of the base (and scratch) model")
+    p.add_argument("--d-model", type=int, default=192)
     p.add_argument("--layers", type=int, default=3, help="encoder and decoder layers")
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=1024)
+    p.add_argument("--ffn", type=int, default=768)
     p.add_argument("--max-positions", type=int, default=256)
     p.add_argument("--max-len", type=int, default=128, help="longest sequence trained on and generated (tokens)")
-    p.add_argument("--base-steps", type=int, default=6000, help="transformers training steps of the base model")
-    p.add_argument("--base-batch", type=int, default=64, help="sentences per base training batch")
+    p.add_argument("--base-steps", type=int, default=4000, help="transformers training steps of the base model")
+    p.add_argument("--base-batch", type=int, default=48, help="sentences per base training batch")
     p.add_argument("--base-lr", type=float, default=7e-4)
-    p.add_argument("--steps", type=int, default=1500, help="optimizer steps of every variant (the fixed budget)")
-    p.add_argument("--batch-tokens", type=int, default=2048, help="data.batch_tokens of every variant")
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps of every variant (the fixed budget)")
+    p.add_argument("--batch-tokens", type=int, default=1536, help="data.batch_tokens of every variant")
     p.add_argument("--lr", type=float, default=5e-4, help="fine-tuning learning rate (grow, nogrow, noreplay)")
     p.add_argument("--scratch-lr", type=float, default=1e-3)
     p.add_argument("--pieces", type=int, default=2000, help="data.tokenizer.add_pieces of grow and noreplay")

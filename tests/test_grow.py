@@ -113,6 +113,31 @@ def test_appended_pieces_keep_every_id_and_every_old_segmentation_without_them(e
     assert old.unk_id() not in {i for ids in new.encode(fresh) for i in ids}
 
 
+@pytest.mark.parametrize("kind", ["unigram", "bpe"])
+def test_pieces_old_language_text_would_use_are_left_out(english_models, kind):
+    """With old-language lines to keep, every one of them segments exactly as before, and candidates
+    they would use are replaced by the next ones (still at most n)."""
+    import sentencepiece as spm
+
+    from nmt.config import TokenizerConfig
+
+    keep = [t for _, t in make_pairs(500, seed=5)]
+    lines = [yy(t) for _, t in make_pairs(2000, seed=3)]
+    cfg = config_from_dict({"data": {"src_lang": "es", "tgt_lang": "en", "train": {"src": "a", "tgt": "b"},
+                                     "valid": {"src": "a", "tgt": "b"},
+                                     "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
+    model = english_models[kind]
+    found = grow.candidates(lambda: iter(lines), model, cfg, 30, "test", lambda msg: None)
+    free = grow.append_pieces(model, found, 30)
+    kept = grow.append_pieces(model, found, 30, keep)
+    old, new = (spm.SentencePieceProcessor(model_proto=m) for m in (model, kept.model))
+    assert new.encode(keep) == old.encode(keep)
+    if kind == "bpe":  # ▁s (English's "sees", "sun") is a piece of the new text the toy English model lacks
+        assert "▁s" in free.pieces and "▁s" not in kept.pieces and kept.left_out >= 1
+    assert free.left_out == 0 and 10 <= len(kept.pieces) <= 30
+    assert set(free.pieces) - set(kept.pieces) or kept.left_out == 0
+
+
 def test_bpe_pieces_are_formed_by_one_merge_and_bring_their_characters(english_models):
     """A BPE piece is added only when one merge forms it, after its new characters: each added piece's
     text alone encodes to that piece."""
@@ -213,7 +238,7 @@ def test_the_grown_source_translates_the_old_directions_as_before(base, tmp_path
         assert torch.equal(grown["model"][name][V], old["model"][name][old_tok.languages["xx"]])
     logged = [line for line in logged if not line.startswith("tokenizer:")]  # (the new-language model's size)
     assert logged[0].startswith(f"add languages yy: language tokens yy (id {V}, from xx); vocabulary {V}/{V} -> {V + 21}/")
-    assert "old-language source lines segmented differently" in logged[1]
+    assert logged[1].startswith("add_pieces: new-language model: 20 pieces appended (")
     path = str(tmp_path / "grown.pt")
     save_checkpoint(grown, path)
     with open(os.path.join(d, "data", "test.es"), encoding="utf-8") as f:
