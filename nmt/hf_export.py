@@ -8,7 +8,8 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
   `position_offset` = pad id + 1, no output bias, one vocabulary). Anything else: one line naming the
   options. (nmt's defaults, pre-norm with the paper's interleaved sinusoids, cannot be represented.)
 - Tokenizer. A model imported with `nmt import` gets its own files back (MarianTokenizer,
-  M2M100Tokenizer, or NLLB's tokenizer.json). A model with nmt's SentencePiece models gets
+  M2M100Tokenizer, or NLLB's tokenizer.json; languages and pieces added by nmt/grow.py included, an M2M100
+  model's ids renumbered as M2M100Tokenizer numbers them). A model with nmt's SentencePiece models gets
   MarianTokenizer files for either family (`tokenizer_class` in tokenizer_config.json): source.spm
   and target.spm = nmt's model(s), vocab.json = every piece at its SentencePiece id. MarianTokenizer
   looks its special tokens up by name, so nmt's ids hold as they are (pad 0, unk 1, `<s>` 2, `</s>` 3)

@@ -17,7 +17,8 @@ mean what (transformers' `tokenization_marian.py`, `tokenization_m2m_100.py`, `t
 - `nllb`: sentencepiece.bpe.model alone; a piece's id is its SentencePiece id + 1 (fairseq's
   offset; SentencePiece's `<unk>` 0 -> 3), language tokens (`eng_Latn`, ...) follow at
   sp_size + 1 + their index (or the ids tokenizer.json gives them), then `<mask>`. Source
-  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout).
+  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout). Pieces nmt/grow.py appended
+  to the SentencePiece model come after every other id (`added_pieces`: read back from tokenizer.json).
 
 The target language of M2M100/NLLB is nmt/languages.py's mechanism: `languages` maps every code to
 its token, forced as the first target token (Hugging Face's `forced_bos_token_id`); the decoder
