@@ -2,7 +2,7 @@
 """Adding a language to a pretrained multilingual model (issue 38): grown vocabulary + new token +
 replay, against no vocabulary growth, no replay, and a model trained from scratch, at one budget.
 
-    python3 scripts/prepare_gettext.py --no-install --langs es,de,fr,it
+    python3 scripts/prepare_gettext.py --no-install   # (all its languages: the other recipes need them)
     python3 scripts/bench_add_language.py --data data/gettext --out runs/bench-add-language
 
 Stages (`--stages`, default all, in this order; each reuses what an earlier run of it left in OUT):
