@@ -367,3 +367,32 @@ def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsy
     grown = load_source(config_from_dict(raw), str(tmp_path / "run"), lambda msg: None)
     tok = Tokenizer.from_bytes(grown["tokenizer"])
     assert not tok.languages and tok.src_vocab_size == Tokenizer.from_bytes(source["tokenizer"]).src_vocab_size + 5
+
+
+def test_separate_vocabularies_grow_the_side_the_new_text_is_on(base, tmp_path):
+    """joint: false: a new target language grows the target model (token and pieces) and leaves the
+    source model as it is; the grown checkpoint loads and translates into the new language."""
+    import copy
+
+    from nmt import Translator
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.finetune import load_source
+    from nmt.train import train
+
+    raw = copy.deepcopy(base[1])
+    raw["data"]["tokenizer"].update(joint=False, vocab_size=60)
+    raw["model"].update(share_embeddings=False, tie_output=False)
+    raw["train"].update(max_steps=2, warmup_steps=1, valid_every=2, valid_bleu=False, metric="loss")
+    raw.update(name="separate", output_dir=str(tmp_path / "runs"))
+    ckpt = os.path.join(train(config_from_dict(raw), quiet=True)["run_dir"], "checkpoints", "latest.pt")
+    finetune = add_yy((base[0], raw, ckpt), tmp_path, add_pieces=10, valid_bleu=False, metric="loss")
+    grown = load_source(config_from_dict(finetune), str(tmp_path / "run"), lambda msg: None)
+    old, new = (Tokenizer.from_bytes(t) for t in (load_checkpoint(ckpt)["tokenizer"], grown["tokenizer"]))
+    assert new.to_bytes()["src"] == old.to_bytes()["src"] and new.src_vocab_size == old.src_vocab_size
+    assert new.tgt_vocab_size == old.tgt_vocab_size + 1 + 10 and new.languages["yy"] == old.tgt_vocab_size
+    assert grown["model"]["src_embed.weight"].shape[0] == old.src_vocab_size
+    assert grown["model"]["tgt_embed.weight"].shape[0] == grown["model"]["output_proj.weight"].shape[0] == \
+        new.tgt_vocab_size
+    path = str(tmp_path / "grown.pt")
+    save_checkpoint(grown, path)
+    assert len(Translator(path, device="cpu").translate(["el perro ve la casa"], tgt_lang="yy")) == 1
