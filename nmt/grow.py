@@ -77,8 +77,7 @@ from nmt.tokenizer import Tokenizer, language_symbol, train_sentencepiece
 
 NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # = nmt.hf_tokenizer.NLLB_CODE
 TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}  # sentencepiece TrainerSpec.ModelType
-NORMAL, CONTROL, UNKNOWN = pb.ModelProto.SentencePiece.NORMAL, pb.ModelProto.SentencePiece.CONTROL, \
-    pb.ModelProto.SentencePiece.UNKNOWN
+NORMAL, CONTROL = pb.ModelProto.SentencePiece.NORMAL, pb.ModelProto.SentencePiece.CONTROL
 KEEP = 40_000  # old-language lines per SentencePiece model whose segmentation the new pieces must not change
 SAMPLE = 2000  # lines logged: new-language lines' length, and held-out old-language lines (after the KEEP)
 MAX_ROUNDS = 50  # of leaving out the pieces old-language text uses and taking the next ones
@@ -153,8 +152,9 @@ def check_languages(cfg: Config, source: dict) -> Plan:
         raise UserError(f"data.add_languages.{tokens[0]}: the model in train.init_from {path} translates into one "
                         "language and has no language tokens, so it cannot learn a second target language (train a "
                         "multilingual model, or fine-tune into the new language alone)")
-    if tokens and kind == "marian" and d.tokenizer.add_pieces:
-        raise UserError("data.tokenizer.add_pieces: growing an imported marian vocabulary is not supported")
+    if kind == "marian" and d.tokenizer.add_pieces:
+        raise UserError("data.tokenizer.add_pieces: growing the vocabulary of an imported marian model is not "
+                        "supported (its source.spm / target.spm / vocab.json; M2M100, NLLB and nmt's own are)")
     if tokens and not tok.get("languages"):
         tokens = ()  # one target language: no token needed
     return Plan(tokens, added)
