@@ -60,6 +60,8 @@ def _convert(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
         return value
     if origin in (tuple, list):
         return _convert_sequence(value, tp, key, errors)
+    if origin is dict:
+        return _convert_mapping(value, tp, key, errors)
     if tp in _SCALARS:
         return _SCALARS[tp](value, key, errors)
     raise TypeError(f"unsupported config type {tp!r} for {key}")  # programming error
@@ -79,6 +81,17 @@ def _convert_sequence(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
         errors.append(f"invalid value for '{key}': {value!r} (expected a list)")
         return None
     return [_convert(v, args[0], f"{key}[{i}]", errors) for i, v in enumerate(value)]
+
+
+def _convert_mapping(value: Any, tp: Any, key: str, errors: list[str]) -> Any:
+    """A mapping of string keys (null or absent: empty), each value checked against the value type."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errors.append(f"invalid value for '{key}': {value!r} (expected a mapping, e.g. {{it: es}})")
+        return None
+    _, inner = typing.get_args(tp)
+    return {str(k): _convert(v, inner, f"{key}.{k}", errors) for k, v in value.items()}
 
 
 def _to_bool(value: Any, key: str, errors: list[str]) -> Any:
@@ -212,6 +225,7 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
         errors.append(f"'train.metric: {t.metric}' needs 'train.valid_bleu: true' (or choose metric loss/ppl)")
     if training:
         _check_schedule(t, errors)
+        _check_growth(cfg, errors)
         if t.init_from is not None and check_files and not resume:  # --resume ignores init_from
             problem = init_from_problem(t.init_from)
             if problem:
@@ -282,6 +296,23 @@ def _check_schedule(t: TrainConfig, errors: list[str]) -> None:
         errors.append(f"'train.warmup_steps: {t.warmup_steps}' is not below 'train.max_steps: {t.max_steps}': "
                       "training would stop before the learning rate reaches train.lr; lower warmup_steps "
                       "(or set train.warmup_fraction)")
+
+
+def _check_growth(cfg: Config, errors: list[str]) -> None:
+    """data.add_languages and data.tokenizer.add_pieces grow a fine-tuning source (nmt/grow.py): they need
+    train.init_from; language codes as for per-corpus languages. (What the source knows is checked when
+    it is loaded: nmt/grow.py.)"""
+    d = cfg.data
+    if d.tokenizer.add_pieces and not d.add_languages:
+        errors.append("'data.tokenizer.add_pieces' is set but 'data.add_languages' is empty: new pieces are learnt from "
+                      "the training text of the new languages")
+    if d.add_languages and cfg.train.init_from is None:
+        errors.append("'data.add_languages' needs 'train.init_from' (it adds languages to a pretrained model; a model "
+                      "trained from scratch gets its languages from data.train)")
+    for code in d.add_languages:
+        if not LANG_FORMAT.fullmatch(code):
+            errors.append(f"invalid key in 'data.add_languages': {code!r} (a language code: letters, digits, '_' and "
+                          "'-', e.g. it, pt_BR, ita_Latn)")
 
 
 def init_from_problem(path: str) -> str | None:

@@ -24,6 +24,10 @@ as the checkpoint's, and data.src_lang the source language an M2M100/NLLB model 
 run directory must not contain the source (a fine-tuning run never writes into its source's run
 directory); carrying the counters over, max_steps must lie beyond the source's step.
 
+Languages the source does not know (`data.add_languages`) and new pieces (`data.tokenizer.add_pieces`)
+grow the source's tokenizer and weights before the run starts (nmt/grow.py; its rules for corpus
+languages apply to every fine-tuning run).
+
 Resuming a fine-tuning run (`--resume`) continues from its own latest.pt: train.init_from is
 ignored then (not read, not checked), so the source may be gone.
 """
@@ -31,17 +35,21 @@ ignored then (not read, not checked), so the source may be gone.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from nmt import checkpoint as ckpt
+from nmt import grow
 from nmt.config import Config, init_from_problem, to_dict
 from nmt.errors import UserError
 
 MAY_DIFFER = frozenset({"dropout", "attention_dropout", "activation_dropout"})  # model keys fine-tuning may change
 RESETS = ("optimizer", "schedule", "counters")
+TOKENIZER_MAY_DIFFER = ("threads", "add_pieces")  # data.tokenizer keys a fine-tuning run may set (add_pieces: nmt/grow.py)
 
 
-def load_source(cfg: Config, run_dir: str) -> dict:
-    """The checkpoint of train.init_from, checked against `cfg` (module docstring)."""
+def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -> dict:
+    """The checkpoint of train.init_from, checked against `cfg` (module docstring), with the languages
+    and pieces of data.add_languages / data.tokenizer.add_pieces added (nmt/grow.py)."""
     path = cfg.train.init_from
     problem = init_from_problem(path)
     if problem:
@@ -59,8 +67,8 @@ def load_source(cfg: Config, run_dir: str) -> dict:
         raise UserError(f"train.init_from {path}: the architecture differs from the checkpoint's "
                         f"({', '.join(diff)}); a fine-tuning run keeps the source's architecture "
                         "(only dropout rates may change)")
-    mine = {k: v for k, v in new["data"]["tokenizer"].items() if k != "threads"}
-    theirs = {k: v for k, v in saved.get("data", {}).get("tokenizer", {}).items() if k != "threads"}
+    mine = {k: v for k, v in new["data"]["tokenizer"].items() if k not in TOKENIZER_MAY_DIFFER}
+    theirs = {k: v for k, v in saved.get("data", {}).get("tokenizer", {}).items() if k not in TOKENIZER_MAY_DIFFER}
     diff = [f"data.tokenizer.{k}" for k in mine if theirs.get(k) != mine[k]]
     kind = source["tokenizer"].get("kind", "spm")
     if kind != "spm":
@@ -73,7 +81,7 @@ def load_source(cfg: Config, run_dir: str) -> dict:
         raise UserError(f"train.init_from {path} has no training state (an averaged checkpoint?): it cannot carry "
                         f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
     _check_steps_left(cfg, path, int(source.get("step", 0)))
-    return source
+    return grow.grow_source(cfg, source, log)
 
 
 def _check_imported(cfg: Config, path: str, source: dict, diff: list[str]) -> None:
@@ -86,7 +94,7 @@ def _check_imported(cfg: Config, path: str, source: dict, diff: list[str]) -> No
         joint = source["config"]["data"]["tokenizer"]["joint"]
         raise UserError(f"train.init_from {path}: its tokenizer was imported from Hugging Face ({tok['kind']}) and is "
                         f"used as it is (nothing is trained): leave {', '.join(diff)} out of data.tokenizer (only "
-                        f"threads may be set{'' if joint else '; joint: false, its vocabularies are separate'})")
+                        f"threads and add_pieces may be set{'' if joint else '; joint: false, its vocabularies are separate'})")
     src_lang = tok.get("settings", {}).get("src_lang")
     if src_lang is not None and cfg.data.src_lang != src_lang:
         raise UserError(f"train.init_from {path}: its {tok['kind']} tokenizer encodes sources as {src_lang!r} (the "

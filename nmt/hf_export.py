@@ -8,7 +8,8 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
   `position_offset` = pad id + 1, no output bias, one vocabulary). Anything else: one line naming the
   options. (nmt's defaults, pre-norm with the paper's interleaved sinusoids, cannot be represented.)
 - Tokenizer. A model imported with `nmt import` gets its own files back (MarianTokenizer,
-  M2M100Tokenizer, or NLLB's tokenizer.json). A model with nmt's SentencePiece models gets
+  M2M100Tokenizer, or NLLB's tokenizer.json; languages and pieces added by nmt/grow.py included, an M2M100
+  model's ids renumbered as M2M100Tokenizer numbers them). A model with nmt's SentencePiece models gets
   MarianTokenizer files for either family (`tokenizer_class` in tokenizer_config.json): source.spm
   and target.spm = nmt's model(s), vocab.json = every piece at its SentencePiece id. MarianTokenizer
   looks its special tokens up by name, so nmt's ids hold as they are (pad 0, unk 1, `<s>` 2, `</s>` 3)
@@ -70,8 +71,11 @@ def _imported_tokenizer_config(tokenizer, d, files: dict[str, bytes]) -> dict:
         return {"src_lang": src, "tgt_lang": tgt, "legacy_behaviour": False}
     specials = [f"__{code}__" for code in tokenizer.languages]
     files["special_tokens_map.json"] = _json({"additional_special_tokens": specials})
+    from nmt.grow import m2m100_added_tokens
+
     return {"src_lang": src, "tgt_lang": tgt, "language_codes": tokenizer.settings["language_codes"],
-            "num_madeup_words": tokenizer.settings["num_madeup_words"], "additional_special_tokens": specials}
+            "num_madeup_words": tokenizer.settings["num_madeup_words"], "additional_special_tokens": specials,
+            **m2m100_added_tokens(tokenizer)}
 
 
 def _json(value) -> bytes:
@@ -124,8 +128,10 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
 
 def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str]]:
     """({file name: bytes} but the weights, the weights to save, notes) of the Hugging Face directory."""
+    from nmt.grow import hf_numbering
     from nmt.hf import architecture_from_nmt, config_to_hf, weights_to_hf
 
+    state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/grow.py)
     arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
                                  tokenizer.specials.pad)
     imported = getattr(tokenizer, "kind", "spm")
@@ -138,7 +144,7 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
         config["tokenizer_class"] = "NllbTokenizer"
     gen, notes = generation_config(cfg.decode, tokenizer, ids, cfg.model.max_positions)
     files = {"config.json": _json(config), "generation_config.json": _json(gen), **tokenizer_files(tokenizer, cfg)}
-    return files, weights_to_hf(model.state_dict(), arch), notes
+    return files, weights_to_hf(state, arch), notes
 
 
 def export_hf(checkpoint: str, output_dir: str, *, force: bool = False, quiet: bool = False, stderr=None) -> int:

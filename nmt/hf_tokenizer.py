@@ -17,7 +17,8 @@ mean what (transformers' `tokenization_marian.py`, `tokenization_m2m_100.py`, `t
 - `nllb`: sentencepiece.bpe.model alone; a piece's id is its SentencePiece id + 1 (fairseq's
   offset; SentencePiece's `<unk>` 0 -> 3), language tokens (`eng_Latn`, ...) follow at
   sp_size + 1 + their index (or the ids tokenizer.json gives them), then `<mask>`. Source
-  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout).
+  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout). Pieces nmt/grow.py appended
+  to the SentencePiece model come after every other id (`added_pieces`: read back from tokenizer.json).
 
 The target language of M2M100/NLLB is nmt/languages.py's mechanism: `languages` maps every code to
 its token, forced as the first target token (Hugging Face's `forced_bos_token_id`); the decoder
@@ -242,10 +243,16 @@ class NllbTokenizer(HFTokenizer):
         super().__init__(files, settings, **kw)
         self._sp = _processor(files["sentencepiece.bpe.model"], "sentencepiece.bpe.model")
         self._src_lang = self.languages[settings["src_lang"]]
+        added = settings.get("added_pieces") or {"sp_size": self._sp.get_piece_size(), "first_id": 0}
+        self._n, self._shift = added["sp_size"], added["first_id"] - added["sp_size"]  # pieces nmt/grow.py appended
+
+    def _id(self, i: int) -> int:
+        """The model id of SentencePiece id i: fairseq's offset, or after every old id for an appended piece."""
+        return (i + 1 if i else self.specials.unk) if i < self._n else i + self._shift
 
     def _encode(self, lines: list[str]) -> list[list[int]]:
-        unk = self.specials.unk
-        return [[i + 1 if i else unk for i in ids]  # fairseq's offset; SentencePiece's <unk> is 0
+        n, shift, unk = self._n, self._shift, self.specials.unk  # (`_id`, inlined)
+        return [[(i + 1 if i else unk) if i < n else i + shift for i in ids]  # fairseq's offset; SentencePiece's <unk> is 0
                 for ids in self._sp.encode(list(lines), out_type=int, num_threads=self.threads)]
 
     def encode_src(self, lines: list[str]) -> list[list[int]]:
@@ -260,14 +267,15 @@ class NllbTokenizer(HFTokenizer):
 
     def _decode(self, ids: list[int]) -> str:
         """As transformers' Metaspace decoder: `▁` -> space, minus the first piece's leading space."""
-        n = self._sp.get_piece_size()
-        pieces = [self._sp.id_to_piece(i - 1) for i in ids if 4 <= i <= n]
+        sp_ids = [i - 1 if 4 <= i <= self._n else i - self._shift for i in ids]
+        pieces = [self._sp.id_to_piece(j) for i, j in zip(ids, sp_ids)
+                  if 4 <= i <= self._n or self._n <= j < self._sp.get_piece_size()]
         text = "".join(pieces).replace(WORD_START, " ")
         return text[1:] if pieces and pieces[0].startswith(WORD_START) else text
 
     def _pieces(self) -> tuple[dict[int, str], dict[int, str]]:
         table = {0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>"}
-        table.update({i + 1: self._sp.id_to_piece(i) for i in range(3, self._sp.get_piece_size())})
+        table.update({self._id(i): self._sp.id_to_piece(i) for i in range(3, self._sp.get_piece_size())})
         table.update({i: code for code, i in self.languages.items()})
         table[self.settings["mask"]] = "<mask>"
         return table, table
@@ -411,6 +419,10 @@ def _m2m100_settings(files: dict[str, bytes], config: dict, tok_config: dict, mo
         raise UserError(f"{model_dir}/tokenizer_config.json: language_codes {tok_config['language_codes']!r} is not "
                         f"supported (supported: {', '.join(M2M100_CODES)})")
     languages = {code: len(vocab) + i for i, code in enumerate(codes.split())}
+    for i, token in (tok_config.get("added_tokens_decoder") or {}).items():  # codes added by nmt/grow.py
+        code = re.fullmatch(r"__(.+)__", str(token.get("content", "")) if isinstance(token, dict) else "")
+        if code and code.group(1) not in languages and str(i).isdigit():
+            languages[code.group(1)] = int(i)
     specials = _specials(config, pad=vocab["<pad>"], unk=vocab["<unk>"], eos=vocab["</s>"])
     V = config["vocab_size"]
     drop = sorted({vocab["<s>"], specials["pad"], specials["eos"], specials["unk"]})
@@ -427,7 +439,8 @@ def _nllb_settings(files: dict[str, bytes], config: dict, tok_config: dict, mode
     if sp.unk_id() != 0:
         raise UserError(f"{model_dir}/sentencepiece.bpe.model: <unk> has id {sp.unk_id()}, NLLB's fairseq offset needs 0")
     n = sp.get_piece_size()
-    added = {t.get("content"): t.get("id") for t in read_json(model_dir, "tokenizer.json").get("added_tokens", [])}
+    tokenizer_json = read_json(model_dir, "tokenizer.json")
+    added = {t.get("content"): t.get("id") for t in tokenizer_json.get("added_tokens", [])}
     if any(NLLB_CODE.fullmatch(str(t)) for t in added):  # the ids the hub's tokenizer.json gives
         languages = {t: i for t, i in added.items() if NLLB_CODE.fullmatch(str(t))}
     else:
@@ -437,8 +450,23 @@ def _nllb_settings(files: dict[str, bytes], config: dict, tok_config: dict, mode
     mask = added.get("<mask>", n + 1 + len(languages))
     specials = _specials(config, pad=1, unk=3, eos=2)
     V = config["vocab_size"]
-    return {"specials": specials, "src_vocab_size": V, "tgt_vocab_size": V, "drop": [0, 1, 2, 3, mask],
-            "mask": mask}, languages
+    settings = {"specials": specials, "src_vocab_size": V, "tgt_vocab_size": V, "drop": [0, 1, 2, 3, mask], "mask": mask}
+    return {**settings, **_appended_pieces(sp, tokenizer_json, model_dir)}, languages
+
+
+def _appended_pieces(sp: spm.SentencePieceProcessor, tokenizer_json: dict, model_dir: str) -> dict:
+    """{"added_pieces": ...} when tokenizer.json numbers the last SentencePiece pieces after every other id
+    (pieces nmt/grow.py appended to an NLLB vocabulary), else {}."""
+    vocab = (tokenizer_json.get("model") or {}).get("vocab") or {}
+    n = sp.get_piece_size()
+    first = next((i for i in range(3, n) if vocab.get(sp.id_to_piece(i), i + 1) != i + 1), n)
+    if first == n:
+        return {}
+    start = vocab[sp.id_to_piece(first)]
+    if any(vocab.get(sp.id_to_piece(i)) != start + i - first for i in range(first, n)):
+        raise UserError(f"{model_dir}/tokenizer.json numbers the pieces of sentencepiece.bpe.model in an order nmt does "
+                        "not support (SentencePiece id + 1, then appended pieces after every other id)")
+    return {"added_pieces": {"sp_size": first, "first_id": start}}
 
 
 def _check_ids(tokenizer: HFTokenizer, model_dir: str) -> None:

@@ -91,6 +91,7 @@ class TokenizerConfig:
     src_model: Optional[str] = _f(None, "Existing source SentencePiece `.model` (with `joint: false`).")
     tgt_model: Optional[str] = _f(None, "Existing target SentencePiece `.model` (with `joint: false`).")
     threads: int = _f(2, "Threads for SentencePiece training and batch encoding.", min=1)
+    add_pieces: int = _f(0, "With `train.init_from` and `data.add_languages`: grow the source model's vocabulary by at most this many pieces of the new languages: SentencePiece (the source model's type) is trained on their training text and its pieces the vocabulary lacks are appended, most frequent first; existing ids never change; a new piece's embedding starts as the mean of the rows of the pieces the old vocabulary splits it into (nmt/grow.py, README \"Add a language\"). 0 = no growth.", min=0)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class DataConfig:
     protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions instead (1-3 names or numbers that occur once, identically, on both sides; else one at the start or the end of both sides), so that a corpus with few or no spans still teaches copying them. 0 = off.", min=0.0, max=1.0)
     terms: float = _f(0.0, "Train-time terminology (Dinu et al., 2019; issue 37): the share of training pairs, among those a term dictionary entry applies to (its source term in the source and its target term in the target, as whole words: nmt/glossary.py), whose source gets each such term annotated inline, `source term <term> target term </term>`; `<term>` and `</term>` become SentencePiece symbols. The model learns to put the annotated target term where it belongs; `nmt translate --glossary` annotates its input the same way for such a model. Validation pairs are not annotated. 0 = off; e.g. 0.5.", min=0.0, max=1.0)
     term_dictionary: Optional[str] = _f(None, "With `data.terms`: the term dictionary, a TSV file as `nmt translate --glossary` reads (source term, tab, target term). null = extracted from each training corpus: single words that align strongly by co-occurrence (nmt/terms.py; scripts/extract_glossary.py writes the same list).")
+    add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the source model does not know, as a mapping new code -> the existing language whose token initialises the new one's (null: the mean of the model's language tokens), e.g. `{it: es}`. Each gets a token in the model's own convention (NLLB `ita_Latn`, M2M100 `__it__`, nmt's multilingual models `__it__`) when it is a target language of data.train; a corpus naming a language the model does not know and that is not listed here is an error. See `data.tokenizer.add_pieces` and README \"Add a language\".")
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
 
     @property
@@ -318,6 +320,9 @@ def _type_name(tp: Any) -> str:
         return " | ".join(_type_name(a) for a in args) + " | null"
     if origin in (list, tuple):
         return str(tp).replace("typing.", "")
+    if origin is dict:
+        key, value = typing.get_args(tp)
+        return f"mapping {_type_name(key)} -> {_type_name(value)}"
     if dataclasses.is_dataclass(tp):
         return "mapping"
     return getattr(tp, "__name__", str(tp))

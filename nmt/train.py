@@ -142,7 +142,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     validation.check_tokenize(cfg, log.info)  # a missing MeCab fails now, not at the first validation
     # every rank reads latest.pt (onto the CPU: nothing lands on rank 0's GPU) before rank 0 can write it again
     saved = _load_latest(run_dir) if resume else None
-    source = finetune.load_source(cfg, run_dir) if cfg.train.init_from and not resume else None
+    source = finetune.load_source(cfg, run_dir, log.info) if cfg.train.init_from and not resume else None
     tokenizer, data, identifier = _prepare_data(cfg, run_dir, saved, log, env, source)
     model = _build_model(cfg, tokenizer, device)
     optimizer = build_optimizer(model, cfg.train, device)

@@ -201,3 +201,38 @@ def test_bench_int8_times_every_shape_on_every_path(tmp_path):
     assert [(r["rows"], r["inputs"], r["outputs"]) for r in rows][:2] == [(4, 256, 768), (4, 256, 256)]
     assert len(rows) == 2 * 5 and {r["rows"] for r in rows} == {4, 32}
     assert all(r[k] > 0 for r in rows for k in ("fp32", "int_mm", "int8_linear"))
+
+
+def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
+    """The whole pipeline of bench_add_language --quick on a tiny gettext-layout corpus made from the
+    shipped Bible text (the first 8 words of each verse; en and es as they are, de, fr, it letter
+    substitutions of the Spanish): a base model trained with transformers, imported, four variants
+    trained for the same steps, every model evaluated on every direction, the grow model exported to
+    Hugging Face with transformers' greedy outputs equal to nmt's."""
+    import gzip
+
+    data = tmp_path / "gettext"
+    data.mkdir()
+    fake = {"de": str.maketrans("aeiou", "äëïöü"), "fr": str.maketrans("aeo", "éèô"), "it": str.maketrans("aeiou", "àèìòù")}
+    for split, n in (("train", 200), ("dev", 10), ("test", 10)):
+        lines = {}
+        for side in ("es", "en"):
+            with gzip.open(os.path.join(ROOT, "data", "bible-es-en", f"{split}.{side}.gz"), "rt", encoding="utf-8") as f:
+                lines[side] = [" ".join(next(f).split()[:8]) for _ in range(n)]  # short, as messages are
+        for lang in ("es", "de", "fr", "it"):
+            (data / f"{split}.en-{lang}.en").write_text("\n".join(lines["en"]) + "\n", encoding="utf-8")
+            text = lines["es"] if lang == "es" else [x.translate(fake[lang]) for x in lines["es"]]
+            (data / f"{split}.en-{lang}.{lang}").write_text("\n".join(text) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    run_script("bench_add_language.py", "--data", str(data), "--out", str(out), "--quick", "--device", "cpu")
+    res = json.loads((out / "results.json").read_text())
+    assert {name: r["steps"] for name, r in res["runs"].items()} == {"base": 30, "grow": 8, "nogrow": 8, "noreplay": 8,
+                                                                     "scratch": 8}
+    assert any(line.startswith("add_pieces:") for line in res["runs"]["grow"]["grown"])
+    assert not any(line.startswith("add_pieces:") for line in res["runs"]["nogrow"]["grown"])
+    assert res["runs"]["nogrow"]["grown"][0].startswith("add languages ita_Latn: language tokens ita_Latn")
+    assert set(res["scores"]["imported"]) == {"es", "de", "fr"}
+    assert all(set(res["scores"][name]) == {"es", "de", "fr", "it"} for name in ("grow", "nogrow", "noreplay", "scratch"))
+    assert all(s["lines"] == 10 for scores in res["scores"].values() for s in scores.values())
+    assert all(e["equal"] == e["lines"] == 10 for e in res["export"].values())
+    assert "## New direction en -> it" in (out / "results.md").read_text()

@@ -1,0 +1,160 @@
+"""A new language for an imported M2M100 / NLLB model (issue 38, nmt/grow.py), against transformers 5.
+
+Tiny models built with transformers' own classes (tests/hf_fixtures.py), imported with `nmt import`,
+fine-tuned a few steps on es -> en (replay) and es -> a new language (English of the Bible with the
+vowels written å ë ï ø ü, every word ending in "in"), with new pieces; then `nmt export --format hf`
+loads with AutoTokenizer / AutoModelForSeq2SeqLM and gives nmt's ids and greedy outputs, in the new
+language too; `nmt import` of that directory and the CTranslate2 export give them as well.
+"""
+
+from __future__ import annotations
+
+
+import pytest
+
+transformers = pytest.importorskip(
+    "transformers", minversion="5.0", reason="transformers >= 5 is a test-only dependency: pip install -e '.[dev]'")
+pytest.importorskip("safetensors", reason="transformers checkpoints are safetensors files: pip install safetensors")
+
+import hf_fixtures as fx  # noqa: E402
+
+from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.cli import main  # noqa: E402
+from nmt.tokenizer import Tokenizer  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
+
+VOWELS = str.maketrans("aeiou", "åëïøü")
+CODES = {"m2m100": ("es", "en", "qy", "__qy__"), "nllb": ("spa_Latn", "eng_Latn", "qya_Latn", "qya_Latn")}
+
+
+def yy(line: str) -> str:
+    return " ".join(w.translate(VOWELS) + "in" for w in line.split())
+
+
+@pytest.fixture(scope="module", params=["m2m100", "nllb"])
+def grown(request, tmp_path_factory):
+    """(family, directory, imported checkpoint, fine-tuned checkpoint) for es -> en + es -> new."""
+    import yaml
+
+    from nmt.hf_io import import_command
+
+    family = request.param
+    d = tmp_path_factory.mktemp(family)
+    hf = str(d / "hf")
+    fx.m2m100_model(hf, nllb=family == "nllb")
+    imported = str(d / "imported.pt")
+    assert import_command(hf, imported, quiet=True) == 0
+    files = {}
+    for split, n in (("train", 300), ("dev", 10)):
+        es, en = fx.corpus_lines(split, "es", n), fx.corpus_lines(split, "en", n)
+        for lang, lines in (("es", es), ("en", en), ("yy", [yy(line) for line in en])):
+            files[split, lang] = str(d / f"{split}.{lang}")
+            with open(files[split, lang], "w", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+    src, tgt, new, _ = CODES[family]
+    raw = {"name": "ft", "output_dir": str(d / "runs"),
+           "data": {"src_lang": src, "tgt_lang": tgt, "batch_tokens": 3000, "max_len": 200,
+                    "train": [{"src": files["train", "es"], "tgt": files["train", "en"]},
+                              {"src": files["train", "es"], "tgt": files["train", "yy"], "tgt_lang": new}],
+                    "valid": [{"src": files["dev", "es"], "tgt": files["dev", "en"]},
+                              {"src": files["dev", "es"], "tgt": files["dev", "yy"], "tgt_lang": new}],
+                    "add_languages": {new: tgt}, "tokenizer": {"add_pieces": 30}},
+           "model": load_checkpoint(imported)["config"]["model"],
+           "decode": {"beam_size": 1, "max_len_a": 0, "max_len_b": 40},
+           "train": {"init_from": imported, "max_steps": 10, "warmup_steps": 2, "lr": 1e-3, "valid_every": 10,
+                     "valid_max_sentences": 2, "device": "cpu", "threads": 1}}
+    config = d / "ft.yaml"
+    config.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    assert main(["train", "--config", str(config), "-q"]) == 0
+    return family, d, imported, str(d / "runs" / "ft" / "checkpoints" / "latest.pt")
+
+
+def generate(directory: str, lines: list[str], token: str) -> list[str]:
+    """transformers alone: greedy generate() with the language token forced (the directory's
+    generation_config.json otherwise: its max_length is nmt's limit)."""
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        out = model.generate(**tok(lines, return_tensors="pt", padding=True), num_beams=1,
+                             forced_bos_token_id=tok.convert_tokens_to_ids(token))
+    return tok.batch_decode(out, skip_special_tokens=True)
+
+
+def test_old_ids_and_rows_are_kept(grown):
+    """The grown tokenizer encodes and numbers every old language as before; the new pieces shorten the
+    new language's lines; the new code is a target language (nmt translate --tgt-lang)."""
+    family, d, imported, ckpt = grown
+    old, new = (Tokenizer.from_bytes(load_checkpoint(p)["tokenizer"]) for p in (imported, ckpt))
+    code = CODES[family][2]
+    V = old.tgt_vocab_size
+    assert old.languages.items() < new.languages.items() and new.languages[code] == V
+    assert new.tgt_vocab_size == V + 1 + 30 and new.vocab_pieces()[1][:V] == old.vocab_pieces()[1]
+    lines = fx.corpus_lines("test", "en", 40)
+    fresh = [yy(line) for line in lines]
+    assert sum(map(len, new.encode_tgt(fresh))) < 0.9 * sum(map(len, old.encode_tgt(fresh)))
+    out = d / "out.yy"
+    src = d / "in.es"
+    src.write_text("\n".join(fx.corpus_lines("test", "es", 5)) + "\n", encoding="utf-8")
+    assert main(["translate", "-c", ckpt, "-i", str(src), "-o", str(out), "--tgt-lang", code, "-q"]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 5
+
+
+def test_exported_directory_gives_nmt_outputs_in_every_language(grown, tmp_path):
+    """nmt export --format hf -> AutoTokenizer + AutoModelForSeq2SeqLM: greedy generate() with the new
+    token forced equals nmt's greedy output on every line (and for an old language); NLLB's tokenizer
+    takes the new code as tgt_lang and gives nmt's ids; `nmt import` of the directory and the
+    CTranslate2 export translate alike."""
+    from nmt import Translator
+
+    family, d, _, ckpt = grown
+    src_code, old_code, code, token = CODES[family]
+    out = str(tmp_path / "hf")
+    assert main(["export", "-c", ckpt, "--format", "hf", "-o", out]) == 0
+    lines = fx.corpus_lines("test", "es", 30, skip=100)
+    translator = Translator(ckpt, device="cpu")
+    ours = [r.text for r in translator.translate(lines, tgt_lang=code)]
+    assert generate(out, lines, token) == ours
+    old_token = f"__{old_code}__" if family == "m2m100" else old_code
+    assert generate(out, lines, old_token) == [r.text for r in translator.translate(lines, tgt_lang=old_code)]
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    targets = [yy(line) for line in fx.corpus_lines("test", "en", 30)]
+    mine = Tokenizer.from_bytes(load_checkpoint(ckpt)["tokenizer"])
+    if family == "nllb":  # the directory's ids are nmt's
+        tok.src_lang, tok.tgt_lang = src_code, code
+        assert tok(text_target=targets)["input_ids"] == [[mine.languages[code]] + ids + [2]
+                                                         for ids in mine.encode_tgt(targets)]
+        assert tok(lines)["input_ids"] == [ids + [2] for ids in mine.encode_src(lines)]
+    reimported = str(tmp_path / "reimported.pt")
+    assert main(["import", out, "-o", reimported, "-q"]) == 0
+    again = Tokenizer.from_bytes(load_checkpoint(reimported)["tokenizer"])
+    assert tok(targets)["input_ids"] == [ids + [2] for ids in again.encode_src(targets)]  # M2M100: renumbered ids
+    assert [r.text for r in Translator(reimported, device="cpu").translate(lines, tgt_lang=code, beam_size=1)] == ours
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return  # (CTranslate2 is optional: pip install -e '.[ct2]')
+    assert main(["export", "-c", ckpt, "-o", str(tmp_path / "ct2")]) == 0
+    assert [r.text for r in Translator(str(tmp_path / "ct2"), device="cpu").translate(lines, tgt_lang=code)] == ours
+
+
+def test_a_new_source_language_is_refused_for_imported_models(grown, tmp_path, capsys):
+    """An imported M2M100/NLLB model puts its one source-language token before every source."""
+    import yaml
+
+    family, d, imported, _ = grown
+    src, tgt, new, _ = CODES[family]
+    raw = yaml.safe_load((d / "ft.yaml").read_text(encoding="utf-8"))
+    raw["data"]["train"][1].update(src=str(d / "train.yy"), tgt=str(d / "train.en"), src_lang=new, tgt_lang=tgt)
+    raw["data"]["valid"] = raw["data"]["valid"][:1]
+    raw.update(name="refused")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"data.train[1].src_lang: {new!r} is a new language, but this imported {family} " \
+                                      f"model puts its one source-language token {src!r} before every source" in err
