@@ -5,7 +5,8 @@ The exported directory holds everything needed to translate without nmt or PyTor
     model.bin, config.json                 CTranslate2 weights and settings
     shared_vocabulary.json                 (or source_/target_vocabulary.json) SentencePiece pieces in id order
     spm.model | spm.src.model + spm.tgt.model
-    nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults), step
+    nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults: `stopping:
+                                           hf` becomes exact, `ct2_decode`), step
     langid.json                            the checkpoint's language identifier, if it has one (nmt evaluate)
     README.md                              how to load it
 
@@ -42,6 +43,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any
 
@@ -277,6 +279,17 @@ hypotheses with its own length penalty, see nmt/ct2.py).
 """
 
 
+def ct2_decode(decode) -> tuple[Any, str | None]:
+    """The decode defaults an export writes for the ctranslate2 engine, and a note when they differ from
+    the checkpoint's: `stopping: hf` (transformers' heuristic, an imported model's) cannot be searched by
+    CTranslate2 with a length penalty (nmt/ct2.py `Ct2Engine.check`), so the export says `exact`."""
+    if decode.stopping != "hf" or decode.beam_size == 1 or decode.length_penalty_type == "none" or not decode.length_penalty:
+        return decode, None
+    return dataclasses.replace(decode, stopping="exact"), (
+        "decode.stopping hf (transformers' heuristic stop) has no CTranslate2 counterpart with a length penalty: "
+        "the export's decode defaults say stopping exact (translate with the checkpoint for the heuristic)")
+
+
 def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | None = None,
                  force: bool = False, checkpoint: str = "", step: int | None = None, langid: dict | None = None) -> str:
     """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`.
@@ -300,7 +313,8 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
         tokenizer.save(tmp)
         meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.abspath(checkpoint) if checkpoint else "",
                 "step": step, "quantization": quantization or "float32", "joint": tokenizer.joint,
-                "max_positions": cfg.model.max_positions, "config": to_dict(cfg),
+                "max_positions": cfg.model.max_positions,
+                "config": to_dict(dataclasses.replace(cfg, decode=ct2_decode(cfg.decode)[0])),
                 "languages": tokenizer.languages, "default_tgt_lang": tokenizer.default_tgt_lang}
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
@@ -381,6 +395,9 @@ def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslat
     write_export(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
                  checkpoint=checkpoint, step=step, langid=langid)
     if not quiet:
+        note = ct2_decode(cfg.decode)[1]
+        if note:
+            print(f"nmt export: note: {note}", file=sys.stderr)
         size = os.path.getsize(os.path.join(output_dir, "model.bin"))
         print(f"exported {checkpoint} to {output_dir} (CTranslate2, {quantization or 'float32'}, "
               f"model.bin {size / 2**20:.1f} MiB)", flush=True)

@@ -15,9 +15,9 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
   and its ids equal nmt's: source `pieces </s>`, no language token (which M2M100's and NLLB's
   tokenizers would add). decoder_start_token_id = `<s>`.
 - generation_config.json from the checkpoint's decode section: num_beams; length_penalty (average:
-  alpha; none: 0; gnmt has no counterpart: alpha, noted); early_stopping "never" (nmt's exact
-  stopping rule; True for patience 1, the same rule as transformers' True; other patience values
-  are noted); bad_words_ids = the ids nmt never generates (pad, and the start token unless it is
+  alpha; none: 0; gnmt has no counterpart: alpha, noted); early_stopping "never" for nmt's exact
+  stop, false for `stopping: hf` (transformers' default heuristic, the same rule), true for patience
+  1 (the same rule as transformers' true; other patience values are noted); bad_words_ids = the ids nmt never generates (pad, and the start token unless it is
   EOS); max_length = max_len_b + 1 when max_len_a is 0 (+1 with MarianMT's forced EOS, as imported),
   else max_positions (a length relative to the source has no counterpart, noted);
   no_repeat_ngram_size, min_length; forced_bos_token_id = the default target language of a
@@ -106,11 +106,14 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
         kind, alpha = decode.length_penalty_type, decode.length_penalty
         from nmt.schema import max_finished
 
-        # transformers' early_stopping True stops once num_beams hypotheses have finished: patience 1
+        # transformers' early_stopping True stops once num_beams hypotheses have finished: patience 1;
+        # False is its heuristic (stopping hf), "never" its exact stop
         same_count = max_finished(decode.beam_size, decode.patience) == decode.beam_size
-        gen.update(length_penalty=0.0 if kind == "none" else alpha, early_stopping=True if same_count else "never")
+        stop = True if same_count else False if decode.stopping == "hf" else "never"
+        gen.update(length_penalty=0.0 if kind == "none" else alpha, early_stopping=stop)
         if decode.patience and not same_count:
-            notes.append(f"patience {decode.patience:g} has no counterpart: early_stopping \"never\" (the exact stop) written")
+            notes.append(f"patience {decode.patience:g} has no counterpart: early_stopping {json.dumps(stop)} "
+                         f"(stopping {decode.stopping}) written")
         if kind == "gnmt" and alpha:
             notes.append(f"the gnmt length penalty has no counterpart: length_penalty {alpha:g} (length ** alpha) written")
     if decode.no_repeat_ngram:

@@ -249,3 +249,16 @@ def test_every_field_is_documented():
     from nmt.config import iter_fields
     for key, _, _, help in iter_fields():
         assert help.strip(), f"{key} has no help text"
+
+
+def test_exact_stop_is_the_default_for_nmts_own_models(files):
+    """decode.stopping defaults to the exact stop (transformers' heuristic, `hf`, is what `nmt import`
+    chooses for models whose generation config asks for it); every recipe keeps it."""
+    import glob
+
+    assert load_config(write(files, minimal(files))).decode.stopping == "exact" == DecodeConfig().stopping
+    for path in glob.glob(os.path.join(ROOT, "configs", "*.yaml")):
+        assert load_config(path, check_files=False).decode.stopping == "exact", path
+    assert load_config(write(files, {**minimal(files), "decode": {"stopping": "hf"}})).decode.stopping == "hf"
+    assert errors_of(files, {**minimal(files), "decode": {"stopping": "never"}}) == [
+        "invalid value for 'decode.stopping': 'never' (choose from exact, hf)"]

@@ -383,6 +383,10 @@ def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
     with pytest.raises(UserError, match="--patience with the gnmt length penalty is not supported"):
         translator.translate(["el perro come"], beam_size=4, length_penalty_type="gnmt", patience=1.0)
     assert translator.translate(["el perro come"], beam_size=4, length_penalty_type="average", patience=1.0)[0].text
+    with pytest.raises(UserError, match="--stopping hf with a length penalty is not supported"):
+        translator.translate(["el perro come"], beam_size=4, length_penalty_type="average", stopping="hf")
+    # without a penalty transformers' heuristic is exact: nothing to refuse
+    assert translator.translate(["el perro come"], beam_size=4, length_penalty_type="none", stopping="hf")[0].text
     r = subprocess.run([sys.executable, "-m", "nmt", "translate", "--model", out, "--sampling", "topk"], input="el sol\n",
                        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--engine torch" in r.stderr, r.stderr

@@ -294,7 +294,9 @@ def test_beam_equals_generate(imported, family, penalty):
       count that EOS as a token of log-prob 0, nmt stops the hypothesis without it), so both cut
       at max_length - 1 tokens.
     - average with transformers' early_stopping=True (stop once num_beams hypotheses have finished)
-      = nmt's patience 1.0 (what `nmt import` maps it to).
+      = nmt's patience 1.0 (what `nmt import` maps it to; with stopping hf, whose heuristic needs
+      num_beams finished hypotheses too).
+    (transformers' default, early_stopping=False: test_imported_model_searches_as_generate_by_default.)
     """
     model, tokenizer, _, ckpt = imported[family]
     lines = fx.corpus_lines("test", "es", 60, skip=100)
@@ -305,7 +307,7 @@ def test_beam_equals_generate(imported, family, penalty):
         stop = penalty.endswith("early_stopping")
         hf = dict(length_penalty=1.0, early_stopping=True if stop else "never", forced_eos_token_id=None)
         ours = dict(length_penalty_type="average", length_penalty=1.0, max_len_a=0, max_len_b=59,
-                    patience=1.0 if stop else 0.0)
+                    patience=1.0 if stop else 0.0, stopping="hf" if stop else "exact")
     theirs = hf_outputs(model, tokenizer, lines, family, num_beams=4, max_length=60, **hf)
     got = nmt_outputs(ckpt, lines, family, beam_size=4, **ours)
     same = sum(a == b for a, b in zip(got, theirs))
@@ -314,32 +316,105 @@ def test_beam_equals_generate(imported, family, penalty):
     assert sum(a != b for a, b in zip(greedy, theirs)) >= 5  # the beam does change outputs
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{family: (transformers model, tokenizer, directory, nmt checkpoint)}: tiny MarianMT and M2M100
+    models trained with transformers' own classes (300 steps on Bible pairs, hf_fixtures.train), their
+    generation_config.json as a hub model's (num_beams 4 / 5, max_length 60, no early_stopping: transformers'
+    default, its heuristic stop), imported with `nmt import`."""
+    from nmt.hf_io import import_command
+
+    out = {}
+    for family in ("marian", "m2m100"):
+        d = str(tmp_path_factory.mktemp(f"trained-{family}"))
+        model = fx.marian_model(d, train_steps=300) if family == "marian" else fx.m2m100_model(d, train_steps=300)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(d)
+        if family != "marian":
+            tokenizer.src_lang, tokenizer.tgt_lang = "es", "en"
+        ckpt = os.path.join(d, "imported.pt")
+        assert import_command(d, ckpt, quiet=True) == 0
+        out[family] = (model, tokenizer, d, ckpt)
+    return out
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m100"])
+def test_imported_model_searches_as_generate_by_default(trained, family):
+    """nmt's beam search with the imported decode section (stopping hf: transformers' default
+    early_stopping=False, average length penalty 1) = generate() with the model's own generation config
+    (nothing passed), on >= 99% of 80 lines (80 and 80 of 80; with nmt's exact stop 69 and 75). The heuristic
+    matters: nmt's exact stop gives other outputs on some of these lines."""
+    import torch
+
+    from nmt.checkpoint import load_checkpoint
+
+    model, tokenizer, _, ckpt = trained[family]
+    assert load_checkpoint(ckpt)["config"]["decode"]["stopping"] == "hf"
+    lines = fx.corpus_lines("test", "es", 80, skip=100)
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        seqs = model.generate(**batch)  # the model's generation_config: num_beams, max_length, forced tokens
+    skip = 2 if family != "marian" else 1
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    theirs = [[t for t in row[skip:] if t != pad] for row in seqs.tolist()]
+    theirs = [t[: t.index(eos)] if eos in t else t for t in theirs]
+    ours = nmt_outputs(ckpt, lines, family)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 0.99 * len(lines), f"{len(lines) - same} of {len(lines)} lines differ"
+    exact = nmt_outputs(ckpt, lines, family, stopping="exact")
+    assert sum(a != b for a, b in zip(exact, theirs)) >= 3  # the exact stop would not give generate()'s outputs
+    greedy = nmt_outputs(ckpt, lines, family, beam_size=1)
+    assert sum(a != b for a, b in zip(greedy, theirs)) >= 10  # the beam does change outputs
+
+
 def test_generation_settings_map_onto_decode_keys():
-    """early_stopping True -> patience 1 (the same rule); "never" -> the exact stop; False (a heuristic)
-    -> the exact stop, noted when a length penalty makes them differ."""
+    """early_stopping False or absent (transformers' default heuristic) -> stopping hf; True -> patience 1
+    (the same rule); "never" -> the exact stop. Greedy needs neither."""
     from nmt.hf_io import decode_from_generation
     from nmt.layout import NMT_SPECIALS
 
     tok = type("Tok", (), {"specials": NMT_SPECIALS})()
-    for stop, patience, noted in ((True, 1.0, False), ("never", None, False), (False, None, True)):
-        decode, notes = decode_from_generation({"num_beams": 4, "length_penalty": 1.0, "early_stopping": stop}, tok)
-        assert decode.get("patience") == patience and any("early_stopping" in n for n in notes) == noted
+    for gen, patience, stopping in (({"early_stopping": True}, 1.0, None), ({"early_stopping": "never"}, None, None),
+                                    ({"early_stopping": False}, None, "hf"), ({}, None, "hf")):
+        decode, notes = decode_from_generation({"num_beams": 4, "length_penalty": 1.0, **gen}, tok)
+        assert (decode.get("patience"), decode.get("stopping")) == (patience, stopping) and not notes
     decode, notes = decode_from_generation({"num_beams": 1, "early_stopping": True}, tok)
-    assert "patience" not in decode and not notes
+    assert "patience" not in decode and "stopping" not in decode and not notes
 
 
 def test_export_writes_the_stopping_rule():
-    """patience 0 -> early_stopping "never" (exact); 1 -> True (the same rule); others -> "never", noted."""
+    """exact stop -> early_stopping "never"; stopping hf -> False (transformers' default, the same rule);
+    patience 1 -> True (the same rule); others -> the rule's value, noted."""
     from nmt.hf_export import generation_config
     from nmt.layout import NMT_SPECIALS
     from nmt.schema import DecodeConfig
 
     tok = type("Tok", (), {"specials": NMT_SPECIALS, "languages": {}})()
     ids = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0, decoder_start_token_id=2, forced_eos_token_id=None)
-    for patience, stop, noted in ((0.0, "never", False), (1.0, True, False), (2.0, "never", True)):
-        gen, notes = generation_config(DecodeConfig(beam_size=4, length_penalty_type="average", patience=patience),
-                                       tok, ids, 128)
+    for patience, stopping, stop, noted in ((0.0, "exact", "never", False), (1.0, "exact", True, False),
+                                            (2.0, "exact", "never", True), (0.0, "hf", False, False),
+                                            (1.0, "hf", True, False), (2.0, "hf", False, True)):
+        decode = DecodeConfig(beam_size=4, length_penalty_type="average", patience=patience, stopping=stopping)
+        gen, notes = generation_config(decode, tok, ids, 128)
         assert gen["early_stopping"] == stop and any("patience" in n for n in notes) == noted
+
+
+def test_stopping_travels_through_export_and_import(trained, tmp_path):
+    """An imported model with transformers' stopping rule, exported to Hugging Face, writes it back
+    (early_stopping false), and imports again with it."""
+    import json
+
+    from nmt.checkpoint import load_checkpoint
+    from nmt.hf_export import export_hf
+    from nmt.hf_io import import_command
+
+    _, _, _, ckpt = trained["m2m100"]
+    out = str(tmp_path / "hf")
+    assert export_hf(ckpt, out, quiet=True) == 0
+    with open(os.path.join(out, "generation_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["early_stopping"] is False
+    again = str(tmp_path / "again.pt")
+    assert import_command(out, again, quiet=True) == 0
+    assert load_checkpoint(again)["config"]["decode"]["stopping"] == "hf"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -544,6 +619,12 @@ def test_ctranslate2_export_of_an_imported_model(imported, family, tmp_path):
     ct2 = Translator(out, device="cpu")
     torch_ = Translator(ckpt, device="cpu")
     assert [r.text for r in ct2.translate(lines, beam_size=1)] == [r.text for r in torch_.translate(lines, beam_size=1)]
+    # the imported stopping rule (transformers' heuristic) has no CTranslate2 counterpart: the export's defaults
+    # say exact, and asking for it is refused in one line
+    assert torch_.decode.stopping == "hf" and ct2.decode.stopping == "exact"
+    with pytest.raises(UserError, match="--stopping hf with a length penalty is not supported by the ctranslate2"):
+        ct2.translate(lines[:2], stopping="hf")
+    assert len(ct2.translate(lines[:2], beam_size=4)) == 2
     scores = [s.log_prob for s in ct2.score(lines[:5], lines[:5])]
     assert scores == pytest.approx([s.log_prob for s in torch_.score(lines[:5], lines[:5])], abs=1e-3)
 
