@@ -332,7 +332,12 @@ def architecture_from_nmt(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size:
     if family == "m2m_100" and src_vocab_size != tgt_vocab_size:
         problems.append(f"separate vocabularies ({src_vocab_size} and {tgt_vocab_size}; M2M100 has one)")
     if problems:
-        raise UserError(f"cannot represent this model as Hugging Face {family} ({cfg.norm}-norm): " + "; ".join(problems))
+        hint = ""
+        if cfg.positions == "sinusoidal":  # nmt's default before `positions: null` chose the family's table
+            hint = (" (the paper's interleaved table: nmt's default for models trained before the default became the "
+                    "family's; a model trained now with `positions` and `position_offset` left out can be exported)")
+        raise UserError(f"cannot represent this model as Hugging Face {family} ({cfg.norm}-norm): "
+                        + "; ".join(problems) + hint)
     if family == "marian":  # every share/tie combination exists in MarianMT
         return HFArchitecture(family, cfg, src_vocab_size, tgt_vocab_size, pad_id, cfg.tie_output, cfg.share_embeddings)
     return HFArchitecture(family, cfg, src_vocab_size, tgt_vocab_size, pad_id,

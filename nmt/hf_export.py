@@ -6,7 +6,9 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
 - Family by architecture (nmt/hf.py `architecture_from_nmt`): post-norm -> MarianMT (needs
   `positions: sinusoidal_halves`), pre-norm -> M2M100 (needs `positions: sinusoidal_fairseq`,
   `position_offset` = pad id + 1, no output bias, one vocabulary). Anything else: one line naming the
-  options. (nmt's defaults, pre-norm with the paper's interleaved sinusoids, cannot be represented.)
+  options. nmt's defaults (`positions` and `position_offset` null) are these tables, so a model
+  trained with them is represented either way; models trained before, with the paper's interleaved
+  sinusoids (`positions: sinusoidal`), cannot be.
 - Tokenizer. A model imported with `nmt import` gets its own files back (MarianTokenizer,
   M2M100Tokenizer, or NLLB's tokenizer.json). A model with nmt's SentencePiece models gets
   MarianTokenizer files for either family (`tokenizer_class` in tokenizer_config.json): source.spm

@@ -169,14 +169,19 @@ class ModelConfig:
     dropout: float = _f(0.1, "Dropout on embeddings, sublayer outputs and residuals.", min=0.0, max=1.0)
     attention_dropout: float = _f(0.0, "Dropout on attention weights.", min=0.0, max=1.0)
     activation_dropout: float = _f(0.0, "Dropout after the feed-forward activation.", min=0.0, max=1.0)
-    positions: Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"] = _f(
-        "sinusoidal", "Positional encoding. `sinusoidal`: the paper's table, sin and cos interleaved, "
+    positions: Optional[Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"]] = _f(
+        None, "Positional encoding. `sinusoidal`: the paper's table, sin and cos interleaved, "
         "frequency 10000^(-2i/D); `sinusoidal_halves`: the same frequencies as sin half | cos half (MarianMT); "
         "`sinusoidal_fairseq`: sin half | cos half with frequency 10000^(-i/(D/2-1)) (fairseq, tensor2tensor, "
-        "M2M100/NLLB); `learned`: a trained table per side.")
-    position_offset: int = _f(0, "Sinusoidal tables: position p of a sequence (the first token is p = 0) uses "
-                              "the table's row p + position_offset (M2M100/NLLB: 2, fairseq's padding id + 1). "
-                              "Must be 0 with learned positions.", min=0)
+        "M2M100/NLLB); `learned`: a trained table per side. null: the table of the Hugging Face family with "
+        "this `norm`, so that `nmt export --format hf` can write the model: `sinusoidal_fairseq` for pre-norm "
+        "(M2M100), `sinusoidal_halves` for post-norm (MarianMT). A checkpoint stores the resolved value (models "
+        "trained before this default, whose checkpoints say `sinusoidal`, keep their table).")
+    position_offset: Optional[int] = _f(None, "Sinusoidal tables: position p of a sequence (the first token is p = 0) "
+                                        "uses the table's row p + position_offset (M2M100/NLLB: fairseq's padding id "
+                                        "+ 1, i.e. 1 for nmt's vocabularies, whose padding id is 0; 2 for an imported "
+                                        "M2M100). Must be 0 with learned positions. null: 1 with `sinusoidal_fairseq` "
+                                        "(as M2M100 numbers positions after nmt's padding id 0), else 0.", min=0)
     max_positions: int = _f(1024, "Longest sequence the model accepts (positions table size).", min=1)
     share_embeddings: bool = _f(True, "Share source and target embeddings (requires `data.tokenizer.joint`).")
     tie_output: bool = _f(True, "Tie the output projection to the target embedding.")
@@ -184,6 +189,14 @@ class ModelConfig:
                                 "(Hugging Face's `scale_embedding`).")
     output_bias: bool = _f(False, "A bias on the output projection, added to the logits (MarianMT's "
                            "`final_logits_bias`).")
+
+    def __post_init__(self) -> None:
+        """Resolve the null defaults of `positions` and `position_offset` (see their help): a ModelConfig
+        always holds concrete values, and so does every config a checkpoint stores."""
+        if self.positions is None:
+            object.__setattr__(self, "positions", "sinusoidal_fairseq" if self.norm == "pre" else "sinusoidal_halves")
+        if self.position_offset is None:
+            object.__setattr__(self, "position_offset", 1 if self.positions == "sinusoidal_fairseq" else 0)
 
     @property
     def n_encoder_layers(self) -> int:

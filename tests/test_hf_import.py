@@ -551,19 +551,25 @@ def test_import_export_round_trip(imported, family, tmp_path, capsys):
         assert hf_generate_texts(out, lines) == [r.text for r in translator.translate(lines)]  # beam 5, average 1
 
 
-def nmt_trained(tmp_path, layout: str) -> str:
-    """A checkpoint of `nmt train` (80 steps on the synthetic task, nmt's own SentencePiece model) with
-    the options a Hugging Face family can represent."""
+def nmt_trained(tmp_path, layout: str, steps: int = 80) -> str:
+    """A checkpoint of `nmt train` (`steps` steps on the synthetic task, nmt's own SentencePiece model)
+    with the options a Hugging Face family can represent."""
     from helpers import tiny_config_dict
 
     from nmt.config import config_from_dict
     from nmt.train import train
 
-    raw = tiny_config_dict(str(tmp_path), max_steps=80, warmup_steps=20, valid_every=80, valid_max_sentences=5)
+    raw = tiny_config_dict(str(tmp_path), max_steps=steps, warmup_steps=steps // 4, valid_every=steps,
+                           valid_max_sentences=5)
     if layout == "marian":
         raw["model"].update(norm="post", positions="sinusoidal_halves", activation="silu", output_bias=True)
-    else:
+    elif layout == "m2m100":
         raw["model"].update(norm="pre", positions="sinusoidal_fairseq", position_offset=1, activation="gelu")
+    else:  # the README quickstart's model section as it is: nmt's defaults
+        import yaml
+
+        with open(os.path.join(fx.ROOT, "configs", "quickstart.yaml"), encoding="utf-8") as f:
+            raw["model"] = yaml.safe_load(f)["model"]
     raw["decode"].update(max_len_a=0, max_len_b=30)
     result = train(config_from_dict(raw), quiet=True)
     return os.path.join(result["run_dir"], "checkpoints", "latest.pt")
@@ -593,10 +599,44 @@ def test_export_of_an_nmt_trained_model(tmp_path, capsys, layout):
         [r.text for r in translator.translate(lines, beam_size=3, length_penalty_type="none")]
 
 
+def test_quickstart_model_exports_to_hf(tmp_path, capsys):
+    """The README quickstart's model (configs/quickstart.yaml's model section: pre-norm, the positions
+    left to nmt's defaults), trained a few steps: `nmt export --format hf` writes an M2M100 directory
+    whose forward pass (transformers' AutoModelForSeq2SeqLM) gives nmt's logits, and generate() nmt's
+    greedy outputs."""
+    import torch
+    from helpers import make_pairs
+
+    from nmt import Translator
+    from nmt.checkpoint import load_for_inference
+    from nmt.layout import source_tensors, target_tensors
+
+    ckpt = nmt_trained(tmp_path, "quickstart", steps=16)
+    out = str(tmp_path / "hf")
+    code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", out], capsys)
+    assert code == 0, err
+    assert transformers.AutoConfig.from_pretrained(out).model_type == "m2m_100"
+    pairs = make_pairs(24, seed=7)
+    model, tok, _ = load_for_inference(ckpt)
+    x, x_mask = source_tensors(tok.encode_src([s for s, _ in pairs]), tok.specials)
+    tgt_in, tgt_out = target_tensors(tok.encode_tgt([t for _, t in pairs]), tok.specials)
+    theirs_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        ours = model(x, x_mask, tgt_in)
+        theirs = theirs_model(input_ids=x, attention_mask=x_mask.long(), decoder_input_ids=tgt_in).logits
+    real = tgt_out != tok.specials.pad
+    assert (ours - theirs)[real].abs().max().item() <= 1e-4
+    lines = [s for s, _ in pairs]
+    assert hf_generate_texts(out, lines, num_beams=1) == [r.text for r in Translator(ckpt, device="cpu").translate(
+        lines, beam_size=1)]
+
+
 def test_export_refuses_what_no_family_represents(tmp_path, capsys):
+    """A model trained before the defaults changed (pre-norm with the paper's interleaved sinusoids,
+    as its checkpoint says) has no Hugging Face family: one line, naming the option."""
     from helpers import make_tiny_checkpoint
 
-    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))  # pre-norm, the paper's interleaved sinusoids
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"), positions="sinusoidal", position_offset=0)
     code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", str(tmp_path / "hf")], capsys)
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("nmt export: error: cannot represent this model as Hugging Face m2m_100 (pre-norm): "
