@@ -347,6 +347,16 @@ def _spm_names(tokenizer) -> dict[str, str]:
     return {"src_spm": names[0], "tgt_spm": names[1]}
 
 
+def check_export_paths(checkpoint: str, output_dir: str) -> None:
+    """UserError when the output directory, which an export replaces as a whole (`--force`), is or contains
+    the checkpoint (`textio.check_paths`). A missing checkpoint is left to `load_checkpoint`'s message."""
+    from nmt import textio
+
+    if os.path.exists(checkpoint):
+        textio.check_paths({"--checkpoint": checkpoint}, {"--output": output_dir}, input_dirs=("--checkpoint",),
+                           output_dirs=("--output",))
+
+
 def _check_output(output_dir: str, force: bool) -> None:
     if not os.path.exists(output_dir):
         return
@@ -375,6 +385,7 @@ def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslat
                    quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
     """`nmt export`: write a CTranslate2 model directory for `checkpoint` (format "hf": a Hugging Face
     model directory, nmt/hf_export.py). Returns 0."""
+    check_export_paths(checkpoint, output_dir)
     if format == "hf":
         if quantization is not None:
             raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")

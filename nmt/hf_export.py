@@ -151,8 +151,9 @@ def export_hf(checkpoint: str, output_dir: str, *, force: bool = False, quiet: b
     from safetensors.torch import save_file
 
     from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
-    from nmt.export import METADATA_FILE, _check_output, _replace_dir
+    from nmt.export import METADATA_FILE, _check_output, _replace_dir, check_export_paths
 
+    check_export_paths(checkpoint, output_dir)
     _check_output(output_dir, force)
     state = load_checkpoint(checkpoint, mmap=True)
     model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)

@@ -199,12 +199,14 @@ def _languages(model_dir: str, tokenizer, src_lang: str | None, tgt_lang: str | 
     return str(src), str(tgt)
 
 
-def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | None = None) -> tuple[dict, list[str]]:
-    """(checkpoint dict, notes) for a Hugging Face model directory or hub id."""
+def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | None = None,
+                 model_dir: str | None = None) -> tuple[dict, list[str]]:
+    """(checkpoint dict, notes) for a Hugging Face model directory or hub id (model_dir: where
+    `model_directory(source)` already put it)."""
     from nmt.hf import architecture, import_weights, read_config
     from nmt.hf_tokenizer import read_tokenizer
 
-    model_dir = model_directory(source)
+    model_dir = model_dir or model_directory(source)
     config = read_config(model_dir)
     arch = architecture(config)  # settings nmt cannot represent fail before the weights are read
     multilingual = config["model_type"] == "m2m_100"
@@ -271,8 +273,13 @@ def import_command(source: str, output: str, *, src_lang: str | None = None, tgt
     from nmt.checkpoint import save_checkpoint
 
     stderr = stderr or sys.stderr
-    textio.check_paths({}, {"--output": output, **({"--config": config} if config else {})})
-    state, notes = import_model(source, src_lang=src_lang, tgt_lang=tgt_lang)
+    outputs = {"--output": output, **({"--config": config} if config else {})}
+    textio.check_paths({}, outputs, new_files=("--config",))  # before a download
+    model_dir = model_directory(source)
+    files = {f"SRC/{name}": os.path.join(model_dir, name) for name in sorted(os.listdir(model_dir))
+             if os.path.isfile(os.path.join(model_dir, name))}
+    textio.check_paths(files, outputs, new_files=("--config",))  # no output replaces a file of the model
+    state, notes = import_model(source, src_lang=src_lang, tgt_lang=tgt_lang, model_dir=model_dir)
     save_checkpoint(state, output)
     if config:
         text = yaml.safe_dump(finetune_config(state, output), sort_keys=False, allow_unicode=True)

@@ -491,6 +491,42 @@ def test_bad_input_is_one_line(imported, tmp_path, capsys, case, edit, flags, me
     assert not os.path.exists(tmp_path / "out.pt")
 
 
+def test_no_output_replaces_an_input_or_another_output(imported, tmp_path, capsys):
+    """Every output is compared with every input (the model directory's files, also through a symlink)
+    and with the other output; an existing --config is not overwritten. Exit 2, one line, nothing written."""
+    import hashlib
+
+    _, _, d, _ = imported["marian"]
+    src = broken_copy(d, str(tmp_path / "hf"), lambda _: None)
+    (tmp_path / "link.safetensors").symlink_to(os.path.join(src, "model.safetensors"))
+    existing = tmp_path / "mine.yaml"
+    existing.write_text("# my notes\n")
+
+    def digest() -> str:
+        return hashlib.sha256(b"".join(open(os.path.join(src, n), "rb").read() for n in sorted(os.listdir(src)))
+                              + existing.read_bytes()).hexdigest()
+
+    before, names = digest(), sorted(os.listdir(tmp_path))
+    weights = os.path.join(src, "model.safetensors")
+    cases = [
+        (["-o", weights], f"--output {weights} is the same file as the input SRC/model.safetensors {weights}"),
+        (["-o", str(tmp_path / "link.safetensors")],
+         f"--output {tmp_path / 'link.safetensors'} is the same file as the input SRC/model.safetensors"),
+        (["-o", str(tmp_path / "m.pt"), "--config", os.path.join(src, "config.json")],
+         f"--config {os.path.join(src, 'config.json')} already exists: refusing to overwrite it"),
+        (["-o", str(tmp_path / "m.pt"), "--config", str(tmp_path / "m.pt")],
+         f"--config {tmp_path / 'm.pt'} is the same file as the output --output {tmp_path / 'm.pt'}"),
+        (["-o", str(tmp_path / "m.pt"), "--config", str(existing)], f"--config {existing} already exists"),
+    ]
+    for flags, message in cases:
+        code, err = run_cli(["import", src, *flags], capsys)
+        assert code == 2 and err.count("\n") == 1 and err.startswith(f"nmt import: error: {message}"), err
+        assert digest() == before and sorted(os.listdir(tmp_path)) == names
+    code, err = run_cli(["import", src, "-o", os.path.join(src, "new.pt"), "--config", str(tmp_path / "ft.yaml"), "-q"],
+                        capsys)
+    assert code == 0 and os.path.isfile(os.path.join(src, "new.pt")) and (tmp_path / "ft.yaml").is_file(), err
+
+
 def test_missing_source_and_offline_hub_are_one_line(tmp_path, capsys, monkeypatch):
     code, err = run_cli(["import", str(tmp_path / "nothere"), "-o", str(tmp_path / "o.pt")], capsys)
     assert code == 2 and err == f"nmt import: error: Hugging Face model directory not found: {tmp_path / 'nothere'}\n"
