@@ -75,6 +75,18 @@ SUPPORTED_OPTIONS = {
 }
 
 
+def check_finite(state: dict, what: str) -> None:
+    """UserError (one line, starting with `what`) naming the tensors of a state dict that hold NaN or
+    infinite values: such weights give no translation, and an export or import would hide the fault."""
+    import torch
+
+    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise UserError(f"{what}: weights that are not finite (NaN or infinite) in {shown}: refusing them (a training "
+                        "run that diverged? take an earlier checkpoint)")
+
+
 def require_ctranslate2():
     """The `ctranslate2` module, or UserError saying how to install it."""
     try:
@@ -305,6 +317,7 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
         raise UserError(f"unknown quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
     _check_output(output_dir, force)
     check_exportable(cfg.model)
+    check_finite(model.state_dict(), "cannot export to CTranslate2")
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)

@@ -374,9 +374,13 @@ def import_weights(model_dir: str):
     """(nmt Transformer in eval mode, HFArchitecture, config.json dict) of a local HF model directory."""
     from nmt.model import Transformer
 
+    from nmt.export import check_finite
+
     config = read_config(model_dir)
     arch = architecture(config)
-    state = weights_to_nmt(read_weights(model_dir), arch)
+    hf_state = read_weights(model_dir)
+    check_finite(hf_state, f"cannot import {model_dir}")
+    state = weights_to_nmt(hf_state, arch)
     model = Transformer(arch.model, arch.src_vocab_size, arch.tgt_vocab_size, pad_id=arch.pad_id)
     expected = model.state_dict()
     for name, tensor in state.items():

@@ -129,8 +129,10 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
 
 def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str]]:
     """({file name: bytes} but the weights, the weights to save, notes) of the Hugging Face directory."""
+    from nmt.export import check_finite
     from nmt.hf import architecture_from_nmt, config_to_hf, weights_to_hf
 
+    check_finite(model.state_dict(), "cannot export to Hugging Face")
     arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
                                  tokenizer.specials.pad)
     imported = getattr(tokenizer, "kind", "spm")
@@ -148,7 +150,11 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
 
 def export_hf(checkpoint: str, output_dir: str, *, force: bool = False, quiet: bool = False, stderr=None) -> int:
     """`nmt export --format hf`: write the Hugging Face directory of `checkpoint`. Returns 0."""
-    from safetensors.torch import save_file
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise UserError("exporting to Hugging Face needs the safetensors package (transformers' weights format): "
+                        "pip install safetensors") from None
 
     from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
     from nmt.export import METADATA_FILE, _check_output, _replace_dir, check_export_paths

@@ -28,8 +28,6 @@ OTHER_FILES = ["config.json", "generation_config.json", "tokenizer_config.json",
                "vocab.json", "target_vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model",
                "tokenizer.json"]
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-GENERATION_KEYS = ("num_beams", "length_penalty", "max_length", "max_new_tokens", "min_length", "no_repeat_ngram_size",
-                   "forced_eos_token_id", "forced_bos_token_id", "bad_words_ids", "do_sample", "renormalize_logits")
 
 
 # --------------------------------------------------------------------------- the source
@@ -92,6 +90,7 @@ GENERATION_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "renormalize_logits": ("true or false", lambda v: isinstance(v, bool)),
     "early_stopping": ('true, false or "never"', lambda v: isinstance(v, bool) or v == "never"),
 }
+GENERATION_KEYS = tuple(GENERATION_TYPES)  # what nmt reads of a generation config (decode_from_generation)
 
 
 def checked_generation(gen: dict, name: str) -> dict:
@@ -186,13 +185,27 @@ def imported_config(arch, tokenizer, src_lang: str, tgt_lang: str, decode: dict,
 
 
 def _languages(model_dir: str, tokenizer, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str]:
-    """(source, target) language codes for the data section."""
+    """(source, target) language codes for the data section. A MarianMT model is bilingual: it translates
+    the pair its tokenizer_config.json names (source_lang / target_lang), and --src-lang / --tgt-lang only
+    name that pair: a flag that contradicts the file, or is not a language code, is refused (one line)."""
     if tokenizer.languages:
         return tokenizer.settings["src_lang"], tokenizer.default_tgt_lang
     from nmt.hf_tokenizer import read_json
+    from nmt.schema import LANG_FORMAT
 
     tok_config = read_json(model_dir, "tokenizer_config.json")
-    src, tgt = src_lang or tok_config.get("source_lang"), tgt_lang or tok_config.get("target_lang")
+    pair = []
+    for flag, given, key in (("--src-lang", src_lang, "source_lang"), ("--tgt-lang", tgt_lang, "target_lang")):
+        known = tok_config.get(key)
+        if given is not None and not LANG_FORMAT.fullmatch(given):
+            raise UserError(f"{flag} {given!r} is not a language code (letters, digits, '_' and '-', e.g. es, pt_BR)")
+        if given is not None and known and given != str(known):
+            where = (f"{tok_config.get('source_lang')} -> {tok_config.get('target_lang')}"
+                     if tok_config.get("source_lang") and tok_config.get("target_lang") else f"{key} {known}")
+            raise UserError(f"{flag} {given}: this MarianMT model translates {where} (tokenizer_config.json); a Marian "
+                            f"model is bilingual, the flag only names its languages: leave it out, or give {known}")
+        pair.append(given or known)
+    src, tgt = pair
     if not src or not tgt:
         raise UserError(f"{model_dir}: tokenizer_config.json names no source_lang/target_lang: give --src-lang and "
                         "--tgt-lang (they name the languages in the checkpoint's config)")

@@ -240,6 +240,26 @@ def test_output_directory_never_contains_the_checkpoint(ct2, tmp_path, capsys, f
     assert main(["export", "-c", ckpt, "--format", fmt, "-o", str(tmp_path / "beside")]) == 0
 
 
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_weights_that_are_not_finite_are_refused(ct2, tmp_path, capsys, fmt):
+    from helpers import make_tiny_checkpoint
+
+    from nmt import checkpoint as ckpt
+    from nmt.cli import main
+
+    path = make_tiny_checkpoint(str(tmp_path / "ck.pt"))
+    state = ckpt.load_checkpoint(path)
+    state["model"]["decoder.layers.0.ffn.fc2.weight"][1, 2] = float("inf")
+    ckpt.save_checkpoint(state, path)
+    code = main(["export", "-c", path, "--format", fmt, "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    what = "CTranslate2" if fmt == "ctranslate2" else "Hugging Face"
+    assert code == 2 and err == (f"nmt export: error: cannot export to {what}: weights that are not finite (NaN or "
+                                 "infinite) in decoder.layers.0.ffn.fc2.weight: refusing them (a training run that "
+                                 "diverged? take an earlier checkpoint)\n")
+    assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+
+
 def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
     """A model that always prefers PAD: nmt masks it; the CTranslate2 path retranslates with
     PAD/BOS suppressed and gives the same (greedy) tokens as nmt."""

@@ -470,8 +470,43 @@ def _config(model_type: str):
     return edit
 
 
+def _generation(**values):
+    """An edit of generation_config.json: `values` replace its keys."""
+    def edit(d: str) -> None:
+        import json
+
+        path = os.path.join(d, "generation_config.json")
+        with open(path, encoding="utf-8") as f:
+            gen = json.load(f)
+        gen.update(values)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(gen, f)
+    return edit
+
+
+def _nan_weight(d: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(d, "model.safetensors")
+    state = load_file(path)
+    state["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    save_file(state, path, metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize("case, edit, flags, message", [
     ("not-a-model", lambda d: os.remove(os.path.join(d, "config.json")), [], "is not a Hugging Face model directory"),
+    ("num-beams-string", _generation(num_beams="4"), [],
+     r"generation_config.json: num_beams must be an integer >= 1, got '4' \(fix the file, or remove the key"),
+    ("length-penalty-string", _generation(length_penalty="x"), [],
+     "generation_config.json: length_penalty must be a number, got 'x'"),
+    ("max-length-list", _generation(max_length=[60]), [], r"max_length must be an integer >= 2 .*got \[60\]"),
+    ("max-length-negative", _generation(max_length=-5), [], "max_length must be an integer >= 2 .*got -5"),
+    ("early-stopping-yes", _generation(early_stopping="yes"), [],
+     "early_stopping must be true, false or \"never\", got 'yes'"),
+    ("forced-bos-string", _generation(forced_bos_token_id="__en__"), [],
+     "forced_bos_token_id must be a token id .*got '__en__'"),
+    ("nan-weight", _nan_weight, [], r"cannot import .*: weights that are not finite \(NaN or infinite\) in "
+                                    r"model.encoder.layers.0.fc1.weight: refusing them"),
     ("t5", _config("t5"), [], r"model_type 't5' is not supported \(supported: marian"),
     ("mbart", _config("mbart"), [], "model_type 'mbart' is not supported"),
     ("truncated", _truncate, [], "cannot read weights .*model.safetensors: truncated or not a weights file"),
@@ -489,6 +524,54 @@ def test_bad_input_is_one_line(imported, tmp_path, capsys, case, edit, flags, me
     assert code == 2 and err.count("\n") == 1 and err.startswith("nmt import: error: "), err
     assert re.search(message, err), err
     assert not os.path.exists(tmp_path / "out.pt")
+
+
+@pytest.mark.parametrize("edit, check", [
+    (_generation(max_length=None), lambda d: (d["max_len_a"], d["max_len_b"]) == (1.2, 10)),  # null = unset: nmt's
+    (_generation(early_stopping="never"), lambda d: (d["stopping"], d["patience"]) == ("exact", 0.0)),
+    (_generation(early_stopping=True), lambda d: (d["stopping"], d["patience"]) == ("exact", 1.0)),
+    (_generation(num_beams=None, length_penalty=None), lambda d: (d["beam_size"], d["length_penalty"]) == (1, 1.0)),
+])
+def test_generation_values_that_mean_a_default(imported, tmp_path, capsys, edit, check):
+    """null is a key not set (transformers' reading): its default applies; "never"/true are stopping rules."""
+    from nmt.checkpoint import load_checkpoint
+
+    _, _, d, _ = imported["m2m100"]
+    src = broken_copy(d, str(tmp_path / "m"), edit)
+    code, err = run_cli(["import", src, "-o", str(tmp_path / "out.pt"), "-q"], capsys)
+    assert code == 0, err
+    assert check(load_checkpoint(str(tmp_path / "out.pt"))["config"]["decode"])
+
+
+def test_marian_languages_are_the_models(imported, tmp_path, capsys):
+    """A MarianMT model is bilingual: --src-lang / --tgt-lang may only name what tokenizer_config.json says
+    (or, when it says nothing, must be language codes)."""
+    import json
+
+    from nmt.checkpoint import load_checkpoint
+
+    _, _, d, _ = imported["marian"]
+    out = str(tmp_path / "out.pt")
+    for flags, message in ((["--tgt-lang", "de"], "--tgt-lang de: this MarianMT model translates es -> en "
+                                                   "(tokenizer_config.json); a Marian model is bilingual"),
+                           (["--src-lang", "fr"], "--src-lang fr: this MarianMT model translates es -> en"),
+                           (["--tgt-lang", "en us"], "--tgt-lang 'en us' is not a language code")):
+        code, err = run_cli(["import", d, "-o", out, *flags], capsys)
+        assert code == 2 and err.count("\n") == 1 and err.startswith(f"nmt import: error: {message}"), err
+        assert not os.path.exists(out)
+    code, err = run_cli(["import", d, "-o", out, "--src-lang", "es", "--tgt-lang", "en", "-q"], capsys)
+    assert code == 0, err
+
+    def unnamed(m: str) -> None:
+        with open(os.path.join(m, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer_class": "MarianTokenizer"}, f)
+    bare = broken_copy(d, str(tmp_path / "bare"), unnamed)
+    code, err = run_cli(["import", bare, "-o", out, "--src-lang", "spa", "--tgt-lang", "eng", "-q"], capsys)
+    assert code == 0, err
+    c = load_checkpoint(out)["config"]["data"]
+    assert (c["src_lang"], c["tgt_lang"]) == ("spa", "eng")
+    code, err = run_cli(["import", bare, "-o", out, "--src-lang", "spa", "--tgt-lang", "e/n"], capsys)
+    assert code == 2 and "--tgt-lang 'e/n' is not a language code" in err
 
 
 def test_no_output_replaces_an_input_or_another_output(imported, tmp_path, capsys):
@@ -633,6 +716,18 @@ def test_export_of_an_nmt_trained_model(tmp_path, capsys, layout):
     assert hf_generate_texts(out, lines, num_beams=1) == [r.text for r in translator.translate(lines, beam_size=1)]
     assert hf_generate_texts(out, lines, num_beams=3, length_penalty=0.0) == \
         [r.text for r in translator.translate(lines, beam_size=3, length_penalty_type="none")]
+
+
+def test_hf_export_without_safetensors_is_one_line(imported, tmp_path, capsys, monkeypatch):
+    import sys
+
+    _, _, _, ckpt = imported["marian"]
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # `import safetensors...` raises ImportError
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", str(tmp_path / "hf")], capsys)
+    assert code == 2 and err == ("nmt export: error: exporting to Hugging Face needs the safetensors package "
+                                 "(transformers' weights format): pip install safetensors\n")
+    assert not os.path.exists(tmp_path / "hf")
 
 
 def test_quickstart_model_exports_to_hf(tmp_path, capsys):
