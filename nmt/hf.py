@@ -334,8 +334,8 @@ def architecture_from_nmt(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size:
     if problems:
         hint = ""
         if cfg.positions == "sinusoidal":  # nmt's default before `positions: null` chose the family's table
-            hint = (" (the paper's interleaved table: nmt's default for models trained before the default became the "
-                    "family's; a model trained now with `positions` and `position_offset` left out can be exported)")
+            hint = (" (the paper's interleaved table, nmt's default for models trained before the default became "
+                    "the family's table: a model trained with `positions` and `position_offset` left out exports)")
         raise UserError(f"cannot represent this model as Hugging Face {family} ({cfg.norm}-norm): "
                         + "; ".join(problems) + hint)
     if family == "marian":  # every share/tie combination exists in MarianMT
@@ -372,9 +372,8 @@ def config_to_hf(arch: HFArchitecture, token_ids: dict[str, Any]) -> dict[str, A
 
 def import_weights(model_dir: str):
     """(nmt Transformer in eval mode, HFArchitecture, config.json dict) of a local HF model directory."""
-    from nmt.model import Transformer
-
     from nmt.export import check_finite
+    from nmt.model import Transformer
 
     config = read_config(model_dir)
     arch = architecture(config)

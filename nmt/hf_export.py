@@ -19,7 +19,8 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
 - generation_config.json from the checkpoint's decode section: num_beams; length_penalty (average:
   alpha; none: 0; gnmt has no counterpart: alpha, noted); early_stopping "never" for nmt's exact
   stop, false for `stopping: hf` (transformers' default heuristic, the same rule), true for patience
-  1 (the same rule as transformers' true; other patience values are noted); bad_words_ids = the ids nmt never generates (pad, and the start token unless it is
+  1 (the same rule as transformers' true; other patience values are noted); bad_words_ids = the ids
+  nmt never generates (pad, and the start token unless it is
   EOS); max_length = max_len_b + 1 when max_len_a is 0 (+1 with MarianMT's forced EOS, as imported),
   else max_positions (a length relative to the source has no counterpart, noted);
   no_repeat_ngram_size, min_length; forced_bos_token_id = the default target language of a

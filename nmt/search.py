@@ -408,7 +408,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     stopping "hf": transformers' rule (`generate()` with `early_stopping=False`, its default) instead of
     the exact stop: each sentence keeps its K best finished hypotheses (not only nbest), and stops once
     it has K of them and its best live beam, scored with the penalty at its *current* length, does not
-    beat the K-th (`_stopped_hf`). With a length penalty that can stop before a longer hypothesis
+    beat the K-th (`_stopped`). With a length penalty that can stop before a longer hypothesis
     that would have won (transformers' heuristic); without one it is exact as the default is.
     keep_all needs the exact stop (the heuristic depends on the penalty).
     """

@@ -216,7 +216,7 @@ def test_nmt_model_written_for_transformers_gives_the_same_logits(tmp_path, fami
 def test_models_no_family_represents_are_refused():
     from nmt.config import ModelConfig
 
-    with pytest.raises(UserError, match=r"marian \(post-norm\).*positions='sinusoidal'.*trained before the default"):
+    with pytest.raises(UserError, match=r"marian \(post-norm\).*positions='sinusoidal'.*before the default became"):
         architecture_from_nmt(ModelConfig(norm="post", positions="sinusoidal"), 50, 50, 0)
     with pytest.raises(UserError, match=r"m2m_100 \(pre-norm\).*position_offset=1.*output_bias=True"):
         architecture_from_nmt(ModelConfig(positions="sinusoidal_fairseq", output_bias=True), 50, 50, 1)
