@@ -806,6 +806,8 @@ def finetune_config(tmp_path, imported, family: str, capsys, **edits) -> str:
 
     _, _, d, _ = imported[family]
     ckpt, path = str(tmp_path / "imported.pt"), str(tmp_path / "ft.yaml")
+    if os.path.exists(path):  # a second config in the same test: --config does not overwrite the first
+        os.remove(path)
     code, err = run_cli(["import", d, "-o", ckpt, "--config", path, "-q"], capsys)
     assert code == 0, err
     with open(path, encoding="utf-8") as f:
