@@ -212,7 +212,8 @@ def _import_parser(sub) -> None:
     p.add_argument("--tgt-lang", metavar="L", help="target language (M2M100/NLLB: the default of translate's "
                    "--tgt-lang; default: tokenizer_config.json's or generation_config.json's forced one)")
     p.add_argument("--config", metavar="YAML", help="also write a fine-tuning config for the checkpoint (its model "
-                   "and decode sections, train.init_from; fill in data.train and data.valid)")
+                   "and decode sections, train.init_from; fill in data.train and data.valid); a new file: an existing "
+                   "one is not overwritten")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary line")
 
 
@@ -227,7 +228,8 @@ def _export_parser(sub) -> None:
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
     p.add_argument("--quantization", choices=("int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32"),
                    help="weight quantization (default: float32)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output directory")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output directory (an earlier export, "
+                   "never one that holds the checkpoint)")
 
 
 def _serve_parser(sub) -> None:

@@ -31,6 +31,9 @@ Search settings follow nmt.search exactly; what CTranslate2 cannot do the same w
   finished hypotheses it returns are ranked here. CTranslate2 returns at most that many: when
   more finish at the last step it keeps those best under `length ** alpha`, which is nmt's
   `average` ranking but not `gnmt`'s, so patience with the gnmt penalty is refused.
+- `stopping: hf` (transformers' heuristic stop, nmt.search) depends on the penalised scores of the
+  live beams at every step, which CTranslate2 does not return: refused with a length penalty (without
+  one it gives the exact stop's results, which are searched as above).
 - Prefixes: CTranslate2 forces them and scores only what follows; the prefix's own
   log-probability is added from `score_batch` (less its first `nmt.languages.free_prefix` tokens,
   which count 0 as in nmt.search: an imported M2M100/NLLB model's language token). Right after a prefix, only the best candidate may
@@ -141,6 +144,11 @@ class Ct2Engine:
         if decode.sampling != "none":
             raise UserError("--sampling is not supported by the ctranslate2 engine: CTranslate2 draws its own random "
                             "numbers, so its samples cannot match the PyTorch engine's (translate with the checkpoint "
+                            "and --engine torch)")
+        if decode.stopping == "hf" and decode.beam_size > 1 and decode.length_penalty_type != "none" \
+                and decode.length_penalty:
+            raise UserError("--stopping hf with a length penalty is not supported by the ctranslate2 engine: CTranslate2 "
+                            "cannot stop a sentence by transformers' heuristic (use --stopping exact, or the checkpoint "
                             "and --engine torch)")
         if decode.patience and decode.beam_size > 1 and decode.length_penalty_type == "gnmt" and decode.length_penalty:
             raise UserError("--patience with the gnmt length penalty is not supported by the ctranslate2 engine: "

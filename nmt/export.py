@@ -5,7 +5,8 @@ The exported directory holds everything needed to translate without nmt or PyTor
     model.bin, config.json                 CTranslate2 weights and settings
     shared_vocabulary.json                 (or source_/target_vocabulary.json) SentencePiece pieces in id order
     spm.model | spm.src.model + spm.tgt.model
-    nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults), step
+    nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults: `stopping:
+                                           hf` becomes exact, `ct2_decode`), step
     langid.json                            the checkpoint's language identifier, if it has one (nmt evaluate)
     README.md                              how to load it
 
@@ -42,6 +43,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any
 
@@ -71,6 +73,18 @@ SUPPORTED_OPTIONS = {
     "norm": ("pre", "post"),
     "positions": ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"),
 }
+
+
+def check_finite(state: dict, what: str) -> None:
+    """UserError (one line, starting with `what`) naming the tensors of a state dict that hold NaN or
+    infinite values: such weights give no translation, and an export or import would hide the fault."""
+    import torch
+
+    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise UserError(f"{what}: weights that are not finite (NaN or infinite) in {shown}: refusing them (a training "
+                        "run that diverged? take an earlier checkpoint)")
 
 
 def require_ctranslate2():
@@ -277,6 +291,17 @@ hypotheses with its own length penalty, see nmt/ct2.py).
 """
 
 
+def ct2_decode(decode) -> tuple[Any, str | None]:
+    """The decode defaults an export writes for the ctranslate2 engine, and a note when they differ from
+    the checkpoint's: `stopping: hf` (transformers' heuristic, an imported model's) cannot be searched by
+    CTranslate2 with a length penalty (nmt/ct2.py `Ct2Engine.check`), so the export says `exact`."""
+    if decode.stopping != "hf" or decode.beam_size == 1 or decode.length_penalty_type == "none" or not decode.length_penalty:
+        return decode, None
+    return dataclasses.replace(decode, stopping="exact"), (
+        "decode.stopping hf (transformers' heuristic stop) has no CTranslate2 counterpart with a length penalty: "
+        "the export's decode defaults say stopping exact (translate with the checkpoint for the heuristic)")
+
+
 def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | None = None,
                  force: bool = False, checkpoint: str = "", step: int | None = None, langid: dict | None = None) -> str:
     """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`.
@@ -292,6 +317,7 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
         raise UserError(f"unknown quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
     _check_output(output_dir, force)
     check_exportable(cfg.model)
+    check_finite(model.state_dict(), "cannot export to CTranslate2")
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
@@ -300,7 +326,8 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
         tokenizer.save(tmp)
         meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.abspath(checkpoint) if checkpoint else "",
                 "step": step, "quantization": quantization or "float32", "joint": tokenizer.joint,
-                "max_positions": cfg.model.max_positions, "config": to_dict(cfg),
+                "max_positions": cfg.model.max_positions,
+                "config": to_dict(dataclasses.replace(cfg, decode=ct2_decode(cfg.decode)[0])),
                 "languages": tokenizer.languages, "default_tgt_lang": tokenizer.default_tgt_lang}
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
@@ -333,6 +360,16 @@ def _spm_names(tokenizer) -> dict[str, str]:
     return {"src_spm": names[0], "tgt_spm": names[1]}
 
 
+def check_export_paths(checkpoint: str, output_dir: str) -> None:
+    """UserError when the output directory, which an export replaces as a whole (`--force`), is or contains
+    the checkpoint (`textio.check_paths`). A missing checkpoint is left to `load_checkpoint`'s message."""
+    from nmt import textio
+
+    if os.path.exists(checkpoint):
+        textio.check_paths({"--checkpoint": checkpoint}, {"--output": output_dir}, input_dirs=("--checkpoint",),
+                           output_dirs=("--output",))
+
+
 def _check_output(output_dir: str, force: bool) -> None:
     if not os.path.exists(output_dir):
         return
@@ -361,6 +398,7 @@ def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslat
                    quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
     """`nmt export`: write a CTranslate2 model directory for `checkpoint` (format "hf": a Hugging Face
     model directory, nmt/hf_export.py). Returns 0."""
+    check_export_paths(checkpoint, output_dir)
     if format == "hf":
         if quantization is not None:
             raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
@@ -381,6 +419,9 @@ def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslat
     write_export(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
                  checkpoint=checkpoint, step=step, langid=langid)
     if not quiet:
+        note = ct2_decode(cfg.decode)[1]
+        if note:
+            print(f"nmt export: note: {note}", file=sys.stderr)
         size = os.path.getsize(os.path.join(output_dir, "model.bin"))
         print(f"exported {checkpoint} to {output_dir} (CTranslate2, {quantization or 'float32'}, "
               f"model.bin {size / 2**20:.1f} MiB)", flush=True)

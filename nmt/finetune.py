@@ -62,7 +62,9 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
     source = ckpt.load_checkpoint(path, mmap=True)
     saved = source["config"]
     new = to_dict(cfg)
-    diff = [f"model.{k}" for k, v in new["model"].items() if k not in MAY_DIFFER and saved.get("model", {}).get(k) != v]
+    theirs = saved.get("model", {})
+    diff = [f"model.{k}: {theirs.get(k)!r} in the checkpoint, {v!r} in the config" for k, v in new["model"].items()
+            if k not in MAY_DIFFER and theirs.get(k) != v]
     if diff:
         raise UserError(f"train.init_from {path}: the architecture differs from the checkpoint's "
                         f"({', '.join(diff)}); a fine-tuning run keeps the source's architecture "

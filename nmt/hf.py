@@ -332,7 +332,12 @@ def architecture_from_nmt(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size:
     if family == "m2m_100" and src_vocab_size != tgt_vocab_size:
         problems.append(f"separate vocabularies ({src_vocab_size} and {tgt_vocab_size}; M2M100 has one)")
     if problems:
-        raise UserError(f"cannot represent this model as Hugging Face {family} ({cfg.norm}-norm): " + "; ".join(problems))
+        hint = ""
+        if cfg.positions == "sinusoidal":  # nmt's default before `positions: null` chose the family's table
+            hint = (" (the paper's interleaved table, nmt's default for models trained before the default became "
+                    "the family's table: a model trained with `positions` and `position_offset` left out exports)")
+        raise UserError(f"cannot represent this model as Hugging Face {family} ({cfg.norm}-norm): "
+                        + "; ".join(problems) + hint)
     if family == "marian":  # every share/tie combination exists in MarianMT
         return HFArchitecture(family, cfg, src_vocab_size, tgt_vocab_size, pad_id, cfg.tie_output, cfg.share_embeddings)
     return HFArchitecture(family, cfg, src_vocab_size, tgt_vocab_size, pad_id,
@@ -367,11 +372,14 @@ def config_to_hf(arch: HFArchitecture, token_ids: dict[str, Any]) -> dict[str, A
 
 def import_weights(model_dir: str):
     """(nmt Transformer in eval mode, HFArchitecture, config.json dict) of a local HF model directory."""
+    from nmt.export import check_finite
     from nmt.model import Transformer
 
     config = read_config(model_dir)
     arch = architecture(config)
-    state = weights_to_nmt(read_weights(model_dir), arch)
+    hf_state = read_weights(model_dir)
+    check_finite(hf_state, f"cannot import {model_dir}")
+    state = weights_to_nmt(hf_state, arch)
     model = Transformer(arch.model, arch.src_vocab_size, arch.tgt_vocab_size, pad_id=arch.pad_id)
     expected = model.state_dict()
     for name, tensor in state.items():

@@ -6,7 +6,9 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
 - Family by architecture (nmt/hf.py `architecture_from_nmt`): post-norm -> MarianMT (needs
   `positions: sinusoidal_halves`), pre-norm -> M2M100 (needs `positions: sinusoidal_fairseq`,
   `position_offset` = pad id + 1, no output bias, one vocabulary). Anything else: one line naming the
-  options. (nmt's defaults, pre-norm with the paper's interleaved sinusoids, cannot be represented.)
+  options. nmt's defaults (`positions` and `position_offset` null) are these tables, so a model
+  trained with them is represented either way; models trained before, with the paper's interleaved
+  sinusoids (`positions: sinusoidal`), cannot be.
 - Tokenizer. A model imported with `nmt import` gets its own files back (MarianTokenizer,
   M2M100Tokenizer, or NLLB's tokenizer.json; languages and pieces added by nmt/grow.py included, an M2M100
   model's ids renumbered as M2M100Tokenizer numbers them). A model with nmt's SentencePiece models gets
@@ -16,9 +18,10 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
   and its ids equal nmt's: source `pieces </s>`, no language token (which M2M100's and NLLB's
   tokenizers would add). decoder_start_token_id = `<s>`.
 - generation_config.json from the checkpoint's decode section: num_beams; length_penalty (average:
-  alpha; none: 0; gnmt has no counterpart: alpha, noted); early_stopping "never" (nmt's exact
-  stopping rule; True for patience 1, the same rule as transformers' True; other patience values
-  are noted); bad_words_ids = the ids nmt never generates (pad, and the start token unless it is
+  alpha; none: 0; gnmt has no counterpart: alpha, noted); early_stopping "never" for nmt's exact
+  stop, false for `stopping: hf` (transformers' default heuristic, the same rule), true for patience
+  1 (the same rule as transformers' true; other patience values are noted); bad_words_ids = the ids
+  nmt never generates (pad, and the start token unless it is
   EOS); max_length = max_len_b + 1 when max_len_a is 0 (+1 with MarianMT's forced EOS, as imported),
   else max_positions (a length relative to the source has no counterpart, noted);
   no_repeat_ngram_size, min_length; forced_bos_token_id = the default target language of a
@@ -110,11 +113,14 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
         kind, alpha = decode.length_penalty_type, decode.length_penalty
         from nmt.schema import max_finished
 
-        # transformers' early_stopping True stops once num_beams hypotheses have finished: patience 1
+        # transformers' early_stopping True stops once num_beams hypotheses have finished: patience 1;
+        # False is its heuristic (stopping hf), "never" its exact stop
         same_count = max_finished(decode.beam_size, decode.patience) == decode.beam_size
-        gen.update(length_penalty=0.0 if kind == "none" else alpha, early_stopping=True if same_count else "never")
+        stop = True if same_count else False if decode.stopping == "hf" else "never"
+        gen.update(length_penalty=0.0 if kind == "none" else alpha, early_stopping=stop)
         if decode.patience and not same_count:
-            notes.append(f"patience {decode.patience:g} has no counterpart: early_stopping \"never\" (the exact stop) written")
+            notes.append(f"patience {decode.patience:g} has no counterpart: early_stopping {json.dumps(stop)} "
+                         f"(stopping {decode.stopping}) written")
         if kind == "gnmt" and alpha:
             notes.append(f"the gnmt length penalty has no counterpart: length_penalty {alpha:g} (length ** alpha) written")
     if decode.no_repeat_ngram:
@@ -128,9 +134,11 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
 
 def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str]]:
     """({file name: bytes} but the weights, the weights to save, notes) of the Hugging Face directory."""
+    from nmt.export import check_finite
     from nmt.grow import hf_numbering
     from nmt.hf import architecture_from_nmt, config_to_hf, weights_to_hf
 
+    check_finite(model.state_dict(), "cannot export to Hugging Face")
     state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/grow.py)
     arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
                                  tokenizer.specials.pad)
@@ -149,11 +157,16 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
 
 def export_hf(checkpoint: str, output_dir: str, *, force: bool = False, quiet: bool = False, stderr=None) -> int:
     """`nmt export --format hf`: write the Hugging Face directory of `checkpoint`. Returns 0."""
-    from safetensors.torch import save_file
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise UserError("exporting to Hugging Face needs the safetensors package (transformers' weights format): "
+                        "pip install safetensors") from None
 
     from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
-    from nmt.export import METADATA_FILE, _check_output, _replace_dir
+    from nmt.export import METADATA_FILE, _check_output, _replace_dir, check_export_paths
 
+    check_export_paths(checkpoint, output_dir)
     _check_output(output_dir, force)
     state = load_checkpoint(checkpoint, mmap=True)
     model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)

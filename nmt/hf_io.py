@@ -14,10 +14,11 @@ training state, like an averaged checkpoint. translate, evaluate, score, average
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from nmt.errors import UserError
 
@@ -27,8 +28,6 @@ OTHER_FILES = ["config.json", "generation_config.json", "tokenizer_config.json",
                "vocab.json", "target_vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model",
                "tokenizer.json"]
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-GENERATION_KEYS = ("num_beams", "length_penalty", "max_length", "max_new_tokens", "min_length", "no_repeat_ngram_size",
-                   "forced_eos_token_id", "forced_bos_token_id", "bad_words_ids", "do_sample", "renormalize_logits")
 
 
 # --------------------------------------------------------------------------- the source
@@ -62,15 +61,58 @@ def model_directory(source: str) -> str:
 
 def generation_settings(model_dir: str, config: dict) -> dict:
     """generation_config.json, or (absent) the generation keys of config.json, as transformers'
-    `GenerationConfig.from_model_config` takes them."""
+    `GenerationConfig.from_model_config` takes them; checked by `checked_generation`."""
     from nmt.hf_tokenizer import read_json
 
     found = read_json(model_dir, "generation_config.json")
-    return found if found else {k: config[k] for k in GENERATION_KEYS if k in config}
+    if found:
+        return checked_generation(found, "generation_config.json")
+    return checked_generation({k: config[k] for k in GENERATION_KEYS if k in config}, "config.json")
+
+
+def _is_int(value: Any, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+GENERATION_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "num_beams": ("an integer >= 1", lambda v: _is_int(v, 1)),
+    "length_penalty": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+    "max_length": ("an integer >= 2 (it counts the decoder start token)", lambda v: _is_int(v, 2)),
+    "max_new_tokens": ("an integer >= 1", lambda v: _is_int(v, 1)),
+    "min_length": ("an integer >= 0", _is_int),
+    "no_repeat_ngram_size": ("an integer >= 0", _is_int),
+    "forced_eos_token_id": ("a token id or a list of token ids",
+                            lambda v: _is_int(v) or (isinstance(v, list) and bool(v) and all(_is_int(i) for i in v))),
+    "forced_bos_token_id": ("a token id (an integer >= 0)", _is_int),
+    "bad_words_ids": ("a list of lists of token ids", lambda v: isinstance(v, list) and all(
+        isinstance(ids, list) and ids and all(_is_int(i) for i in ids) for ids in v)),
+    "do_sample": ("true or false", lambda v: isinstance(v, bool)),
+    "renormalize_logits": ("true or false", lambda v: isinstance(v, bool)),
+    "early_stopping": ('true, false or "never"', lambda v: isinstance(v, bool) or v == "never"),
+}
+GENERATION_KEYS = tuple(GENERATION_TYPES)  # what nmt reads of a generation config (decode_from_generation)
+
+
+def checked_generation(gen: dict, name: str) -> dict:
+    """The generation keys nmt reads (GENERATION_KEYS), each checked against the type transformers
+    gives it: a one-line UserError naming `name`, the key and the value otherwise. A null value is a
+    key not set (transformers' reading: its default applies), and is dropped."""
+    out = {}
+    for key in GENERATION_KEYS:
+        value = gen.get(key)
+        if value is None:
+            continue
+        what, valid = GENERATION_TYPES[key]
+        if not valid(value):
+            raise UserError(f"{name}: {key} must be {what}, got {value!r} (fix the file, or remove the key for "
+                            "transformers' default)")
+        out[key] = value
+    return out
 
 
 def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
-    """nmt `decode` keys for a model's generation settings, and notes on what does not map.
+    """nmt `decode` keys for a model's generation settings (checked by `checked_generation`), and notes
+    on what does not map.
 
     - num_beams -> beam_size (transformers' default 1: greedy when absent).
     - length_penalty alpha -> length_penalty_type `average`, length_penalty alpha (default 1.0):
@@ -85,35 +127,37 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     - min_length m (counts the start) -> min_len m - 1; no_repeat_ngram_size -> no_repeat_ngram.
     - bad_words_ids: nmt never generates <pad> and a decoder start other than EOS (Specials.
       never_generated); MarianMT's [[pad]] is exactly that, other entries are noted as not applied.
-    - early_stopping True (stop once num_beams hypotheses have finished) -> patience 1.0, the same
-      rule; "never" and False -> patience 0, nmt's exact stop (transformers' False is a heuristic
-      that can only differ from it with a length penalty: noted when a penalty is set).
+    - early_stopping (beam search's stopping rule): false or absent (transformers' default, a
+      heuristic) -> stopping `hf`, the same rule; true (stop once num_beams hypotheses have finished)
+      -> patience 1.0, the same rule; "never" -> nmt's exact stop (stopping `exact`), which is
+      transformers' "never" (its bound at the maximum length) for nmt's best hypotheses.
     Not mapped (noted): sampling, renormalize_logits (nmt masks forbidden tokens without
     renormalising).
     """
-    decode: dict[str, Any] = {"beam_size": max(1, int(gen.get("num_beams") or 1)),
-                              "length_penalty_type": "average", "length_penalty": float(gen.get("length_penalty", 1.0))}
+    decode: dict[str, Any] = {"beam_size": gen.get("num_beams", 1), "length_penalty_type": "average",
+                              "length_penalty": float(gen.get("length_penalty", 1.0))}
     notes = []
     if decode["length_penalty"] < 0:
         notes.append(f"length_penalty {decode['length_penalty']} < 0 is not supported: using 0 (no penalty)")
         decode["length_penalty"] = 0.0
-    limit = gen.get("max_new_tokens") or (gen["max_length"] - 1 if gen.get("max_length") else None)
+    limit = gen.get("max_new_tokens") or (gen["max_length"] - 1 if "max_length" in gen else None)
     if limit:
         forced_eos = gen.get("forced_eos_token_id") is not None
-        decode.update(max_len_a=0.0, max_len_b=max(1, int(limit) - (1 if forced_eos else 0)))
+        decode.update(max_len_a=0.0, max_len_b=max(1, limit - (1 if forced_eos else 0)))
     if gen.get("min_length"):
-        decode["min_len"] = max(0, int(gen["min_length"]) - 1)
+        decode["min_len"] = max(0, gen["min_length"] - 1)
     if gen.get("no_repeat_ngram_size"):
-        decode["no_repeat_ngram"] = int(gen["no_repeat_ngram_size"])
+        decode["no_repeat_ngram"] = gen["no_repeat_ngram_size"]
     never = set(tokenizer.specials.never_generated)
     other = [ids for ids in gen.get("bad_words_ids") or [] if not (len(ids) == 1 and ids[0] in never)]
     if other:
         notes.append(f"bad_words_ids {other} not applied (nmt forbids only {sorted(never)})")
     stop = gen.get("early_stopping", False)
-    if stop is True and decode["beam_size"] > 1:
-        decode["patience"] = 1.0
-    elif stop is False and decode["beam_size"] > 1 and decode["length_penalty"]:
-        notes.append("early_stopping false (a heuristic) not applied: nmt stops exactly when no live beam can win")
+    if decode["beam_size"] > 1:
+        if stop is True:
+            decode["patience"] = 1.0
+        elif stop is False:
+            decode["stopping"] = "hf"
     if gen.get("do_sample"):
         notes.append("do_sample not applied: nmt translates with beam search by default (--sampling topk|topp samples)")
     if gen.get("renormalize_logits"):
@@ -141,25 +185,41 @@ def imported_config(arch, tokenizer, src_lang: str, tgt_lang: str, decode: dict,
 
 
 def _languages(model_dir: str, tokenizer, src_lang: str | None, tgt_lang: str | None) -> tuple[str, str]:
-    """(source, target) language codes for the data section."""
+    """(source, target) language codes for the data section. A MarianMT model is bilingual: it translates
+    the pair its tokenizer_config.json names (source_lang / target_lang), and --src-lang / --tgt-lang only
+    name that pair: a flag that contradicts the file, or is not a language code, is refused (one line)."""
     if tokenizer.languages:
         return tokenizer.settings["src_lang"], tokenizer.default_tgt_lang
     from nmt.hf_tokenizer import read_json
+    from nmt.schema import LANG_FORMAT
 
     tok_config = read_json(model_dir, "tokenizer_config.json")
-    src, tgt = src_lang or tok_config.get("source_lang"), tgt_lang or tok_config.get("target_lang")
+    pair = []
+    for flag, given, key in (("--src-lang", src_lang, "source_lang"), ("--tgt-lang", tgt_lang, "target_lang")):
+        known = tok_config.get(key)
+        if given is not None and not LANG_FORMAT.fullmatch(given):
+            raise UserError(f"{flag} {given!r} is not a language code (letters, digits, '_' and '-', e.g. es, pt_BR)")
+        if given is not None and known and given != str(known):
+            where = (f"{tok_config.get('source_lang')} -> {tok_config.get('target_lang')}"
+                     if tok_config.get("source_lang") and tok_config.get("target_lang") else f"{key} {known}")
+            raise UserError(f"{flag} {given}: this MarianMT model translates {where} (tokenizer_config.json); a Marian "
+                            f"model is bilingual, the flag only names its languages: leave it out, or give {known}")
+        pair.append(given or known)
+    src, tgt = pair
     if not src or not tgt:
         raise UserError(f"{model_dir}: tokenizer_config.json names no source_lang/target_lang: give --src-lang and "
                         "--tgt-lang (they name the languages in the checkpoint's config)")
     return str(src), str(tgt)
 
 
-def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | None = None) -> tuple[dict, list[str]]:
-    """(checkpoint dict, notes) for a Hugging Face model directory or hub id."""
+def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | None = None,
+                 model_dir: str | None = None) -> tuple[dict, list[str]]:
+    """(checkpoint dict, notes) for a Hugging Face model directory or hub id (model_dir: where
+    `model_directory(source)` already put it)."""
     from nmt.hf import architecture, import_weights, read_config
     from nmt.hf_tokenizer import read_tokenizer
 
-    model_dir = model_directory(source)
+    model_dir = model_dir or model_directory(source)
     config = read_config(model_dir)
     arch = architecture(config)  # settings nmt cannot represent fail before the weights are read
     multilingual = config["model_type"] == "m2m_100"
@@ -207,6 +267,15 @@ def finetune_config(state: dict, checkpoint: str) -> dict:
     return {"name": f"{c['name']}-finetuned", "data": data, "model": c["model"], "train": train, "decode": c["decode"]}
 
 
+def _stop_summary(d: dict) -> str:
+    """How the imported decode section stops beam search, for the summary line."""
+    if d["beam_size"] == 1:
+        return ""
+    if d["patience"]:
+        return f" (patience {d['patience']:g})"
+    return " (stopping hf)" if d["stopping"] == "hf" else " (exact stop)"
+
+
 def import_command(source: str, output: str, *, src_lang: str | None = None, tgt_lang: str | None = None,
                    config: str | None = None, quiet: bool = False, stderr=None) -> int:
     """`nmt import`: write the checkpoint of a Hugging Face model to `output` (and, with `config`, a
@@ -217,8 +286,13 @@ def import_command(source: str, output: str, *, src_lang: str | None = None, tgt
     from nmt.checkpoint import save_checkpoint
 
     stderr = stderr or sys.stderr
-    textio.check_paths({}, {"--output": output, **({"--config": config} if config else {})})
-    state, notes = import_model(source, src_lang=src_lang, tgt_lang=tgt_lang)
+    outputs = {"--output": output, **({"--config": config} if config else {})}
+    textio.check_paths({}, outputs, new_files=("--config",))  # before a download
+    model_dir = model_directory(source)
+    files = {f"SRC/{name}": os.path.join(model_dir, name) for name in sorted(os.listdir(model_dir))
+             if os.path.isfile(os.path.join(model_dir, name))}
+    textio.check_paths(files, outputs, new_files=("--config",))  # no output replaces a file of the model
+    state, notes = import_model(source, src_lang=src_lang, tgt_lang=tgt_lang, model_dir=model_dir)
     save_checkpoint(state, output)
     if config:
         text = yaml.safe_dump(finetune_config(state, output), sort_keys=False, allow_unicode=True)
@@ -235,6 +309,6 @@ def import_command(source: str, output: str, *, src_lang: str | None = None, tgt
         n_params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())
         print(f"imported {source} ({info['family']}, {info['tokenizer']} tokenizer, {n_params:,} parameters, "
               f"vocab {state['vocab']['src']}/{state['vocab']['tgt']}, {langs}) into {output}; decode: beam "
-              f"{d['beam_size']}, length penalty {d['length_penalty_type']} {d['length_penalty']:g}, max length "
-              f"{d['max_len_a']:g} * source + {d['max_len_b']}", file=stderr)
+              f"{d['beam_size']}{_stop_summary(d)}, length penalty {d['length_penalty_type']} {d['length_penalty']:g}, "
+              f"max length {d['max_len_a']:g} * source + {d['max_len_b']}", file=stderr)
     return 0

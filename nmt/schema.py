@@ -173,14 +173,19 @@ class ModelConfig:
     dropout: float = _f(0.1, "Dropout on embeddings, sublayer outputs and residuals.", min=0.0, max=1.0)
     attention_dropout: float = _f(0.0, "Dropout on attention weights.", min=0.0, max=1.0)
     activation_dropout: float = _f(0.0, "Dropout after the feed-forward activation.", min=0.0, max=1.0)
-    positions: Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"] = _f(
-        "sinusoidal", "Positional encoding. `sinusoidal`: the paper's table, sin and cos interleaved, "
+    positions: Optional[Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"]] = _f(
+        None, "Positional encoding. `sinusoidal`: the paper's table, sin and cos interleaved, "
         "frequency 10000^(-2i/D); `sinusoidal_halves`: the same frequencies as sin half | cos half (MarianMT); "
         "`sinusoidal_fairseq`: sin half | cos half with frequency 10000^(-i/(D/2-1)) (fairseq, tensor2tensor, "
-        "M2M100/NLLB); `learned`: a trained table per side.")
-    position_offset: int = _f(0, "Sinusoidal tables: position p of a sequence (the first token is p = 0) uses "
-                              "the table's row p + position_offset (M2M100/NLLB: 2, fairseq's padding id + 1). "
-                              "Must be 0 with learned positions.", min=0)
+        "M2M100/NLLB); `learned`: a trained table per side. null: the table of the Hugging Face family with "
+        "this `norm`, so that `nmt export --format hf` can write the model: `sinusoidal_fairseq` for pre-norm "
+        "(M2M100), `sinusoidal_halves` for post-norm (MarianMT). A checkpoint stores the resolved value (models "
+        "trained before this default, whose checkpoints say `sinusoidal`, keep their table).")
+    position_offset: Optional[int] = _f(None, "Sinusoidal tables: position p of a sequence (the first token is p = 0) "
+                                        "uses the table's row p + position_offset (M2M100/NLLB: fairseq's padding id "
+                                        "+ 1, i.e. 1 for nmt's vocabularies, whose padding id is 0; 2 for an imported "
+                                        "M2M100). Must be 0 with learned positions. null: 1 with `sinusoidal_fairseq` "
+                                        "(as M2M100 numbers positions after nmt's padding id 0), else 0.", min=0)
     max_positions: int = _f(1024, "Longest sequence the model accepts (positions table size).", min=1)
     share_embeddings: bool = _f(True, "Share source and target embeddings (requires `data.tokenizer.joint`).")
     tie_output: bool = _f(True, "Tie the output projection to the target embedding.")
@@ -188,6 +193,14 @@ class ModelConfig:
                                 "(Hugging Face's `scale_embedding`).")
     output_bias: bool = _f(False, "A bias on the output projection, added to the logits (MarianMT's "
                            "`final_logits_bias`).")
+
+    def __post_init__(self) -> None:
+        """Resolve the null defaults of `positions` and `position_offset` (see their help): a ModelConfig
+        always holds concrete values, and so does every config a checkpoint stores."""
+        if self.positions is None:
+            object.__setattr__(self, "positions", "sinusoidal_fairseq" if self.norm == "pre" else "sinusoidal_halves")
+        if self.position_offset is None:
+            object.__setattr__(self, "position_offset", 1 if self.positions == "sinusoidal_fairseq" else 0)
 
     @property
     def n_encoder_layers(self) -> int:
@@ -269,7 +282,8 @@ class DecodeConfig:
     nbest: int = _f(1, "Hypotheses to output per sentence (<= beam_size).", min=1)
     length_penalty: float = _f(1.0, "Length penalty alpha.", min=0.0)
     length_penalty_type: Literal["gnmt", "average", "none"] = _f("gnmt", "gnmt: score / ((5+len)/6)^alpha; average: score / len^alpha; none: raw log-probability.")
-    patience: float = _f(0.0, "Beam search's stopping rule. 0 = exact: a sentence is searched until no live beam can still beat its best finished hypotheses (the same result as searching to the length limit). > 0: a sentence also stops once round(beam_size * patience) hypotheses have finished: fairseq's rule (1.0) and CTranslate2's `patience` (Kasai et al., 2022). Faster with a length penalty, whose exact bound is loose; a longer hypothesis that would have scored better can then be missed.", min=0.0)
+    patience: float = _f(0.0, "Beam search's stopping rule, with `stopping`. 0 = that rule alone. > 0: a sentence also stops once round(beam_size * patience) hypotheses have finished: fairseq's rule (1.0), CTranslate2's `patience` (Kasai et al., 2022) and, at 1.0, transformers' `early_stopping: true`. Faster with a length penalty, whose exact bound is loose; a longer hypothesis that would have scored better can then be missed.", min=0.0)
+    stopping: Literal["exact", "hf"] = _f("exact", "When beam search stops a sentence (with `patience` > 0 it also stops at that count). `exact`: once no live beam can still beat its best finished hypotheses, whatever it generates up to the length limit (the same result as searching to the limit). `hf`: transformers' `generate()` rule (its default, `early_stopping: false`; what `nmt import` chooses when a model's generation_config says so or says nothing): the sentence keeps its beam_size best finished hypotheses and stops once it has that many and its best live beam, penalised at its current length, does not beat the worst of them; with transformers' length penalty (`length_penalty_type: average`, alpha = its `length_penalty`) it gives generate()'s outputs. A heuristic: with a length penalty a longer hypothesis that would have scored better can be missed (without one it is exact). Not supported by the ctranslate2 engine with a length penalty.")
     max_len_a: float = _f(1.2, "Maximum output length = a * source_length + b.", min=0.0)
     max_len_b: int = _f(10, "See max_len_a.", min=1)
     min_len: int = _f(0, "Minimum output length (EOS forbidden before it; the other tokens' probabilities are renormalised, as in CTranslate2).", min=0)

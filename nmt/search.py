@@ -65,6 +65,7 @@ from nmt.layout import NMT_SPECIALS, Specials
 from nmt.schema import max_finished
 
 PENALTY_TYPES = ("gnmt", "average", "none")
+STOPPING = ("exact", "hf")
 SAMPLING = ("topk", "topp")
 NEG_INF = float("-inf")
 Cancel = Callable[[], bool]  # checked before every decoding step: True stops the search (nmt.errors.Cancelled)
@@ -384,7 +385,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
                 prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
                 use_cache: bool = True, ops: SearchOps = PLAIN_OPS,
                 specials: Specials = NMT_SPECIALS, free_prefix: int = 0,
-                keep_all: bool = False, patience: float = 0.0,
+                keep_all: bool = False, patience: float = 0.0, stopping: str = "exact",
                 cancel: Cancel | None = None) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `nbest` hypotheses, best first.
 
@@ -411,9 +412,18 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     where the exact stop waits for a bound that is loose; a longer hypothesis that would have won
     can then be missed. With keep_all the count still applies (it does not depend on the penalty).
 
+    stopping "hf": transformers' rule (`generate()` with `early_stopping=False`, its default) instead of
+    the exact stop: each sentence keeps its K best finished hypotheses (not only nbest), and stops once
+    it has K of them and its best live beam, scored with the penalty at its *current* length, does not
+    beat the K-th (`_stopped`). With a length penalty that can stop before a longer hypothesis
+    that would have won (transformers' heuristic); without one it is exact as the default is.
+    keep_all needs the exact stop (the heuristic depends on the penalty).
+
     cancel: see `Cancel`.
     """
-    _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type, patience)
+    _check_beam_args(beam_size, nbest, length_penalty, length_penalty_type, patience, stopping)
+    if keep_all and stopping != "exact":
+        raise ValueError("keep_all needs stopping='exact' (the hf rule depends on the length penalty)")
     check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
     alpha, kind, K, EOS = length_penalty, length_penalty_type, beam_size, specials.eos
     if src.shape[0] == 0:
@@ -426,7 +436,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
     scores = torch.zeros(B, 1, device=device)  # [N, k] summed log-prob of each live beam; -inf = empty
     tokens = torch.full((B,), specials.start, dtype=torch.long, device=device)  # [N*k] input of this step
     history = torch.empty(B, 0, dtype=torch.long, device=device)  # [N*k, t-1] generated tokens
-    kth_best = torch.full((B, nbest), NEG_INF, device=device)  # [N, nbest] best finished scores, sorted
+    pool = K if stopping == "hf" else nbest  # finished hypotheses the stopping rule compares with
+    kth_best = torch.full((B, pool), NEG_INF, device=device)  # [N, pool] best finished scores, sorted
     most = max_finished(K, patience)  # 0: the exact stop only
     n_done = torch.zeros(B, dtype=torch.long, device=device)  # [N] candidates ended so far (with patience)
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -452,7 +463,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
             _collect(finished, enters, sent, history, rows, word, top, score, EOS)
             if not keep_all:
                 new = score.masked_fill(~ended, NEG_INF)
-                kth_best = torch.cat([kth_best, new], dim=1).topk(nbest, dim=1).values
+                kth_best = torch.cat([kth_best, new], dim=1).topk(pool, dim=1).values
         if most:
             n_done = n_done + ended.sum(dim=1)
         live = alive & ~ends  # [N, 2K]
@@ -460,7 +471,10 @@ def beam_search(model, src: Tensor, src_mask: Tensor, *, beam_size: int, nbest: 
         sel = torch.where(live, rank, rank + 2 * K).argsort(dim=1)[:, :K]  # [N, K] the K best live candidates
         scores = top.gather(1, sel).masked_fill(~live.gather(1, sel), NEG_INF)  # [N, K] live beams; -inf = empty
         rows, word = rows.gather(1, sel), word.gather(1, sel)
-        keep = ~_stopped(scores, kth_best, best_possible_lp)  # keep_all: stops only with no live beam
+        if stopping == "hf":
+            keep = ~_stopped(scores, kth_best, length_penalty_factor(t, alpha, kind))
+        else:
+            keep = ~_stopped(scores, kth_best, best_possible_lp)  # keep_all: stops only with no live beam
         if most:
             keep &= n_done < most
         if not bool(keep.all()):
@@ -488,7 +502,7 @@ def _after_prefix(rules: StepRules, sent: Tensor, t: int, word: Tensor, K: int, 
     return first_free[:, None] & (word == eos) & (rank >= 1) & (rank < K)
 
 
-def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor) -> Tensor:
+def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor | float) -> Tensor:
     """Which sentences are done: no live beam can ever beat their n-best finished hypotheses.
 
     scores [N,K] summed log-probs of the live beams (-inf = none), kth_best [N,nbest],
@@ -501,6 +515,11 @@ def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor) -> Tens
     result is final, the same as decoding on to max_len. (Stopping at K finished
     hypotheses, as fairseq does, is not safe: with a length penalty a longer hypothesis can
     still overtake the finished ones.) No live beam gives a bound of -inf: done.
+
+    stopping "hf" calls it with kth_best [N,K] and lp(t), the penalty at the live beams' current length
+    t: transformers' test (`_check_early_stop_heuristic` with early_stopping=False: done when all K
+    finished slots are filled and the best live beam's log-prob / t ** alpha is not above the worst of
+    them). A heuristic: a live beam that goes on can still score better under a length penalty.
     """
     bound = scores.max(dim=1).values / best_possible_lp  # [N]
     return kth_best[:, -1] >= bound
@@ -528,7 +547,8 @@ def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, his
         finished[sid].append(Hypothesis(prefix if w == eos else prefix + [w], sc, lp, w == eos))
 
 
-def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, patience: float = 0.0) -> None:
+def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, patience: float = 0.0,
+                     stopping: str = "exact") -> None:
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
@@ -539,6 +559,8 @@ def _check_beam_args(beam_size: int, nbest: int, alpha: float, kind: str, patien
         raise ValueError(f"length_penalty must be >= 0, got {alpha}")
     if not patience >= 0 or (patience > 0 and max_finished(beam_size, patience) < 1):
         raise ValueError(f"patience must be 0 or leave round(beam_size * patience) >= 1, got {patience}")
+    if stopping not in STOPPING:
+        raise ValueError(f"unknown stopping {stopping!r} (expected one of {', '.join(STOPPING)})")
 
 
 def check_common(min_len: int, no_repeat_ngram: int, prefixes, B: int, specials: Specials = NMT_SPECIALS) -> None:

@@ -20,7 +20,9 @@ that could be taken for a result. Standard output, devices and pipes are
 written directly.
 
 `check_paths` runs before any work: inputs must exist, and no output may be the
-same file as an input (also through symlinks, standard input or standard output).
+same file as an input (also through symlinks, standard input or standard output), nor the
+same file as another output; an output directory that a command replaces (an export) may
+not contain an input.
 
 `one_line` makes a hypothesis safe to print as one line.
 """
@@ -297,7 +299,7 @@ def _std_fd(stream: object, default: int) -> int | None:
 
 def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *,
                 stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
-                input_dirs: Sequence[str] = ()) -> None:
+                input_dirs: Sequence[str] = (), output_dirs: Sequence[str] = (), new_files: Sequence[str] = ()) -> None:
     """Fail before any work (one-line UserError) when an input is missing or an output
     would overwrite an input.
 
@@ -306,9 +308,14 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
     Outputs must not be directories (nor end with '/'), must have an existing parent directory,
     and must not be the same regular file as any input: compared by device and inode, so
     symlinks, hard links and the file behind standard input or output are caught (devices and
-    pipes, e.g. /dev/null, are written, never replaced: they may be an input too).
+    pipes, e.g. /dev/null, are written, never replaced: they may be an input too). Two outputs may
+    not name the same file either. Outputs whose option is in `output_dirs` are directories that the
+    command replaces as a whole (an export): such a directory may exist, but must neither be nor
+    contain an input (compared through symlinks). Outputs whose option is in `new_files` must not
+    exist yet (a file the user may have edited, e.g. `nmt import --config`).
     """
     named: list[tuple[str, tuple[int, int]]] = []
+    places: list[tuple[str, str]] = []  # (what, real path) of every input on disk
     for option, path in inputs.items():
         if is_stdin(path):
             ident = _fd_identity(_std_fd(stdin, 0)) if _std_fd(stdin, 0) is not None else None
@@ -320,11 +327,16 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
         elif not os.path.exists(path):
             raise UserError(f"{option} not found: {path}")
         named.append((f"{option} {path}", _identity(path)))  # type: ignore[arg-type]
+        places.append((f"{option} {path}", os.path.realpath(path)))
+    written: list[tuple[str, str, tuple[int, int] | None]] = []  # (what, real path, identity) of earlier outputs
     for option, path in outputs.items():
         if is_stdin(path):
             fd = _std_fd(stdout, 1)
             ident = _fd_identity(fd) if fd is not None else None
             where = "standard output"
+        elif option in output_dirs:
+            _check_output_dir(option, path, places)
+            continue
         else:
             if os.path.isdir(path):
                 raise UserError(f"{option} {path} is a directory")
@@ -334,10 +346,28 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
             parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):
                 raise UserError(f"{option} {path}: directory {parent} does not exist")
+            if option in new_files and os.path.lexists(path):
+                raise UserError(f"{option} {path} already exists: refusing to overwrite it (remove it, or choose "
+                                "another name)")
             ident = _identity(path)
             where = path
+            real = os.path.realpath(path)
+            for what, other_real, other_ident in written:
+                if real == other_real or (ident is not None and ident == other_ident):
+                    raise UserError(f"{option} {where} is the same file as the output {what}: give two files")
+            written.append((f"{option} {path}", real, ident))
         if ident is None:
             continue
         for what, other in named:
             if other == ident:
                 raise UserError(f"{option} {where} is the same file as the input {what}: refusing to overwrite it")
+
+
+def _check_output_dir(option: str, path: str, places: list[tuple[str, str]]) -> None:
+    """An output directory (replaced as a whole; it may not exist yet, nor its parents) must not be, or
+    contain, an input."""
+    real = os.path.realpath(path)
+    for what, other in places:
+        if other == real or other.startswith(real.rstrip(os.sep) + os.sep):
+            raise UserError(f"{option} {path} contains the input {what}: refusing to replace that directory "
+                            "(write the output elsewhere)")

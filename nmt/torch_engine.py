@@ -141,7 +141,7 @@ class TorchEngine:
                 return [[h] for h in greedy_search(self.model, src, src_mask, **kw)]
             return beam_search(self.model, src, src_mask, beam_size=decode.beam_size, nbest=decode.nbest,
                                length_penalty=decode.length_penalty, length_penalty_type=decode.length_penalty_type,
-                               patience=decode.patience, **kw)
+                               patience=decode.patience, stopping=decode.stopping, **kw)
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target token and EOS (fp32 log-softmax over

@@ -205,8 +205,9 @@ def _build_model(cfg: Config, tokenizer: Tokenizer, device: torch.device) -> Tra
 def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
     new = to_dict(cfg.model)
     diff = [k for k in new if saved_model.get(k) != new[k]]
-    if diff:
-        raise UserError(f"cannot resume from {path}: the model config changed ({', '.join('model.' + k for k in diff)})")
+    if diff:  # values shown: a default that changed since the run started (model.positions) is set back by hand
+        shown = ", ".join(f"model.{k}: {saved_model.get(k)!r} in the checkpoint, {new[k]!r} now" for k in diff)
+        raise UserError(f"cannot resume from {path}: the model config changed ({shown})")
 
 
 def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger, env: DistEnv,

@@ -147,10 +147,10 @@ MAX_POSITIONS = 24  # sources longer than 23 tokens are truncated
 
 
 def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = (),
-                         max_positions: int = MAX_POSITIONS) -> str:
+                         max_positions: int = MAX_POSITIONS, **model) -> str:
     """An untrained tiny model + word-level SentencePiece model saved as an nmt checkpoint; `symbols`:
     user-defined SentencePiece symbols (e.g. nmt.protect.PLACEHOLDERS); max_positions: a larger one
-    lets a search run long (e.g. with decode.min_len)."""
+    lets a search run long (e.g. with decode.min_len); `model`: other model keys."""
     text = [s for pair in make_pairs(200, 0) for s in pair]
     tok_cfg = TokenizerConfig(vocab_size=64 + len(symbols), model_type="word", threads=1)
     tokenizer = Tokenizer(train_sentencepiece(text, tok_cfg, seed=1, what="joint", log=lambda m: None,
@@ -159,7 +159,7 @@ def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = ()
                     "train": {"src": "train.es", "tgt": "train.en"}, "valid": {"src": "valid.es", "tgt": "valid.en"},
                     "tokenizer": {"vocab_size": 64, "model_type": "word"}},
            "model": {"d_model": 16, "n_heads": 2, "layers": 1, "ffn_dim": 32, "dropout": 0.0,
-                     "max_positions": max_positions, "tie_output": False},
+                     "max_positions": max_positions, "tie_output": False, **model},
            "decode": {"beam_size": 2, "max_len_a": 0.5, "max_len_b": 4, "batch_tokens": 30, "max_batch_size": 3}}
     cfg = config_from_dict(raw, check_files=False)
     torch.manual_seed(seed)

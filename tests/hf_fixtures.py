@@ -182,8 +182,29 @@ def set_eos_offset(model, tokenizer, sources: list[str], steps_per_sentence: flo
     return model
 
 
-def marian_model(d: str, seed: int = 0, **overrides):
-    """A tiny OPUS-MT-like MarianMTModel with its tokenizer in d (save_pretrained). Returns the model."""
+def train(model, tokenizer, steps: int, seed: int = 0, batch_size: int = 32):
+    """`steps` AdamW updates of transformers' own loss (the model's forward with `labels`) on Bible
+    pairs (es -> en, the lines the toy tokenizers were trained on): a weak but real translation model,
+    whose distributions are not near-ties and whose beam search differs from greedy search. Eval mode."""
+    src, tgt = corpus_lines("train", "es", 2000), corpus_lines("train", "en", 2000)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        rows = rng.sample(range(len(src)), batch_size)
+        batch = tokenizer([src[i] for i in rows], text_target=[tgt[i] for i in rows], return_tensors="pt",
+                          padding=True, truncation=True, max_length=48)
+        labels = batch["labels"].masked_fill(batch["labels"] == model.config.pad_token_id, -100)
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def marian_model(d: str, seed: int = 0, train_steps: int = 0, **overrides):
+    """A tiny OPUS-MT-like MarianMTModel with its tokenizer in d (save_pretrained). Returns the model.
+    Random `peaked` weights, or with train_steps > 0 trained by `train`."""
     import transformers
 
     V = marian_tokenizer(d)
@@ -191,16 +212,21 @@ def marian_model(d: str, seed: int = 0, **overrides):
                                           "eos_token_id": 0, "forced_eos_token_id": 0, "activation_function": "swish",
                                           "scale_embedding": True, "tie_word_embeddings": False, **overrides})
     torch.manual_seed(seed)
-    model = peaked(transformers.MarianMTModel(config), sublayers=0.1, cross=0.3, seed=seed)
+    model = transformers.MarianMTModel(config)
     tokenizer = transformers.AutoTokenizer.from_pretrained(d)
-    set_eos_offset(model, tokenizer, corpus_lines("dev", "es", 32), bad_words_ids=[[V - 1]])
+    if train_steps:
+        train(model, tokenizer, train_steps, seed)
+    else:
+        peaked(model, sublayers=0.1, cross=0.3, seed=seed)
+        set_eos_offset(model, tokenizer, corpus_lines("dev", "es", 32), bad_words_ids=[[V - 1]])
     model.generation_config.update(num_beams=4, max_length=60, bad_words_ids=[[V - 1]])
     model.save_pretrained(d)
     return model
 
 
-def m2m100_model(d: str, seed: int = 0, nllb: bool = False, **overrides):
-    """A tiny M2M100ForConditionalGeneration with an M2M100 (or NLLB) tokenizer in d."""
+def m2m100_model(d: str, seed: int = 0, nllb: bool = False, train_steps: int = 0, **overrides):
+    """A tiny M2M100ForConditionalGeneration with an M2M100 (or NLLB) tokenizer in d. Random `peaked`
+    weights, or with train_steps > 0 trained by `train` (Spanish -> English)."""
     import transformers
 
     V = nllb_tokenizer(d) if nllb else m2m100_tokenizer(d)
@@ -208,10 +234,16 @@ def m2m100_model(d: str, seed: int = 0, nllb: bool = False, **overrides):
                                           "scale_embedding": True, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
                                           "tie_word_embeddings": False, **overrides})
     torch.manual_seed(seed)
-    model = peaked(transformers.M2M100ForConditionalGeneration(config), embed=10.0, seed=seed)
+    model = transformers.M2M100ForConditionalGeneration(config)
     tokenizer = transformers.AutoTokenizer.from_pretrained(d)
     forced = tokenizer.convert_tokens_to_ids("eng_Latn" if nllb else "__en__")
-    set_eos_offset(model, tokenizer, corpus_lines("dev", "es", 32), forced_bos_token_id=forced, bad_words_ids=[[1]])
+    if train_steps:
+        tokenizer.src_lang, tokenizer.tgt_lang = ("spa_Latn", "eng_Latn") if nllb else ("es", "en")
+        train(model, tokenizer, train_steps, seed)
+        model.generation_config.update(forced_bos_token_id=forced)
+    else:
+        peaked(model, embed=10.0, seed=seed)
+        set_eos_offset(model, tokenizer, corpus_lines("dev", "es", 32), forced_bos_token_id=forced, bad_words_ids=[[1]])
     model.generation_config.update(num_beams=5, max_length=60)
     model.save_pretrained(d)
     return model

@@ -1,5 +1,6 @@
 """Atomic checkpoint files, safe loading, RNG round trips, averaging."""
 
+import math
 import os
 import random
 
@@ -121,3 +122,39 @@ def test_unwrap_compiled_wrapper():
 
     assert ckpt.unwrap(Compiled(model)) is model
     assert list(ckpt.unwrap(Compiled(model)).state_dict()) == list(model.state_dict())
+
+
+@pytest.mark.parametrize("stored", [dict(positions="sinusoidal", position_offset=0), dict(positions="sinusoidal")],
+                         ids=["full-config", "before-position_offset"])
+def test_checkpoints_of_the_old_default_keep_their_positions(tmp_path, stored):
+    """Models trained before `positions`/`position_offset` defaulted to the Hugging Face families' tables
+    stored `positions: sinusoidal` (and, before position_offset existed, no offset): they load with the
+    paper's interleaved table (computed here from its formula) at offset 0, and translate as a model built
+    with exactly those settings."""
+    from helpers import make_tiny_checkpoint
+
+    from nmt import Translator
+
+    path = make_tiny_checkpoint(str(tmp_path / "old.pt"))
+    state = ckpt.load_checkpoint(path)
+    for key in ("positions", "position_offset"):
+        state["config"]["model"].pop(key)
+    state["config"]["model"].update(stored)
+    ckpt.save_checkpoint(state, path)
+    model, _, cfg = ckpt.build_model_from_checkpoint(ckpt.load_checkpoint(path), path)
+    assert (cfg.model.positions, cfg.model.position_offset) == ("sinusoidal", 0)
+    D, P = cfg.model.d_model, cfg.model.max_positions
+    table = torch.tensor([[math.sin(p / 10000 ** (i / D)) if i % 2 == 0 else math.cos(p / 10000 ** ((i - 1) / D))
+                           for i in range(D)] for p in range(P)], dtype=torch.float32)
+    assert torch.allclose(model.sinusoids, table, atol=1e-6)
+    explicit = str(tmp_path / "explicit.pt")
+    state["config"]["model"].update(positions="sinusoidal", position_offset=0)
+    ckpt.save_checkpoint(state, explicit)
+    lines = ["el perro come", "la casa grande ve el gato rojo", "el sol"]
+    old, new = Translator(path, device="cpu"), Translator(explicit, device="cpu")
+    assert [r.text for r in old.translate(lines)] == [r.text for r in new.translate(lines)]
+    default = str(tmp_path / "default.pt")  # the same weights under today's default table translate differently
+    state["config"]["model"].update(positions=None, position_offset=None)
+    ckpt.save_checkpoint(state, default)
+    assert [r.log_prob for r in Translator(default, device="cpu").score(lines, lines)] != \
+        [r.log_prob for r in old.score(lines, lines)]

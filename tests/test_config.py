@@ -249,3 +249,40 @@ def test_every_field_is_documented():
     from nmt.config import iter_fields
     for key, _, _, help in iter_fields():
         assert help.strip(), f"{key} has no help text"
+
+
+@pytest.mark.parametrize("model, positions, offset", [
+    ({}, "sinusoidal_fairseq", 1),  # pre-norm, nmt's default: M2M100's table (first position pad id 0 + 1)
+    ({"norm": "post"}, "sinusoidal_halves", 0),  # MarianMT's
+    ({"positions": "learned"}, "learned", 0),
+    ({"positions": "sinusoidal"}, "sinusoidal", 0),  # the paper's, as models trained before stored it
+    ({"norm": "post", "positions": "sinusoidal_fairseq"}, "sinusoidal_fairseq", 1),
+    ({"positions": "sinusoidal_fairseq", "position_offset": 2}, "sinusoidal_fairseq", 2),
+    ({"positions": None, "position_offset": None}, "sinusoidal_fairseq", 1),
+])
+def test_position_defaults_are_a_hugging_face_familys(files, model, positions, offset):
+    """Left out (or null), `positions` is the table of the Hugging Face family with the model's norm, and
+    `position_offset` the one that family numbers positions with: what `nmt export --format hf` needs.
+    The resolved values are what a dumped config (and a checkpoint) holds."""
+    cfg = load_config(write(files, {**minimal(files), "model": model}))
+    assert (cfg.model.positions, cfg.model.position_offset) == (positions, offset)
+    dumped = yaml.safe_load(dump_config(cfg))["model"]
+    assert (dumped["positions"], dumped["position_offset"]) == (positions, offset)
+
+
+def test_learned_positions_with_an_offset_are_refused(files):
+    errors = errors_of(files, {**minimal(files), "model": {"positions": "learned", "position_offset": 1}})
+    assert errors == ["invalid value for 'model.position_offset': 1 (must be 0 with learned positions)"]
+
+
+def test_exact_stop_is_the_default_for_nmts_own_models(files):
+    """decode.stopping defaults to the exact stop (transformers' heuristic, `hf`, is what `nmt import`
+    chooses for models whose generation config asks for it); every recipe keeps it."""
+    import glob
+
+    assert load_config(write(files, minimal(files))).decode.stopping == "exact" == DecodeConfig().stopping
+    for path in glob.glob(os.path.join(ROOT, "configs", "*.yaml")):
+        assert load_config(path, check_files=False).decode.stopping == "exact", path
+    assert load_config(write(files, {**minimal(files), "decode": {"stopping": "hf"}})).decode.stopping == "hf"
+    assert errors_of(files, {**minimal(files), "decode": {"stopping": "never"}}) == [
+        "invalid value for 'decode.stopping': 'never' (choose from exact, hf)"]

@@ -214,6 +214,52 @@ def test_overwrite_rules(ct2, tokenizers, tmp_path):
         write_export(model, tokenizer, cfg, str(tmp_path / "q"), quantization="int3")
 
 
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_output_directory_never_contains_the_checkpoint(ct2, tmp_path, capsys, fmt):
+    """`nmt export -c DIR/ck.pt -o DIR --force` would replace DIR, the checkpoint with it: refused in one
+    line (exit 2) before anything is written, whether -o is the checkpoint's directory (also through a
+    symlink) or one above it; an output beside it is fine."""
+    from helpers import make_tiny_checkpoint
+
+    from nmt.cli import main
+
+    out = tmp_path / "run"
+    assert main(["export", "-c", make_tiny_checkpoint(str(tmp_path / "ck.pt")), "--format", fmt, "-o", str(out)]) == 0
+    ckpt = make_tiny_checkpoint(str(out / "ck.pt"))  # a checkpoint saved inside an earlier export
+    before = open(ckpt, "rb").read()
+    (tmp_path / "link").symlink_to(out)
+    capsys.readouterr()
+    for target in (out, tmp_path / "link", tmp_path):
+        code = main(["export", "-c", ckpt, "--format", fmt, "-o", str(target), "--force"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert err == f"nmt export: error: --output {target} contains the input --checkpoint {ckpt}: refusing to " \
+                      "replace that directory (write the output elsewhere)\n"
+        assert open(ckpt, "rb").read() == before and os.path.isfile(out / "nmt_export.json")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]  # nothing written
+    assert main(["export", "-c", ckpt, "--format", fmt, "-o", str(tmp_path / "beside")]) == 0
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_weights_that_are_not_finite_are_refused(ct2, tmp_path, capsys, fmt):
+    from helpers import make_tiny_checkpoint
+
+    from nmt import checkpoint as ckpt
+    from nmt.cli import main
+
+    path = make_tiny_checkpoint(str(tmp_path / "ck.pt"))
+    state = ckpt.load_checkpoint(path)
+    state["model"]["decoder.layers.0.ffn.fc2.weight"][1, 2] = float("inf")
+    ckpt.save_checkpoint(state, path)
+    code = main(["export", "-c", path, "--format", fmt, "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    what = "CTranslate2" if fmt == "ctranslate2" else "Hugging Face"
+    assert code == 2 and err == (f"nmt export: error: cannot export to {what}: weights that are not finite (NaN or "
+                                 "infinite) in decoder.layers.0.ffn.fc2.weight: refusing them (a training run that "
+                                 "diverged? take an earlier checkpoint)\n")
+    assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+
+
 def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
     """A model that always prefers PAD: nmt masks it; the CTranslate2 path retranslates with
     PAD/BOS suppressed and gives the same (greedy) tokens as nmt."""
@@ -383,6 +429,10 @@ def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
     with pytest.raises(UserError, match="--patience with the gnmt length penalty is not supported"):
         translator.translate(["el perro come"], beam_size=4, length_penalty_type="gnmt", patience=1.0)
     assert translator.translate(["el perro come"], beam_size=4, length_penalty_type="average", patience=1.0)[0].text
+    with pytest.raises(UserError, match="--stopping hf with a length penalty is not supported"):
+        translator.translate(["el perro come"], beam_size=4, length_penalty_type="average", stopping="hf")
+    # without a penalty transformers' heuristic is exact: nothing to refuse
+    assert translator.translate(["el perro come"], beam_size=4, length_penalty_type="none", stopping="hf")[0].text
     r = subprocess.run([sys.executable, "-m", "nmt", "translate", "--model", out, "--sampling", "topk"], input="el sol\n",
                        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--engine torch" in r.stderr, r.stderr

@@ -216,13 +216,22 @@ def test_nmt_model_written_for_transformers_gives_the_same_logits(tmp_path, fami
 def test_models_no_family_represents_are_refused():
     from nmt.config import ModelConfig
 
-    with pytest.raises(UserError, match=r"marian \(post-norm\).*positions='sinusoidal'"):
-        architecture_from_nmt(ModelConfig(norm="post"), 50, 50, 0)
-    with pytest.raises(UserError, match=r"m2m_100 \(pre-norm\).*position_offset=0.*output_bias=True"):
+    with pytest.raises(UserError, match=r"marian \(post-norm\).*positions='sinusoidal'.*before the default became"):
+        architecture_from_nmt(ModelConfig(norm="post", positions="sinusoidal"), 50, 50, 0)
+    with pytest.raises(UserError, match=r"m2m_100 \(pre-norm\).*position_offset=1.*output_bias=True"):
         architecture_from_nmt(ModelConfig(positions="sinusoidal_fairseq", output_bias=True), 50, 50, 1)
     with pytest.raises(UserError, match="separate vocabularies"):
         architecture_from_nmt(ModelConfig(positions="sinusoidal_fairseq", position_offset=2, share_embeddings=False),
                               50, 40, 1)
+
+
+def test_nmts_default_models_have_a_family():
+    """A model left to nmt's position defaults is what a family represents, pre-norm (M2M100) or post-norm
+    (MarianMT), with nmt's padding id 0."""
+    from nmt.config import ModelConfig
+
+    assert architecture_from_nmt(ModelConfig(), 50, 50, 0).family == "m2m_100"
+    assert architecture_from_nmt(ModelConfig(norm="post"), 50, 50, 0).family == "marian"
 
 
 # --------------------------------------------------------------------------- other files and layouts

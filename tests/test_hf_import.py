@@ -294,7 +294,9 @@ def test_beam_equals_generate(imported, family, penalty):
       count that EOS as a token of log-prob 0, nmt stops the hypothesis without it), so both cut
       at max_length - 1 tokens.
     - average with transformers' early_stopping=True (stop once num_beams hypotheses have finished)
-      = nmt's patience 1.0 (what `nmt import` maps it to).
+      = nmt's patience 1.0 (what `nmt import` maps it to; with stopping hf, whose heuristic needs
+      num_beams finished hypotheses too).
+    (transformers' default, early_stopping=False: test_imported_model_searches_as_generate_by_default.)
     """
     model, tokenizer, _, ckpt = imported[family]
     lines = fx.corpus_lines("test", "es", 60, skip=100)
@@ -305,7 +307,7 @@ def test_beam_equals_generate(imported, family, penalty):
         stop = penalty.endswith("early_stopping")
         hf = dict(length_penalty=1.0, early_stopping=True if stop else "never", forced_eos_token_id=None)
         ours = dict(length_penalty_type="average", length_penalty=1.0, max_len_a=0, max_len_b=59,
-                    patience=1.0 if stop else 0.0)
+                    patience=1.0 if stop else 0.0, stopping="hf" if stop else "exact")
     theirs = hf_outputs(model, tokenizer, lines, family, num_beams=4, max_length=60, **hf)
     got = nmt_outputs(ckpt, lines, family, beam_size=4, **ours)
     same = sum(a == b for a, b in zip(got, theirs))
@@ -314,32 +316,105 @@ def test_beam_equals_generate(imported, family, penalty):
     assert sum(a != b for a, b in zip(greedy, theirs)) >= 5  # the beam does change outputs
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """{family: (transformers model, tokenizer, directory, nmt checkpoint)}: tiny MarianMT and M2M100
+    models trained with transformers' own classes (300 steps on Bible pairs, hf_fixtures.train), their
+    generation_config.json as a hub model's (num_beams 4 / 5, max_length 60, no early_stopping: transformers'
+    default, its heuristic stop), imported with `nmt import`."""
+    from nmt.hf_io import import_command
+
+    out = {}
+    for family in ("marian", "m2m100"):
+        d = str(tmp_path_factory.mktemp(f"trained-{family}"))
+        model = fx.marian_model(d, train_steps=300) if family == "marian" else fx.m2m100_model(d, train_steps=300)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(d)
+        if family != "marian":
+            tokenizer.src_lang, tokenizer.tgt_lang = "es", "en"
+        ckpt = os.path.join(d, "imported.pt")
+        assert import_command(d, ckpt, quiet=True) == 0
+        out[family] = (model, tokenizer, d, ckpt)
+    return out
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m100"])
+def test_imported_model_searches_as_generate_by_default(trained, family):
+    """nmt's beam search with the imported decode section (stopping hf: transformers' default
+    early_stopping=False, average length penalty 1) = generate() with the model's own generation config
+    (nothing passed), on >= 99% of 80 lines (80 and 80 of 80; with nmt's exact stop 69 and 75). The heuristic
+    matters: nmt's exact stop gives other outputs on some of these lines."""
+    import torch
+
+    from nmt.checkpoint import load_checkpoint
+
+    model, tokenizer, _, ckpt = trained[family]
+    assert load_checkpoint(ckpt)["config"]["decode"]["stopping"] == "hf"
+    lines = fx.corpus_lines("test", "es", 80, skip=100)
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        seqs = model.generate(**batch)  # the model's generation_config: num_beams, max_length, forced tokens
+    skip = 2 if family != "marian" else 1
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    theirs = [[t for t in row[skip:] if t != pad] for row in seqs.tolist()]
+    theirs = [t[: t.index(eos)] if eos in t else t for t in theirs]
+    ours = nmt_outputs(ckpt, lines, family)
+    same = sum(a == b for a, b in zip(ours, theirs))
+    assert same >= 0.99 * len(lines), f"{len(lines) - same} of {len(lines)} lines differ"
+    exact = nmt_outputs(ckpt, lines, family, stopping="exact")
+    assert sum(a != b for a, b in zip(exact, theirs)) >= 3  # the exact stop would not give generate()'s outputs
+    greedy = nmt_outputs(ckpt, lines, family, beam_size=1)
+    assert sum(a != b for a, b in zip(greedy, theirs)) >= 10  # the beam does change outputs
+
+
 def test_generation_settings_map_onto_decode_keys():
-    """early_stopping True -> patience 1 (the same rule); "never" -> the exact stop; False (a heuristic)
-    -> the exact stop, noted when a length penalty makes them differ."""
+    """early_stopping False or absent (transformers' default heuristic) -> stopping hf; True -> patience 1
+    (the same rule); "never" -> the exact stop. Greedy needs neither."""
     from nmt.hf_io import decode_from_generation
     from nmt.layout import NMT_SPECIALS
 
     tok = type("Tok", (), {"specials": NMT_SPECIALS})()
-    for stop, patience, noted in ((True, 1.0, False), ("never", None, False), (False, None, True)):
-        decode, notes = decode_from_generation({"num_beams": 4, "length_penalty": 1.0, "early_stopping": stop}, tok)
-        assert decode.get("patience") == patience and any("early_stopping" in n for n in notes) == noted
+    for gen, patience, stopping in (({"early_stopping": True}, 1.0, None), ({"early_stopping": "never"}, None, None),
+                                    ({"early_stopping": False}, None, "hf"), ({}, None, "hf")):
+        decode, notes = decode_from_generation({"num_beams": 4, "length_penalty": 1.0, **gen}, tok)
+        assert (decode.get("patience"), decode.get("stopping")) == (patience, stopping) and not notes
     decode, notes = decode_from_generation({"num_beams": 1, "early_stopping": True}, tok)
-    assert "patience" not in decode and not notes
+    assert "patience" not in decode and "stopping" not in decode and not notes
 
 
 def test_export_writes_the_stopping_rule():
-    """patience 0 -> early_stopping "never" (exact); 1 -> True (the same rule); others -> "never", noted."""
+    """exact stop -> early_stopping "never"; stopping hf -> False (transformers' default, the same rule);
+    patience 1 -> True (the same rule); others -> the rule's value, noted."""
     from nmt.hf_export import generation_config
     from nmt.layout import NMT_SPECIALS
     from nmt.schema import DecodeConfig
 
     tok = type("Tok", (), {"specials": NMT_SPECIALS, "languages": {}})()
     ids = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0, decoder_start_token_id=2, forced_eos_token_id=None)
-    for patience, stop, noted in ((0.0, "never", False), (1.0, True, False), (2.0, "never", True)):
-        gen, notes = generation_config(DecodeConfig(beam_size=4, length_penalty_type="average", patience=patience),
-                                       tok, ids, 128)
+    for patience, stopping, stop, noted in ((0.0, "exact", "never", False), (1.0, "exact", True, False),
+                                            (2.0, "exact", "never", True), (0.0, "hf", False, False),
+                                            (1.0, "hf", True, False), (2.0, "hf", False, True)):
+        decode = DecodeConfig(beam_size=4, length_penalty_type="average", patience=patience, stopping=stopping)
+        gen, notes = generation_config(decode, tok, ids, 128)
         assert gen["early_stopping"] == stop and any("patience" in n for n in notes) == noted
+
+
+def test_stopping_travels_through_export_and_import(trained, tmp_path):
+    """An imported model with transformers' stopping rule, exported to Hugging Face, writes it back
+    (early_stopping false), and imports again with it."""
+    import json
+
+    from nmt.checkpoint import load_checkpoint
+    from nmt.hf_export import export_hf
+    from nmt.hf_io import import_command
+
+    _, _, _, ckpt = trained["m2m100"]
+    out = str(tmp_path / "hf")
+    assert export_hf(ckpt, out, quiet=True) == 0
+    with open(os.path.join(out, "generation_config.json"), encoding="utf-8") as f:
+        assert json.load(f)["early_stopping"] is False
+    again = str(tmp_path / "again.pt")
+    assert import_command(out, again, quiet=True) == 0
+    assert load_checkpoint(again)["config"]["decode"]["stopping"] == "hf"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -395,8 +470,43 @@ def _config(model_type: str):
     return edit
 
 
+def _generation(**values):
+    """An edit of generation_config.json: `values` replace its keys."""
+    def edit(d: str) -> None:
+        import json
+
+        path = os.path.join(d, "generation_config.json")
+        with open(path, encoding="utf-8") as f:
+            gen = json.load(f)
+        gen.update(values)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(gen, f)
+    return edit
+
+
+def _nan_weight(d: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(d, "model.safetensors")
+    state = load_file(path)
+    state["model.encoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    save_file(state, path, metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize("case, edit, flags, message", [
     ("not-a-model", lambda d: os.remove(os.path.join(d, "config.json")), [], "is not a Hugging Face model directory"),
+    ("num-beams-string", _generation(num_beams="4"), [],
+     r"generation_config.json: num_beams must be an integer >= 1, got '4' \(fix the file, or remove the key"),
+    ("length-penalty-string", _generation(length_penalty="x"), [],
+     "generation_config.json: length_penalty must be a number, got 'x'"),
+    ("max-length-list", _generation(max_length=[60]), [], r"max_length must be an integer >= 2 .*got \[60\]"),
+    ("max-length-negative", _generation(max_length=-5), [], "max_length must be an integer >= 2 .*got -5"),
+    ("early-stopping-yes", _generation(early_stopping="yes"), [],
+     "early_stopping must be true, false or \"never\", got 'yes'"),
+    ("forced-bos-string", _generation(forced_bos_token_id="__en__"), [],
+     "forced_bos_token_id must be a token id .*got '__en__'"),
+    ("nan-weight", _nan_weight, [], r"cannot import .*: weights that are not finite \(NaN or infinite\) in "
+                                    r"model.encoder.layers.0.fc1.weight: refusing them"),
     ("t5", _config("t5"), [], r"model_type 't5' is not supported \(supported: marian"),
     ("mbart", _config("mbart"), [], "model_type 'mbart' is not supported"),
     ("truncated", _truncate, [], "cannot read weights .*model.safetensors: truncated or not a weights file"),
@@ -414,6 +524,90 @@ def test_bad_input_is_one_line(imported, tmp_path, capsys, case, edit, flags, me
     assert code == 2 and err.count("\n") == 1 and err.startswith("nmt import: error: "), err
     assert re.search(message, err), err
     assert not os.path.exists(tmp_path / "out.pt")
+
+
+@pytest.mark.parametrize("edit, check", [
+    (_generation(max_length=None), lambda d: (d["max_len_a"], d["max_len_b"]) == (1.2, 10)),  # null = unset: nmt's
+    (_generation(early_stopping="never"), lambda d: (d["stopping"], d["patience"]) == ("exact", 0.0)),
+    (_generation(early_stopping=True), lambda d: (d["stopping"], d["patience"]) == ("exact", 1.0)),
+    (_generation(num_beams=None, length_penalty=None), lambda d: (d["beam_size"], d["length_penalty"]) == (1, 1.0)),
+])
+def test_generation_values_that_mean_a_default(imported, tmp_path, capsys, edit, check):
+    """null is a key not set (transformers' reading): its default applies; "never"/true are stopping rules."""
+    from nmt.checkpoint import load_checkpoint
+
+    _, _, d, _ = imported["m2m100"]
+    src = broken_copy(d, str(tmp_path / "m"), edit)
+    code, err = run_cli(["import", src, "-o", str(tmp_path / "out.pt"), "-q"], capsys)
+    assert code == 0, err
+    assert check(load_checkpoint(str(tmp_path / "out.pt"))["config"]["decode"])
+
+
+def test_marian_languages_are_the_models(imported, tmp_path, capsys):
+    """A MarianMT model is bilingual: --src-lang / --tgt-lang may only name what tokenizer_config.json says
+    (or, when it says nothing, must be language codes)."""
+    import json
+
+    from nmt.checkpoint import load_checkpoint
+
+    _, _, d, _ = imported["marian"]
+    out = str(tmp_path / "out.pt")
+    for flags, message in ((["--tgt-lang", "de"], "--tgt-lang de: this MarianMT model translates es -> en "
+                                                   "(tokenizer_config.json); a Marian model is bilingual"),
+                           (["--src-lang", "fr"], "--src-lang fr: this MarianMT model translates es -> en"),
+                           (["--tgt-lang", "en us"], "--tgt-lang 'en us' is not a language code")):
+        code, err = run_cli(["import", d, "-o", out, *flags], capsys)
+        assert code == 2 and err.count("\n") == 1 and err.startswith(f"nmt import: error: {message}"), err
+        assert not os.path.exists(out)
+    code, err = run_cli(["import", d, "-o", out, "--src-lang", "es", "--tgt-lang", "en", "-q"], capsys)
+    assert code == 0, err
+
+    def unnamed(m: str) -> None:
+        with open(os.path.join(m, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer_class": "MarianTokenizer"}, f)
+    bare = broken_copy(d, str(tmp_path / "bare"), unnamed)
+    code, err = run_cli(["import", bare, "-o", out, "--src-lang", "spa", "--tgt-lang", "eng", "-q"], capsys)
+    assert code == 0, err
+    c = load_checkpoint(out)["config"]["data"]
+    assert (c["src_lang"], c["tgt_lang"]) == ("spa", "eng")
+    code, err = run_cli(["import", bare, "-o", out, "--src-lang", "spa", "--tgt-lang", "e/n"], capsys)
+    assert code == 2 and "--tgt-lang 'e/n' is not a language code" in err
+
+
+def test_no_output_replaces_an_input_or_another_output(imported, tmp_path, capsys):
+    """Every output is compared with every input (the model directory's files, also through a symlink)
+    and with the other output; an existing --config is not overwritten. Exit 2, one line, nothing written."""
+    import hashlib
+
+    _, _, d, _ = imported["marian"]
+    src = broken_copy(d, str(tmp_path / "hf"), lambda _: None)
+    (tmp_path / "link.safetensors").symlink_to(os.path.join(src, "model.safetensors"))
+    existing = tmp_path / "mine.yaml"
+    existing.write_text("# my notes\n")
+
+    def digest() -> str:
+        return hashlib.sha256(b"".join(open(os.path.join(src, n), "rb").read() for n in sorted(os.listdir(src)))
+                              + existing.read_bytes()).hexdigest()
+
+    before, names = digest(), sorted(os.listdir(tmp_path))
+    weights = os.path.join(src, "model.safetensors")
+    cases = [
+        (["-o", weights], f"--output {weights} is the same file as the input SRC/model.safetensors {weights}"),
+        (["-o", str(tmp_path / "link.safetensors")],
+         f"--output {tmp_path / 'link.safetensors'} is the same file as the input SRC/model.safetensors"),
+        (["-o", str(tmp_path / "m.pt"), "--config", os.path.join(src, "config.json")],
+         f"--config {os.path.join(src, 'config.json')} already exists: refusing to overwrite it"),
+        (["-o", str(tmp_path / "m.pt"), "--config", str(tmp_path / "m.pt")],
+         f"--config {tmp_path / 'm.pt'} is the same file as the output --output {tmp_path / 'm.pt'}"),
+        (["-o", str(tmp_path / "m.pt"), "--config", str(existing)], f"--config {existing} already exists"),
+    ]
+    for flags, message in cases:
+        code, err = run_cli(["import", src, *flags], capsys)
+        assert code == 2 and err.count("\n") == 1 and err.startswith(f"nmt import: error: {message}"), err
+        assert digest() == before and sorted(os.listdir(tmp_path)) == names
+    code, err = run_cli(["import", src, "-o", os.path.join(src, "new.pt"), "--config", str(tmp_path / "ft.yaml"), "-q"],
+                        capsys)
+    assert code == 0 and os.path.isfile(os.path.join(src, "new.pt")) and (tmp_path / "ft.yaml").is_file(), err
 
 
 def test_missing_source_and_offline_hub_are_one_line(tmp_path, capsys, monkeypatch):
@@ -476,19 +670,25 @@ def test_import_export_round_trip(imported, family, tmp_path, capsys):
         assert hf_generate_texts(out, lines) == [r.text for r in translator.translate(lines)]  # beam 5, average 1
 
 
-def nmt_trained(tmp_path, layout: str) -> str:
-    """A checkpoint of `nmt train` (80 steps on the synthetic task, nmt's own SentencePiece model) with
-    the options a Hugging Face family can represent."""
+def nmt_trained(tmp_path, layout: str, steps: int = 80) -> str:
+    """A checkpoint of `nmt train` (`steps` steps on the synthetic task, nmt's own SentencePiece model)
+    with the options a Hugging Face family can represent."""
     from helpers import tiny_config_dict
 
     from nmt.config import config_from_dict
     from nmt.train import train
 
-    raw = tiny_config_dict(str(tmp_path), max_steps=80, warmup_steps=20, valid_every=80, valid_max_sentences=5)
+    raw = tiny_config_dict(str(tmp_path), max_steps=steps, warmup_steps=steps // 4, valid_every=steps,
+                           valid_max_sentences=5)
     if layout == "marian":
         raw["model"].update(norm="post", positions="sinusoidal_halves", activation="silu", output_bias=True)
-    else:
+    elif layout == "m2m100":
         raw["model"].update(norm="pre", positions="sinusoidal_fairseq", position_offset=1, activation="gelu")
+    else:  # the README quickstart's model section as it is: nmt's defaults
+        import yaml
+
+        with open(os.path.join(fx.ROOT, "configs", "quickstart.yaml"), encoding="utf-8") as f:
+            raw["model"] = yaml.safe_load(f)["model"]
     raw["decode"].update(max_len_a=0, max_len_b=30)
     result = train(config_from_dict(raw), quiet=True)
     return os.path.join(result["run_dir"], "checkpoints", "latest.pt")
@@ -518,10 +718,56 @@ def test_export_of_an_nmt_trained_model(tmp_path, capsys, layout):
         [r.text for r in translator.translate(lines, beam_size=3, length_penalty_type="none")]
 
 
+def test_hf_export_without_safetensors_is_one_line(imported, tmp_path, capsys, monkeypatch):
+    import sys
+
+    _, _, _, ckpt = imported["marian"]
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # `import safetensors...` raises ImportError
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", str(tmp_path / "hf")], capsys)
+    assert code == 2 and err == ("nmt export: error: exporting to Hugging Face needs the safetensors package "
+                                 "(transformers' weights format): pip install safetensors\n")
+    assert not os.path.exists(tmp_path / "hf")
+
+
+def test_quickstart_model_exports_to_hf(tmp_path, capsys):
+    """The README quickstart's model (configs/quickstart.yaml's model section: pre-norm, the positions
+    left to nmt's defaults), trained a few steps: `nmt export --format hf` writes an M2M100 directory
+    whose forward pass (transformers' AutoModelForSeq2SeqLM) gives nmt's logits, and generate() nmt's
+    greedy outputs."""
+    import torch
+    from helpers import make_pairs
+
+    from nmt import Translator
+    from nmt.checkpoint import load_for_inference
+    from nmt.layout import source_tensors, target_tensors
+
+    ckpt = nmt_trained(tmp_path, "quickstart", steps=16)
+    out = str(tmp_path / "hf")
+    code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", out], capsys)
+    assert code == 0, err
+    assert transformers.AutoConfig.from_pretrained(out).model_type == "m2m_100"
+    pairs = make_pairs(24, seed=7)
+    model, tok, _ = load_for_inference(ckpt)
+    x, x_mask = source_tensors(tok.encode_src([s for s, _ in pairs]), tok.specials)
+    tgt_in, tgt_out = target_tensors(tok.encode_tgt([t for _, t in pairs]), tok.specials)
+    theirs_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        ours = model(x, x_mask, tgt_in)
+        theirs = theirs_model(input_ids=x, attention_mask=x_mask.long(), decoder_input_ids=tgt_in).logits
+    real = tgt_out != tok.specials.pad
+    assert (ours - theirs)[real].abs().max().item() <= 1e-4
+    lines = [s for s, _ in pairs]
+    assert hf_generate_texts(out, lines, num_beams=1) == [r.text for r in Translator(ckpt, device="cpu").translate(
+        lines, beam_size=1)]
+
+
 def test_export_refuses_what_no_family_represents(tmp_path, capsys):
+    """A model trained before the defaults changed (pre-norm with the paper's interleaved sinusoids,
+    as its checkpoint says) has no Hugging Face family: one line, naming the option."""
     from helpers import make_tiny_checkpoint
 
-    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))  # pre-norm, the paper's interleaved sinusoids
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"), positions="sinusoidal", position_offset=0)
     code, err = run_cli(["export", "-c", ckpt, "--format", "hf", "-o", str(tmp_path / "hf")], capsys)
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("nmt export: error: cannot represent this model as Hugging Face m2m_100 (pre-norm): "
@@ -544,6 +790,12 @@ def test_ctranslate2_export_of_an_imported_model(imported, family, tmp_path):
     ct2 = Translator(out, device="cpu")
     torch_ = Translator(ckpt, device="cpu")
     assert [r.text for r in ct2.translate(lines, beam_size=1)] == [r.text for r in torch_.translate(lines, beam_size=1)]
+    # the imported stopping rule (transformers' heuristic) has no CTranslate2 counterpart: the export's defaults
+    # say exact, and asking for it is refused in one line
+    assert torch_.decode.stopping == "hf" and ct2.decode.stopping == "exact"
+    with pytest.raises(UserError, match="--stopping hf with a length penalty is not supported by the ctranslate2"):
+        ct2.translate(lines[:2], stopping="hf")
+    assert len(ct2.translate(lines[:2], beam_size=4)) == 2
     scores = [s.log_prob for s in ct2.score(lines[:5], lines[:5])]
     assert scores == pytest.approx([s.log_prob for s in torch_.score(lines[:5], lines[:5])], abs=1e-3)
 
@@ -554,6 +806,8 @@ def finetune_config(tmp_path, imported, family: str, capsys, **edits) -> str:
 
     _, _, d, _ = imported[family]
     ckpt, path = str(tmp_path / "imported.pt"), str(tmp_path / "ft.yaml")
+    if os.path.exists(path):  # a second config in the same test: --config does not overwrite the first
+        os.remove(path)
     code, err = run_cli(["import", d, "-o", ckpt, "--config", path, "-q"], capsys)
     assert code == 0, err
     with open(path, encoding="utf-8") as f:

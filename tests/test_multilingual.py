@@ -256,7 +256,11 @@ def trained(tmp_path_factory):
     from nmt.train import train
 
     d = str(tmp_path_factory.mktemp("multi"))
-    cfg = config_from_dict(multilingual_dict(d, max_steps=240, valid_every=120, warmup_steps=40))
+    raw = multilingual_dict(d, max_steps=240, valid_every=120, warmup_steps=40)
+    # the table the thresholds below were set with: at 240 steps the exact-match counts move by about 6 of 30
+    # lines with the seed, for either table (nmt's default or this one)
+    raw["model"].update(positions="sinusoidal", position_offset=0)
+    cfg = config_from_dict(raw)
     result = train(cfg, quiet=True)
     return cfg, result, os.path.join(cfg.run_dir, "checkpoints", "best.pt")
 

@@ -162,8 +162,8 @@ def test_searches_with_growing_caches_equal_the_preallocated_cache(V):
     """Greedy and beam search (outputs up to 30 tokens: the caches grow twice) with the growing
     DecoderCache and ReusingDecoderCache give the hypotheses and scores of a preallocated cache."""
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(d_model=32, n_heads=4, layers=2, ffn_dim=64, dropout=0.0, max_positions=64),
-                        V, V).eval()
+    model = Transformer(ModelConfig(d_model=32, n_heads=4, layers=2, ffn_dim=64, dropout=0.0, max_positions=64,
+                                    positions="sinusoidal"), V, V).eval()  # the table these seeds give long outputs with
     with torch.no_grad():
         model.output_proj.weight.normal_(0.0, 0.5)
     g = torch.Generator().manual_seed(3)

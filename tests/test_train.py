@@ -184,6 +184,18 @@ def test_existing_run_needs_resume_and_finished_run_resumes_to_nothing(trained):
     assert again["step"] == 300 and again["best"] == pytest.approx(result["best"])
 
 
+def test_resume_with_another_model_config_names_both_values(trained):
+    """A model key that differs from the run's checkpoint (e.g. a default that changed since the run
+    started: model.positions) is named with both values, so it can be set back in the config."""
+    import dataclasses
+
+    cfg, _ = trained
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, positions="sinusoidal", position_offset=0))
+    with pytest.raises(UserError, match=r"the model config changed \(model.positions: 'sinusoidal_fairseq' in the "
+                                        r"checkpoint, 'sinusoidal' now, model.position_offset: 1 in the checkpoint, 0 now\)"):
+        train(other, resume=True, quiet=True)
+
+
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     with pytest.raises(UserError, match="cannot resume"):
         train(tiny_config(str(tmp_path)), resume=True, quiet=True)
