@@ -26,7 +26,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ import torch
 from torch import nn
 
 from nmt.errors import UserError
-from nmt.textio import umask
+from nmt.textio import atomic_file, fsync_dir
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
@@ -45,33 +44,16 @@ TEMP_PREFIX = ".tmp-"  # files being written; never checkpoints (`remove_tempora
 # --------------------------------------------------------------------------- files
 
 def save_checkpoint(state: dict, path: str) -> None:
-    """Write `state` to `path` atomically (tmp file in the same dir, fsync, rename), with the mode a
-    new file gets (0o666 & ~umask; mkstemp alone makes it 0o600). An OSError names `path`."""
-
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".pt.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            try:
-                torch.save({"format": FORMAT, "version": VERSION, **state}, f)
-            except RuntimeError as e:  # torch's zip writer reports a failed write (disk full) as RuntimeError
-                cause = _os_error_in(e)
-                if cause is None:
-                    raise
-                raise cause from None
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~umask())
+    """Write `state` to `path` through `textio.atomic_file` (temporary file `.tmp-*.pt.tmp` in the same
+    directory, fsync, rename; a device such as /dev/null is written directly). An OSError names `path`."""
+    with atomic_file(path, fsync=True, prefix=TEMP_PREFIX, suffix=".pt.tmp") as f:
         try:
-            os.replace(tmp, path)
-        except OSError as e:  # e.g. `-o missing/`: name what the user gave, not the temporary file
-            raise OSError(e.errno, e.strerror, path) from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+        except RuntimeError as e:  # torch's zip writer reports a failed write (disk full) as RuntimeError
+            cause = _os_error_in(e)
+            if cause is None:
+                raise
+            raise cause from None
 
 
 def _os_error_in(e: BaseException) -> OSError | None:
@@ -100,7 +82,7 @@ def link_checkpoint(src: str, dst: str) -> None:
     except OSError:
         shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def remove_temporaries(directory: str) -> int:
@@ -114,18 +96,6 @@ def remove_temporaries(directory: str) -> int:
                 n += 1
     return n
 
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not possible on every platform
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:

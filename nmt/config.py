@@ -582,10 +582,11 @@ def dump_config(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(dump_config(cfg))
-    os.replace(tmp, path)
+    """Write `dump_config(cfg)` to `path` (atomically: nmt/textio.py `atomic_file`)."""
+    from nmt.textio import atomic_file
+
+    with atomic_file(path) as f:
+        f.write(dump_config(cfg).encode("utf-8"))
 
 
 def replace(cfg: Any, **changes: Any) -> Any:

@@ -212,16 +212,29 @@ def one_line(text: str) -> str:
 
 @contextlib.contextmanager
 def open_output(path: str | None, stdout: IO[bytes] | None = None) -> Iterator[IO[bytes]]:
-    """A binary stream for the output `path` (standard output when None or "-").
-
-    A regular file is written under a temporary name in the same directory and
-    renamed to `path` when the block ends without an error; on an error the
-    temporary file is removed and `path` is untouched. Devices and pipes (e.g.
-    /dev/stdout) are written directly.
-    """
+    """A binary stream for the output `path` (standard output when None or "-"); a file is written
+    by `atomic_file`."""
     if is_stdin(path):
         yield stdout if stdout is not None else sys.stdout.buffer
         return
+    with atomic_file(path) as f:
+        yield f
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
+                suffix: str = ".tmp") -> Iterator[IO[bytes]]:
+    """The one way nmt writes a file: a binary stream that becomes `path` only when the block ends
+    without an error.
+
+    A regular file (or a new one) is written under a temporary name in the same directory
+    (`prefix` + random + `suffix`; default prefix "." + the file's name), given the mode the file
+    has (a new one: 0o666 & ~umask; mkstemp alone makes 0o600), and renamed over `path`
+    (`os.replace`: a crash or kill -9 at any moment leaves the old file or the new one, never a
+    truncated one); on an error the temporary file is removed and `path` is untouched. fsync: the
+    data and the directory entry are flushed to disk too (checkpoints). An existing device or named
+    pipe (/dev/null, /dev/stdout, a FIFO) is written directly: there is nothing to replace, and
+    renaming over it would destroy it. A directory is a UserError. OSErrors name `path`."""
     if os.path.exists(path) and not os.path.isfile(path):
         if os.path.isdir(path):
             raise UserError(f"output {path} is a directory")
@@ -229,19 +242,41 @@ def open_output(path: str | None, stdout: IO[bytes] | None = None) -> Iterator[I
             yield f
         return
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=prefix if prefix is not None else f".{os.path.basename(path)}.",
+                               suffix=suffix, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
-        if os.path.exists(path):
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-        else:
-            os.chmod(tmp, 0o666 & ~umask())
-        os.replace(tmp, path)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o666 & ~umask()
+        os.chmod(tmp, mode)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:  # e.g. `-o missing/`: name what the user gave, not the temporary file
+            raise OSError(e.errno, e.strerror, path) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if fsync:
+        fsync_dir(directory)
+
+
+def fsync_dir(directory: str) -> None:
+    """Flush a directory's entries (a rename) to disk, where the platform allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def umask() -> int:

@@ -111,3 +111,43 @@ def test_commands_read_process_substitutions(files):
         bad = _bash(f"{nmt} {command}")
         assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, bad.stderr
         assert "line counts differ: 30 lines" in bad.stderr and "but 1 " in bad.stderr, bad.stderr
+
+
+def _fifo_reader(path: str) -> tuple[threading.Thread, list[bytes]]:
+    """A named pipe at `path` and a thread that reads everything written into it (its open waits for a
+    writer; if the pipe is replaced instead, it never returns: a daemon thread)."""
+    os.mkfifo(path)
+    got: list[bytes] = []
+
+    def read():
+        with open(path, "rb") as f:
+            got.append(f.read())
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t, got
+
+
+@pytest.mark.parametrize("command", ["average", "tune"])
+def test_a_device_or_pipe_output_is_written_never_replaced(tmp_path, command):
+    """`nmt average ck.pt -o /dev/null` (and tune -o) renamed a temporary file over the device: run as root,
+    /dev/null became a regular file. Every writer goes through textio.atomic_file, which writes a device or
+    named pipe directly; here a named pipe stands in for /dev/null (no root needed)."""
+    import stat
+
+    ckpt = str(tmp_path / "ck.pt")
+    make_tiny_checkpoint(ckpt)
+    out = str(tmp_path / "out.pipe")
+    reader, got = _fifo_reader(out)
+    src = tmp_path / "dev.txt"
+    src.write_text("hola\nadios\n")
+    args = {"average": ["average", ckpt, "-o", out],
+            "tune": ["tune", "-c", ckpt, "--src", str(src), "--ref", str(src), "-o", out, "--max-time", "5",
+                     "--max-loops", "1", "-q"]}[command]
+    proc = subprocess.run([sys.executable, "-m", "nmt", *args], cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(os.stat(out).st_mode), "the named pipe was replaced by a file"
+    assert got and got[0][:4] == b"PK\x03\x04"  # the checkpoint went through the pipe (torch.save's zip)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
