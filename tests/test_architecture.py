@@ -1,0 +1,167 @@
+"""The import graph of nmt/ (docs/architecture.md "Layers"): no circles, and every import runs downward.
+
+Layers, top to bottom: the package's public face (`nmt/__init__.py`'s lazy `Translator`, `nmt/__main__.py`);
+the commands (`nmt/commands/`) and the CLI (`nmt/cli.py`); the facades (`nmt/api.py`'s Translator,
+`nmt/train.py`'s train()); the library (everything else). Every import counts, at module level and inside
+functions alike (`from nmt import x` imports nmt.x), because a function-level import closes a circle just
+the same once the function runs. The graph is read from the source with `ast`; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import os
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FACE = {"nmt", "nmt.__main__"}  # what users start from: `from nmt import Translator`, `python -m nmt`
+FACADES = {"nmt.api", "nmt.train"}
+LAYERS = ("library", "facade", "commands", "face")  # bottom to top
+
+
+def modules(root: str, package: str = "nmt") -> dict[str, str]:
+    """{dotted module name: path} of every .py file under root/package."""
+    out = {}
+    for directory, _, files in os.walk(os.path.join(root, package)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(directory, name), root)[: -len(".py")].split(os.sep)
+                out[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = os.path.join(directory, name)
+    return out
+
+
+def imported(name: str, path: str, known: set[str]) -> set[str]:
+    """The modules of `known` that module `name` (at `path`) imports anywhere in its code."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x, from ..y import z
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            # `from nmt import textio` imports the module nmt.textio; `from nmt import Translator`, the package
+            targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names)
+    out = set()
+    for target in targets:
+        while target and target not in known:  # `import nmt.x.y` of a name inside nmt.x: nmt.x
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            out.add(target)
+    return out
+
+
+def import_graph(root: str = ROOT, package: str = "nmt") -> dict[str, set[str]]:
+    found = modules(root, package)
+    return {name: imported(name, path, set(found)) for name, path in found.items()}
+
+
+def layer(module: str) -> str:
+    if module in FACE:
+        return "face"
+    if module == "nmt.cli" or module == "nmt.commands" or module.startswith("nmt.commands."):
+        return "commands"
+    return "facade" if module in FACADES else "library"
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def circles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """For every group of modules that import each other in turn: (a shortest circle a -> ... -> a through its
+    first module, every module of the group)."""
+    reach = {name: reachable(graph, name) for name in graph}
+    out, done = [], set()
+    for name in sorted(graph):
+        if name in done or name not in reach[name]:
+            continue
+        group = {m for m in reach[name] if name in reach[m]}
+        done |= group
+        paths, todo = {name: [name]}, collections.deque([name])  # breadth first, inside the group
+        while todo:
+            current = todo.popleft()
+            for nxt in sorted(graph[current] & group):
+                if nxt == name:
+                    out.append((paths[current] + [name], sorted(group)))
+                    todo.clear()
+                    break
+                if nxt not in paths:
+                    paths[nxt] = paths[current] + [nxt]
+                    todo.append(nxt)
+    return out
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run up: a library module importing a facade, a command or the face; a facade importing a
+    command or the face."""
+    return [f"{a} ({layer(a)}) imports {b} ({layer(b)})" for a in sorted(graph) for b in sorted(graph[a])
+            if LAYERS.index(layer(b)) > LAYERS.index(layer(a)) and layer(a) in ("library", "facade")]
+
+
+# --------------------------------------------------------------------------- nmt/
+
+def test_the_graph_is_read_from_every_kind_of_import():
+    """The reader sees module-level, function-level and `from nmt import x` imports (else the tests below
+    would pass on an empty graph)."""
+    graph = import_graph()
+    assert {"nmt", "nmt.__main__", "nmt.api", "nmt.cli", "nmt.search"} <= set(graph)
+    assert "nmt.translate" in graph["nmt.api"]  # module level
+    assert "nmt.score" in graph["nmt.api"]  # inside Translator.score
+    assert "nmt.fast" in graph["nmt.torch_engine"]  # `from nmt import fast as fast_paths`, inside a function
+    assert "nmt.api" in graph["nmt"]  # the lazy Translator
+
+
+def test_no_circles():
+    found = circles(import_graph())
+    assert not found, "import circles in nmt/:\n" + "\n".join(
+        f"{' -> '.join(path)} (modules in this circle: {', '.join(group)})" for path, group in found)
+
+
+def test_imports_run_downward():
+    """library -> facades (nmt.api, nmt.train) -> commands (nmt/commands/, nmt/cli.py) -> the face."""
+    found = upward(import_graph())
+    assert not found, "imports that run up a layer:\n" + "\n".join(found)
+
+
+# --------------------------------------------------------------------------- the checks themselves
+
+def test_a_circle_through_a_function_level_import_is_found(tmp_path):
+    """A package whose module b imports a inside a function, a imports b at the top, c is apart."""
+    pkg = tmp_path / "nmt"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from nmt import b\n")
+    (pkg / "b.py").write_text(textwrap.dedent("""\
+        import os
+
+
+        def f():
+            from nmt.a import thing
+            return thing
+        """))
+    (pkg / "c.py").write_text("import nmt.b\n")
+    graph = import_graph(str(tmp_path))
+    assert graph == {"nmt": set(), "nmt.a": {"nmt.b"}, "nmt.b": {"nmt.a"}, "nmt.c": {"nmt.b"}}
+    assert circles(graph) == [(["nmt.a", "nmt.b", "nmt.a"], ["nmt.a", "nmt.b"])]
+
+
+def test_an_import_up_a_layer_is_found():
+    graph = {"nmt.search": {"nmt.api"}, "nmt.api": {"nmt.commands.translate", "nmt.search"},
+             "nmt.commands.translate": {"nmt.api"}, "nmt.cli": {"nmt.commands.translate", "nmt"},
+             "nmt": {"nmt.api"}, "nmt.validation": {"nmt"}}
+    assert upward(graph) == [
+        "nmt.api (facade) imports nmt.commands.translate (commands)",
+        "nmt.search (library) imports nmt.api (facade)",
+        "nmt.validation (library) imports nmt (face)"]
