@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import sys
 from typing import Any
 
 import numpy as np
@@ -191,19 +190,6 @@ def load_for_inference(path: str, device: str | torch.device = "cpu") -> tuple[n
 
 
 # --------------------------------------------------------------------------- averaging
-
-def average_command(checkpoints: list[str], output: str, *, quiet: bool = False) -> int:
-    """`nmt average`: write the parameter average of `checkpoints` to `output`. Returns 0."""
-    from nmt import textio
-
-    if not checkpoints:
-        raise UserError("average needs at least one checkpoint")
-    textio.check_paths({f"checkpoint {i + 1}": p for i, p in enumerate(checkpoints)}, {"--output": output})
-    average_checkpoints(list(checkpoints), output)
-    if not quiet:
-        print(f"averaged {len(checkpoints)} checkpoints into {output}", file=sys.stderr)
-    return 0
-
 
 def average_checkpoints(paths: list[str], out_path: str) -> dict:
     """Average the model parameters of `paths` (fairseq/Marian) into an inference checkpoint.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -120,7 +119,7 @@ def _translate_parser(sub) -> None:
 
 
 def _evaluate_parser(sub) -> None:
-    from nmt.evaluate import TOKENIZERS  # no torch, no sacrebleu at import
+    from nmt.metrics import TOKENIZERS  # no torch, no sacrebleu at import
 
     p = sub.add_parser(
         "evaluate", help="score translations with sacreBLEU (BLEU, chrF, TER)",
@@ -218,12 +217,14 @@ def _import_parser(sub) -> None:
 
 
 def _export_parser(sub) -> None:
+    from nmt.commands.export import FORMATS  # the formats registered with the export command
+
     p = sub.add_parser("export", help="export a checkpoint for CTranslate2 or Hugging Face transformers",
                        description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`), "
                        "or with --format hf a Hugging Face directory (MarianMT or M2M100) that transformers' "
                        "AutoModelForSeq2SeqLM and AutoTokenizer load.")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to export")
-    p.add_argument("--format", default="ctranslate2", choices=("ctranslate2", "hf"),
+    p.add_argument("--format", default="ctranslate2", choices=tuple(FORMATS),
                    help="export format (default: ctranslate2; hf: Hugging Face transformers)")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
     p.add_argument("--quantization", choices=("int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32"),
@@ -293,21 +294,14 @@ def _model(args: argparse.Namespace, needed: bool = True) -> tuple[str | None, s
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from nmt.config import dump_config, load_config
+    from nmt.commands.train import train_command
 
-    cfg = load_config(args.config, args.overrides, resume=args.resume)  # --resume ignores train.init_from
-    if args.check:
-        sys.stdout.write(dump_config(cfg))
-        return 0
-    from nmt.train import train
-
-    result = train(cfg, resume=args.resume, device=args.device, quiet=args.quiet)
-    # Stopped by SIGINT/SIGTERM after saving latest.pt: the shell's convention, 128 + signal.
-    return 128 + result["signal"] if result.get("signal") else 0
+    return train_command(args.config, args.overrides, resume=args.resume, device=args.device, quiet=args.quiet,
+                         check=args.check)
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from nmt.translate import translate_command
+    from nmt.commands.translate import translate_command
 
     path, engine = _model(args)
     return translate_command(path, args.input, args.output, engine=engine, device=args.device,
@@ -315,8 +309,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from nmt.commands.evaluate import compare_command, evaluate_command
     from nmt.errors import UserError
-    from nmt.evaluate import evaluate_command
 
     path, engine = _model(args, needed=False)
     if args.compare is not None:
@@ -324,8 +318,6 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
         if args.langid is not None:
             raise UserError("--compare does not count off-target outputs: give it without --langid")
-        from nmt.compare import compare_command
-
         return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
                                lowercase=args.lowercase, json_out=args.json)
     if (args.hyp is None) == (path is None):
@@ -339,7 +331,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from nmt.score import score_command
+    from nmt.commands.score import score_command
 
     path, engine = _model(args)
     return score_command(path, args.src, args.tgt, args.output, engine=engine, device=args.device,
@@ -347,7 +339,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from nmt.tune import tune_command
+    from nmt.commands.tune import tune_command
 
     return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
                         max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
@@ -355,59 +347,33 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from nmt.batcher import Settings
-    from nmt.errors import UserError
-    from nmt.serve import serve_command
+    from nmt.commands.serve import serve_command, serve_settings
 
     path, engine = _model(args)
-    for flag in ("max_lines", "max_chars", "max_beam", "max_queue", "batch_lines"):
-        if getattr(args, flag) < 1:
-            raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
-    if not 0 < args.timeout < math.inf:
-        raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-    if not 0 <= args.batch_window_ms < math.inf:
-        raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {args.batch_window_ms:g}")
-    for origin in args.allow_origin:
-        if origin != "*" and not _is_origin(origin):
-            raise UserError(f"--allow-origin {origin}: not an origin (scheme://host[:port], e.g. https://example.com, "
-                            "as browsers send it; * for any)")
-    settings = Settings(max_lines=args.max_lines, max_chars=args.max_chars, max_beam=args.max_beam,
-                        max_queue=args.max_queue, timeout=args.timeout, window=args.batch_window_ms / 1000,
-                        batch_lines=args.batch_lines, batching=args.batching)
+    settings = serve_settings(port=args.port, max_lines=args.max_lines, max_chars=args.max_chars,
+                              max_beam=args.max_beam, max_queue=args.max_queue, timeout=args.timeout,
+                              batch_window_ms=args.batch_window_ms, batch_lines=args.batch_lines,
+                              batching=args.batching, allow_origins=tuple(args.allow_origin))
     return serve_command(path, engine=engine, device=args.device, overrides=_decode_overrides(args), host=args.host,
                          port=args.port, settings=settings, access_log=args.access_log,
                          allow_origins=tuple(args.allow_origin), allow_hosts=tuple(args.allow_host))
 
 
-def _is_origin(text: str) -> bool:
-    """Whether `text` is a web origin as browsers send it in the Origin header: scheme://host[:port]."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(text)
-        parts.port  # noqa: B018 (a malformed port raises ValueError)
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
-
-
 def _cmd_average(args: argparse.Namespace) -> int:
-    from nmt.checkpoint import average_command
+    from nmt.commands.average import average_command
 
     return average_command(args.checkpoints, args.output)
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from nmt.hf_io import import_command
+    from nmt.commands.import_model import import_command
 
     return import_command(args.source, args.output, src_lang=args.src_lang, tgt_lang=args.tgt_lang, config=args.config,
                           quiet=args.quiet)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from nmt.export import export_command
+    from nmt.commands.export import export_command
 
     return export_command(args.checkpoint, args.output, format=args.format, quantization=args.quantization, force=args.force)
 

@@ -1,4 +1,4 @@
-"""`nmt evaluate --compare`: is system B really better than system A on this test set?
+"""Is system B really better than system A on this test set? (`nmt evaluate --compare`)
 
     nmt evaluate --ref test.en --compare base.hyp new.hyp [more.hyp ...] [--src test.es] [--json]
 
@@ -21,11 +21,9 @@ one-line errors.
 
 from __future__ import annotations
 
-import json
 import math
-from typing import IO, Sequence
+from typing import Sequence
 
-from nmt import textio
 from nmt.degeneration import CATEGORIES, degeneration
 from nmt.errors import UserError
 
@@ -127,59 +125,3 @@ def compare(systems: Sequence[tuple[str, Sequence[str]]], refs: Sequence[str], s
         out_systems.append(entry)
     return {"n_sentences": n, "baseline": systems[0][0], "systems": out_systems,
             "signatures": tests["signatures"]}
-
-
-def format_comparison(result: dict, metrics: Sequence[str]) -> str:
-    """The human-readable table: one line per system and metric, then wins/losses and degeneration."""
-    lines = [f"{result['n_sentences']} lines; baseline {result['baseline']}; paired bootstrap "
-             f"({BOOTSTRAP_SAMPLES} resamples) and approximate randomization ({AR_TRIALS} trials), sacreBLEU"]
-    width = max(len(s["name"]) for s in result["systems"])
-    for m in metrics:
-        label = METRIC_NAMES[m]
-        for i, s in enumerate(result["systems"]):
-            r = s[m]
-            delta = r["score"] - result["systems"][0][m]["score"]
-            tail = "(baseline)" if i == 0 else (f"{delta:+.2f}  p(bootstrap) {r['p_bootstrap']:.4f}  "
-                                              f"p(AR) {r['p_ar']:.4f}{'  *' if max(r['p_bootstrap'], r['p_ar']) < 0.05 else ''}")
-            lines.append(f"{label:<6} {s['name']:<{width}}  {r['score']:6.2f}  "
-                         f"(mean {r['mean']:.2f} +- {r['ci']:.2f})  {tail}")
-    for s in result["systems"][1:]:
-        w = s["lines"]
-        delta = ", ".join(f"{c.replace('_', ' ')} {v:+d}" for c, v in s["degeneration_delta"].items())
-        lines.append(f"lines  {s['name']:<{width}}  better {w['wins']}, same {w['ties']}, worse {w['losses']} "
-                     f"(sentence chrF); degeneration vs baseline: {delta}")
-    lines.append("* = p < 0.05 in both tests")
-    return "\n".join(lines)
-
-
-def compare_command(hyps: Sequence[str], ref: str, *, src: str | None = None, metrics: Sequence[str] = ("bleu", "chrf"),
-                    tokenize: str | None = None, lowercase: bool = False, json_out: bool = False,
-                    stdout: IO[str] | None = None) -> int:
-    """`nmt evaluate --compare HYP...`: read the files, compare, print (text or one JSON object). Returns 0."""
-    import sys
-
-    from nmt.evaluate import check_tokenize
-
-    stdout = stdout if stdout is not None else sys.stdout
-    names = [m.lower() for m in metrics]
-    for m in names:
-        if m not in METRIC_NAMES:
-            raise UserError(f"--compare supports the metrics bleu and chrf, not {m!r}")
-    if len(hyps) < 2:
-        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
-    check_tokenize(tokenize)
-    textio.check_paths({"--ref": ref, **{f"--compare {i + 1}": h for i, h in enumerate(hyps)},
-                        **({"--src": src} if src is not None else {})}, {})
-    refs = textio.read_lines(ref)
-    srcs = textio.read_lines(src) if src is not None else None
-    systems = [(h, textio.read_lines(h)) for h in hyps]
-    for name, lines in systems + ([(src, srcs)] if srcs is not None else []):
-        if len(lines) != len(refs):
-            raise UserError(f"line counts differ: {len(lines)} lines in {name} but {len(refs)} in {ref}")
-    result = compare(systems, refs, srcs, names, tokenize=tokenize, lowercase=lowercase)
-    if json_out:
-        stdout.write(json.dumps({"ref": ref, **result}, ensure_ascii=False) + "\n")
-    else:
-        stdout.write(format_comparison(result, names) + "\n")
-    stdout.flush()
-    return 0

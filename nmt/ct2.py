@@ -55,7 +55,7 @@ from typing import Iterator, Sequence
 from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import parse_device, resolve_workers
 from nmt.errors import Cancelled, UserError
-from nmt.export import read_metadata, require_ctranslate2, vocabularies
+from nmt.export_dir import read_metadata, require_ctranslate2, vocabularies
 from nmt.languages import free_prefix
 from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.protect import PLACEHOLDERS

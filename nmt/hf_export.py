@@ -1,4 +1,5 @@
-"""`nmt export --format hf`: an nmt checkpoint -> a Hugging Face model directory.
+"""The Hugging Face writer of `nmt export --format hf` (nmt/commands/export.py): an nmt model -> a Hugging Face
+model directory (`write_hf`).
 
 The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenizer`, and its
 `generate()` (with the written generation_config.json) searches as `nmt translate` does:
@@ -32,11 +33,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
-import tempfile
 
+from nmt import textio
 from nmt.errors import UserError
+from nmt.export_dir import METADATA_FILE, check_finite, check_output_dir
 
 TOKENIZER_CLASS = {"marian": "MarianTokenizer", "m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer"}
 
@@ -134,7 +134,6 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
 
 def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str]]:
     """({file name: bytes} but the weights, the weights to save, notes) of the Hugging Face directory."""
-    from nmt.export import check_finite
     from nmt.grow import hf_numbering
     from nmt.hf import architecture_from_nmt, config_to_hf, weights_to_hf
 
@@ -155,39 +154,29 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
     return files, weights_to_hf(state, arch), notes
 
 
-def export_hf(checkpoint: str, output_dir: str, *, force: bool = False, quiet: bool = False, stderr=None) -> int:
-    """`nmt export --format hf`: write the Hugging Face directory of `checkpoint`. Returns 0."""
+def require_safetensors() -> None:
+    """UserError unless safetensors (transformers' weights format) is installed."""
     try:
-        from safetensors.torch import save_file
+        import safetensors.torch  # noqa: F401
     except ImportError:
         raise UserError("exporting to Hugging Face needs the safetensors package (transformers' weights format): "
                         "pip install safetensors") from None
 
-    from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
-    from nmt.export import METADATA_FILE, _check_output, _replace_dir, check_export_paths
 
-    check_export_paths(checkpoint, output_dir)
-    _check_output(output_dir, force)
-    state = load_checkpoint(checkpoint, mmap=True)
-    model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
-    files, weights, notes = build_directory(model.eval(), tokenizer, cfg)
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
-    try:
+def write_hf(model, tokenizer, cfg, output_dir: str, *, force: bool = False, checkpoint: str = "",
+             step: int | None = None) -> tuple[dict[str, bytes], list[str]]:
+    """Write the Hugging Face directory of (model in eval mode, tokenizer, cfg) to `output_dir`, atomically
+    (`textio.atomic_dir`; with `force` an earlier export or an empty directory is replaced, nothing else).
+    Returns (the files written but the weights, notes on decode settings without a counterpart)."""
+    require_safetensors()
+    from safetensors.torch import save_file
+
+    check_output_dir(output_dir, force)
+    files, weights, notes = build_directory(model, tokenizer, cfg)
+    with textio.atomic_dir(output_dir, what="export") as tmp:
         save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        meta = {"format": "nmt-hf", "checkpoint": os.path.abspath(checkpoint), "step": state.get("step")}
+        meta = {"format": "nmt-hf", "checkpoint": os.path.abspath(checkpoint) if checkpoint else "", "step": step}
         for name, data in {**files, METADATA_FILE: _json(meta)}.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)
-        _replace_dir(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if not quiet:
-        for note in notes:
-            print(f"nmt export: note: {note}", file=stderr or sys.stderr)
-        family = json.loads(files["config.json"])["model_type"]
-        tok = json.loads(files["tokenizer_config.json"])["tokenizer_class"]
-        print(f"exported {checkpoint} to {output_dir} (Hugging Face {family}, {tok})", file=stderr or sys.stderr)
-    return 0
+    return files, notes

@@ -13,11 +13,11 @@ Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`):
 - every problem is a one-line `UserError` naming the file: not found, a directory,
   invalid UTF-8 (with the line number), not gzip or truncated gzip.
 
-Writing (`open_output`, `write_lines`): a file is written to a temporary name in
-its directory and renamed into place only when everything was written, so a
+Writing (`open_output`, `write_lines`, through `atomic_file`): a file is written to a temporary
+name in its directory and renamed into place only when everything was written, so a
 failure (disk full, Ctrl-C, a bad input line) never leaves a half-written file
 that could be taken for a result. Standard output, devices and pipes are
-written directly.
+written directly. `atomic_dir` does the same for a directory (exports).
 
 `check_paths` runs before any work: inputs must exist, and no output may be the
 same file as an input (also through symlinks, standard input or standard output), nor the
@@ -33,6 +33,7 @@ import contextlib
 import gzip
 import io
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -263,6 +264,31 @@ def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
         raise
     if fsync:
         fsync_dir(directory)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str, *, what: str = "dir") -> Iterator[str]:
+    """The one way nmt writes a directory (`nmt export`): a new temporary directory next to `path`
+    (`.tmp-WHAT-*`) to fill in the block, renamed to `path` only when the block ends without an error.
+    An existing `path` is renamed away first (`.tmp-old-WHAT-*`) and removed after the swap; on an error
+    the temporary directory is removed and `path` is untouched. Whether `path` may be replaced is the
+    caller's check."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=parent)
+    try:
+        yield tmp
+        old = None
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=f".tmp-old-{what}-", dir=parent)
+            os.rmdir(old)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def fsync_dir(directory: str) -> None:

@@ -1,4 +1,4 @@
-"""`nmt tune`: choose a model's decode settings on a dev set, within a time budget.
+"""Choosing a model's decode settings on a dev set, within a time budget (`nmt tune`, `train.tune_decode`).
 
     nmt tune --checkpoint CK --src dev.es --ref dev.en [-o TUNED.pt | --in-place] [--max-time 600] [--metric bleu|chrf]
              [--max-loops 0.02] [--tgt-lang L]
@@ -359,39 +359,6 @@ def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str,
                       "lines": result.lines, "seconds": round(result.seconds, 1), "tgt_lang": result.tgt_lang,
                       "table": [r.as_dict() for r in result.table]}
     ckpt.save_checkpoint(state, output)
-
-
-def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
-                 max_time: float = MAX_TIME, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
-                 quiet: bool = False, tgt_lang: str | None = None) -> int:
-    """`nmt tune` (module docstring). Returns 0; a UserError, with nothing written, when no setting keeps
-    its looping outputs within `max_loops`."""
-    import sys
-
-    from nmt.torch_engine import TorchEngine
-
-    if output is not None and in_place:
-        raise UserError("give -o FILE or --in-place, not both")
-    if not (math.isfinite(max_time) and max_time > 0):
-        raise UserError(f"--max-time must be a number of seconds > 0, got {max_time:g}")
-    if not 0 <= max_loops <= 1:
-        raise UserError(f"--max-loops is a share of the lines, between 0 and 1; got {max_loops:g}")
-    outputs = {"--output": output} if output is not None else {}
-    textio.check_paths({"--checkpoint": checkpoint, "--src": src, "--ref": ref}, outputs)
-    src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
-    engine = TorchEngine.load(checkpoint, device)
-    log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    result = tune(engine, src_lines, ref_lines, metric=metric, max_time=max_time, max_loops=max_loops, log=log,
-                  tgt_lang=tgt_lang)
-    if not result.within_limit:
-        accept = math.ceil(round(result.row.loops * 1000, 6)) / 1000  # rounded up to 0.1%: it accepts that share
-        raise UserError(f"{result.over_limit()}; nothing written (--max-loops {accept:g} would accept it)")
-    print(format_result(result, metric), flush=True)
-    target = checkpoint if in_place else output
-    if target is not None:
-        apply_to_checkpoint(checkpoint, target, result, metric, src)
-        print(f"tune: wrote decode settings {result.best.keys()} into {target}", file=sys.stderr, flush=True)
-    return 0
 
 
 def format_result(result: TuneResult, metric: str) -> str:

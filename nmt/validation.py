@@ -92,10 +92,10 @@ def _loss(model, cfg: Config, tokenizer, valid, pairs: range, device, precision:
 
 def valid_tokenize(cfg: Config, tgt_lang: str) -> str:
     """The sacreBLEU tokenizer of validation BLEU into `tgt_lang`: train.valid_tokenize, or with `auto`
-    the target language's (`nmt.evaluate.language_tokenize`; 13a for most languages)."""
+    the target language's (`nmt.metrics.language_tokenize`; 13a for most languages)."""
     if cfg.train.valid_tokenize != "auto":
         return cfg.train.valid_tokenize
-    from nmt.evaluate import language_tokenize
+    from nmt.metrics import language_tokenize
 
     return language_tokenize(tgt_lang)[0] or "13a"
 
@@ -103,7 +103,7 @@ def valid_tokenize(cfg: Config, tgt_lang: str) -> str:
 def check_tokenize(cfg: Config, log) -> None:
     """Before training: a tokenizer that cannot work fails now (UserError), not at the first
     validation; `auto` falling back to `char` for a Japanese validation set says so once."""
-    from nmt.evaluate import check_tokenize as check, language_tokenize
+    from nmt.metrics import check_tokenize as check, language_tokenize
 
     if not cfg.train.valid_bleu:
         return
@@ -121,7 +121,7 @@ def _bleu(model, cfg: Config, tokenizer, vs: ValidSet, device, precision: Precis
     """Greedy translations of the set's sources into its target language: BLEU, chrF, BP, length ratio
     and the degeneration report (nmt/degeneration.py: train.log line and TensorBoard scalars)."""
     from nmt.degeneration import degeneration, format_report, scalars
-    from nmt.evaluate import corpus_metrics
+    from nmt.metrics import corpus_metrics
     from nmt.fast import search_ops
     from nmt.torch_engine import TorchEngine
     from nmt.translate import translate_nbest

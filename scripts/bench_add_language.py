@@ -213,7 +213,7 @@ def train_variant(raw: dict, log) -> dict:
 
 
 def evaluate(args, checkpoint: str, lang: str, langid: str) -> dict:
-    from nmt.evaluate import evaluate_command
+    from nmt.commands.evaluate import evaluate_command
 
     src, ref = files(args.data, "test", lang)
     out_dir = os.path.join(args.out, "test")
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
         log(f"base: {results['runs']['base']}")
         save()
     if "import" in args.stages:
-        from nmt.hf_io import import_command
+        from nmt.commands.import_model import import_command
 
         with contextlib.redirect_stderr(io.StringIO()):
             import_command(base_dir, base_ckpt, src_lang=CODES["en"], tgt_lang=CODES[args.old[0]], quiet=True)
@@ -395,11 +395,11 @@ def main(argv=None) -> int:
                 log(f"{name} en -> {lang}: {results['scores'][name][lang]}")
             save()
     if "export" in args.stages and "grow" in results["runs"]:
-        from nmt.hf_export import export_hf
+        from nmt.commands.export import export_command
 
         directory = os.path.join(args.out, "grow-hf")
         checkpoint = results["runs"]["grow"]["checkpoint"]
-        export_hf(checkpoint, directory, force=True, quiet=True)
+        export_command(checkpoint, directory, format="hf", force=True, quiet=True)
         results["export"] = {lang: compare_export(args, checkpoint, directory, lang) for lang in args.old + [args.new]}
         log(f"export --format hf: {results['export']}")
         save()

@@ -183,7 +183,7 @@ def main() -> int:
 
     from nmt.checkpoint import load_for_inference
     from nmt.config import decode_config
-    from nmt.export import write_export
+    from nmt.ct2_export import write_export
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

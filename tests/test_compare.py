@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from nmt.compare import compare, compare_command
+from nmt.commands.evaluate import compare_command
+from nmt.compare import compare
 from nmt.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -183,7 +183,8 @@ import subprocess
 
 from nmt.config import decode_config
 from nmt.torch_engine import TorchEngine
-from nmt.translate import translate_command, translate_nbest
+from nmt.commands.translate import translate_command
+from nmt.translate import translate_nbest
 from helpers import make_pairs
 from helpers import make_tiny_checkpoint
 

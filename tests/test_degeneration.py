@@ -10,7 +10,7 @@ import os
 import pytest
 
 from nmt.degeneration import degeneration, format_report, loops, scalars
-from nmt.evaluate import evaluate_command
+from nmt.commands.evaluate import evaluate_command
 
 SRC = ["el perro ve la casa", "la luna", "uno dos tres cuatro cinco seis", "hola", "el sol ve el rio", ""]
 REF = ["the dog sees the house", "the moon", "one two three four five six", "hello", "the sun sees the river", ""]

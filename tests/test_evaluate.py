@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from nmt.errors import UserError
-from nmt.evaluate import corpus_metrics, evaluate_command
+from nmt.commands.evaluate import evaluate_command
+from nmt.metrics import corpus_metrics
 from nmt.textio import read_lines
 
 # Hand-made pairs: punctuation, casing, Unicode, an empty line, trailing spaces, a CRLF line.
@@ -165,7 +166,7 @@ def test_tokenize_and_lowercase_match_the_sacrebleu_command(tmp_path, tokenize, 
 
 
 def test_tokenize_errors(tmp_path):
-    from nmt.evaluate import check_tokenize
+    from nmt.metrics import check_tokenize
 
     ref = _write(tmp_path, "ref.txt", "a\n")
     with pytest.raises(UserError, match="unknown BLEU tokenizer 'spaces'"):

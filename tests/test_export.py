@@ -1,4 +1,4 @@
-"""nmt.export / nmt.ct2: CTranslate2 export and the CTranslate2 translate path.
+"""nmt.ct2_export / nmt.ct2: CTranslate2 export and the CTranslate2 translate path.
 
 References are independent of the code under test: our PyTorch model's teacher-forced
 log-softmax (for the exported weights, through CTranslate2's `score_batch`) and nmt.search /
@@ -77,7 +77,7 @@ def teacher_forced_log_probs(model, src: list[int], tgt: list[int]) -> np.ndarra
 
 
 def pieces(tokenizer: Tokenizer, ids: list[int], side: str) -> list[str]:
-    from nmt.export import vocabularies
+    from nmt.export_dir import vocabularies
 
     vocab = vocabularies(tokenizer)[0 if side == "src" else 1]
     return [vocab[i] for i in ids]
@@ -103,7 +103,7 @@ ARCHITECTURES = [
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: "-".join(str(v) for v in a.values()))
 def test_exported_weights_give_our_log_probs(ct2, tokenizers, pairs, tmp_path, arch):
     """CTranslate2's teacher-forced log-probabilities equal our model's, per token."""
-    from nmt.export import write_export
+    from nmt.ct2_export import write_export
 
     arch = dict(arch)
     tokenizer = tokenizers[arch.pop("tok", "joint")]
@@ -121,7 +121,8 @@ def test_exported_weights_give_our_log_probs(ct2, tokenizers, pairs, tmp_path, a
 
 
 def test_export_directory_contents(ct2, tokenizers, tmp_path):
-    from nmt.export import METADATA_FILE, write_export
+    from nmt.ct2_export import write_export
+    from nmt.export_dir import METADATA_FILE
 
     for kind, files in (("joint", ["spm.model"]), ("separate", ["spm.src.model", "spm.tgt.model"])):
         tokenizer = tokenizers[kind]
@@ -142,7 +143,7 @@ def test_export_directory_contents(ct2, tokenizers, tmp_path):
 def test_export_leaves_the_model_untouched(ct2, tokenizers, tmp_path, quantization):
     """Exporting from a model in memory (as scripts/bench_ct2.py does) must not change its
     weights: CTranslate2 quantizes the arrays it gets in place."""
-    from nmt.export import write_export
+    from nmt.ct2_export import write_export
 
     tokenizer = tokenizers["joint"]
     cfg = make_config(share_embeddings=True)
@@ -156,7 +157,7 @@ def test_export_leaves_the_model_untouched(ct2, tokenizers, tmp_path, quantizati
 # --------------------------------------------------------------------------- refusals
 
 def test_unsupported_option_is_refused_with_its_name(tokenizers, tmp_path):
-    from nmt.export import check_exportable
+    from nmt.ct2_export import check_exportable
 
     check_exportable(make_config().model)  # every option we have today is supported
     bad = dataclasses.replace(make_config().model, activation="swish")
@@ -172,7 +173,7 @@ def test_unsupported_option_is_refused_with_its_name(tokenizers, tmp_path):
 
 def test_unknown_parameter_is_refused(ct2, tokenizers, tmp_path):
     """A parameter the mapping does not know (a future architecture option) stops the export."""
-    from nmt.export import write_export
+    from nmt.ct2_export import write_export
 
     cfg, tokenizer = make_config(), tokenizers["joint"]
     model = random_model(cfg, tokenizer)
@@ -183,11 +184,11 @@ def test_unknown_parameter_is_refused(ct2, tokenizers, tmp_path):
 
 
 def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
-    from nmt import export
+    from nmt.commands.export import export_command
 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # makes `import ctranslate2` fail
     with pytest.raises(UserError, match=r'pip install -e "\.\[ct2\]"'):
-        export.export_command(str(tmp_path / "x.pt"), str(tmp_path / "out"))
+        export_command(str(tmp_path / "x.pt"), str(tmp_path / "out"))
     from nmt.ct2 import Ct2Engine
 
     with pytest.raises(UserError, match="ctranslate2"):
@@ -195,7 +196,7 @@ def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
 
 
 def test_overwrite_rules(ct2, tokenizers, tmp_path):
-    from nmt.export import write_export
+    from nmt.ct2_export import write_export
 
     cfg, tokenizer = make_config(), tokenizers["joint"]
     model = random_model(cfg, tokenizer)
@@ -264,7 +265,7 @@ def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
     """A model that always prefers PAD: nmt masks it; the CTranslate2 path retranslates with
     PAD/BOS suppressed and gives the same (greedy) tokens as nmt."""
     from nmt.ct2 import Ct2Engine
-    from nmt.export import write_export
+    from nmt.ct2_export import write_export
     from nmt.search import greedy_search
 
     cfg, tokenizer = make_config(tie_output=False), tokenizers["joint"]
@@ -290,7 +291,7 @@ def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
 def test_new_options_give_the_same_greedy_output(ct2, tokenizers, pairs, tmp_path, arch):
     """The options of imported models survive the export: CTranslate2's greedy tokens equal nmt's."""
     from nmt.ct2 import Ct2Engine
-    from nmt.export import write_export
+    from nmt.ct2_export import write_export
     from nmt.search import greedy_search
 
     arch = dict(arch)
@@ -314,7 +315,7 @@ def trained(request, tmp_path_factory):
     """(checkpoint path, export dir) of the synthetic task trained briefly, pre- or post-norm.
     post-norm also uses separate vocabularies, untied output, learned positions and GELU."""
     pytest.importorskip("ctranslate2", reason=CT2_REASON)
-    from nmt.export import export_command
+    from nmt.commands.export import export_command
     from nmt.train import train
 
     d = tmp_path_factory.mktemp(f"trained-{request.param}")
@@ -456,7 +457,7 @@ def test_forced_length_as_benchmarks_use_it(trained, pairs):
 
 def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
     """Same output file as `nmt translate` (PyTorch): order, empty lines, n-best format."""
-    from nmt.translate import translate_command
+    from nmt.commands.translate import translate_command
 
     checkpoint, out = trained
     lines = [p[0] for p in pairs[:40]]
@@ -483,7 +484,7 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     the same file as one worker, and as the PyTorch path with --workers 2."""
     from nmt.config import ConfigError
     from nmt.ct2 import Ct2Engine
-    from nmt.translate import translate_command
+    from nmt.commands.translate import translate_command
 
     checkpoint, out = trained
     lines = [p[0] for p in pairs[:60]]
@@ -512,7 +513,7 @@ def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
     """stdin -> stdout; the checkpoint's decode section is the default; an over-long line is
     truncated (max_positions - 1 = 63 tokens) and counted in one warning; not-an-export refused."""
     from nmt.ct2 import Ct2Engine
-    from nmt.translate import translate_command
+    from nmt.commands.translate import translate_command
 
     checkpoint, out = trained
     engine = Ct2Engine(out, "cpu")
@@ -534,7 +535,7 @@ def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
     import sacrebleu
 
     from nmt.ct2 import Ct2Engine
-    from nmt.export import export_command
+    from nmt.commands.export import export_command
 
     checkpoint, out = trained
     q = str(tmp_path / "int8")
@@ -572,9 +573,10 @@ def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path
     writes; nmt score with CTranslate2 equals the PyTorch scores (the same model, exported)."""
     from nmt.torch_engine import TorchEngine
     from nmt.ct2 import Ct2Engine
-    from nmt.evaluate import corpus_metrics, evaluate_command
+    from nmt.commands.evaluate import evaluate_command
+    from nmt.metrics import corpus_metrics
     from nmt.score import score_pairs
-    from nmt.translate import translate_command
+    from nmt.commands.translate import translate_command
 
     checkpoint, out = trained
     src, ref = tmp_path / "src.es", tmp_path / "ref.en"

@@ -38,7 +38,7 @@ def grown(request, tmp_path_factory):
     """(family, directory, imported checkpoint, fine-tuned checkpoint) for es -> en + es -> new."""
     import yaml
 
-    from nmt.hf_io import import_command
+    from nmt.commands.import_model import import_command
 
     family = request.param
     d = tmp_path_factory.mktemp(family)

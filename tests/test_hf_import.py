@@ -156,7 +156,7 @@ LANGS = {"marian": (None, None), "m2m100": ("es", "en"), "nllb": ("spa_Latn", "e
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """{family: (transformers model, its tokenizer set to the languages, model directory, nmt checkpoint)}."""
-    from nmt.hf_io import import_command
+    from nmt.commands.import_model import import_command
 
     out = {}
     for family in FAMILIES:
@@ -322,7 +322,7 @@ def trained(tmp_path_factory):
     models trained with transformers' own classes (300 steps on Bible pairs, hf_fixtures.train), their
     generation_config.json as a hub model's (num_beams 4 / 5, max_length 60, no early_stopping: transformers'
     default, its heuristic stop), imported with `nmt import`."""
-    from nmt.hf_io import import_command
+    from nmt.commands.import_model import import_command
 
     out = {}
     for family in ("marian", "m2m100"):
@@ -404,12 +404,12 @@ def test_stopping_travels_through_export_and_import(trained, tmp_path):
     import json
 
     from nmt.checkpoint import load_checkpoint
-    from nmt.hf_export import export_hf
-    from nmt.hf_io import import_command
+    from nmt.commands.export import export_command
+    from nmt.commands.import_model import import_command
 
     _, _, _, ckpt = trained["m2m100"]
     out = str(tmp_path / "hf")
-    assert export_hf(ckpt, out, quiet=True) == 0
+    assert export_command(ckpt, out, format="hf", quiet=True) == 0
     with open(os.path.join(out, "generation_config.json"), encoding="utf-8") as f:
         assert json.load(f)["early_stopping"] is False
     again = str(tmp_path / "again.pt")
@@ -781,7 +781,7 @@ def test_export_refuses_what_no_family_represents(tmp_path, capsys):
 def test_ctranslate2_export_of_an_imported_model(imported, family, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is optional: pip install -e '.[ct2]'")
     from nmt import Translator
-    from nmt.export import export_command
+    from nmt.commands.export import export_command
 
     _, _, _, ckpt = imported[family]
     out = str(tmp_path / "ct2")

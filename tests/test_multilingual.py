@@ -22,7 +22,8 @@ from nmt.config import ConfigError, config_from_dict, replace
 from nmt.data import corpus_shares, epoch_batches, epoch_pairs, load_data, mix_counts
 from nmt.degeneration import degeneration, format_report
 from nmt.errors import UserError
-from nmt.evaluate import evaluate_command, language_tokenize
+from nmt.commands.evaluate import evaluate_command
+from nmt.metrics import language_tokenize
 from nmt.langid import LanguageIdentifier, off_target
 from nmt.tokenizer import Tokenizer, build_tokenizer, language_symbol
 
@@ -370,7 +371,7 @@ def test_target_language_errors_of_a_trained_checkpoint(trained):
 # --------------------------------------------------------------------------- BLEU tokenizer by language
 
 def test_the_bleu_tokenizer_follows_the_target_language(monkeypatch):
-    import nmt.evaluate as ev
+    import nmt.metrics as ev
 
     monkeypatch.setattr(ev, "_has_mecab", lambda: True)
     for lang in ("ja", "ja_JP", "jpn_Jpan"):
@@ -385,7 +386,7 @@ def test_the_bleu_tokenizer_follows_the_target_language(monkeypatch):
 
 
 def test_evaluate_picks_the_tokenizer_from_tgt_lang_unless_told(tmp_path, monkeypatch):
-    import nmt.evaluate as ev
+    import nmt.metrics as ev
 
     hyp, ref = tmp_path / "h", tmp_path / "r"
     hyp.write_text("我喜欢猫。\n", encoding="utf-8")
@@ -434,7 +435,8 @@ def test_the_degeneration_report_counts_off_target_lines_and_the_references_floo
 
 def test_a_ctranslate2_export_keeps_the_languages_and_the_identifier(trained, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
-    from nmt.export import LANGID_FILE, export_command
+    from nmt.commands.export import export_command
+    from nmt.export_dir import LANGID_FILE
 
     _, _, best = trained
     out = str(tmp_path / "ct2")

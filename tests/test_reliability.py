@@ -290,7 +290,7 @@ def test_yaml_aliases_are_refused(tmp_path):
 # --------------------------------------------------------------------------- 10. evaluate options
 
 def test_evaluate_rejects_nbest_and_uses_batch_size(model_ckpt, tmp_path, monkeypatch):
-    from nmt.evaluate import evaluate_command
+    from nmt.commands.evaluate import evaluate_command
 
     src = write(tmp_path / "src.es", [p[0] for p in make_pairs(9, 4)])
     one_line_error(nmt("evaluate", "-c", model_ckpt, "--src", src, "--ref", src, "--nbest", "2", "--beam", "2"),

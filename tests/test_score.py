@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from nmt.config import decode_config
 from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.score import score_command, score_pairs
+from nmt.commands.score import score_command
+from nmt.score import score_pairs
 from nmt.translate import translate_nbest
 
 from helpers import make_pairs

@@ -28,9 +28,9 @@ import urllib.request
 import pytest
 
 from nmt import cli
-from nmt.batcher import MAX_WAIT, Batcher, Job, Settings, gather_wait, groups, merge
+from nmt.commands.batcher import MAX_WAIT, Batcher, Job, Settings, gather_wait, groups, merge
 from nmt.errors import Cancelled
-from nmt.serve import allowed_hosts
+from nmt.commands.serve import allowed_hosts
 
 from helpers import make_pairs, make_tiny_checkpoint
 

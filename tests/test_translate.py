@@ -23,12 +23,15 @@ import torch
 
 from nmt import batching
 from nmt import translate as tr
-from nmt.checkpoint import average_command, load_checkpoint, load_for_inference
+from nmt.checkpoint import load_checkpoint, load_for_inference
+from nmt.commands import translate as tc
+from nmt.commands.average import average_command
+from nmt.commands.evaluate import evaluate_command
 from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import resolve_workers
 from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.evaluate import corpus_metrics, evaluate_command
+from nmt.metrics import corpus_metrics
 from nmt.textio import read_lines
 from nmt.search import beam_search, greedy_search
 from helpers import make_pairs, make_tiny_checkpoint
@@ -308,7 +311,7 @@ def test_command_files_progress_and_warning(ckpt, loaded, tmp_path):
     expected = tr.translate_lines(engine, lines, engine.decode, warn=lambda m: None)
     for quiet in (False, True):
         out, err = tmp_path / f"out{quiet}.txt", io.StringIO()
-        assert tr.translate_command(ckpt, str(src), str(out), device="cpu", quiet=quiet, stderr=err) == 0
+        assert tc.translate_command(ckpt, str(src), str(out), device="cpu", quiet=quiet, stderr=err) == 0
         assert out.read_bytes().decode("utf-8").split("\n") == expected + [""]
         warnings = [x for x in err.getvalue().splitlines() if "truncated" in x]
         if quiet:
@@ -328,7 +331,7 @@ def test_command_reads_gzip_input(ckpt, loaded, tmp_path):
         f.write("".join(line + "\n" for line in lines))
     expected = tr.translate_lines(engine, lines, engine.decode, warn=lambda m: None)
     out = tmp_path / "out.txt"
-    assert tr.translate_command(ckpt, str(src), str(out), device="cpu", quiet=True) == 0
+    assert tc.translate_command(ckpt, str(src), str(out), device="cpu", quiet=True) == 0
     assert out.read_text(encoding="utf-8").split("\n") == expected + [""]
 
 
@@ -339,9 +342,9 @@ def test_command_stdin_chunks_and_nbest_format(ckpt, loaded):
     decode = decode_config(engine.decode, dict(beam_size=2, nbest=2))
     expected = texts(tr.translate_nbest(engine, lines, decode, warn=lambda m: None))
     outputs = []
-    for chunk_lines in (3, tr.CHUNK_LINES):  # order and indices survive chunked streaming
+    for chunk_lines in (3, tc.CHUNK_LINES):  # order and indices survive chunked streaming
         out, err = io.BytesIO(), io.StringIO()
-        tr.translate_command(ckpt, None, None, device="cpu", overrides={"beam_size": "2", "nbest": "2"},
+        tc.translate_command(ckpt, None, None, device="cpu", overrides={"beam_size": "2", "nbest": "2"},
                              stdin=io.BufferedReader(io.BytesIO(data)), stdout=out, stderr=err, chunk_lines=chunk_lines)
         assert "sent" not in err.getvalue()  # no progress bar when reading stdin
         assert err.getvalue().count("truncated") == 1
@@ -365,17 +368,17 @@ def test_command_errors(ckpt, tmp_path):
     bad.write_bytes("uno\ndos\n".encode() + b"tr\xe9s\n")
     one = {"beam_size": 1}
     with pytest.raises(UserError, match="line 3: invalid UTF-8"):
-        tr.translate_command(ckpt, str(bad), str(tmp_path / "o.txt"), device="cpu", overrides=one)
+        tc.translate_command(ckpt, str(bad), str(tmp_path / "o.txt"), device="cpu", overrides=one)
     assert not os.path.exists(tmp_path / "o.txt") and os.listdir(tmp_path) == ["bad.txt"]  # no half output, no temp
     with pytest.raises(UserError, match="file not found"):
-        tr.translate_command(ckpt, str(tmp_path / "nope.txt"), None, overrides=one)
+        tc.translate_command(ckpt, str(tmp_path / "nope.txt"), None, overrides=one)
     with pytest.raises(UserError, match="not found"):
-        tr.translate_command(str(tmp_path / "nope.pt"), None, None, overrides=one)
+        tc.translate_command(str(tmp_path / "nope.pt"), None, None, overrides=one)
     with pytest.raises(UserError, match="same file"):
-        tr.translate_command(ckpt, str(bad), str(bad), overrides=one)
+        tc.translate_command(ckpt, str(bad), str(bad), overrides=one)
     assert bad.read_bytes().endswith(b"tr\xe9s\n")  # the input was not clobbered
     with pytest.raises(ConfigError, match="decode.beam_size"):
-        tr.translate_command(ckpt, str(bad), None, overrides={"beam_size": "many"})
+        tc.translate_command(ckpt, str(bad), None, overrides={"beam_size": "many"})
 
 
 def test_cli_pipe_mode(ckpt, loaded):

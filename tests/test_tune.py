@@ -16,7 +16,7 @@ import yaml
 from nmt import checkpoint as ckpt
 from nmt.config import config_from_dict, decode_config
 from nmt.errors import UserError
-from nmt.evaluate import corpus_metrics
+from nmt.metrics import corpus_metrics
 from nmt.textio import read_lines
 from nmt.train import train
 
@@ -71,7 +71,7 @@ def test_every_scored_setting_is_what_the_search_gives(trained, patience):
 
 
 def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
-    from nmt.tune import tune_command
+    from nmt.commands.tune import tune_command
 
     checkpoint, src, ref = trained
     out = str(tmp_path / "tuned.pt")
@@ -103,7 +103,7 @@ def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
 
 
 def test_errors_are_one_line(trained, tmp_path):
-    from nmt.tune import tune_command
+    from nmt.commands.tune import tune_command
 
     checkpoint, src, ref = trained
     with pytest.raises(UserError, match="not both"):
@@ -192,6 +192,7 @@ def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_pat
 
     import nmt.tune
     from helpers import make_pairs, make_tiny_checkpoint
+    from nmt.commands.tune import tune_command
     from nmt.torch_engine import TorchEngine
 
     checkpoint = make_tiny_checkpoint(str(tmp_path / "untrained.pt"))
@@ -209,15 +210,15 @@ def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_pat
     out = str(tmp_path / "tuned.pt")
     for kw in (dict(output=out), dict(in_place=True)):
         with pytest.raises(UserError) as e:
-            nmt.tune.tune_command(checkpoint, src, ref, max_time=60, device="cpu", quiet=True, **kw)
+            tune_command(checkpoint, src, ref, max_time=60, device="cpu", quiet=True, **kw)
         msg = str(e.value)
         assert "\n" not in msg and f"{100 * found.row.loops:.1f}% of the 100 dev lines" in msg, msg
         assert "greedy, no-repeat 0" in msg and "nothing written" in msg
         assert f"--max-loops {found.row.loops:g} would accept it" in msg  # (k of 100 lines: exact at 0.1%)
     assert not os.path.exists(out) and open(checkpoint, "rb").read() == before
     # the limit it names accepts that setting
-    assert nmt.tune.tune_command(checkpoint, src, ref, output=out, max_time=60, max_loops=found.row.loops,
-                                 device="cpu", quiet=True) == 0
+    assert tune_command(checkpoint, src, ref, output=out, max_time=60, max_loops=found.row.loops, device="cpu",
+                        quiet=True) == 0
     assert ckpt.load_checkpoint(out)["tuned"]["settings"] == {"beam_size": 1, "no_repeat_ngram": 0}
 
 

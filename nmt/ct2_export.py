@@ -1,4 +1,5 @@
-"""Export a checkpoint to CTranslate2 (`nmt export`); nmt/ct2.py translates with the result.
+"""The CTranslate2 writer of `nmt export` (nmt/commands/export.py): a model, its tokenizer and config -> a
+CTranslate2 model directory (`write_export`); nmt/ct2.py translates with the result.
 
 The exported directory holds everything needed to translate without nmt or PyTorch:
 
@@ -42,20 +43,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import sys
-import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from nmt import textio
 from nmt.errors import UserError
+from nmt.export_dir import (FORMAT, LANGID_FILE, METADATA_FILE, VERSION, check_finite, check_output_dir,
+                            require_ctranslate2, vocabularies)
 
-FORMAT = "nmt-ctranslate2"
-VERSION = 1
-METADATA_FILE = "nmt_export.json"
-LANGID_FILE = "langid.json"  # the checkpoint's language identifier (nmt/langid.py), when it has one
-INSTALL_HINT = 'pip install -e ".[ct2]" (or: pip install "ctranslate2>=4.4")'
+if TYPE_CHECKING:
+    import numpy as np
+
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
 # ModelConfig fields the mapping below knows (dropouts do not matter at inference). A field added
@@ -73,27 +70,6 @@ SUPPORTED_OPTIONS = {
     "norm": ("pre", "post"),
     "positions": ("sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"),
 }
-
-
-def check_finite(state: dict, what: str) -> None:
-    """UserError (one line, starting with `what`) naming the tensors of a state dict that hold NaN or
-    infinite values: such weights give no translation, and an export or import would hide the fault."""
-    import torch
-
-    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise UserError(f"{what}: weights that are not finite (NaN or infinite) in {shown}: refusing them (a training "
-                        "run that diverged? take an earlier checkpoint)")
-
-
-def require_ctranslate2():
-    """The `ctranslate2` module, or UserError saying how to install it."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise UserError(f"CTranslate2 is not installed: {INSTALL_HINT}") from None
-    return ctranslate2
 
 
 def check_exportable(model_cfg) -> None:
@@ -218,7 +194,13 @@ def build_spec(model, tokenizer, cfg):
         _norm(enc.layer_norm, w, "encoder.final_norm")
         _norm(dec.layer_norm, w, "decoder.final_norm")
     w.check_all_used()
+    _set_vocabularies(spec, tokenizer)
+    spec.config.layer_norm_epsilon = _layer_norm_epsilon(model)
+    return spec
 
+
+def _set_vocabularies(spec, tokenizer) -> None:
+    """The spec's vocabularies and its special pieces, from the tokenizer."""
     src_pieces, tgt_pieces = vocabularies(tokenizer)
     spec.register_source_vocabulary(src_pieces)
     spec.register_target_vocabulary(tgt_pieces)
@@ -227,20 +209,6 @@ def build_spec(model, tokenizer, cfg):
     c.decoder_start_token = tgt_pieces[ids.start]  # MarianMT: <pad>; M2M100/NLLB: </s>
     c.bos_token = "<s>" if "<s>" in tgt_pieces else c.decoder_start_token
     c.add_source_bos, c.add_source_eos = False, True
-    c.layer_norm_epsilon = _layer_norm_epsilon(model)
-    return spec
-
-
-def vocabularies(tokenizer) -> tuple[list[str], list[str]]:
-    """(source pieces, target pieces) in id order (`tokenizer.vocab_pieces()`: nmt's SentencePiece
-    models, or an imported tokenizer's vocabularies). CTranslate2 appends EOS to sources by its piece,
-    so EOS (and UNK) must be the same piece on both sides."""
-    src, tgt = tokenizer.vocab_pieces()
-    ids = tokenizer.specials
-    if (src[ids.eos], src[ids.unk]) != (tgt[ids.eos], tgt[ids.unk]):
-        raise UserError(f"cannot export to CTranslate2: source and target special pieces differ "
-                        f"({src[ids.eos]}, {src[ids.unk]} vs {tgt[ids.eos]}, {tgt[ids.unk]})")
-    return src, tgt
 
 
 # --------------------------------------------------------------------------- writing
@@ -315,13 +283,10 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
 
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise UserError(f"unknown quantization {quantization!r} (choose from {', '.join(QUANTIZATIONS)})")
-    _check_output(output_dir, force)
+    check_output_dir(output_dir, force)
     check_exportable(cfg.model)
     check_finite(model.state_dict(), "cannot export to CTranslate2")
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-export-", dir=parent)
-    try:
+    with textio.atomic_dir(output_dir, what="export") as tmp:
         _converter_class()(model, tokenizer, cfg).convert(tmp, quantization=quantization, force=True)
         tokenizer.save(tmp)
         meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.abspath(checkpoint) if checkpoint else "",
@@ -334,20 +299,19 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
         if langid is not None:  # for nmt evaluate's off-target count
             with open(os.path.join(tmp, LANGID_FILE), "w", encoding="utf-8") as f:
                 json.dump(langid, f, ensure_ascii=False)
-        name = os.path.basename(os.path.normpath(output_dir))
-        m = cfg.model
         with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
-            f.write(README.format(
-                checkpoint=checkpoint or "(in memory)", step=step, quantization=quantization or "float32",
-                layers=f"{m.n_encoder_layers}+{m.n_decoder_layers}", d_model=m.d_model, heads=m.n_heads,
-                norm=m.norm, activation=m.activation, positions=m.positions, name=name, meta=METADATA_FILE,
-                max_len=min(256, m.max_positions - 1), max_positions=m.max_positions,
-                **_spm_names(tokenizer)))
-        _replace_dir(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            f.write(_readme(cfg.model, tokenizer, output_dir, quantization, checkpoint, step))
     return output_dir
+
+
+def _readme(m, tokenizer, output_dir: str, quantization: str | None, checkpoint: str, step: int | None) -> str:
+    """The export's README.md (model.* settings `m`)."""
+    return README.format(
+        checkpoint=checkpoint or "(in memory)", step=step, quantization=quantization or "float32",
+        layers=f"{m.n_encoder_layers}+{m.n_decoder_layers}", d_model=m.d_model, heads=m.n_heads,
+        norm=m.norm, activation=m.activation, positions=m.positions, name=os.path.basename(os.path.normpath(output_dir)),
+        meta=METADATA_FILE, max_len=min(256, m.max_positions - 1), max_positions=m.max_positions,
+        **_spm_names(tokenizer))
 
 
 def _spm_names(tokenizer) -> dict[str, str]:
@@ -358,90 +322,3 @@ def _spm_names(tokenizer) -> dict[str, str]:
     if names is None:
         names = ("spm.model",) * 2 if tokenizer.joint else ("spm.src.model", "spm.tgt.model")
     return {"src_spm": names[0], "tgt_spm": names[1]}
-
-
-def check_export_paths(checkpoint: str, output_dir: str) -> None:
-    """UserError when the output directory, which an export replaces as a whole (`--force`), is or contains
-    the checkpoint (`textio.check_paths`). A missing checkpoint is left to `load_checkpoint`'s message."""
-    from nmt import textio
-
-    if os.path.exists(checkpoint):
-        textio.check_paths({"--checkpoint": checkpoint}, {"--output": output_dir}, input_dirs=("--checkpoint",),
-                           output_dirs=("--output",))
-
-
-def _check_output(output_dir: str, force: bool) -> None:
-    if not os.path.exists(output_dir):
-        return
-    if not os.path.isdir(output_dir):
-        raise UserError(f"output {output_dir} exists and is not a directory")
-    if not force:
-        raise UserError(f"output directory {output_dir} already exists (use --force to overwrite it)")
-    if os.listdir(output_dir) and not os.path.isfile(os.path.join(output_dir, METADATA_FILE)):
-        raise UserError(f"refusing to overwrite {output_dir}: it is not empty and not an nmt export "
-                        f"(no {METADATA_FILE}); choose another --output")
-
-
-def _replace_dir(new: str, target: str) -> None:
-    """Rename `new` to `target`, removing an existing `target` only after the swap."""
-    old = None
-    if os.path.exists(target):
-        old = tempfile.mkdtemp(prefix=".tmp-old-export-", dir=os.path.dirname(os.path.abspath(target)))
-        os.rmdir(old)
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslate2",
-                   quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
-    """`nmt export`: write a CTranslate2 model directory for `checkpoint` (format "hf": a Hugging Face
-    model directory, nmt/hf_export.py). Returns 0."""
-    check_export_paths(checkpoint, output_dir)
-    if format == "hf":
-        if quantization is not None:
-            raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
-        from nmt.hf_export import export_hf
-
-        return export_hf(checkpoint, output_dir, force=force, quiet=quiet)
-    if format != "ctranslate2":
-        raise UserError(f"unknown export format {format!r} (supported: ctranslate2, hf)")
-    require_ctranslate2()
-    _check_output(output_dir, force)
-    from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
-
-    state = load_checkpoint(checkpoint, mmap=True)  # UserError if missing or not an nmt checkpoint; weights only
-    model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
-    model.eval()
-    step, langid = state.get("step"), state.get("langid")
-    del state
-    write_export(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
-                 checkpoint=checkpoint, step=step, langid=langid)
-    if not quiet:
-        note = ct2_decode(cfg.decode)[1]
-        if note:
-            print(f"nmt export: note: {note}", file=sys.stderr)
-        size = os.path.getsize(os.path.join(output_dir, "model.bin"))
-        print(f"exported {checkpoint} to {output_dir} (CTranslate2, {quantization or 'float32'}, "
-              f"model.bin {size / 2**20:.1f} MiB)", flush=True)
-    return 0
-
-
-def read_metadata(model_dir: str) -> dict[str, Any]:
-    """nmt's metadata of an exported directory; UserError if it is not one."""
-    path = os.path.join(model_dir, METADATA_FILE)
-    if not os.path.isdir(model_dir):
-        raise UserError(f"CTranslate2 model directory not found: {model_dir}")
-    if not os.path.isfile(os.path.join(model_dir, "model.bin")):
-        raise UserError(f"{model_dir} is not a CTranslate2 model directory (no model.bin)")
-    if not os.path.isfile(path):
-        raise UserError(f"{model_dir} was not written by `nmt export` (no {METADATA_FILE})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-    if meta.get("format") != FORMAT or meta.get("version", 0) > VERSION:
-        raise UserError(f"{path}: unsupported export format {meta.get('format')!r} version {meta.get('version')}")
-    return meta

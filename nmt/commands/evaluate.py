@@ -1,25 +1,18 @@
-"""Corpus-level scoring with sacreBLEU (BLEU, chrF, TER), and `nmt evaluate`.
+"""`nmt evaluate`: score a hypothesis file (or standard input) against a reference, or translate a source file
+with a checkpoint or export first (through `nmt.Translator`) and score the result; `--compare`: two or more
+hypothesis files against a baseline (nmt/compare.py).
 
-Scores are computed with sacreBLEU's Python API using its defaults, so they
-are identical to the `sacrebleu` command on the same files (BLEU: tokenizer
-13a, exponential smoothing; chrF: chrF2, character order 6; TER: tercom).
-Files are read by nmt's one rule (nmt/textio.py: UTF-8, split on "\\n", surrounding
-whitespace stripped, gzip detected by content); sacreBLEU's tokenizers ignore
-surrounding whitespace, so the scores equal the `sacrebleu` command's on the same files.
-
-`evaluate_command` either scores an existing hypothesis file (or standard
-input) against a reference, or first translates a source file with a
-checkpoint and then scores. Output: one human-readable line per metric,
+Output: one human-readable line per metric (nmt/metrics.py: the `sacrebleu` command's scores),
 
     BLEU = 34.56 66.0/41.2/28.1/19.6 (BP = 1.000 ratio = 1.012 hyp_len = 2530 ref_len = 2500) [nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0]
     chrF2 = 58.12 [nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0]
 
 (the score, sacreBLEU's verbose details, the signature in brackets), then one line of
 the degeneration report (nmt/degeneration.py); or with `json_out=True` one JSON object:
-see `corpus_metrics` for its fields.
+see `evaluate_command` for its fields.
 
 The target language (`--tgt-lang`, else the model's: a bilingual checkpoint's data.tgt_lang)
-chooses BLEU's tokenizer unless `--tokenize` does (`language_tokenize`: ja-mecab for Japanese,
+chooses BLEU's tokenizer unless `--tokenize` does (`metrics.language_tokenize`: ja-mecab for Japanese,
 zh for Chinese, else 13a) and, with the language identifier a multilingual checkpoint carries
 (nmt/langid.py; `--langid CKPT` for a hypothesis file), lets the degeneration report count
 off-target outputs, next to the references' own rate.
@@ -27,120 +20,20 @@ off-target outputs, next to the references' own rate.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import re
 import sys
-from typing import IO, Any, Iterable, NamedTuple, Sequence
+from typing import IO, Any, NamedTuple, Sequence
 
 from nmt import textio
+from nmt.api import Translator
+from nmt.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, compare
 from nmt.degeneration import degeneration, format_report
 from nmt.errors import UserError
+from nmt.export_dir import LANGID_FILE, read_metadata
+from nmt.metrics import METRICS, check_tokenize, corpus_metrics, language_tokenize
+from nmt.translate import truncation_warning
 
-METRICS = ("bleu", "chrf", "ter")
-TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")  # sacreBLEU's, without downloads
-
-
-def check_tokenize(tokenize: str | None) -> None:
-    """UserError for a tokenizer sacreBLEU does not have, or one whose extra packages are missing."""
-    if tokenize is None:
-        return
-    if tokenize not in TOKENIZERS:
-        raise UserError(f"unknown BLEU tokenizer {tokenize!r} (choose from {', '.join(TOKENIZERS)})")
-    if tokenize in ("ja-mecab", "ko-mecab"):
-        from sacrebleu.metrics import BLEU
-
-        try:
-            BLEU(tokenize=tokenize)
-        except (RuntimeError, ImportError):
-            extra = "ja" if tokenize == "ja-mecab" else "ko"
-            raise UserError(f"--tokenize {tokenize} needs MeCab: pip install \"sacrebleu[{extra}]\"") from None
-
-
-JAPANESE, CHINESE = ("ja", "jpn"), ("zh", "zho", "cmn")  # codes (before any '_' or '-') per family
-
-
-@functools.lru_cache(maxsize=None)
-def _has_mecab() -> bool:
-    try:
-        check_tokenize("ja-mecab")
-    except UserError:
-        return False
-    return True
-
-
-def language_tokenize(lang: str | None) -> tuple[str | None, str | None]:
-    """(sacreBLEU BLEU tokenizer for hypotheses in `lang`, warning or None): "ja-mecab" for Japanese
-    (`ja`, `ja_JP`, `jpn_Jpan`; "char" and a warning when MeCab is not installed), "zh" for Chinese
-    (`zh`, `zh_CN`, `zho_Hans`, `cmn`), None (sacreBLEU's default, 13a) for any other language or None."""
-    base = re.split(r"[_\-]", lang.lower())[0] if lang else ""
-    if base in JAPANESE:
-        if _has_mecab():
-            return "ja-mecab", None
-        return "char", (f"BLEU for Japanese ({lang}) uses sacreBLEU's char tokenizer: ja-mecab needs MeCab, which is "
-                        "not installed (pip install \"sacrebleu[ja]\"); char BLEU is not comparable with ja-mecab BLEU")
-    if base in CHINESE:
-        return "zh", None
-    return None, None
-
-
-def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
-    """A sacreBLEU metric object with sacreBLEU's defaults.
-
-    `lowercase` applies to BLEU and chrF, `tokenize` to BLEU; TER keeps its
-    default (case-insensitive), as the `sacrebleu` command does.
-    """
-    from sacrebleu.metrics import BLEU, CHRF, TER
-
-    if name == "bleu":
-        return BLEU(lowercase=lowercase, tokenize=tokenize)
-    if name == "chrf":
-        return CHRF(lowercase=lowercase)
-    if name == "ter":
-        return TER()
-    raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
-
-
-def corpus_metrics(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("bleu", "chrf"), *,
-                   lowercase: bool = False, tokenize: str | None = None) -> dict:
-    """Corpus scores of `hyps` against one reference per line.
-
-    Returns `{metric: {...}}` in the order asked, for each metric
-    (`"bleu"`, `"chrf"`, `"ter"`, case-insensitive):
-      - `name`: sacreBLEU's name (`BLEU`, `chrF2`, `TER`),
-      - `score`: the full-precision corpus score (0-100),
-      - `signature`: `metric.get_signature()` as a string,
-      - `verbose`: sacreBLEU's details (BLEU: n-gram precisions, BP, lengths; else ""),
-      - `text`: the human-readable line printed by `nmt evaluate`.
-    BLEU also gets `precisions`, `bp`, `ratio`, `hyp_len`, `ref_len`.
-    `tokenize=None` is sacreBLEU's default (13a). Raises UserError when the
-    line counts differ, when there is nothing to score, or for an unknown metric.
-    """
-    hyps, refs = list(hyps), list(refs)
-    if len(hyps) != len(refs):
-        raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references: the line counts must match")
-    if not hyps:
-        raise UserError("nothing to score: no hypotheses and no references")
-    names = [m.lower() for m in metrics]
-    if not names:
-        raise UserError(f"no metric given (choose from {', '.join(METRICS)})")
-    out: dict = {}
-    for name in names:
-        metric = _make_metric(name, lowercase=lowercase, tokenize=tokenize)
-        result = metric.corpus_score(hyps, [refs])
-        signature = str(metric.get_signature())
-        entry = {"name": result.name, "score": float(result.score), "signature": signature,
-                 "verbose": getattr(result, "_verbose", "") or ""}
-        if name == "bleu":
-            entry.update(precisions=[float(p) for p in result.precisions], bp=float(result.bp),
-                         ratio=float(result.ratio), hyp_len=int(result.sys_len), ref_len=int(result.ref_len))
-        entry["text"] = f"{result.format(width=2)} [{signature}]"
-        out[name] = entry
-    return out
-
-
-# --------------------------------------------------------------------------- command
 
 class ModelInfo(NamedTuple):
     """What `nmt evaluate` reads from a model besides its weights."""
@@ -152,8 +45,6 @@ class ModelInfo(NamedTuple):
 def model_info(path: str, engine: str = "auto") -> ModelInfo:
     """`ModelInfo` of a checkpoint file or of a directory written by `nmt export` (UserError if neither)."""
     if engine == "ctranslate2" or (engine == "auto" and os.path.isdir(path)):
-        from nmt.export import LANGID_FILE, read_metadata
-
         meta = read_metadata(path)
         languages, default, config = meta.get("languages"), meta.get("default_tgt_lang"), meta.get("config", {})
         langid = None
@@ -236,8 +127,6 @@ def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overri
 
 def _translator(checkpoint: str, engine: str, device: str, overrides: dict):
     """The `nmt.Translator` of `checkpoint`, checked to have a target language to translate into."""
-    from nmt.api import Translator
-
     translator = Translator(checkpoint, engine=engine, device=device, **{**overrides, "nbest": 1})
     translator.check_language()
     return translator
@@ -246,8 +135,6 @@ def _translator(checkpoint: str, engine: str, device: str, overrides: dict):
 def _translate(translator, lines: list[str], quiet: bool, stderr: IO[str]) -> tuple[list[str], list[bool]]:
     """(hypotheses, finished flags) of `lines` translated by `translator`."""
     from tqdm import tqdm
-
-    from nmt.translate import truncation_warning
 
     with tqdm(total=len(lines), disable=quiet, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         results = translator.translate(lines, on_batch=bar.update)
@@ -323,4 +210,58 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     header = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs), "tgt_lang": lang,
               **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {})}
     _write_report(results, report, json_out, header, stdout)
+    return 0
+
+
+# --------------------------------------------------------------------------- --compare
+
+def format_comparison(result: dict, metrics: Sequence[str]) -> str:
+    """The human-readable table: one line per system and metric, then wins/losses and degeneration."""
+    lines = [f"{result['n_sentences']} lines; baseline {result['baseline']}; paired bootstrap "
+             f"({BOOTSTRAP_SAMPLES} resamples) and approximate randomization ({AR_TRIALS} trials), sacreBLEU"]
+    width = max(len(s["name"]) for s in result["systems"])
+    for m in metrics:
+        label = METRIC_NAMES[m]
+        for i, s in enumerate(result["systems"]):
+            r = s[m]
+            delta = r["score"] - result["systems"][0][m]["score"]
+            tail = "(baseline)" if i == 0 else (f"{delta:+.2f}  p(bootstrap) {r['p_bootstrap']:.4f}  "
+                                              f"p(AR) {r['p_ar']:.4f}{'  *' if max(r['p_bootstrap'], r['p_ar']) < 0.05 else ''}")
+            lines.append(f"{label:<6} {s['name']:<{width}}  {r['score']:6.2f}  "
+                         f"(mean {r['mean']:.2f} +- {r['ci']:.2f})  {tail}")
+    for s in result["systems"][1:]:
+        w = s["lines"]
+        delta = ", ".join(f"{c.replace('_', ' ')} {v:+d}" for c, v in s["degeneration_delta"].items())
+        lines.append(f"lines  {s['name']:<{width}}  better {w['wins']}, same {w['ties']}, worse {w['losses']} "
+                     f"(sentence chrF); degeneration vs baseline: {delta}")
+    lines.append("* = p < 0.05 in both tests")
+    return "\n".join(lines)
+
+
+def compare_command(hyps: Sequence[str], ref: str, *, src: str | None = None, metrics: Sequence[str] = ("bleu", "chrf"),
+                    tokenize: str | None = None, lowercase: bool = False, json_out: bool = False,
+                    stdout: IO[str] | None = None) -> int:
+    """`nmt evaluate --compare HYP...`: read the files, compare, print (text or one JSON object). Returns 0."""
+    stdout = stdout if stdout is not None else sys.stdout
+    names = [m.lower() for m in metrics]
+    for m in names:
+        if m not in METRIC_NAMES:
+            raise UserError(f"--compare supports the metrics bleu and chrf, not {m!r}")
+    if len(hyps) < 2:
+        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
+    check_tokenize(tokenize)
+    textio.check_paths({"--ref": ref, **{f"--compare {i + 1}": h for i, h in enumerate(hyps)},
+                        **({"--src": src} if src is not None else {})}, {})
+    refs = textio.read_lines(ref)
+    srcs = textio.read_lines(src) if src is not None else None
+    systems = [(h, textio.read_lines(h)) for h in hyps]
+    for name, lines in systems + ([(src, srcs)] if srcs is not None else []):
+        if len(lines) != len(refs):
+            raise UserError(f"line counts differ: {len(lines)} lines in {name} but {len(refs)} in {ref}")
+    result = compare(systems, refs, srcs, names, tokenize=tokenize, lowercase=lowercase)
+    if json_out:
+        stdout.write(json.dumps({"ref": ref, **result}, ensure_ascii=False) + "\n")
+    else:
+        stdout.write(format_comparison(result, names) + "\n")
+    stdout.flush()
     return 0

@@ -10,11 +10,11 @@ Endpoints (README "Serving"):
   item carries its n-best list under "nbest"; with alignment / protect / prefixes, "alignment" /
   "protected" / "prefix_truncated".
 - GET /health: 200 and the server's counters while it serves, 503 while it shuts down.
-- GET /: a page to try the model (nmt/serve_page.py).
+- GET /: a page to try the model (nmt/commands/serve_page.py).
 
 Each request is checked in the event loop (JSON shape, limits, decode options validated as
 `nmt translate` validates its flags: the same one-line messages; lengths within the model's
-positions) and queued for the batcher (nmt/batcher.py), which translates requests that arrive
+positions) and queued for the batcher (nmt/commands/batcher.py), which translates requests that arrive
 together in one `nmt.Translator` call in a worker thread. Every answer, errors included, is JSON;
 errors are one line `{"error": ...}`: 400 bad JSON, text or options, or a Host header that is not
 this server's; 403 a cross-origin POST (a web page of another site) unless --allow-origin allows
@@ -51,7 +51,8 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from nmt.batcher import Batcher, Job, Settings
+from nmt.api import Translator
+from nmt.commands.batcher import Batcher, Job, Settings
 from nmt.config import ConfigError, DecodeConfig
 from nmt.errors import UserError
 
@@ -390,7 +391,7 @@ def build_app(service: Service, hosts: frozenset[str] | None = None, origins: fr
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
-    from nmt.serve_page import PAGE
+    from nmt.commands.serve_page import PAGE
 
     async def translate(request):
         if service.draining:
@@ -500,6 +501,39 @@ def listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def serve_settings(*, port: int, max_lines: int, max_chars: int, max_beam: int, max_queue: int, timeout: float,
+                   batch_window_ms: float, batch_lines: int, batching: bool, allow_origins: tuple[str, ...] = ()) -> Settings:
+    """The server's Settings from `nmt serve`'s flags, each checked first (a one-line UserError naming the
+    flag), --port and --allow-origin too."""
+    given = {"max_lines": max_lines, "max_chars": max_chars, "max_beam": max_beam, "max_queue": max_queue,
+             "batch_lines": batch_lines}
+    for flag, value in given.items():
+        if value < 1:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {port}")
+    if not 0 < timeout < math.inf:
+        raise UserError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+    if not 0 <= batch_window_ms < math.inf:
+        raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {batch_window_ms:g}")
+    for origin in allow_origins:
+        if origin != "*" and not _is_origin(origin):
+            raise UserError(f"--allow-origin {origin}: not an origin (scheme://host[:port], e.g. https://example.com, "
+                            "as browsers send it; * for any)")
+    return Settings(max_lines=max_lines, max_chars=max_chars, max_beam=max_beam, max_queue=max_queue, timeout=timeout,
+                    window=batch_window_ms / 1000, batch_lines=batch_lines, batching=batching)
+
+
+def _is_origin(text: str) -> bool:
+    """Whether `text` is a web origin as browsers send it in the Origin header: scheme://host[:port]."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (a malformed port raises ValueError)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
+
+
 def serve_command(path: str, *, engine: str = "auto", device: str = "auto", overrides: dict | None = None,
                   host: str = "127.0.0.1", port: int = 8000, settings: Settings = Settings(),
                   access_log: bool = False, allow_origins: tuple[str, ...] = (),
@@ -510,8 +544,6 @@ def serve_command(path: str, *, engine: str = "auto", device: str = "auto", over
     may POST (with CORS headers; "*": any); allow_hosts: Host header names accepted besides the
     listening address (see `allowed_hosts`). UserError when the server's own default search
     settings are over its limits."""
-    from nmt.api import Translator
-
     _, uvicorn = require_stack()
     translator = Translator(path, engine=engine, device=device, **(overrides or {}))
     errors = over_limits(translator.decode, overrides or {}, settings.max_beam, translator.max_positions)

@@ -1,0 +1,79 @@
+"""`nmt export`: a checkpoint -> a model directory for CTranslate2 (nmt/ct2_export.py) or Hugging Face
+transformers (nmt/hf_export.py).
+
+The formats register here, in `FORMATS` (the CLI's --format choices): each entry loads the checkpoint, calls
+its writer and prints what it wrote. The writers share only the lower nmt/export_dir.py (the metadata file,
+the checks before writing) and `textio.atomic_dir`; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable
+
+from nmt.errors import UserError
+from nmt.export_dir import check_export_paths, check_output_dir, require_ctranslate2
+
+
+def _load(checkpoint: str):
+    """(model in eval mode, tokenizer, config, checkpoint dict without the weights read)."""
+    from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
+
+    state = load_checkpoint(checkpoint, mmap=True)  # UserError if missing or not an nmt checkpoint; weights only
+    model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
+    return model.eval(), tokenizer, cfg, state
+
+
+def export_ctranslate2(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool) -> None:
+    """A CTranslate2 model directory (nmt/ct2_export.py)."""
+    from nmt.ct2_export import ct2_decode, write_export
+
+    require_ctranslate2()
+    check_output_dir(output_dir, force)
+    model, tokenizer, cfg, state = _load(checkpoint)
+    step, langid = state.get("step"), state.get("langid")
+    del state
+    write_export(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
+                 checkpoint=checkpoint, step=step, langid=langid)
+    if not quiet:
+        note = ct2_decode(cfg.decode)[1]
+        if note:
+            print(f"nmt export: note: {note}", file=sys.stderr)
+        size = os.path.getsize(os.path.join(output_dir, "model.bin"))
+        print(f"exported {checkpoint} to {output_dir} (CTranslate2, {quantization or 'float32'}, "
+              f"model.bin {size / 2**20:.1f} MiB)", flush=True)
+
+
+def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool) -> None:
+    """A Hugging Face model directory (nmt/hf_export.py)."""
+    import json
+
+    from nmt.hf_export import require_safetensors, write_hf
+
+    if quantization is not None:
+        raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
+    require_safetensors()
+    check_output_dir(output_dir, force)
+    model, tokenizer, cfg, state = _load(checkpoint)
+    files, notes = write_hf(model, tokenizer, cfg, output_dir, force=force, checkpoint=checkpoint,
+                            step=state.get("step"))
+    if not quiet:
+        for note in notes:
+            print(f"nmt export: note: {note}", file=sys.stderr)
+        family = json.loads(files["config.json"])["model_type"]
+        tok = json.loads(files["tokenizer_config.json"])["tokenizer_class"]
+        print(f"exported {checkpoint} to {output_dir} (Hugging Face {family}, {tok})", file=sys.stderr)
+
+
+FORMATS: dict[str, Callable[..., None]] = {"ctranslate2": export_ctranslate2, "hf": export_hf}
+
+
+def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslate2",
+                   quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
+    """`nmt export`: write the `format` directory (a key of FORMATS) of `checkpoint`. Returns 0."""
+    check_export_paths(checkpoint, output_dir)
+    if format not in FORMATS:
+        raise UserError(f"unknown export format {format!r} (supported: {', '.join(FORMATS)})")
+    FORMATS[format](checkpoint, output_dir, quantization=quantization, force=force, quiet=quiet)
+    return 0

@@ -1,0 +1,42 @@
+"""`nmt tune`: choose a checkpoint's decode settings on a dev set within a time budget (nmt/tune.py), print the
+table explored, and write the chosen settings into a copy of the checkpoint (-o) or into it (--in-place)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from nmt import textio, tune as tuning
+from nmt.errors import UserError
+from nmt.tune import MAX_LOOPS, MAX_TIME, apply_to_checkpoint, format_result
+
+
+def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
+                 max_time: float = MAX_TIME, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
+                 quiet: bool = False, tgt_lang: str | None = None) -> int:
+    """`nmt tune` (module docstring). Returns 0; a UserError, with nothing written, when no setting keeps
+    its looping outputs within `max_loops`."""
+    from nmt.torch_engine import TorchEngine
+
+    if output is not None and in_place:
+        raise UserError("give -o FILE or --in-place, not both")
+    if not (math.isfinite(max_time) and max_time > 0):
+        raise UserError(f"--max-time must be a number of seconds > 0, got {max_time:g}")
+    if not 0 <= max_loops <= 1:
+        raise UserError(f"--max-loops is a share of the lines, between 0 and 1; got {max_loops:g}")
+    outputs = {"--output": output} if output is not None else {}
+    textio.check_paths({"--checkpoint": checkpoint, "--src": src, "--ref": ref}, outputs)
+    src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
+    engine = TorchEngine.load(checkpoint, device)
+    log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    result = tuning.tune(engine, src_lines, ref_lines, metric=metric, max_time=max_time, max_loops=max_loops,
+                         log=log, tgt_lang=tgt_lang)
+    if not result.within_limit:
+        accept = math.ceil(round(result.row.loops * 1000, 6)) / 1000  # rounded up to 0.1%: it accepts that share
+        raise UserError(f"{result.over_limit()}; nothing written (--max-loops {accept:g} would accept it)")
+    print(format_result(result, metric), flush=True)
+    target = checkpoint if in_place else output
+    if target is not None:
+        apply_to_checkpoint(checkpoint, target, result, metric, src)
+        print(f"tune: wrote decode settings {result.best.keys()} into {target}", file=sys.stderr, flush=True)
+    return 0
