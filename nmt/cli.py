@@ -218,6 +218,7 @@ def _import_parser(sub) -> None:
 
 def _export_parser(sub) -> None:
     from nmt.commands.export import FORMATS  # the formats registered with the export command
+    from nmt.ct2_export import QUANTIZATIONS  # no torch, no ctranslate2 at import
 
     p = sub.add_parser("export", help="export a checkpoint for CTranslate2 or Hugging Face transformers",
                        description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`), "
@@ -227,7 +228,7 @@ def _export_parser(sub) -> None:
     p.add_argument("--format", default="ctranslate2", choices=tuple(FORMATS),
                    help="export format (default: ctranslate2; hf: Hugging Face transformers)")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--quantization", choices=("int8", "int8_float16", "int8_float32", "int16", "float16", "bfloat16", "float32"),
+    p.add_argument("--quantization", choices=QUANTIZATIONS,
                    help="weight quantization (default: float32)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory (an earlier export, "
                    "never one that holds the checkpoint)")

@@ -44,6 +44,19 @@ def test_command_help_explains_every_option(cmd, options):
         assert opt in text
 
 
+def test_export_choices_come_from_the_export_command_and_the_exporter():
+    """--format lists the formats registered with the export command, --quantization the CTranslate2
+    exporter's QUANTIZATIONS (the CLI kept its own list, which lacked int8_bfloat16)."""
+    from nmt.cli import build_parser
+    from nmt.commands.export import FORMATS
+    from nmt.ct2_export import QUANTIZATIONS
+
+    export = next(a for a in build_parser()._actions if a.dest == "command").choices["export"]
+    choices = {a.dest: tuple(a.choices) for a in export._actions if a.choices is not None}
+    assert choices == {"format": tuple(FORMATS), "quantization": QUANTIZATIONS}
+    assert "int8_bfloat16" in choices["quantization"] and set(FORMATS) == {"ctranslate2", "hf"}
+
+
 def test_help_does_not_import_torch():
     code = ("import sys; from nmt.cli import build_parser; build_parser().format_help(); "
             "import nmt.config; print('torch' in sys.modules)")
