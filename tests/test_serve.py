@@ -30,7 +30,7 @@ import pytest
 from nmt import cli
 from nmt.commands.batcher import MAX_WAIT, Batcher, Job, Settings, gather_wait, groups, merge
 from nmt.errors import Cancelled
-from nmt.commands.serve import allowed_hosts
+from nmt.commands.serve_app import allowed_hosts
 
 from helpers import make_pairs, make_tiny_checkpoint
 

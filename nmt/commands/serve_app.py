@@ -1,0 +1,263 @@
+"""The HTTP app of `nmt serve` (nmt/commands/serve.py): the service behind it (the translator, the batcher, the
+drain), the Host and Origin policy, and the Starlette routes. Starlette is imported when the app is built."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+from urllib.parse import urlsplit
+
+from nmt.commands.batcher import Batcher, Job, Settings
+from nmt.commands.serve_request import REQUEST_KEYS, RequestError, check_options, parse_request, result_json
+from nmt.errors import UserError
+
+RETRY_AFTER = "1"  # seconds, with 503 for a full queue
+ANY_ADDRESS = ("0.0.0.0", "::", "")  # --host values that listen on every interface (any Host header)
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # the names of this machine, for a loopback --host
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer."""
+
+
+class Service:
+    """What the app serves: the translator, the settings, the batcher (made when the event loop
+    runs), whether it is shutting down (`draining`, set by the signal handler; `stopping`, the
+    event the server sets from it, wakes the requests still sending their body), and how many
+    requests are in progress (`in_flight`: being received or answered; the drain waits for them)."""
+
+    def __init__(self, translator, settings: Settings, name: str):
+        self.translator, self.settings, self.name = translator, settings, name
+        self.batcher: Batcher | None = None
+        self.draining = False
+        self.stopping = asyncio.Event()
+        self.in_flight = 0
+
+    def translate(self, lines, prefixes, line_numbers, options, cancel):
+        """One call of the translator (the batcher runs it in its worker thread)."""
+        return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
+                                         **options)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        """The app's lifespan: the batcher runs while the app does, and is closed after it."""
+        self.batcher = Batcher(self.translate, self.settings)
+        task = asyncio.get_running_loop().create_task(self.batcher.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
+
+    def health(self) -> dict:
+        stats = vars(self.batcher.stats) if self.batcher else {}
+        return {"status": "draining" if self.draining else "ok", "model": self.name,
+                "engine": self.translator.engine, "batching": self.settings.batching,
+                "queued": self.batcher.queued if self.batcher else 0, "in_flight": self.in_flight,
+                "request_keys": list(REQUEST_KEYS), **stats}
+
+    async def receive(self, request, deadline: float) -> bytes:
+        """The request's body, read until `deadline` (loop time): RequestError 408 after it, 503 when
+        the server starts shutting down first (a slow upload holds neither), 413 past the limit."""
+        # JSON escapes take up to 12 bytes per character (a surrogate pair \\uXXXX\\uXXXX)
+        reading = asyncio.ensure_future(_read_body(request, 12 * self.settings.max_chars + 65536))
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({reading, stopping}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if reading.done():
+                return reading.result()  # the body, or its RequestError (413) or ClientDisconnect
+        finally:
+            stopping.cancel()
+            reading.cancel()  # (nothing if done)
+        close = {"Connection": "close"}  # (the body was not read: the connection cannot be used again)
+        if self.stopping.is_set():
+            raise RequestError(503, "the server is shutting down", close)
+        raise RequestError(408, f"the request body did not arrive within {self.settings.timeout:g} s "
+                                "(nmt serve --timeout)", close)
+
+    async def answer(self, body: bytes, deadline: float, gone: asyncio.Future) -> dict:
+        """The response body for a POST /translate body, or RequestError; ClientGone when `gone`
+        (the client's disconnection) comes first. A request not answered by `deadline` (loop time)
+        or whose client went away is abandoned: the batcher frees its slot, or stops its call."""
+        lines, prefixes, options = parse_request(body, self.settings)
+        decode = check_options(self.translator, options, self.settings)
+        loop = asyncio.get_running_loop()
+        job = Job(lines, prefixes, options, decode, loop.create_future(), loop.time())
+        try:
+            self.batcher.submit(job)
+        except asyncio.QueueFull:
+            raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued: nmt serve "
+                                    "--max-queue); retry later", {"Retry-After": RETRY_AFTER}) from None
+        await asyncio.wait({job.future, gone}, timeout=max(0.0, deadline - loop.time()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not job.future.done():
+            job.future.cancel()  # abandoned
+            if gone.done():
+                raise ClientGone()
+            raise RequestError(504, f"not translated within {self.settings.timeout:g} s (nmt serve --timeout)")
+        try:
+            results = job.future.result()
+        except UserError as e:
+            raise RequestError(400, str(e)) from None
+        return {"translations": [result_json(r, decode, prefixes is not None) for r in results]}
+
+
+async def _read_body(request, limit: int) -> bytes:
+    """The request body, or RequestError 413 past `limit` bytes (checked before reading it all)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise RequestError(413, f"a body of {length} bytes (this server reads at most {limit}: nmt serve --max-chars)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"a body over {limit} bytes (nmt serve --max-chars)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client closes its connection (called once its body is read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def error_response(status: int, message: str, headers: dict | None = None):
+    """`{"error": message}` (ASCII JSON: any text a client sent can be quoted in it)."""
+    from starlette.responses import Response
+
+    return Response(json.dumps({"error": message}, separators=(",", ":")), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def _name(host: str) -> str:
+    """A host name or address as urlsplit's `hostname` gives it (lower case, IPv6 without brackets)."""
+    return host.strip("[]").lower()
+
+
+def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> frozenset[str] | None:
+    """The names a Host header may give for a server listening on `host` (None: any): any when it
+    listens on every interface (it is meant to be reached by whatever name the network gives it)
+    or `extra` holds "*"; else `host` itself, this machine's names for a loopback address, and
+    `extra` (--allow-host). Checking the Host header stops DNS rebinding: a web page of another
+    site whose name is made to point at this machine."""
+    if host in ANY_ADDRESS or "*" in extra:
+        return None
+    names = {_name(host), *map(_name, extra)}
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(_name(host)).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    return frozenset(names | set(LOOPBACK_NAMES) if loopback else names)
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    """Whether a request's Origin header names the server it was sent to (its Host header)."""
+    try:
+        o, h = urlsplit(origin), urlsplit("//" + host)
+        default = {"http": 80, "https": 443}.get(o.scheme)
+        return o.hostname is not None and o.hostname == h.hostname and (o.port or default) == (h.port or default)
+    except ValueError:  # a malformed port
+        return False
+
+
+class Guard:
+    """ASGI middleware: the server's Host and Origin policy (README "Serving"). A Host header that
+    is not one of `hosts` (None: any) gets 400; a request other than GET / HEAD with an Origin
+    header that is neither the server's own nor one of `origins` ("*": any) gets 403, before the
+    app reads it. Browsers send Origin with every POST, and a page of another site could make
+    the browser of someone running the server post to it (the answer unreadable to the page, but
+    the work done); curl and other clients that send no Origin are not affected."""
+
+    def __init__(self, app, hosts: frozenset[str] | None, origins: frozenset[str]):
+        self.app, self.hosts, self.origins = app, hosts, origins
+
+    def refusal(self, scope) -> tuple[int, str] | None:
+        from starlette.datastructures import Headers
+
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        if host is not None and self.hosts is not None:
+            try:
+                name = urlsplit("//" + host).hostname
+            except ValueError:
+                name = None
+            if name not in self.hosts:
+                return 400, (f"the Host header {host!r} is not a name of this server (nmt serve --allow-host NAME "
+                             "accepts another)")
+        origin = headers.get("origin")
+        if origin is not None and scope["method"] not in ("GET", "HEAD") and "*" not in self.origins \
+                and origin not in self.origins and not _same_origin(origin, host or ""):
+            return 403, (f"a cross-origin request from {origin!r} (nmt serve --allow-origin {origin} lets web pages "
+                         "of that origin call this server)")
+        return None
+
+    async def __call__(self, scope, receive, send):
+        refused = self.refusal(scope) if scope["type"] == "http" else None
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        await error_response(*refused, headers={"Connection": "close"})(scope, receive, send)
+
+
+def build_app(service: Service, hosts: frozenset[str] | None = None, origins: frozenset[str] = frozenset()):
+    """The Starlette app over `service` (the batcher task runs while the app does); `hosts` and
+    `origins`: the Host and Origin policy (Guard), with CORS headers for `origins`."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.routing import Route
+
+    from nmt.commands.serve_page import PAGE
+
+    async def translate(request):
+        if service.draining:
+            return error_response(503, "the server is shutting down", {"Connection": "close"})
+        service.in_flight += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + service.settings.timeout
+        gone = None
+        try:
+            body = await service.receive(request, deadline)
+            gone = asyncio.ensure_future(_disconnected(request))
+            return JSONResponse(await service.answer(body, deadline, gone))
+        except RequestError as e:
+            return error_response(e.status, str(e), e.headers)
+        except (ClientGone, ClientDisconnect):  # nobody reads the answer (uvicorn sends nothing)
+            return Response(status_code=204)
+        except Exception as e:  # a failure in the model: logged with its traceback, answered 500
+            import traceback
+
+            traceback.print_exc()
+            return error_response(500, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            if gone is not None:
+                gone.cancel()
+            service.in_flight -= 1
+
+    async def health(request):
+        return JSONResponse(service.health(), status_code=503 if service.draining else 200)
+
+    async def page(request):
+        return HTMLResponse(PAGE)
+
+    async def http_error(request, exc):  # 404, 405: JSON as every other answer
+        return error_response(exc.status_code, f"{exc.detail}: {request.method} {request.url.path} (this server "
+                                               "has POST /translate, GET /health and GET /)", exc.headers)
+
+    routes = [Route("/translate", translate, methods=["POST"]), Route("/health", health, methods=["GET"]),
+              Route("/", page, methods=["GET"])]
+    middleware = [Middleware(Guard, hosts=hosts, origins=origins)]
+    if origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(origins), allow_methods=["GET", "POST"],
+                                     allow_headers=["Content-Type"]))
+    return Starlette(routes=routes, lifespan=service.lifespan, middleware=middleware,
+                     exception_handlers={HTTPException: http_error})

@@ -1,0 +1,144 @@
+"""A POST /translate request of `nmt serve` (nmt/commands/serve.py): its body parsed and checked, its decode
+options validated against the server's defaults and limits, and the JSON of its answer."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from nmt.commands.batcher import Settings
+from nmt.config import ConfigError, DecodeConfig
+from nmt.errors import UserError
+
+# Decode keys fixed for the whole server (`nmt serve` flags), with why a request may not set them.
+SERVER_KEYS = {
+    "batch_tokens": "the server's batching", "max_batch_size": "the server's batching",
+    "workers": "the server's threads",
+    "protect_pattern": "a regular expression run on every line (a slow one would stall every request)",
+}
+REQUEST_KEYS = tuple(k for k in DecodeConfig.__dataclass_fields__ if k not in SERVER_KEYS)
+FIELDS = ("text", "options", "prefix")  # of a POST /translate body
+SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate (from JSON's \ud800 escape): not Unicode text
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP status, a one-line message, headers of the answer."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers
+
+
+def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str] | None, dict]:
+    """(lines, prefixes or None, decode options) of a POST /translate body, or RequestError."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise RequestError(400, "the body is not a translation request: JSON nested too deeply") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, 'the body must be a JSON object: {"text": ["a sentence", ...], "options": {...}}')
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise RequestError(400, f"unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
+    lines = _string_list(data.get("text"), "text")
+    prefixes = _string_list(data["prefix"], "prefix") if data.get("prefix") is not None else None
+    if prefixes is not None and len(prefixes) != len(lines):
+        raise RequestError(400, f"{len(prefixes)} prefixes for {len(lines)} lines")
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise RequestError(400, "options must be a JSON object of decode keys, e.g. {\"beam_size\": 4}")
+    _check_size(lines, prefixes, settings)
+    return lines, prefixes, options
+
+
+def _string_list(value: Any, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise RequestError(400, f"{name} must be a list of strings, one sentence each")
+    for i, line in enumerate(value):
+        if "\n" in line or "\r" in line:
+            raise RequestError(400, f"{name}[{i}] contains a line break (one sentence per item)")
+        bad = SURROGATE.search(line)
+        if bad:  # no UTF-8 text has one (nmt translate refuses such input as invalid UTF-8)
+            raise RequestError(400, f"{name}[{i}] is not Unicode text: a lone surrogate U+{ord(bad.group()):04X} at "
+                                    f"character {bad.start()}")
+    return value
+
+
+def _check_size(lines: list[str], prefixes: list[str] | None, settings: Settings) -> None:
+    if len(lines) > settings.max_lines:
+        raise RequestError(413, f"{len(lines)} lines in one request (this server takes at most "
+                                f"{settings.max_lines}: nmt serve --max-lines)")
+    chars = sum(map(len, lines)) + sum(map(len, prefixes or ()))
+    if chars > settings.max_chars:
+        raise RequestError(413, f"{chars} characters in one request (this server takes at most "
+                                f"{settings.max_chars}: nmt serve --max-chars)")
+
+
+def check_options(translator, options: dict, settings: Settings) -> DecodeConfig:
+    """The request's decode settings (the server's defaults with `options` applied), or RequestError
+    400 with the messages `nmt translate` gives for the same flags, or naming the server's limit."""
+    for key in options:
+        if key in SERVER_KEYS:
+            raise RequestError(400, f"option {key!r} is not set per request ({SERVER_KEYS[key]}: "
+                                    f"nmt serve --{key.replace('_', '-')} sets it for the server)")
+    try:
+        decode = translator.decode_settings(**options)
+        translator.check_language(**options)  # a multilingual model needs tgt_lang unless it has a default
+    except ConfigError as e:
+        raise RequestError(400, "; ".join(e.errors)) from None
+    except UserError as e:
+        raise RequestError(400, str(e)) from None
+    errors = over_limits(decode, options, settings.max_beam, translator.max_positions)
+    if errors:
+        raise RequestError(400, errors[0])
+    return decode
+
+
+LENGTH_KEYS = ("min_len", "max_len_a", "max_len_b")
+
+
+def over_limits(decode: DecodeConfig, lengths_given, max_beam: int, max_positions: int) -> list[str]:
+    """What in `decode` is over the server's limits, one message each: beam_size and nbest over
+    --max-beam; min_len, max_len_a, max_len_b (those in `lengths_given`: the model's own defaults
+    may exceed them, and are capped as in `nmt translate`) past what the model can write, an output
+    of at most max_positions - 1 tokens, EOS included (a request asking more would search to the
+    model's limit and return less than it asked for)."""
+    errors = [f"{key} {getattr(decode, key)} is over this server's limit {max_beam} (nmt serve --max-beam)"
+              for key in ("beam_size", "nbest") if getattr(decode, key) > max_beam]
+    longest = max_positions - 1
+    for key, limit in zip(LENGTH_KEYS, (longest - 1, longest, longest)):
+        if key in lengths_given and getattr(decode, key) > limit:
+            errors.append(f"{key} {getattr(decode, key):g} is over this model's limit {limit} (its outputs have at "
+                          f"most max_positions - 1 = {longest} tokens, EOS included)")
+    return errors
+
+
+# --------------------------------------------------------------------------- answers
+
+def _number(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # JSON has no inf / nan
+
+
+def _hypothesis(h, decode: DecodeConfig) -> dict:
+    out = {"text": h.text, "score": _number(h.score), "log_prob": _number(h.log_prob), "finished": h.finished}
+    if decode.alignment:
+        out["alignment"] = h.format_alignment()
+    return out
+
+
+def result_json(result, decode: DecodeConfig, prefixed: bool = False) -> dict:
+    """One item of the response's "translations" for a TranslationResult (prefixed: the request
+    gave prefixes, so the item says whether its prefix was cut to the model's maximum)."""
+    out = _hypothesis(result.hypotheses[0], decode)
+    out["truncated"] = result.truncated
+    if prefixed:
+        out["prefix_truncated"] = result.prefix_truncated
+    if decode.protect:
+        out["protected"] = result.protected
+    if decode.nbest > 1:
+        out["nbest"] = [_hypothesis(h, decode) for h in result.hypotheses]
+    return out
