@@ -1,4 +1,4 @@
-"""nmt.evaluate: scores equal the `sacrebleu` command's on the same files; errors name both files."""
+"""nmt.metrics and `nmt evaluate`: scores equal the `sacrebleu` command's on the same files; errors name both files."""
 
 from __future__ import annotations
 
