@@ -7,6 +7,8 @@ saved with `save_pretrained`, imported, and compared with transformers' forward 
 
 from __future__ import annotations
 
+import inspect
+
 import json
 import os
 import subprocess
@@ -126,11 +128,14 @@ def test_greedy_tokens_match_transformers_step_by_step(saved):
     cache = ours.init_cache(ours.encode(src, src_mask), src_mask, max_len=8)
     tokens = torch.full((2,), start)
     past, enc = None, None
+    # transformers renamed `past_key_values` to `cache` during 5.x (the old name is removed in 5.40): whichever
+    # this version's forward takes
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     for _ in range(8):
         out = model(input_ids=None if enc else src, attention_mask=src_mask.long(), encoder_outputs=enc,
-                    decoder_input_ids=tokens[:, None], past_key_values=past, use_cache=True)
+                    decoder_input_ids=tokens[:, None], use_cache=True, **{name: past})
         enc = enc or (out.encoder_last_hidden_state,)
-        past = out.past_key_values
+        past = getattr(out, name)
         logits = ours.decode_step(tokens, cache)
         assert (logits - out.logits[:, -1]).abs().max().item() <= TOLERANCE
         tokens = logits.argmax(-1)
