@@ -36,6 +36,7 @@ from typing import Iterable
 
 import sentencepiece as spm
 
+from nmt import textio
 from nmt.errors import UserError
 from nmt.layout import Specials
 
@@ -313,8 +314,7 @@ def read_json(model_dir: str, name: str) -> dict:
     path = os.path.join(model_dir, name)
     if not os.path.isfile(path):
         return {}
-    with open(path, "rb") as f:
-        value = _json(f.read(), path)
+    value = textio.read_json(path)
     if not isinstance(value, dict):
         raise UserError(f"cannot read {path}: not a JSON object")
     return value
