@@ -147,7 +147,7 @@ def _position_table(model, w: _Weights, side: str) -> np.ndarray:
 def build_spec(model, tokenizer, cfg):
     """A validated-to-be-complete CTranslate2 `TransformerSpec` for our Transformer.
 
-    model: nmt.model.Transformer (any device); tokenizer: nmt Tokenizer; cfg: Config.
+    model: nmt.model.Transformer (any device); tokenizer: either family (nmt.tokens.TokenizerLike); cfg: Config.
     """
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
@@ -318,7 +318,7 @@ def _spm_names(tokenizer) -> dict[str, str]:
     """The SentencePiece files the export README names (an imported tokenizer keeps its own file names;
     an M2M100/NLLB model also needs its language tokens: source first, target as target_prefix)."""
     names = {"marian": ("source.spm", "target.spm"), "m2m100": ("sentencepiece.bpe.model",) * 2,
-             "nllb": ("sentencepiece.bpe.model",) * 2}.get(getattr(tokenizer, "kind", "spm"))
+             "nllb": ("sentencepiece.bpe.model",) * 2}.get(tokenizer.kind)
     if names is None:
         names = ("spm.model",) * 2 if tokenizer.joint else ("spm.src.model", "spm.tgt.model")
     return {"src_spm": names[0], "tgt_spm": names[1]}
