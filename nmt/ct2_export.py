@@ -124,6 +124,20 @@ def _norm(spec, w: _Weights, name: str) -> None:
     spec.beta = w(f"{name}.bias")
 
 
+def _self_attention(spec, w: _Weights, layer: str) -> None:
+    """An encoder or decoder layer's self-attention (fused q/k/v) and the norm before or after it."""
+    _linear(spec.linear[0], w, f"{layer}.self_attn.qkv_proj")
+    _linear(spec.linear[1], w, f"{layer}.self_attn.out_proj")
+    _norm(spec.layer_norm, w, f"{layer}.norm1")
+
+
+def _ffn(spec, w: _Weights, layer: str, norm: str) -> None:
+    """A layer's feed-forward block and its norm (`norm`: norm2 in the encoder, norm3 in the decoder)."""
+    _linear(spec.linear_0, w, f"{layer}.ffn.fc1")
+    _linear(spec.linear_1, w, f"{layer}.ffn.fc2")
+    _norm(spec.layer_norm, w, f"{layer}.{norm}")
+
+
 def _layer_norm_epsilon(model) -> float:
     """The one epsilon of all LayerNorms (CTranslate2 has a single setting)."""
     import torch
@@ -165,13 +179,8 @@ def build_spec(model, tokenizer, cfg):
     enc.scale_embeddings = scale
     enc.position_encodings.encodings = _position_table(model, w, "src")
     for i, layer in enumerate(enc.layer):
-        p = f"encoder.layers.{i}"
-        _linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
-        _linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
-        _norm(layer.self_attention.layer_norm, w, f"{p}.norm1")
-        _linear(layer.ffn.linear_0, w, f"{p}.ffn.fc1")
-        _linear(layer.ffn.linear_1, w, f"{p}.ffn.fc2")
-        _norm(layer.ffn.layer_norm, w, f"{p}.norm2")
+        _self_attention(layer.self_attention, w, f"encoder.layers.{i}")
+        _ffn(layer.ffn, w, f"encoder.layers.{i}", "norm2")
 
     dec = spec.decoder
     dec.embeddings.weight = w("tgt_embed.weight")
@@ -179,16 +188,12 @@ def build_spec(model, tokenizer, cfg):
     dec.position_encodings.encodings = _position_table(model, w, "tgt")
     for i, layer in enumerate(dec.layer):
         p = f"decoder.layers.{i}"
-        _linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
-        _linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
-        _norm(layer.self_attention.layer_norm, w, f"{p}.norm1")
+        _self_attention(layer.self_attention, w, p)
         _linear(layer.attention.linear[0], w, f"{p}.cross_attn.q_proj")
         _linear(layer.attention.linear[1], w, f"{p}.cross_attn.kv_proj")
         _linear(layer.attention.linear[2], w, f"{p}.cross_attn.out_proj")
         _norm(layer.attention.layer_norm, w, f"{p}.norm2")
-        _linear(layer.ffn.linear_0, w, f"{p}.ffn.fc1")
-        _linear(layer.ffn.linear_1, w, f"{p}.ffn.fc2")
-        _norm(layer.ffn.layer_norm, w, f"{p}.norm3")
+        _ffn(layer.ffn, w, p, "norm3")
     _linear(dec.projection, w, "output_proj")
     if m.norm == "pre":
         _norm(enc.layer_norm, w, "encoder.final_norm")
