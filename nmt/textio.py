@@ -410,17 +410,7 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
             _check_output_dir(option, path, places)
             continue
         else:
-            if os.path.isdir(path):
-                raise UserError(f"{option} {path} is a directory")
-            if path.endswith(("/", os.sep)):
-                raise UserError(f"{option} {path} names a directory (it ends with '/'), which does not exist: "
-                                "give a file name")
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                raise UserError(f"{option} {path}: directory {parent} does not exist")
-            if option in new_files and os.path.lexists(path):
-                raise UserError(f"{option} {path} already exists: refusing to overwrite it (remove it, or choose "
-                                "another name)")
+            _check_output_file(option, path, new=option in new_files)
             ident = _identity(path)
             where = path
             real = os.path.realpath(path)
@@ -433,6 +423,21 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
         for what, other in named:
             if other == ident:
                 raise UserError(f"{option} {where} is the same file as the input {what}: refusing to overwrite it")
+
+
+def _check_output_file(option: str, path: str, *, new: bool) -> None:
+    """An output file: not a directory, in an existing directory; with `new`, not there yet."""
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path} is a directory")
+    if path.endswith(("/", os.sep)):
+        raise UserError(f"{option} {path} names a directory (it ends with '/'), which does not exist: "
+                        "give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{option} {path}: directory {parent} does not exist")
+    if new and os.path.lexists(path):
+        raise UserError(f"{option} {path} already exists: refusing to overwrite it (remove it, or choose "
+                        "another name)")
 
 
 def _check_output_dir(option: str, path: str, places: list[tuple[str, str]]) -> None:
