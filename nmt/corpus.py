@@ -183,7 +183,8 @@ def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
 
     Rules in order: `empty` (either side has no tokens), `too_long` (either side
     longer than max_len tokens, BOS/EOS not counted), `ratio` (longer/shorter
-    > max_ratio; skipped when max_ratio is None). Counts: pairs, empty,
+    > max_ratio). With max_ratio None (validation) only `too_long` applies: `empty` and
+    `ratio` are skipped, and empty pairs are kept. Counts: pairs, empty,
     too_long, ratio, kept. Per pair, so filtering chunk by chunk equals filtering the whole.
     tgt_prefix: tokens before every non-empty target (a multilingual model's language token),
     not counted by the ratio rule: it is not text (else short sources would be dropped in the
@@ -366,7 +367,7 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
                  max_ratio: float | None, filter_ratio: bool = True) -> dict:
     """Encode and filter every source into the cache entry `prefix`, chunk by chunk; returns the stats.
 
-    `filter_ratio=False` (validation) applies only the max_len rule. A corpus
+    `filter_ratio=False` (validation) applies only the max_len rule (empty pairs are kept). A corpus
     with no pair left is a UserError (nothing is written then).
     """
     dtypes = {f"{s}_tokens": token_dtype(getattr(tokenizer, f"{s}_vocab_size")) for s in SIDES}

@@ -5,7 +5,7 @@ The exported directory holds everything needed to translate without nmt or PyTor
 
     model.bin, config.json                 CTranslate2 weights and settings
     shared_vocabulary.json                 (or source_/target_vocabulary.json) SentencePiece pieces in id order
-    spm.model | spm.src.model + spm.tgt.model
+    spm.model | spm.src.model + spm.tgt.model   (an imported model: its own tokenizer files + hf_tokenizer.json)
     nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults: `stopping:
                                            hf` becomes exact, `ct2_decode`), step
     langid.json                            the checkpoint's language identifier, if it has one (nmt evaluate)
@@ -30,8 +30,9 @@ Mapping (our names -> CTranslate2's TransformerSpec, cf. its fairseq/OpenNMT-py 
   `layer_norm` (pre-norm only, `pre_norm=True`); post-norm sets `pre_norm=False`. CTranslate2
   applies each sublayer norm before (pre) or after the residual (post) as we do. Our
   epsilon (PyTorch's 1e-5) is written to `config.layer_norm_epsilon` (CTranslate2's default differs).
-- Sequences: sources are `pieces + </s>` (`add_source_eos`), targets start with `<s>`
-  (`decoder_start_token`) and end with `</s>`.
+- Sequences: sources are `pieces + </s>` (`add_source_eos`), targets start with the tokenizer's start
+  token (`decoder_start_token`: `<s>` for nmt's own models, `<pad>` for MarianMT, `</s>` for M2M100/NLLB)
+  and end with `</s>`.
 
 Every parameter of the model must be consumed by the mapping, else the export refuses (so a
 future architecture option cannot be silently dropped); options CTranslate2 cannot represent
