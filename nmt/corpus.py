@@ -370,7 +370,7 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
     `filter_ratio=False` (validation) applies only the max_len rule (empty pairs are kept). A corpus
     with no pair left is a UserError (nothing is written then).
     """
-    dtypes = {f"{s}_tokens": token_dtype(getattr(tokenizer, f"{s}_vocab_size")) for s in SIDES}
+    dtypes = {"src_tokens": token_dtype(tokenizer.src_vocab_size), "tgt_tokens": token_dtype(tokenizer.tgt_vocab_size)}
     dtypes.update({f"{s}_offsets": np.dtype(np.int64) for s in SIDES})
     dtypes.update({f"{s}_lens": np.dtype(np.int32) for s in SIDES})
     writer = _Writer(prefix, dtypes)
