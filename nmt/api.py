@@ -111,9 +111,11 @@ class Translator:
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:
         """The model's log-probability of each target given its source (`nmt score`): one
-        `nmt.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only
-        the batching keys of decode_options matter (batch_tokens, max_batch_size, workers). `sources`
-        and `targets` are lists of str, checked as `translate` checks `lines`."""
+        `nmt.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only these
+        decode_options matter (`nmt score`'s flags): the batching keys (batch_tokens, max_batch_size,
+        workers), tgt_lang (a multilingual model's language token, scored first) and protect /
+        protect_pattern (pairs scored as translation masks them). `sources` and `targets` are lists
+        of str, checked as `translate` checks `lines`."""
         from nmt.score import score_pairs
 
         sources, targets = _texts(sources, "sources"), _texts(targets, "targets")

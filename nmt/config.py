@@ -1,7 +1,7 @@
 """Configuration: YAML (and --set overrides) -> the dataclasses of nmt/schema.py, checked at load.
 
     cfg = load_config("configs/quickstart.yaml", ["train.lr=5e-4"])   # Config, or ConfigError
-    decode = decode_config(cfg.decode, {"beam_size": "4"})             # the one way to make decode settings
+    decode = decode_config(cfg.decode, {"beam_size": "4"})             # decode settings from flags or options
 
 All errors in a file are collected and reported together, each naming its full key
 (`train.warmup_steps`), as one line per error; the CLI prints them and exits with code 2.
@@ -509,7 +509,11 @@ def config_from_dict(raw: dict, *, check_files: bool = True, training: bool = Tr
 
 def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, Any] | None = None, *,
                   check_rules: bool = True) -> DecodeConfig:
-    """The one way decode settings are made, from any source, validated like a config file.
+    """Decode settings from outside the code, validated like a config file: options of the API, the
+    command line and requests (through `nmt.Translator`), an export's metadata (nmt/ct2.py), a tuned
+    setting (nmt/tune.py). (A config's or checkpoint's `decode` section is checked by
+    `config_from_dict`; code that derives settings it knows valid, such as validation's greedy search,
+    uses `dataclasses.replace`.)
 
     base: a DecodeConfig (e.g. a checkpoint's `cfg.decode`), a raw `decode` mapping (e.g. the
     metadata of a CTranslate2 export) or None (defaults). overrides: {decode key: value}, None

@@ -56,7 +56,7 @@ import numpy as np
 
 from nmt import sources
 from nmt.errors import UserError
-from nmt.tokenizer import Tokenizer
+from nmt.tokens import TokenizerLike
 
 CACHE_VERSION = 2  # 2: streamed, memory-mapped .bin files, several corpora per split
 SIDES = ("src", "tgt")
@@ -183,7 +183,8 @@ def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
 
     Rules in order: `empty` (either side has no tokens), `too_long` (either side
     longer than max_len tokens, BOS/EOS not counted), `ratio` (longer/shorter
-    > max_ratio; skipped when max_ratio is None). Counts: pairs, empty,
+    > max_ratio). With max_ratio None (validation) only `too_long` applies: `empty` and
+    `ratio` are skipped, and empty pairs are kept. Counts: pairs, empty,
     too_long, ratio, kept. Per pair, so filtering chunk by chunk equals filtering the whole.
     tgt_prefix: tokens before every non-empty target (a multilingual model's language token),
     not counted by the ratio rule: it is not text (else short sources would be dropped in the
@@ -223,7 +224,7 @@ def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.nda
     return np.fromiter(itertools.chain.from_iterable(seqs), dtype, int(lens.sum())), lens
 
 
-def encode_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], tag: str | None = None,
+def encode_chunk(tokenizer: TokenizerLike, src: list[str], tgt: list[str], tag: str | None = None,
                  protect: bool = False, tgt_prefix: tuple[int, ...] = (),
                  protect_inject: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(src tokens, src lens [n], tgt tokens, tgt lens [n]) of aligned lines; with `protect` each pair's
@@ -256,7 +257,7 @@ def mask_chunk(src: list[str], tgt: list[str], protect_inject: float = 0.0) -> t
     return list(masked_src), list(masked_tgt)
 
 
-def annotate_chunk(tokenizer: Tokenizer, src: list[str], tgt: list[str], st: np.ndarray, sl: np.ndarray,
+def annotate_chunk(tokenizer: TokenizerLike, src: list[str], tgt: list[str], st: np.ndarray, sl: np.ndarray,
                    keep: np.ndarray, source: Source, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """(src tokens, src lens [n]) with the kept pairs' sources term-annotated (`source.terms`, data.terms),
     each where its annotated form still fits max_len: the filters judged the plain pair, so annotations
@@ -362,14 +363,14 @@ def _empty_error(split: str, src: Source, counts: dict, max_len: int, max_ratio:
         f"{max_len}, {counts['ratio']} with length ratio > data.max_ratio={max_ratio})")
 
 
-def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: Tokenizer, max_len: int,
+def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: TokenizerLike, max_len: int,
                  max_ratio: float | None, filter_ratio: bool = True) -> dict:
     """Encode and filter every source into the cache entry `prefix`, chunk by chunk; returns the stats.
 
-    `filter_ratio=False` (validation) applies only the max_len rule. A corpus
+    `filter_ratio=False` (validation) applies only the max_len rule (empty pairs are kept). A corpus
     with no pair left is a UserError (nothing is written then).
     """
-    dtypes = {f"{s}_tokens": token_dtype(getattr(tokenizer, f"{s}_vocab_size")) for s in SIDES}
+    dtypes = {"src_tokens": token_dtype(tokenizer.src_vocab_size), "tgt_tokens": token_dtype(tokenizer.tgt_vocab_size)}
     dtypes.update({f"{s}_offsets": np.dtype(np.int64) for s in SIDES})
     dtypes.update({f"{s}_lens": np.dtype(np.int32) for s in SIDES})
     writer = _Writer(prefix, dtypes)
@@ -415,7 +416,7 @@ def remove_split(cache_dir: str, split: str) -> None:
             os.remove(path)
 
 
-def cached_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: Tokenizer, max_len: int,
+def cached_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: TokenizerLike, max_len: int,
                  max_ratio: float | None, log: Callable[[str], None], filter_ratio: bool = True) -> EncodedCorpus:
     """The encoded split: loaded from the cache entry `prefix` (checked), or encoded into it first."""
     if os.path.isfile(prefix + ".json"):

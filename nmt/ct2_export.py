@@ -5,7 +5,7 @@ The exported directory holds everything needed to translate without nmt or PyTor
 
     model.bin, config.json                 CTranslate2 weights and settings
     shared_vocabulary.json                 (or source_/target_vocabulary.json) SentencePiece pieces in id order
-    spm.model | spm.src.model + spm.tgt.model
+    spm.model | spm.src.model + spm.tgt.model   (an imported model: its own tokenizer files + hf_tokenizer.json)
     nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults: `stopping:
                                            hf` becomes exact, `ct2_decode`), step
     langid.json                            the checkpoint's language identifier, if it has one (nmt evaluate)
@@ -30,8 +30,9 @@ Mapping (our names -> CTranslate2's TransformerSpec, cf. its fairseq/OpenNMT-py 
   `layer_norm` (pre-norm only, `pre_norm=True`); post-norm sets `pre_norm=False`. CTranslate2
   applies each sublayer norm before (pre) or after the residual (post) as we do. Our
   epsilon (PyTorch's 1e-5) is written to `config.layer_norm_epsilon` (CTranslate2's default differs).
-- Sequences: sources are `pieces + </s>` (`add_source_eos`), targets start with `<s>`
-  (`decoder_start_token`) and end with `</s>`.
+- Sequences: sources are `pieces + </s>` (`add_source_eos`), targets start with the tokenizer's start
+  token (`decoder_start_token`: `<s>` for nmt's own models, `<pad>` for MarianMT, `</s>` for M2M100/NLLB)
+  and end with `</s>`.
 
 Every parameter of the model must be consumed by the mapping, else the export refuses (so a
 future architecture option cannot be silently dropped); options CTranslate2 cannot represent
@@ -124,6 +125,20 @@ def _norm(spec, w: _Weights, name: str) -> None:
     spec.beta = w(f"{name}.bias")
 
 
+def _self_attention(spec, w: _Weights, layer: str) -> None:
+    """An encoder or decoder layer's self-attention (fused q/k/v) and the norm before or after it."""
+    _linear(spec.linear[0], w, f"{layer}.self_attn.qkv_proj")
+    _linear(spec.linear[1], w, f"{layer}.self_attn.out_proj")
+    _norm(spec.layer_norm, w, f"{layer}.norm1")
+
+
+def _ffn(spec, w: _Weights, layer: str, norm: str) -> None:
+    """A layer's feed-forward block and its norm (`norm`: norm2 in the encoder, norm3 in the decoder)."""
+    _linear(spec.linear_0, w, f"{layer}.ffn.fc1")
+    _linear(spec.linear_1, w, f"{layer}.ffn.fc2")
+    _norm(spec.layer_norm, w, f"{layer}.{norm}")
+
+
 def _layer_norm_epsilon(model) -> float:
     """The one epsilon of all LayerNorms (CTranslate2 has a single setting)."""
     import torch
@@ -147,7 +162,7 @@ def _position_table(model, w: _Weights, side: str) -> np.ndarray:
 def build_spec(model, tokenizer, cfg):
     """A validated-to-be-complete CTranslate2 `TransformerSpec` for our Transformer.
 
-    model: nmt.model.Transformer (any device); tokenizer: nmt Tokenizer; cfg: Config.
+    model: nmt.model.Transformer (any device); tokenizer: either family (nmt.tokens.TokenizerLike); cfg: Config.
     """
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
@@ -165,13 +180,8 @@ def build_spec(model, tokenizer, cfg):
     enc.scale_embeddings = scale
     enc.position_encodings.encodings = _position_table(model, w, "src")
     for i, layer in enumerate(enc.layer):
-        p = f"encoder.layers.{i}"
-        _linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
-        _linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
-        _norm(layer.self_attention.layer_norm, w, f"{p}.norm1")
-        _linear(layer.ffn.linear_0, w, f"{p}.ffn.fc1")
-        _linear(layer.ffn.linear_1, w, f"{p}.ffn.fc2")
-        _norm(layer.ffn.layer_norm, w, f"{p}.norm2")
+        _self_attention(layer.self_attention, w, f"encoder.layers.{i}")
+        _ffn(layer.ffn, w, f"encoder.layers.{i}", "norm2")
 
     dec = spec.decoder
     dec.embeddings.weight = w("tgt_embed.weight")
@@ -179,16 +189,12 @@ def build_spec(model, tokenizer, cfg):
     dec.position_encodings.encodings = _position_table(model, w, "tgt")
     for i, layer in enumerate(dec.layer):
         p = f"decoder.layers.{i}"
-        _linear(layer.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
-        _linear(layer.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
-        _norm(layer.self_attention.layer_norm, w, f"{p}.norm1")
+        _self_attention(layer.self_attention, w, p)
         _linear(layer.attention.linear[0], w, f"{p}.cross_attn.q_proj")
         _linear(layer.attention.linear[1], w, f"{p}.cross_attn.kv_proj")
         _linear(layer.attention.linear[2], w, f"{p}.cross_attn.out_proj")
         _norm(layer.attention.layer_norm, w, f"{p}.norm2")
-        _linear(layer.ffn.linear_0, w, f"{p}.ffn.fc1")
-        _linear(layer.ffn.linear_1, w, f"{p}.ffn.fc2")
-        _norm(layer.ffn.layer_norm, w, f"{p}.norm3")
+        _ffn(layer.ffn, w, p, "norm3")
     _linear(dec.projection, w, "output_proj")
     if m.norm == "pre":
         _norm(enc.layer_norm, w, "encoder.final_norm")
@@ -318,7 +324,7 @@ def _spm_names(tokenizer) -> dict[str, str]:
     """The SentencePiece files the export README names (an imported tokenizer keeps its own file names;
     an M2M100/NLLB model also needs its language tokens: source first, target as target_prefix)."""
     names = {"marian": ("source.spm", "target.spm"), "m2m100": ("sentencepiece.bpe.model",) * 2,
-             "nllb": ("sentencepiece.bpe.model",) * 2}.get(getattr(tokenizer, "kind", "spm"))
+             "nllb": ("sentencepiece.bpe.model",) * 2}.get(tokenizer.kind)
     if names is None:
         names = ("spm.model",) * 2 if tokenizer.joint else ("spm.src.model", "spm.tgt.model")
     return {"src_spm": names[0], "tgt_spm": names[1]}

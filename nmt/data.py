@@ -42,7 +42,8 @@ from nmt.glossary import read_glossary
 from nmt.languages import target_prefix
 from nmt.protect import PLACEHOLDERS
 from nmt.sources import file_fingerprint, iter_pairs, read_corpus, source_fingerprint
-from nmt.tokenizer import Tokenizer, check_tags, train_tags
+from nmt.tokenizer import check_tags, train_tags
+from nmt.tokens import TokenizerLike
 
 __all__ = ["load_data", "Data", "ValidSet", "corpus_name", "corpus_shares", "mix_counts", "epoch_pairs",
            "batch_indices", "shard_batches", "epoch_batches", "directions"]
@@ -83,7 +84,7 @@ def _describe(corpus: CorpusConfig) -> str:
     return f"{corpus.src} / {corpus.tgt}" if corpus.kind == "text" else f"Hugging Face dataset {corpus.hf_path}"
 
 
-def _tokenizer_hash(tokenizer: Tokenizer) -> str:
+def _tokenizer_hash(tokenizer: TokenizerLike) -> str:
     protos = tokenizer.to_bytes()
     if protos.get("kind", "spm") != "spm":  # an imported tokenizer (nmt/hf_tokenizer.py): its files and settings
         settings = json.dumps({k: v for k, v in protos.items() if k != "files"}, sort_keys=True).encode()
@@ -91,7 +92,7 @@ def _tokenizer_hash(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()
 
 
-def language_prefix(cfg: Config, tokenizer: Tokenizer, corpus: CorpusConfig | None = None) -> tuple[int, ...]:
+def language_prefix(cfg: Config, tokenizer: TokenizerLike, corpus: CorpusConfig | None = None) -> tuple[int, ...]:
     """The language token before every target of a corpus of a multilingual model (nmt/languages.py):
     the token of the corpus' target language (default data.tgt_lang); () for a tokenizer without
     language tokens (`load_data` refuses one for a multilingual config)."""
@@ -100,7 +101,7 @@ def language_prefix(cfg: Config, tokenizer: Tokenizer, corpus: CorpusConfig | No
     return tuple(target_prefix(tokenizer, cfg.data.langs(corpus)[1] if corpus is not None else cfg.data.tgt_lang))
 
 
-def _load_train(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None]) -> EncodedCorpus:
+def _load_train(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callable[[str], None]) -> EncodedCorpus:
     d = cfg.data
     corpora = d.train_corpora
     langs = [language_prefix(cfg, tokenizer, c) for c in corpora]
@@ -145,7 +146,7 @@ def _lang_key(langs: list[tuple[int, ...]]) -> list:
     return ["lang2", langs] if any(langs) else []
 
 
-def _load_valid(cfg: Config, tokenizer: Tokenizer, run_dir: str, lines: list[tuple[list[str], list[str]]],
+def _load_valid(cfg: Config, tokenizer: TokenizerLike, run_dir: str, lines: list[tuple[list[str], list[str]]],
                 log: Callable[[str], None]) -> EncodedCorpus:
     d = cfg.data
     corpora = d.valid_corpora
@@ -203,7 +204,7 @@ def _log_train(cfg: Config, train: EncodedCorpus, log: Callable[[str], None]) ->
     log(f"data train: epoch mix of {len(corpora)} corpora ({sum(counts):,} pairs an epoch{temperature}): {mix}")
 
 
-def load_data(cfg: Config, tokenizer: Tokenizer, run_dir: str, log: Callable[[str], None] = print) -> Data:
+def load_data(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callable[[str], None] = print) -> Data:
     """Encoded train and valid corpora (from the cache: nmt/corpus.py) plus the raw valid lines for BLEU.
 
     train: pairs filtered by every rule of `filter_pairs`, the corpora of

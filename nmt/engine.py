@@ -1,7 +1,7 @@
 """Inference engines: the small interface between the text pipeline and a model, and `load_engine`.
 
-nmt/translate.py owns the one text pipeline (read, encode, truncate, detokenize, restore
-order, write; batching and workers: nmt/batching.py) for `nmt translate`, `nmt evaluate`,
+nmt/translate.py owns the one text pipeline (protect, encode, truncate, detokenize, restore
+order; batching and workers: nmt/batching.py; files are read and written by the commands) for `nmt translate`, `nmt evaluate`,
 validation during training and `nmt.Translator`; `nmt score` (nmt/score.py) batches through
 nmt/batching.py too. They talk to a model only through this protocol, which two engines implement: `TorchEngine` (nmt/torch_engine.py:
 a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported with

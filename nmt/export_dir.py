@@ -14,10 +14,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
+from nmt import textio
 from nmt.errors import UserError
 
 FORMAT = "nmt-ctranslate2"
@@ -58,9 +58,8 @@ def read_metadata(model_dir: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise UserError(f"{model_dir} was not written by `nmt export` (no {METADATA_FILE})")
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
+        meta = textio.read_json(path)
+    except OSError as e:
         raise UserError(f"cannot read {path}: {e}") from None
     if meta.get("format") != FORMAT or meta.get("version", 0) > VERSION:
         raise UserError(f"{path}: unsupported export format {meta.get('format')!r} version {meta.get('version')}")

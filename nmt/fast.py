@@ -22,8 +22,8 @@ here installs a faster version of one of those pieces, computing the same thing
   and `ReusingDecoderCache` (beam reordering copies only the rows whose parent
   changed, and gathers into spare buffers instead of allocating new ones).
 
-`nmt train|translate|evaluate|score` call `tune_malloc` at start (on any device: it is the
-process's allocator) and install the others on CPU; NMT_CPU_TUNING=0 turns all of them off
+`nmt train|translate|evaluate|score|tune|serve` call `tune_malloc` at start (nmt/cli.py; on any device:
+it is the process's allocator); training and `TorchEngine.load` install the others on CPU; NMT_CPU_TUNING=0 turns all of them off
 (A/B benchmarks: BENCHMARKS.md). What changes process-wide: glibc's malloc thresholds (never
 restored); the class swaps change only the model objects they are applied to.
 """

@@ -18,7 +18,7 @@ checkpoint (`nmt average`) holds weights only, which is all the default needs.
 
 Rules (one-line UserErrors): the source must exist and be an nmt checkpoint file (a CTranslate2
 export or another directory is named as such); its architecture keys must equal the new
-config's (dropout rates may differ), and so must `data.tokenizer` (except `threads`; for a checkpoint
+config's (dropout rates may differ), and so must `data.tokenizer` (except `threads` and `add_pieces`; for a checkpoint
 written by `nmt import`, whose tokenizer is used as it is: data.tokenizer left at its defaults, `joint`
 as the checkpoint's, and data.src_lang the source language an M2M100/NLLB model was imported with); the new
 run directory must not contain the source (a fine-tuning run never writes into its source's run

@@ -2,8 +2,8 @@
 often a translation used them (issue 37). Importable without torch.
 
 A glossary is a list of `Entry(source, target)`: from a TSV file (`read_glossary`: source term, tab,
-target term; blank lines and lines starting with `#` are skipped) or from the API's
-`[[source, target], ...]` (`check_entries`). One source term has one target: the same entry twice is
+target term; blank lines and lines starting with `#` are skipped) or from `[[source, target], ...]`
+(`check_entries`: meant for the API and the server, which take no glossary yet). One source term has one target: the same entry twice is
 kept once, the same source term with another target is an error (with `ignore_case`, source terms
 that differ only in case count as the same term).
 
@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 from nmt import textio
 from nmt.errors import UserError
 
-MAX_ENTRIES = 1000  # entries in one request's glossary (nmt serve answers 413 beyond it)
+MAX_ENTRIES = 1000  # entries in one request's glossary (for nmt serve, which takes no glossary yet)
 # Scripts written without spaces between words: each character is a unit (a term matches inside a run).
 UNSPACED = ("\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf\u3005-\u3007\u3040-\u30ff"
             "\u3100-\u312f\u31a0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")

@@ -382,7 +382,7 @@ def grow_source(cfg: Config, source: dict, log: Callable[[str], None] = print) -
     if not plan.tokens and not n:
         return source
     old = Tokenizer.from_bytes(source["tokenizer"], threads=cfg.data.tokenizer.threads)
-    kind = getattr(old, "kind", "spm")
+    kind = old.kind
     new_codes = set(plan.init)
     notes: list[str] = []
     grow = _grow_spm if kind == "spm" else _grow_imported
@@ -542,7 +542,7 @@ def hf_numbering(state: dict, tokenizer) -> tuple[dict, object]:
     vocab.json, so there the new pieces come right after the old ones and every id from the first
     language token on moves up by their number (the rows of the embeddings and the output projection
     move with them; ids below, the old pieces and the special tokens, stay). Anything else: as it is."""
-    if getattr(tokenizer, "kind", "spm") != "m2m100":
+    if tokenizer.kind != "m2m100":
         return state, tokenizer
     vocab = json.loads(tokenizer.files["vocab.json"])
     n = min(tokenizer.languages.values())  # the first language token: the old pieces are ids 0 .. n-1

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt import textio
 from nmt.config import ModelConfig
 from nmt.errors import UserError
 
@@ -80,11 +81,7 @@ def read_config(model_dir: str) -> dict[str, Any]:
     path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(path):
         raise UserError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise UserError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+    config = textio.read_json(path)
     if not isinstance(config, dict):
         raise UserError(f"cannot read {path}: not a JSON object")
     family = config.get("model_type")

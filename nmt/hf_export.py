@@ -43,7 +43,7 @@ TOKENIZER_CLASS = {"marian": "MarianTokenizer", "m2m100": "M2M100Tokenizer", "nl
 
 def tokenizer_files(tokenizer, cfg) -> dict[str, bytes]:
     """The tokenizer files of the directory (with tokenizer_config.json)."""
-    kind = getattr(tokenizer, "kind", "spm")
+    kind = tokenizer.kind
     d = cfg.data
     if kind == "spm":
         protos = tokenizer.to_bytes()
@@ -85,12 +85,12 @@ def _json(value) -> bytes:
     return json.dumps(value, ensure_ascii=False, indent=1).encode("utf-8")
 
 
-def token_ids(tokenizer, family: str) -> dict:
+def token_ids(tokenizer) -> dict:
     """config.json's special ids: the tokenizer's; MarianMT imported with its forced EOS keeps it."""
     ids = tokenizer.specials
     out = dict(pad_token_id=ids.pad, eos_token_id=ids.eos, decoder_start_token_id=ids.start,
                bos_token_id=ids.start if ids.start != ids.eos else 0, forced_eos_token_id=None)
-    if getattr(tokenizer, "kind", "spm") == "marian":
+    if tokenizer.kind == "marian":
         out.update(bos_token_id=ids.eos, forced_eos_token_id=ids.eos)  # as OPUS-MT's conversions
     return out
 
@@ -141,13 +141,13 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
     state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/grow.py)
     arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
                                  tokenizer.specials.pad)
-    imported = getattr(tokenizer, "kind", "spm")
-    expected = {"marian": "marian", "m2m100": "m2m_100", "nllb": "m2m_100"}.get(imported, arch.family)
+    kind = tokenizer.kind
+    expected = {"marian": "marian", "m2m100": "m2m_100", "nllb": "m2m_100"}.get(kind, arch.family)
     if expected != arch.family:
-        raise UserError(f"cannot export to Hugging Face: a {imported} tokenizer with a {arch.family} architecture")
-    ids = token_ids(tokenizer, arch.family)
+        raise UserError(f"cannot export to Hugging Face: a {kind} tokenizer with a {arch.family} architecture")
+    ids = token_ids(tokenizer)
     config = config_to_hf(arch, ids)
-    if imported == "nllb":
+    if kind == "nllb":
         config["tokenizer_class"] = "NllbTokenizer"
     gen, notes = generation_config(cfg.decode, tokenizer, ids, cfg.model.max_positions)
     files = {"config.json": _json(config), "generation_config.json": _json(gen), **tokenizer_files(tokenizer, cfg)}

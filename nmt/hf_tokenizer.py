@@ -2,8 +2,9 @@
 
 Each adapter reads the tokenizer files of a model directory with sentencepiece and json only and
 gives the ids transformers 5's own tokenizer gives (tests/test_hf_import.py compares them), behind
-the interface of `nmt.tokenizer.Tokenizer` (encode_src, encode_tgt, decode_tgt, specials,
-languages, default_tgt_lang, vocabulary sizes, to_bytes / save / load, vocab_pieces). Which ids
+the interface `nmt.tokens.TokenizerLike` that nmt's own `nmt.tokenizer.Tokenizer` implements too
+(encode_src, encode_tgt, decode_tgt, specials, languages, default_tgt_lang, vocabulary sizes,
+to_bytes / save, vocab_pieces, ...); `load` reads back what `save` wrote. Which ids
 mean what (transformers' `tokenization_marian.py`, `tokenization_m2m_100.py`, `tokenization_nllb.py`):
 
 - `marian` (OPUS-MT): source.spm and target.spm cut the text into pieces, vocab.json (one
@@ -36,11 +37,12 @@ from typing import Iterable
 
 import sentencepiece as spm
 
+from nmt import textio
 from nmt.errors import UserError
 from nmt.layout import Specials
+from nmt.tokens import WORD_START, load_sentencepiece
 
 SETTINGS_FILE = "hf_tokenizer.json"  # written by `save`: the kind and settings of the files beside it (= tokenizer.IMPORTED_FILE)
-WORD_START = "\u2581"
 M2M100_CODES = {
     "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi "
                "hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns oc "
@@ -70,15 +72,6 @@ FILES = {"marian": ("source.spm", "target.spm", "vocab.json"), "m2m100": ("sente
          "nllb": ("sentencepiece.bpe.model",)}
 
 
-def _processor(proto: bytes, name: str) -> spm.SentencePieceProcessor:
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.LoadFromSerializedProto(proto)
-    except Exception:  # sentencepiece raises RuntimeError/OSError for garbage
-        raise UserError(f"{name}: not a valid SentencePiece model") from None
-    return sp
-
-
 def _json(data: bytes, name: str):
     try:
         return json.loads(data.decode("utf-8"))
@@ -87,10 +80,11 @@ def _json(data: bytes, name: str):
 
 
 class HFTokenizer:
-    """What the three adapters share. files: {file name: bytes} as in the model directory;
-    settings: the special ids, vocabulary sizes and per-kind options (a JSON-able dict)."""
+    """What the three adapters share (each is an nmt.tokens.TokenizerLike and declares its `kind`).
+    files: {file name: bytes} as in the model directory; settings: the special ids, vocabulary sizes
+    and per-kind options (a JSON-able dict)."""
 
-    kind = ""
+    kind = ""  # "marian", "m2m100", "nllb": set by each adapter
     free_language_token = False
 
     def __init__(self, files: dict[str, bytes], settings: dict, *, threads: int = 1,
@@ -149,8 +143,8 @@ class MarianTokenizer(HFTokenizer):
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
         self.joint = "target_vocab.json" not in files
-        self._src = _processor(files["source.spm"], "source.spm")
-        self._tgt = _processor(files["target.spm"], "target.spm")
+        self._src = load_sentencepiece(files["source.spm"], "source.spm")
+        self._tgt = load_sentencepiece(files["target.spm"], "target.spm")
         self._src_vocab = _json(files["vocab.json"], "vocab.json")
         self._tgt_vocab = self._src_vocab if self.joint else _json(files["target_vocab.json"], "target_vocab.json")
         self._tgt_pieces = {i: p for p, i in self._tgt_vocab.items()}
@@ -193,24 +187,19 @@ def _split_code(line: str) -> tuple[list[str], str]:
     return [], line
 
 
-class M2M100Tokenizer(HFTokenizer):
-    kind = "m2m100"
+class _MultilingualTokenizer(HFTokenizer):
+    """What M2M100 and NLLB share: one sentencepiece.bpe.model for both sides, the source language token
+    first. Subclasses map SentencePiece's output to the model's ids (`_encode`) and back (`_decode`)."""
+
     free_language_token = True  # the forced language token counts log-prob 0 in searches (nmt/languages.py)
 
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
-        self._sp = _processor(files["sentencepiece.bpe.model"], "sentencepiece.bpe.model")
-        self._vocab = _json(files["vocab.json"], "vocab.json")
-        self._pieces_of = {i: p for p, i in self._vocab.items()}
+        self._sp = load_sentencepiece(files["sentencepiece.bpe.model"], "sentencepiece.bpe.model")
         self._src_lang = self.languages[settings["src_lang"]]
 
-    def _encode(self, lines: list[str]) -> list[list[int]]:
-        unk = self.specials.unk
-        return [[self._vocab.get(p, unk) for p in ps]
-                for ps in self._sp.encode(list(lines), out_type=str, num_threads=self.threads)]
-
     def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """`__src__` + pieces (nmt adds `</s>`); an empty line stays empty."""
+        """The source language token + pieces (nmt adds `</s>`); an empty line stays empty."""
         return [[self._src_lang] + ids if ids else ids for ids in self._encode(lines)]
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
@@ -218,6 +207,20 @@ class M2M100Tokenizer(HFTokenizer):
 
     def src_pieces(self, line: str) -> list[str]:
         return self._sp.encode(line, out_type=str)
+
+
+class M2M100Tokenizer(_MultilingualTokenizer):
+    kind = "m2m100"
+
+    def __init__(self, files: dict[str, bytes], settings: dict, **kw):
+        super().__init__(files, settings, **kw)
+        self._vocab = _json(files["vocab.json"], "vocab.json")
+        self._pieces_of = {i: p for p, i in self._vocab.items()}
+
+    def _encode(self, lines: list[str]) -> list[list[int]]:
+        unk = self.specials.unk
+        return [[self._vocab.get(p, unk) for p in ps]
+                for ps in self._sp.encode(list(lines), out_type=str, num_threads=self.threads)]
 
     def _decode(self, ids: list[int]) -> str:
         """As transformers: an id outside vocab.json (an unused "madeup" id) is written `<unk>`."""
@@ -235,14 +238,11 @@ class M2M100Tokenizer(HFTokenizer):
         return table, table
 
 
-class NllbTokenizer(HFTokenizer):
+class NllbTokenizer(_MultilingualTokenizer):
     kind = "nllb"
-    free_language_token = True
 
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
-        self._sp = _processor(files["sentencepiece.bpe.model"], "sentencepiece.bpe.model")
-        self._src_lang = self.languages[settings["src_lang"]]
         added = settings.get("added_pieces") or {"sp_size": self._sp.get_piece_size(), "first_id": 0}
         self._n, self._shift = added["sp_size"], added["first_id"] - added["sp_size"]  # pieces nmt/grow.py appended
 
@@ -254,16 +254,6 @@ class NllbTokenizer(HFTokenizer):
         n, shift, unk = self._n, self._shift, self.specials.unk  # (`_id`, inlined)
         return [[(i + 1 if i else unk) if i < n else i + shift for i in ids]  # fairseq's offset; SentencePiece's <unk> is 0
                 for ids in self._sp.encode(list(lines), out_type=int, num_threads=self.threads)]
-
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """`src_Lang` + pieces (nmt adds `</s>`); an empty line stays empty."""
-        return [[self._src_lang] + ids if ids else ids for ids in self._encode(lines)]
-
-    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
-        return self._encode(lines)
-
-    def src_pieces(self, line: str) -> list[str]:
-        return self._sp.encode(line, out_type=str)
 
     def _decode(self, ids: list[int]) -> str:
         """As transformers' Metaspace decoder: `▁` -> space, minus the first piece's leading space."""
@@ -313,8 +303,7 @@ def read_json(model_dir: str, name: str) -> dict:
     path = os.path.join(model_dir, name)
     if not os.path.isfile(path):
         return {}
-    with open(path, "rb") as f:
-        value = _json(f.read(), path)
+    value = textio.read_json(path)
     if not isinstance(value, dict):
         raise UserError(f"cannot read {path}: not a JSON object")
     return value
@@ -435,7 +424,7 @@ def _nllb_settings(files: dict[str, bytes], config: dict, tok_config: dict, mode
     if tok_config.get("legacy_behaviour"):
         raise UserError(f"{model_dir}/tokenizer_config.json sets legacy_behaviour: the legacy NLLB layout (language "
                         "code after </s>) is not supported; nmt uses transformers 5's default, [lang] pieces </s>")
-    sp = _processor(files["sentencepiece.bpe.model"], f"{model_dir}/sentencepiece.bpe.model")
+    sp = load_sentencepiece(files["sentencepiece.bpe.model"], f"{model_dir}/sentencepiece.bpe.model")
     if sp.unk_id() != 0:
         raise UserError(f"{model_dir}/sentencepiece.bpe.model: <unk> has id {sp.unk_id()}, NLLB's fairseq offset needs 0")
     n = sp.get_piece_size()

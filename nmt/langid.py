@@ -97,9 +97,6 @@ class LanguageIdentifier:
         scores = self.scores(text)
         return None if scores is None else self.langs[int(np.argmax(scores))]
 
-    def predict_many(self, lines: Iterable[str]) -> list[str | None]:
-        return [self.predict(line) for line in lines]
-
     def to_dict(self) -> dict:
         """Plain Python types only (str, int, float, list, dict), so it can be stored in a checkpoint
         that torch.load(..., weights_only=True) reads."""

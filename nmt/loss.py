@@ -11,7 +11,7 @@ fairseq's `label_smoothed_cross_entropy` spreads `eps` over the other V-1 classe
 instead (`eps_i = eps/(V-1)`, reference weight `1 - eps`); for V in the thousands
 the two differ by O(eps/V) and are interchangeable in practice.
 
-Both functions return **sums** over the real (non-PAD) target tokens; the caller
+`label_smoothed_nll` returns **sums** (smoothed loss, plain NLL) over the real (non-PAD) target tokens; the caller
 divides by the token count (summed over accumulated micro-batches and, with DDP,
 over ranks), so the gradient scale does not depend on how a step is split into
 batches. Computed in fp32 (logits may come from autocast).

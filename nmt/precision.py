@@ -32,7 +32,6 @@ from torch import Tensor, nn
 
 from nmt.errors import UserError
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CT2_COMPUTE_TYPES = {"auto": "default", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
 

@@ -39,8 +39,8 @@ from nmt.languages import target_prefix
 
 @dataclass(frozen=True)
 class PairScore:
-    log_prob: float  # summed over the target tokens and EOS
-    n_tokens: int  # target tokens + EOS
+    log_prob: float  # summed over the target tokens and EOS (and a multilingual model's language token first)
+    n_tokens: int  # those tokens: target tokens + EOS (+ the language token)
     truncated: bool = False  # the source or the target was cut to the model's maximum length
 
     @property
@@ -53,8 +53,8 @@ class PairScore:
 
 def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], decode: DecodeConfig | None = None,
                 on_batch=None) -> list[PairScore]:
-    """A PairScore per pair, in order. Batching and workers follow `decode` (default: the
-    engine's decode settings)."""
+    """A PairScore per pair, in order. Batching, workers, the target language and protect follow `decode`
+    (default: the engine's decode settings)."""
     from nmt.batching import run_engine
 
     if len(src_lines) != len(tgt_lines):

@@ -10,9 +10,10 @@ markers, `source term <term> target term </term>`:
 share of the pairs a dictionary entry applies to, an entry applying to a pair when its source term
 matches in the source and its target term appears in the target (nmt/glossary.py's whole-word rule),
 so the model learns to copy the annotated target term to where it belongs; at translation time the
-same annotation of a glossary's matches (`known_by`: the model has the symbols) tells the model the
-terms the search will then guarantee. With data.protect the pair is masked first, then annotated
-(the markers look like markup, which protection would otherwise take for a span).
+same annotation of a glossary's matches (`known_by`: the model has the symbols) is to tell the model
+the terms the search will then guarantee (issue 37: not wired into translation yet). With
+data.protect the pair is masked first, then annotated (the markers look like markup, which
+protection would otherwise take for a span).
 
 Extraction (`extract_dictionary`, `data.term_dictionary: null`, scripts/extract_glossary.py): single
 source/target words that align strongly by co-occurrence: word w (source) and v (target), each in at

@@ -1,6 +1,6 @@
 """Text in and out, one rule for every command (train, translate, evaluate, score).
 
-Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`):
+Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`; `read_json` for a JSON file):
 - a file is gzip when its first bytes are gzip's magic number, whatever its name;
   "-" (or None) is standard input, also gzip-detected; pipes (bash's `<(...)`, FIFOs)
   are read as streams, once: their first bytes are looked at without seeking back, and
@@ -32,13 +32,14 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import json
 import os
 import shutil
 import stat
 import sys
 import tempfile
 import zlib
-from typing import IO, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 from nmt.errors import UserError
 
@@ -155,6 +156,16 @@ def _reason(e: BaseException) -> str:
 def read_lines(path: str | None, stdin: IO[bytes] | None = None) -> list[str]:
     """All lines of a file or standard input."""
     return list(iter_lines(path, stdin))
+
+
+def read_json(path: str) -> Any:
+    """The JSON value in the file `path`; a one-line UserError `cannot read PATH: REASON` when it is not
+    UTF-8 JSON (an OSError passes as it is)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
 
 
 def rereadable(path: str | None) -> bool:
@@ -399,17 +410,7 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
             _check_output_dir(option, path, places)
             continue
         else:
-            if os.path.isdir(path):
-                raise UserError(f"{option} {path} is a directory")
-            if path.endswith(("/", os.sep)):
-                raise UserError(f"{option} {path} names a directory (it ends with '/'), which does not exist: "
-                                "give a file name")
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                raise UserError(f"{option} {path}: directory {parent} does not exist")
-            if option in new_files and os.path.lexists(path):
-                raise UserError(f"{option} {path} already exists: refusing to overwrite it (remove it, or choose "
-                                "another name)")
+            _check_output_file(option, path, new=option in new_files)
             ident = _identity(path)
             where = path
             real = os.path.realpath(path)
@@ -422,6 +423,21 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
         for what, other in named:
             if other == ident:
                 raise UserError(f"{option} {where} is the same file as the input {what}: refusing to overwrite it")
+
+
+def _check_output_file(option: str, path: str, *, new: bool) -> None:
+    """An output file: not a directory, in an existing directory; with `new`, not there yet."""
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path} is a directory")
+    if path.endswith(("/", os.sep)):
+        raise UserError(f"{option} {path} names a directory (it ends with '/'), which does not exist: "
+                        "give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{option} {path}: directory {parent} does not exist")
+    if new and os.path.lexists(path):
+        raise UserError(f"{option} {path} already exists: refusing to overwrite it (remove it, or choose "
+                        "another name)")
 
 
 def _check_output_dir(option: str, path: str, places: list[tuple[str, str]]) -> None:

@@ -49,22 +49,18 @@ from nmt.errors import UserError
 from nmt.layout import BOS_ID, EOS_ID, NMT_SPECIALS, PAD_ID, UNK_ID
 from nmt.protect import PLACEHOLDERS
 from nmt.terms import TERM_SYMBOLS
+from nmt.tokens import WORD_START, load_sentencepiece
 
 __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "build_tokenizer", "check_tags", "language_symbol",
            "read_model_file", "tag_symbol", "train_sentencepiece", "train_tags", "tokenizer_settings", "with_languages"]
 SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode (UNK is kept)
 JOINT_FILE, SRC_FILE, TGT_FILE, SETTINGS_FILE = "spm.model", "spm.src.model", "spm.tgt.model", "spm.json"
 IMPORTED_FILE = "hf_tokenizer.json"  # marks an imported tokenizer's files (nmt/hf_tokenizer.py), which `load` prefers
-WORD_START = "\u2581"  # SentencePiece's whitespace mark
 
 
 def _processor(proto: bytes, name: str) -> spm.SentencePieceProcessor:
-    """A processor from a serialized model; UserError naming `name` if invalid."""
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.LoadFromSerializedProto(proto)
-    except Exception:  # sentencepiece raises RuntimeError/OSError for garbage
-        raise UserError(f"{name}: not a valid SentencePiece model") from None
+    """A processor from a serialized model; UserError naming `name` if invalid or without nmt's special ids."""
+    sp = load_sentencepiece(proto, name)
     found = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
     if found != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
         raise UserError(
@@ -85,13 +81,15 @@ def read_model_file(path: str) -> bytes:
 
 
 class Tokenizer:
-    """One joint or two (source, target) SentencePiece models.
+    """One joint or two (source, target) SentencePiece models: nmt.tokens.TokenizerLike of kind "spm".
 
-    Encoding returns subword ids without specials; decoding drops PAD/BOS/EOS.
+    Encoding returns subword ids without specials; decoding drops PAD/BOS/EOS and the language tokens.
     `threads` is the number of threads SentencePiece uses for batch encoding.
     """
 
+    kind = "spm"
     specials = NMT_SPECIALS  # the ids of every SentencePiece model nmt uses (checked on load)
+    free_language_token = False  # a multilingual model trained here learns its language token (nmt/languages.py)
 
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, *, threads: int = 1,
                  languages: dict[str, int] | None = None, default_tgt_lang: str | None = None):

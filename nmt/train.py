@@ -70,6 +70,7 @@ from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
 from nmt.step import Precision, setup_precision
 from nmt.tokenizer import Tokenizer, build_tokenizer
+from nmt.tokens import TokenizerLike
 from nmt.trainer import Clock, SignalStop, Trainer, TrainState
 
 __all__ = ["SignalStop", "TrainState", "Training", "build_training", "train"]
@@ -84,7 +85,7 @@ class Training:
     device: torch.device
     env: DistEnv
     log: RunLogger
-    tokenizer: Tokenizer
+    tokenizer: TokenizerLike
     train_data: EncodedCorpus
     valid_data: EncodedCorpus
     model: nn.Module  # the plain Transformer (checkpoints, validation)
@@ -189,7 +190,7 @@ def _load_latest(run_dir: str) -> dict:
     return saved
 
 
-def _build_model(cfg: Config, tokenizer: Tokenizer, device: torch.device) -> Transformer:
+def _build_model(cfg: Config, tokenizer: TokenizerLike, device: torch.device) -> Transformer:
     """The Transformer, initialised from `cfg.seed` (the same on every rank); dropout continues from
     this generator. On CPU with nmt/fast.py's numpy dropout."""
     torch.manual_seed(cfg.seed)
@@ -245,7 +246,7 @@ def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger,
     return tokenizer, load_data(cfg, tokenizer, run_dir, lambda msg: None), None
 
 
-def _langid(cfg: Config, tokenizer: Tokenizer, saved: dict | None, log: RunLogger) -> LanguageIdentifier | None:
+def _langid(cfg: Config, tokenizer: TokenizerLike, saved: dict | None, log: RunLogger) -> LanguageIdentifier | None:
     """The run's language identifier when it wants one (`nmt.langid.wanted`): a resumed run's from its
     checkpoint, else trained on the training corpora (and logged)."""
     if not langid.wanted(cfg, tokenizer):

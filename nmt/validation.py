@@ -25,10 +25,10 @@ from nmt.layout import iter_batches
 from nmt.logging_utils import RunLogger, format_stats
 from nmt.loss import label_smoothed_nll
 from nmt.step import Precision
-from nmt.tokenizer import Tokenizer
+from nmt.tokens import TokenizerLike
 
 
-def validate(model: nn.Module, cfg: Config, tokenizer: Tokenizer, valid, valid_sets: tuple[ValidSet, ...],
+def validate(model: nn.Module, cfg: Config, tokenizer: TokenizerLike, valid, valid_sets: tuple[ValidSet, ...],
              device: torch.device, precision: Precision, log: RunLogger, step: int, langid=None) -> dict:
     """The metrics of every validation set (module docstring); model: unwrapped. valid: the encoded
     validation corpus (`nmt.data.Data.valid`); langid: the run's LanguageIdentifier or None."""

@@ -129,6 +129,40 @@ def test_adapters_travel_in_checkpoints_and_directories(tokenizer_dirs, kind, tm
     assert tgt[ours.specials.eos] == "</s>" and tgt[ours.specials.unk] == "<unk>"
 
 
+@pytest.mark.parametrize("kind", ["spm", "marian", "m2m100", "nllb"])
+def test_both_families_declare_the_tokenizer_interface(tokenizer_dirs, kind, tmp_path):
+    """nmt's Tokenizer and every imported adapter have each member of nmt.tokens.TokenizerLike (what nmt's code
+    reads of a tokenizer, without probing), of its declared type, and its methods take the same parameters (the
+    same names where callers may name them)."""
+    import inspect
+    import typing
+
+    from helpers import make_tiny_checkpoint
+
+    from nmt.checkpoint import load_checkpoint
+    from nmt.layout import Specials
+    from nmt.tokens import TokenizerLike
+
+    if kind == "spm":
+        tok = Tokenizer.from_bytes(load_checkpoint(make_tiny_checkpoint(str(tmp_path / "t.pt")))["tokenizer"])
+    else:
+        tok = read_tokenizer(*tokenizer_dirs[kind])
+    assert isinstance(tok, TokenizerLike)
+    assert tok.kind == kind and tok.free_language_token is (kind in ("m2m100", "nllb"))
+    types = {str: str, bool: bool, int: int, dict[str, int]: dict, Specials: Specials, str | None: (str, type(None))}
+    for name, hint in typing.get_type_hints(TokenizerLike).items():
+        assert isinstance(getattr(tok, name), types[hint]), name
+    for name, member in vars(TokenizerLike).items():
+        if isinstance(member, property):
+            assert isinstance(getattr(tok, name), int), name
+        elif inspect.isfunction(member) and not name.startswith("_"):
+            wanted = list(inspect.signature(member).parameters.values())[1:]
+            found = list(inspect.signature(getattr(tok, name)).parameters.values())
+            assert len(found) == len(wanted), name
+            for p, q in zip(wanted, found):  # a positional-only parameter may have another name
+                assert (p.kind == p.POSITIONAL_ONLY or q.name == p.name) and q.default == p.default, name
+
+
 def test_tokenizer_errors_are_one_line(tokenizer_dirs, tmp_path):
     import shutil
 

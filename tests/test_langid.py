@@ -70,7 +70,7 @@ def test_accuracy_on_generated_languages():
     ident = LanguageIdentifier.train({lang: gen(500, rng) for lang, gen in gens.items()})
     held_out = {lang: gen(200, random.Random(100 + i)) for i, (lang, gen) in enumerate(gens.items())}
     for lang, lines in held_out.items():
-        predicted = ident.predict_many(lines)
+        predicted = [ident.predict(line) for line in lines]
         accuracy = sum(p == lang for p in predicted) / len(lines)
         assert accuracy >= 0.99, (lang, accuracy)
 
@@ -155,7 +155,7 @@ def test_accuracy_on_gettext_dev():
     right = total = 0
     for lang, lines in dev.items():
         long = [line for line in lines if len(line) >= 20]
-        accuracy = sum(p == lang for p in ident.predict_many(long)) / len(long)
+        accuracy = sum(p == lang for p in (ident.predict(line) for line in long)) / len(long)
         print(f"{lang:6} dev lines of 20+ characters: {len(long):5d}, accuracy {100 * accuracy:.1f}%")
         assert accuracy >= 0.90, lang
         right, total = right + accuracy * len(long), total + len(long)
