@@ -223,6 +223,55 @@ def test_fake_greedy_is_argmax_chain():
         assert h.log_prob == pytest.approx(lp, abs=1e-5) and h.score == h.log_prob
 
 
+def test_options_carry_every_search_setting_of_the_decode_section():
+    """SearchOptions.from_decode takes each decode key the search uses, under the same name (a key left out
+    would silently fall back to the search's default), and the tokenizer's ids and placeholder tokens."""
+    import dataclasses
+
+    from nmt.config import DecodeConfig, decode_config
+    from nmt.layout import Specials
+
+    shared = {f.name for f in dataclasses.fields(SearchOptions)} & {f.name for f in dataclasses.fields(DecodeConfig)}
+    assert shared == {"beam_size", "nbest", "length_penalty", "length_penalty_type", "patience", "stopping", "sampling",
+                      "topk", "topp", "temperature", "seed", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram"}
+    changed = dict(beam_size=7, nbest=3, length_penalty=0.7, length_penalty_type="average", patience=2.0,
+                   stopping="hf", sampling="topp", topk=4, topp=0.5, temperature=0.8, seed=9, max_len_a=0.5,
+                   max_len_b=3, min_len=2, no_repeat_ngram=4, protect=True)
+    assert all(changed[k] != getattr(DecodeConfig(), k) for k in shared)  # each one differs from its default
+
+    class Tok:  # what from_decode reads of a tokenizer
+        specials = Specials(pad=1, unk=0, start=2, eos=5)
+
+        def vocab_pieces(self):
+            return [["<ph_1>"], ["<unk>", "<s>", "a", "<ph_0>", "</s>", "<ph_1>", "▁<ph_1>"]]
+
+    options = SearchOptions.from_decode(decode_config(None, changed), Tok())
+    assert {k: getattr(options, k) for k in shared} == {k: changed[k] for k in shared}
+    assert options.specials == Tok.specials and options.free_prefix == 0
+    assert options.placeholder_tokens[:2] == ((3,), (5, 6)) and not any(options.placeholder_tokens[2:])
+    assert SearchOptions.from_decode(decode_config(None, {}), Tok()).placeholder_tokens is None
+
+
+def test_search_dispatches_on_the_options():
+    """One entry point: sampling, greedy search at beam 1, else beam search (the strategies' own results)."""
+    from nmt.search import sample_search
+
+    model = FakeModel(seed=8)
+    src, src_mask = fake_batch([3, 5, 2], seed=8)
+    inputs = SearchInputs(prefixes=[[4], [], [5, 6]], keys=[3, 1, 2])
+    for options, strategy in ((SearchOptions(max_len_a=1.0, max_len_b=2), greedy_search),
+                              (SearchOptions(beam_size=3, nbest=2, max_len_a=1.0, max_len_b=2), beam_search),
+                              (SearchOptions(sampling="topk", topk=3, nbest=2, max_len_a=1.0, max_len_b=2),
+                               sample_search)):
+        want = strategy(model, src, src_mask, options, inputs)
+        assert search(model, src, src_mask, options, inputs) == want
+        assert [len(h) for h in want] == [options.nbest] * 3
+    greedy = search(model, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2), inputs)
+    assert greedy != search(model, src, src_mask, SearchOptions(beam_size=3, max_len_a=1.0, max_len_b=2), inputs)
+    with pytest.raises(ValueError, match="not searched yet"):  # the slot for glossary terms is not ignored
+        search(model, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2), SearchInputs(constraints=[[[4]]] * 3))
+
+
 def test_bad_arguments():
     model = FakeModel()
     src, src_mask = fake_batch([2])
