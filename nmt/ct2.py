@@ -2,8 +2,9 @@
 
 The text pipeline is nmt/translate.py's, the same as for PyTorch models (batches, workers,
 empty lines, truncation, order). This module only searches and scores batches of ids.
-Search settings follow nmt.search exactly; what CTranslate2 cannot do the same way is refused
-(`Ct2Engine.check`, a one-line error) instead of giving other outputs:
+The search settings arrive as the one `SearchOptions` that nmt.search takes (nmt/search_options.py),
+mapped here onto `translate_batch`'s arguments. They follow nmt.search exactly; what CTranslate2 cannot
+do the same way is refused (`Ct2Engine.check`, a one-line error) instead of giving other outputs:
 
 - Maximum output length per sentence: `nmt.search.max_output_lengths` (EOS counted, as
   CTranslate2's `max_decoding_length` does). CTranslate2 takes one limit per call: a batch
@@ -56,10 +57,11 @@ from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import parse_device, resolve_workers
 from nmt.errors import Cancelled, UserError
 from nmt.export_dir import read_metadata, require_ctranslate2, vocabularies
-from nmt.languages import free_prefix
 from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.protect import PLACEHOLDERS
-from nmt.search import Cancel, Hypothesis, length_penalty_factor, max_finished, max_output_lengths
+from nmt.schema import max_finished
+from nmt.search_options import (NO_INPUTS, Cancel, Hypothesis, SearchInputs, SearchOptions, length_penalty_factor,
+                                max_output_lengths)
 from nmt.tokenizer import Tokenizer
 
 NO_EARLY_EXIT = 1e-6  # a length penalty that changes no ranking but turns off CTranslate2's early exit
@@ -141,86 +143,93 @@ class Ct2Engine:
         if decode.alignment:
             raise UserError("--alignment is not supported by the ctranslate2 engine (translate with the checkpoint "
                             "and --engine torch)")
-        if decode.sampling != "none":
+        self._check_options(SearchOptions.from_decode(decode, self.tokenizer))
+
+    @staticmethod
+    def _check_options(options: SearchOptions) -> None:
+        """UserError for the search settings CTranslate2 cannot search as nmt.search does."""
+        if options.sampling != "none":
             raise UserError("--sampling is not supported by the ctranslate2 engine: CTranslate2 draws its own random "
                             "numbers, so its samples cannot match the PyTorch engine's (translate with the checkpoint "
                             "and --engine torch)")
-        if decode.stopping == "hf" and decode.beam_size > 1 and decode.length_penalty_type != "none" \
-                and decode.length_penalty:
+        if options.stopping == "hf" and options.beam_size > 1 and options.length_penalty_type != "none" \
+                and options.length_penalty:
             raise UserError("--stopping hf with a length penalty is not supported by the ctranslate2 engine: CTranslate2 "
                             "cannot stop a sentence by transformers' heuristic (use --stopping exact, or the checkpoint "
                             "and --engine torch)")
-        if decode.patience and decode.beam_size > 1 and decode.length_penalty_type == "gnmt" and decode.length_penalty:
+        if options.patience and options.beam_size > 1 and options.length_penalty_type == "gnmt" and options.length_penalty:
             raise UserError("--patience with the gnmt length penalty is not supported by the ctranslate2 engine: "
                             "CTranslate2 keeps the hypotheses it stops with by length ** alpha (use "
                             "--length-penalty-type average, --patience 0, or --engine torch)")
 
-    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
-                     prefixes: Sequence[list[int]] | None = None,
+    def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
                      cancel: Cancel | None = None) -> list[list[Hypothesis]]:
-        """Per source (ids without EOS) up to `decode.nbest` hypotheses, best first; greedy when
-        beam_size == 1. CTranslate2 takes one output limit per call: the batch's largest. Sentences
+        """Per source (ids without EOS) up to `options.nbest` hypotheses, best first; greedy when
+        beam_size == 1; the options are mapped onto `translate_batch`'s arguments (module docstring).
+        CTranslate2 takes one output limit per call: the batch's largest. Sentences
         whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
-        grouped by limit, so no output exceeds its sentence's maximum length. `keys` (sampling) are
-        not used: sampling is refused (`check`). cancel: checked before each search (CTranslate2
+        grouped by limit, so no output exceeds its sentence's maximum length. Of the inputs only the
+        prefixes are used: `keys` are for sampling, which is refused, and the placeholders the search
+        cannot enforce are checked by name (`_rank`). cancel: checked before each search (CTranslate2
         cannot stop one that runs)."""
-        self.check(decode)
+        prefixes = inputs.prefixes
+        self._check_options(options)
         _check_cancel(cancel)
         batch = list(range(len(src_ids)))
-        limits = max_output_lengths([len(ids) + 1 for ids in src_ids], decode.max_len_a, decode.max_len_b,
+        limits = max_output_lengths([len(ids) + 1 for ids in src_ids], options.max_len_a, options.max_len_b,
                                     self.max_positions, prefixes)
         limit = max(limits)
-        found = self._search_safe(src_ids, batch, limit, decode, prefixes)
+        found = self._search_safe(src_ids, batch, limit, options, prefixes)
         again: dict[int, list[int]] = {}
         for i, h in enumerate(found):
             if limits[i] < limit and any(len(x.tokens) >= limits[i] for x in h):
                 again.setdefault(limits[i], []).append(i)
         for own, members in again.items():
             _check_cancel(cancel)
-            for i, h in zip(members, self._search_safe(src_ids, members, own, decode, prefixes)):
+            for i, h in zip(members, self._search_safe(src_ids, members, own, options, prefixes)):
                 found[i] = h
         return found
 
-    def _search_safe(self, src_ids: Sequence[list[int]], idx: list[int], limit: int, decode: DecodeConfig,
+    def _search_safe(self, src_ids: Sequence[list[int]], idx: list[int], limit: int, options: SearchOptions,
                      prefixes: Sequence[list[int]] | None) -> list[list[Hypothesis]]:
         """Search sources `idx` under one output limit; redo those that produced PAD or BOS
         (CTranslate2's log-softmax is then ours exactly; see the module docstring)."""
         pieces = [[self.src_pieces[t] for t in src_ids[i]] for i in idx]
         prefix = [[self.tgt_pieces[t] for t in prefixes[i]] for i in idx] if prefixes is not None else None
-        hyps = self._search_batch(pieces, prefix, limit, decode, suppress=False)
+        hyps = self._search_batch(pieces, prefix, limit, options, suppress=False)
         never = self.specials.never_generated
         redo = [j for j, h in enumerate(hyps) if any(t in never for x in h for t in x.tokens)]
         if redo:
             again = self._search_batch([pieces[j] for j in redo], [prefix[j] for j in redo] if prefix else None,
-                                       limit, decode, suppress=True)
+                                       limit, options, suppress=True)
             for j, h in zip(redo, again):
                 hyps[j] = h
         return hyps
 
     def _search_batch(self, pieces: list[list[str]], prefix: list[list[str]] | None, limit: int,
-                      decode: DecodeConfig, suppress: bool) -> list[list[Hypothesis]]:
+                      options: SearchOptions, suppress: bool) -> list[list[Hypothesis]]:
         """One `translate_batch` call (one batch): sources (pieces, no EOS) sharing the output limit."""
-        K = decode.beam_size
-        alpha, kind = decode.length_penalty, decode.length_penalty_type
+        K = options.beam_size
+        alpha, kind = options.length_penalty, options.length_penalty_type
         ct2_alpha = 0.0 if K == 1 or kind == "none" or alpha == 0 else alpha
-        if K > 1 and not ct2_alpha and (decode.nbest > 1 or decode.patience):  # CTranslate2 would stop when the best beam ends, nmt
+        if K > 1 and not ct2_alpha and (options.nbest > 1 or options.patience):  # CTranslate2 would stop when the best beam ends, nmt
             ct2_alpha = NO_EARLY_EXIT  # when the nbest-th can no longer be beaten: search to the end instead
         # with a penalty, CTranslate2 stops a sentence after beam_size * patience finished hypotheses: at
         # most K finish per step, so patience = limit never stops it early, and it returns them all;
         # decode.patience > 0 is that same rule in nmt.search (which may stop sooner, only where its
         # exact bound shows that nothing better can come)
-        patience = (decode.patience or float(limit)) if ct2_alpha else 1.0
-        every = ct2_alpha or (decode.protect and K > 1)  # all finished hypotheses, ranked here
+        patience = (options.patience or float(limit)) if ct2_alpha else 1.0
+        protect = options.placeholder_tokens is not None
+        every = ct2_alpha or (protect and K > 1)  # all finished hypotheses, ranked here
         results = self.translator.translate_batch(
             pieces, prefix, max_batch_size=0, beam_size=K, patience=patience,
-            num_hypotheses=max_finished(K, patience) if ct2_alpha else K if every else decode.nbest,
+            num_hypotheses=max_finished(K, patience) if ct2_alpha else K if every else options.nbest,
             length_penalty=ct2_alpha, return_scores=True, return_end_token=True,
-            max_decoding_length=limit, min_decoding_length=min(decode.min_len, limit),  # CTranslate2 wants min <= max
+            max_decoding_length=limit, min_decoding_length=min(options.min_len, limit),  # CTranslate2 wants min <= max
             max_input_length=0, suppress_sequences=self.suppress if suppress else None,
-            no_repeat_ngram_size=decode.no_repeat_ngram)
-        free = free_prefix(self.tokenizer, prefix)
-        forced = self._prefix_log_probs(pieces, prefix, free) if prefix is not None else [0.0] * len(pieces)
-        return [self._rank(r, decode, ct2_alpha, f, src) for r, f, src in zip(results, forced, pieces)]
+            no_repeat_ngram_size=options.no_repeat_ngram)
+        forced = self._prefix_log_probs(pieces, prefix, options.free_prefix) if prefix is not None else [0.0] * len(pieces)
+        return [self._rank(r, options, ct2_alpha, f, src) for r, f, src in zip(results, forced, pieces)]
 
     def _prefix_log_probs(self, pieces: list[list[str]], prefix: list[list[str]], free: int = 0) -> list[float]:
         """The model's log-probability of each forced prefix (CTranslate2 scores only what follows it).
@@ -234,7 +243,7 @@ class Ct2Engine:
                 out[i] = float(sum(list(r.log_probs)[free: len(prefix[i])]))  # the prefix tokens, not the final EOS
         return out
 
-    def _rank(self, result, decode: DecodeConfig, ct2_alpha: float, prefix_log_prob: float,
+    def _rank(self, result, options: SearchOptions, ct2_alpha: float, prefix_log_prob: float,
               src: list[str]) -> list[Hypothesis]:
         """CTranslate2's finished hypotheses -> ours, ranked by nmt's length penalty. With --protect,
         those that copy every placeholder of the source exactly once come first (CTranslate2 cannot
@@ -249,19 +258,19 @@ class Ct2Engine:
             finished = bool(ids) and ids[-1] == EOS
             if finished:
                 ids.pop()
-            if decode.beam_size == 1:
+            if options.beam_size == 1:
                 score = log_prob  # greedy: no length penalty, as nmt.search
             else:
-                score = log_prob / length_penalty_factor(length, decode.length_penalty, decode.length_penalty_type)
+                score = log_prob / length_penalty_factor(length, options.length_penalty, options.length_penalty_type)
             hyps.append(Hypothesis(ids, float(score), float(log_prob), finished))
         hyps.sort(key=lambda h: -h.score)
-        if decode.protect:
+        if options.placeholder_tokens is not None:  # decode.protect
             needed = sorted(p.lstrip("▁") for p in src if p.lstrip("▁") in PLACEHOLDERS)
             def exact(h: Hypothesis) -> bool:
                 return h.finished and sorted(w for w in (self.tgt_pieces[t].lstrip("▁") for t in h.tokens)
                                              if w in PLACEHOLDERS) == needed
             hyps.sort(key=lambda h: not exact(h))  # exact ones first (stable: by score within each)
-        return hyps[: decode.nbest]
+        return hyps[: options.nbest]
 
     def align_batch(self, src_ids, tgt_ids):
         raise UserError("--alignment is not supported by the ctranslate2 engine (use the checkpoint: --engine torch)")

@@ -18,16 +18,20 @@ a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported w
         def check_precision(p)           UserError unless calls with decode.precision p can run (fixed at load)
         def check(decode)                UserError for decode settings this engine cannot search as nmt.search does
         def running() -> ContextManager  around a run of calls: the model in eval mode
-        def search_batch(src_ids, decode, keys=None, prefixes=None, cancel=None) -> list[list[Hypothesis]]
+        def search_batch(src_ids, options, inputs=NO_INPUTS, cancel=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
         def align_batch(src_ids, tgt_ids) -> list[list[tuple[int, int]]]   (UserError where unsupported)
 
 `src_ids` are subword ids without EOS (at most max_positions - 1 each; at least one for
 search_batch, possibly none for score_batch);
-the engine appends EOS. `search_batch` returns per source up to `decode.nbest`
-hypotheses, best first (nmt.search.Hypothesis: tokens without BOS/EOS, score,
-log_prob, finished); `keys` (one integer per source, the input line number) fix the (PyTorch engine's)
-samples with `decode.sampling`; `prefixes` (target ids per source) are forced; `cancel()` (or None)
+the engine appends EOS. `search_batch` searches with `options`, one
+nmt.search_options.SearchOptions that the caller builds once from the decode settings
+(`SearchOptions.from_decode(decode, engine.tokenizer)`) and both engines consume as it is (the PyTorch
+engine hands it to nmt.search; CTranslate2's maps it onto `translate_batch`'s arguments), and returns
+per source up to `options.nbest` hypotheses, best first (Hypothesis: tokens without BOS/EOS, score,
+log_prob, finished). `inputs` (nmt.search_options.SearchInputs) carry the per-source data: `keys`
+(one integer per source, the input line number) fix the (PyTorch engine's) samples with
+`options.sampling`; `prefixes` (target ids per source) are forced. `cancel()` (or None)
 is checked at every decoding step (CTranslate2: before each of its calls, which it cannot stop) and
 True raises nmt.errors.Cancelled.
 `score_batch` returns per pair the log-probability of each target token and of the
@@ -38,10 +42,13 @@ final EOS under the model (teacher forcing). `align_batch` gives per pair the
 from __future__ import annotations
 
 import os
-from typing import ContextManager, Protocol, Sequence
+from typing import TYPE_CHECKING, ContextManager, Protocol, Sequence
 
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
+
+if TYPE_CHECKING:  # (no torch at import)
+    from nmt.search_options import Cancel, SearchInputs, SearchOptions
 
 
 class Engine(Protocol):
@@ -59,8 +66,8 @@ class Engine(Protocol):
 
     def running(self) -> ContextManager: ...
 
-    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
-                     prefixes: Sequence[list[int]] | None = None, cancel=None) -> list[list]: ...
+    def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = ...,
+                     cancel: Cancel | None = None) -> list[list]: ...
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]: ...
 

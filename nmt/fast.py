@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.cache import DecoderCache
-from nmt.search import SearchOps
+from nmt.search_options import PLAIN_OPS, SearchOps
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -293,16 +293,12 @@ FAST_OPS = SearchOps(topk=blocked_topk, argmax=blocked_argmax, cache_cls=Reusing
 def search_ops(device: torch.device) -> SearchOps:
     """The fast SearchOps on CPU (plain elsewhere, or with NMT_CPU_TUNING=0): for searching a model
     whose weights keep changing (validation during training), without packing them."""
-    from nmt.search import PLAIN_OPS
-
     return FAST_OPS if enabled() and device.type == "cpu" else PLAIN_OPS
 
 
 def install_for_inference(model: nn.Module) -> SearchOps:
     """Pack the model's larger linear layers (CPU) and return the fast SearchOps (plain ones when
     NMT_CPU_TUNING=0)."""
-    from nmt.search import PLAIN_OPS
-
     if not enabled():
         return PLAIN_OPS
     pack_linear_weights(model)

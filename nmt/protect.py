@@ -26,10 +26,7 @@ import re
 import weakref
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
-
-if TYPE_CHECKING:
-    from nmt.search import Placeholders
+from typing import Sequence
 
 MAX_SPANS = 16
 PLACEHOLDERS = tuple(f"<ph_{k}>" for k in range(MAX_SPANS))  # SentencePiece user-defined symbols
@@ -165,16 +162,20 @@ def placeholder_ids(tokenizer) -> tuple[dict[int, int], dict[int, int]]:
     return _IDS[tokenizer]
 
 
-def required_placeholders(src_ids: Sequence[list[int]], tokenizer) -> "Placeholders":
-    """nmt.search.Placeholders for a batch of encoded sources: the target ids that write each
-    placeholder, and per source the placeholders it holds (each to be copied once)."""
-    from nmt.search import Placeholders
-
-    src_ph, tgt_ph = placeholder_ids(tokenizer)
+def target_placeholders(tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Per placeholder <ph_k> the target ids that write it (a vocabulary may have several: `<ph_0>`,
+    `▁<ph_0>`), in id order: what the search may write for it (`SearchOptions.placeholder_tokens`)."""
     tokens: list[list[int]] = [[] for _ in PLACEHOLDERS]
-    for i, k in tgt_ph.items():
+    for i, k in placeholder_ids(tokenizer)[1].items():
         tokens[k].append(i)
-    return Placeholders(tokens, [sorted({src_ph[t] for t in ids if t in src_ph}) for ids in src_ids])
+    return tuple(tuple(ids) for ids in tokens)
+
+
+def source_placeholders(src_ids: Sequence[list[int]], tokenizer) -> list[list[int]]:
+    """Per encoded source the placeholders (k of <ph_k>, sorted) it holds: each must be copied once
+    (`SearchInputs.placeholders`)."""
+    src_ph = placeholder_ids(tokenizer)[0]
+    return [sorted({src_ph[t] for t in ids if t in src_ph}) for ids in src_ids]
 
 
 def mask_for_scoring(src: str, tgt: str, extra: str | None = None) -> tuple[str, str]:

@@ -1,9 +1,9 @@
-"""Sampling: `samples` independent outputs per sentence, drawn token by token.
+"""Sampling: `nbest` independent outputs per sentence (`SearchOptions.sampling`), drawn token by token.
 
 Each step draws from the model's distribution divided by `temperature` and cut to its
 `topk` most probable tokens (`sampling="topk"`) or to the smallest set of tokens whose
 probability reaches `topp` (`"topp"`, nucleus sampling), after the search's step rules
-(nmt/search.py: PAD/BOS never, min_len, prefixes, n-gram blocking). The draw is the
+(nmt/rules.py: PAD/BOS never, min_len, prefixes, n-gram blocking, placeholders). The draw is the
 Gumbel-max trick with noise that is a hash of (seed, sentence key, sample number, step,
 token): a sentence's samples depend only on the seed and its key (the pipeline uses the
 input line number), not on batching, workers or other sentences. `log_prob` is the
@@ -13,37 +13,35 @@ in nmt/search.py): what `nmt score` gives for the output when no rule removed a 
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.layout import NMT_SPECIALS, Specials
-from nmt.search import (NEG_INF, PLAIN_OPS, SAMPLING, Cancel, Hypothesis, Placeholders, SearchOps, StepRules,
-                        check_common, token_by_token)
+from nmt.decoding import token_by_token
+from nmt.rules import NEG_INF, StepRules
+from nmt.search_options import NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions
 
 
 @torch.inference_mode()
-def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sampling: str = "topk", topk: int = 10,
-                  topp: float = 0.9, temperature: float = 1.0, seed: int = 1, keys: Sequence[int] | None = None,
-                  max_len_a: float, max_len_b: int, min_len: int = 0, no_repeat_ngram: int = 0,
-                  prefixes: Sequence[list[int]] | None = None, placeholders: Placeholders | None = None,
-                  use_cache: bool = True, ops: SearchOps = PLAIN_OPS, specials: Specials = NMT_SPECIALS,
-                  free_prefix: int = 0, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
-    """`samples` independent samples per sentence (module docstring), best log_prob first
-    (score == log_prob). keys [B]: one integer per sentence (default 0..B-1); with the seed
-    they fix its samples. cancel: see nmt.search.Cancel."""
-    check_common(min_len, no_repeat_ngram, prefixes, src.shape[0], specials)
-    if sampling not in SAMPLING:
-        raise ValueError(f"unknown sampling {sampling!r} (expected one of {', '.join(SAMPLING)})")
-    if samples < 1 or topk < 1 or not 0.0 < topp <= 1.0 or not temperature > 0.0:
-        raise ValueError(f"need samples >= 1, topk >= 1, 0 < topp <= 1, temperature > 0; got {samples}, {topk}, "
-                         f"{topp}, {temperature}")
-    B = src.shape[0]
-    keys = list(range(B)) if keys is None else list(keys)
-    row_keys = torch.tensor([_row_key(seed, key, k) for key in keys for k in range(samples)], dtype=torch.long,
-                            device=src.device)  # [B*samples]
+def sample_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
+                  *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+    """`options.nbest` independent samples per sentence (module docstring; `options.sampling`, topk, topp,
+    temperature, seed), best log_prob first (score == log_prob). inputs.keys [B]: one integer per
+    sentence (default 0..B-1); with the seed they fix its samples. cancel: see nmt.search_options.Cancel."""
+    B, samples = src.shape[0], options.nbest
+    rules = StepRules(options, inputs, B, src.device)
+    keys = list(range(B)) if inputs.keys is None else list(inputs.keys)
+    row_keys = torch.tensor([_row_key(options.seed, key, k) for key in keys for k in range(samples)],
+                            dtype=torch.long, device=src.device)  # [B*samples]
+    choose = _sampler(options, row_keys)
+    out = token_by_token(model, src, src_mask, options, inputs, rules, choose, samples, ops, cancel)
+    return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
+
+
+def _sampler(options: SearchOptions, row_keys: Tensor):
+    """choose(logp [R,V], t, rows [R]) -> tokens [R]: a Gumbel-max draw from logp / temperature cut to
+    the top-k or the nucleus; rows index `row_keys` (their noise)."""
+    sampling, topk, topp, temperature = options.sampling, options.topk, options.topp, options.temperature
 
     def choose(logp: Tensor, t: int, rows: Tensor) -> Tensor:
         x = logp / temperature
@@ -57,10 +55,7 @@ def sample_search(model, src: Tensor, src_mask: Tensor, *, samples: int = 1, sam
         gumbel = -torch.log(-torch.log(uniform_noise(row_keys.index_select(0, rows), t, x.shape[1])))
         return (x + gumbel.float()).argmax(dim=1)
 
-    rules = StepRules(src.device, min_len, no_repeat_ngram, prefixes, specials, placeholders, free_prefix)
-    out = token_by_token(model, src, src_mask, choose, samples, max_len_a, max_len_b, rules, prefixes, use_cache, ops,
-                         cancel)
-    return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
+    return choose
 
 
 # --------------------------------------------------------------------------- sampling noise

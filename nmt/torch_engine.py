@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from nmt import protect
 from nmt.checkpoint import load_for_inference, unwrap
 from nmt.config import DecodeConfig
 from nmt.device import avoid_cudnn_attention, resolve_torch_device
 from nmt.errors import UserError
-from nmt.languages import free_prefix
 from nmt.layout import source_tensors, target_tensors
-from nmt.sampling import sample_search
-from nmt.search import PLAIN_OPS, Cancel, Hypothesis, SearchOps, beam_search, greedy_search
+from nmt.search import NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions, search
 
 
 MAX_CPU_ROWS = 256  # decoder rows (sentences x beams) searched at once on CPU (search_batch)
@@ -104,44 +104,33 @@ class TorchEngine:
         """src [B,S] (x + EOS, padded) and src_mask [B,S] on the model's device."""
         return source_tensors(src_ids, self.tokenizer.specials, self.torch_device)
 
-    def search_batch(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None = None,
-                     prefixes: Sequence[list[int]] | None = None, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
-        """Per source its n-best hypotheses. On CPU a batch is searched in consecutive parts of at most
-        `MAX_CPU_ROWS` decoder rows (sentences x beams or samples): the decoder cache and beam state of
-        a 256-sentence batch at beam 5 would otherwise hold 1,280 rows; at 256 rows the matmuls are
-        as efficient (and use nmt/fast.py's packed weights). Each sentence's search is independent of
+    def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
+                     cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+        """Per source its n-best hypotheses (`search`). On CPU a batch is searched in consecutive parts of
+        at most `MAX_CPU_ROWS` decoder rows (sentences x beams or samples): the decoder cache and beam
+        state of a 256-sentence batch at beam 5 would otherwise hold 1,280 rows; at 256 rows the matmuls
+        are as efficient (and use nmt/fast.py's packed weights). Each sentence's search is independent of
         its companions, so the results are the same. cancel: checked at every step (nmt.search.Cancel)."""
-        per_sentence = decode.nbest if decode.sampling != "none" else decode.beam_size
-        step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // per_sentence)
+        step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // options.rows_per_sentence)
         if len(src_ids) <= step:
-            return self._search(src_ids, decode, keys, prefixes, cancel)
+            return self.search(src_ids, options, inputs, cancel)
         out: list[list[Hypothesis]] = []
         for i in range(0, len(src_ids), step):
             part = slice(i, i + step)
-            out += self._search(src_ids[part], decode, keys[part] if keys is not None else None,
-                                prefixes[part] if prefixes is not None else None, cancel)
+            out += self.search(src_ids[part], options, inputs.take(part), cancel)
         return out
 
-    def _search(self, src_ids: Sequence[list[int]], decode: DecodeConfig, keys: Sequence[int] | None,
-                prefixes: Sequence[list[int]] | None, cancel: Cancel | None) -> list[list[Hypothesis]]:
+    def search(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
+               cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+        """nmt.search.search over these sources (subword ids without EOS) as one batch, with the engine's
+        fast paths and its precision's autocast entered in the calling thread (`nmt tune`, benchmarks).
+        With `options.placeholder_tokens` (decode.protect) each sentence's placeholders come from its
+        source (`inputs.placeholders` is replaced)."""
         src, src_mask = self._source(src_ids)
-        kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b, min_len=decode.min_len,
-                  no_repeat_ngram=decode.no_repeat_ngram, prefixes=prefixes, ops=self.ops, cancel=cancel,
-                  specials=self.tokenizer.specials, free_prefix=free_prefix(self.tokenizer, prefixes))
-        if decode.protect:  # the search copies each of the source's placeholders exactly once (nmt/search.py)
-            from nmt.protect import required_placeholders
-
-            kw["placeholders"] = required_placeholders(src_ids, self.tokenizer)
+        if options.placeholder_tokens is not None:  # each of the source's placeholders copied exactly once
+            inputs = dataclasses.replace(inputs, placeholders=protect.source_placeholders(src_ids, self.tokenizer))
         with self._precision():
-            if decode.sampling != "none":
-                return sample_search(self.model, src, src_mask, samples=decode.nbest, sampling=decode.sampling,
-                                     topk=decode.topk, topp=decode.topp, temperature=decode.temperature,
-                                     seed=decode.seed, keys=keys, **kw)
-            if decode.beam_size == 1:
-                return [[h] for h in greedy_search(self.model, src, src_mask, **kw)]
-            return beam_search(self.model, src, src_mask, beam_size=decode.beam_size, nbest=decode.nbest,
-                               length_penalty=decode.length_penalty, length_penalty_type=decode.length_penalty_type,
-                               patience=decode.patience, stopping=decode.stopping, **kw)
+            return search(self.model, src, src_mask, options, inputs, ops=self.ops, cancel=cancel)
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target token and EOS (fp32 log-softmax over

@@ -167,12 +167,16 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     if on_batch is not None and len(todo) < len(lines):
         on_batch(len(lines) - len(todo))
 
+    from nmt.search_options import SearchInputs, SearchOptions  # (torch: loaded with the model)
+
+    options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
+
     def search(batch: list[int]) -> tuple[list[list], list | None]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
-        nbests = engine.search_batch([src_ids[i] for i in rows], decode, keys=[keys[i] for i in rows],
-                                     prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None,
-                                     cancel=cancel)
+        inputs = SearchInputs(prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None,
+                              keys=[keys[i] for i in rows])
+        nbests = engine.search_batch([src_ids[i] for i in rows], options, inputs, cancel=cancel)
         if not decode.alignment:
             return nbests, None
         pairs = [(src_ids[i], h.tokens) for i, nbest in zip(rows, nbests) for h in nbest]

@@ -13,7 +13,7 @@ settings chosen there become its decode settings for every language (the decode 
 
 How: the penalty costs nothing to try. Beam search's live beams never depend on the length
 penalty (they are the K best candidates by log-probability), so one search that keeps every
-hypothesis it finishes (`beam_search(keep_all=True)`) gives, for every penalty at once, the
+hypothesis it finishes (`SearchOptions(keep_all=True)`, `Decoder.arm_options`) gives, for every penalty at once, the
 output the search would return under it: rank its finished hypotheses by that penalty. So each
 (beam size, n-gram) pair, an "arm", is decoded once per line and all penalties are scored from it.
 (The checkpoint's `patience` is kept: its count of finished hypotheses does not depend on the
@@ -44,12 +44,15 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from nmt import protect, textio
 from nmt.config import DecodeConfig, decode_config, to_dict
 from nmt.degeneration import loops
 from nmt.errors import UserError
+
+if TYPE_CHECKING:  # (torch loads with the model)
+    from nmt.search_options import SearchOptions
 
 BEAMS = (1, 5)
 NGRAMS = (0, 3, 4, 6)
@@ -143,7 +146,8 @@ class Decoder:
 
     def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig,
                  stop: Callable[[], bool] = lambda: False):
-        from nmt.languages import free_prefix, target_prefix
+        from nmt.languages import target_prefix
+        from nmt.search_options import SearchOptions
         from nmt.translate import check_protect, encode_sources
 
         self.engine, self.decode, self.stop = engine, decode, stop
@@ -154,36 +158,35 @@ class Decoder:
             lines, self.spans = [m for m, _ in masked], [s for _, s in masked]
         self.src_ids, _ = encode_sources(engine, lines)
         self.lang = target_prefix(engine.tokenizer, decode.tgt_lang)
-        self.free = free_prefix(engine.tokenizer, [self.lang]) if self.lang else 0  # imported M2M100/NLLB: 1
+        self.options = SearchOptions.from_decode(decode, engine.tokenizer)
         self._texts: dict[tuple, str] = {}
+
+    def arm_options(self, arm: tuple[int, int]) -> SearchOptions:
+        """The search of arm (beam size, n-gram): greedy, or beam search keeping every finished hypothesis
+        (`keep_all`, the exact stop: the live beams do not depend on the penalty, so every penalty can be
+        applied afterwards, `pick`); min_len, the length limit and patience are the decode settings'."""
+        beam, ngram = arm
+        if beam == 1:
+            return dataclasses.replace(self.options, beam_size=1, nbest=1, no_repeat_ngram=ngram)
+        return dataclasses.replace(self.options, beam_size=beam, nbest=1, no_repeat_ngram=ngram, keep_all=True,
+                                   stopping="exact", length_penalty=1.0, length_penalty_type="gnmt")
 
     def run(self, arm: tuple[int, int], lines: list[int]) -> dict[int, list[tuple]]:
         """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines.
         Raises `Stopped` between two batches once `stop()` is true."""
         from nmt.batching import run_engine
-        from nmt.layout import source_tensors
-        from nmt.search import beam_search, greedy_search
+        from nmt.search_options import SearchInputs
 
-        beam, ngram = arm
         todo = [i for i in lines if self.src_ids[i]]
         out: dict[int, list[tuple]] = {i: [((), 0.0, 1, True)] for i in lines if not self.src_ids[i]}
-        engine, d = self.engine, self.decode
-        kw = dict(max_len_a=d.max_len_a, max_len_b=d.max_len_b, min_len=d.min_len, no_repeat_ngram=ngram,
-                  ops=engine.ops, specials=engine.tokenizer.specials, free_prefix=self.free)
+        options = self.arm_options(arm)
 
         def search(batch: list[int]) -> list[list]:
             ids = [self.src_ids[todo[j]] for j in batch]
-            src, mask = source_tensors(ids, engine.tokenizer.specials, engine.torch_device)
-            extra = dict(prefixes=[list(self.lang)] * len(ids)) if self.lang else {}
-            if d.protect:
-                extra["placeholders"] = protect.required_placeholders(ids, engine.tokenizer)
-            with engine._precision():  # the engine's autocast (bf16/fp16), entered in this thread
-                if beam == 1:
-                    return [[h] for h in greedy_search(engine.model, src, mask, **kw, **extra)]
-                return beam_search(engine.model, src, mask, beam_size=beam, keep_all=True, patience=d.patience,
-                                   **kw, **extra)
+            inputs = SearchInputs(prefixes=[list(self.lang)] * len(ids) if self.lang else None)
+            return self.engine.search(ids, options, inputs)  # the engine's precision, entered in this thread
 
-        for batch, nbests in run_engine(engine, search, [len(self.src_ids[i]) + 1 for i in todo], d):
+        for batch, nbests in run_engine(self.engine, search, [len(self.src_ids[i]) + 1 for i in todo], self.decode):
             if self.stop():
                 raise Stopped
             for j, hyps in zip(batch, nbests):
@@ -203,7 +206,7 @@ class Decoder:
 
 def pick(hyps: Sequence[tuple], setting: Setting) -> tuple:
     """The hypothesis beam search returns under `setting`'s length penalty (greedy: the one there is)."""
-    from nmt.search import length_penalty_factor
+    from nmt.search_options import length_penalty_factor
 
     if setting.beam_size == 1:
         return hyps[0]

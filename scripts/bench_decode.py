@@ -20,7 +20,6 @@ the way the other toolkits were timed in BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import os
@@ -45,27 +44,21 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_search(model, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1, ops=None,
-               precision=contextlib.nullcontext):
-    """Encode + search src_ids (subword ids, no EOS) in batches of batch_size sentences (sorted by length);
-    with workers > 1 on CPU, as `nmt translate --workers` runs them; precision: the engine's
-    `_precision` (its autocast for --precision bf16/fp16), entered in each worker thread. -> (seconds, output tokens)."""
-    from nmt.layout import source_tensors
-    from nmt.search import PLAIN_OPS, beam_search, greedy_search
+def run_search(engine, src_ids, batch_size, beam, force_len, use_cache, device, torch, workers=1):
+    """Encode + search src_ids (subword ids, no EOS) in batches of batch_size sentences (sorted by length)
+    through `TorchEngine.search` (the engine's fast paths, and its autocast for --precision bf16/fp16
+    entered in each worker thread); with workers > 1 on CPU, as `nmt translate --workers` runs them.
+    -> (seconds, output tokens)."""
+    from nmt.search import SearchOptions
     from nmt.batching import batch_cost, run_batches
 
-    ops = ops or PLAIN_OPS
-
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
-    kw = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2, max_len_b=10)
+    lengths = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2,
+                                                                                                   max_len_b=10)
+    options = SearchOptions(beam_size=beam, use_cache=use_cache, specials=engine.tokenizer.specials, **lengths)
 
     def search(batch):
-        src, src_mask = source_tensors(batch, device=device)  # x + EOS, padded
-        with precision():
-            if beam == 1:
-                return sum(len(h.tokens) for h in greedy_search(model, src, src_mask, use_cache=use_cache, ops=ops, **kw))
-            hyps = beam_search(model, src, src_mask, beam_size=beam, use_cache=use_cache, ops=ops, **kw)
-            return sum(len(h[0].tokens) for h in hyps)
+        return sum(len(h[0].tokens) for h in engine.search(batch, options))
 
     batches = [[src_ids[i] for i in order[start:start + batch_size]] for start in range(0, len(order), batch_size)]
     if device.type == "cuda":
@@ -179,14 +172,14 @@ def main() -> int:
 
     t0 = time.perf_counter()
     engine = TorchEngine.load(args.checkpoint, args.device, precision=args.precision)  # on CPU with nmt/fast.py's paths, as nmt translate
-    model, tokenizer, ops = engine.model, engine.tokenizer, engine.ops
+    model, tokenizer = engine.model, engine.tokenizer
     lines = read_lines(args.input, args.sentences)
     src_ids = tokenizer.encode_src(lines)
     load_s = time.perf_counter() - t0
     device = next(model.parameters()).device
     print(f"# {len(lines)} sentences, device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"load+tokenize {load_s:.2f}s, cpu tuning {'off' if args.no_cpu_tuning else 'on'}, workers {args.workers}", flush=True)
-    run_search(model, src_ids[:8], 8, 5, 8, True, device, torch, ops=ops)  # warm-up
+    run_search(engine, src_ids[:8], 8, 5, 8, True, device, torch)  # warm-up
 
     results = []
     header = f"{'search':>8} {'cache':>6} {'batch':>6} {'sents':>6} {'time_s':>8} {'sent/s':>8} {'tok/s':>9} {'rss_MB':>8}"
@@ -199,8 +192,8 @@ def main() -> int:
             for bs in (args.batch_sizes if use_cache else [32]):
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
-                secs, toks = run_search(model, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch,
-                                        args.workers, ops, engine._precision)
+                secs, toks = run_search(engine, src_ids[:n], bs, beam, args.force_len, use_cache, device, torch,
+                                        args.workers)
                 mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mb()
                 r = dict(search="greedy" if beam == 1 else f"beam{beam}", beam=beam, cache=use_cache, batch=bs,
                          sentences=n, seconds=secs, sent_per_s=n / secs, tok_per_s=toks / secs, tokens=toks,

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.sampling import sample_search, uniform_noise
-from nmt.search import beam_search, greedy_search
+from nmt.sampling import uniform_noise
+from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, sample_search
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import FakeCache, FakeModel, fake_batch
@@ -48,13 +48,14 @@ def ngrams(tokens, n):
     return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
 
 
-def run(kind, model, src, mask, **kw):
-    common = dict(max_len_a=0.0, max_len_b=14)
+def run(kind, model, src, mask, prefixes=None, **kw):
+    common, inputs = dict(max_len_a=0.0, max_len_b=14), SearchInputs(prefixes=prefixes)
     if kind == "greedy":
-        return [[h] for h in greedy_search(model, src, mask, **common, **kw)]
+        return greedy_search(model, src, mask, SearchOptions(**common, **kw), inputs)
     if kind == "beam":
-        return beam_search(model, src, mask, beam_size=3, nbest=3, **common, **kw)
-    return sample_search(model, src, mask, samples=4, sampling="topk", topk=3, seed=7, **common, **kw)
+        return beam_search(model, src, mask, SearchOptions(beam_size=3, nbest=3, **common, **kw), inputs)
+    return sample_search(model, src, mask, SearchOptions(nbest=4, sampling="topk", topk=3, seed=7, **common, **kw),
+                         inputs)
 
 
 @pytest.mark.parametrize("kind", ["greedy", "beam", "sample"])
@@ -75,13 +76,13 @@ def test_no_repeat_ngram_blocks_every_repeat(kind, n):
 
 
 def test_block_repeats_against_a_plain_loop():
-    from nmt.search import _block_repeats
+    from nmt.rules import block_repeats
 
     g = torch.Generator().manual_seed(0)
     for n in (1, 2, 3, 4):
         history = torch.randint(4, 8, (6, 10), generator=g)
         logp = torch.zeros(6, V)
-        _block_repeats(logp, history, n)
+        block_repeats(logp, history, n)
         for r in range(6):
             h = history[r].tolist()
             banned = {h[i + n - 1] for i in range(len(h) - n + 1) if n == 1 or h[i:i + n - 1] == h[len(h) - n + 1:]}
@@ -112,7 +113,7 @@ def test_prefix_longer_than_the_limit_still_fits_and_may_end():
     model = FakeModel(seed=4)
     src, mask = fake_batch([2], seed=4)
     prefix = [4, 5, 6, 7, 4, 5]
-    h = greedy_search(model, src, mask, max_len_a=0.0, max_len_b=2, prefixes=[prefix])[0]
+    (h,) = greedy_search(model, src, mask, SearchOptions(max_len_a=0.0, max_len_b=2), SearchInputs(prefixes=[prefix]))[0]
     assert h.tokens[:6] == prefix and len(h.tokens) <= 7
 
 
@@ -143,8 +144,8 @@ def test_sampling_draws_from_the_filtered_distribution(sampling, k, p, temperatu
     model = FakeModel(seed=5, scale=1.0)
     src, mask = fake_batch([3], seed=5)
     n = 6000
-    out = sample_search(model, src, mask, samples=n, sampling=sampling, topk=k, topp=p, temperature=temperature,
-                        seed=11, max_len_a=0.0, max_len_b=1)[0]
+    out = sample_search(model, src, mask, SearchOptions(nbest=n, sampling=sampling, topk=k, topp=p,
+                                                        temperature=temperature, seed=11, max_len_a=0.0, max_len_b=1))[0]
     first = collections.Counter(h.tokens[0] if h.tokens else EOS_ID for h in out)
     logp = F.log_softmax(model.logits(FakeModel._src(src[0]), (BOS_ID,)), dim=-1)
     logp[[PAD_ID, BOS_ID]] = -math.inf
@@ -158,12 +159,14 @@ def test_sampling_draws_from_the_filtered_distribution(sampling, k, p, temperatu
 def test_sampling_is_reproducible_per_sentence_key():
     model = FakeModel(seed=6, scale=0.5)
     src, mask = fake_batch([3, 4, 2, 5], seed=6)
-    kw = dict(samples=3, sampling="topp", topp=0.95, max_len_a=1.0, max_len_b=3)
-    a = sample_search(model, src, mask, seed=1, keys=[10, 11, 12, 13], **kw)
-    b = sample_search(model, src, mask, seed=1, keys=[10, 11, 12, 13], **kw)
-    c = sample_search(model, src, mask, seed=2, keys=[10, 11, 12, 13], **kw)
+    kw = dict(nbest=3, sampling="topp", topp=0.95, max_len_a=1.0, max_len_b=3)
+    keys = SearchInputs(keys=[10, 11, 12, 13])
+    a = sample_search(model, src, mask, SearchOptions(seed=1, **kw), keys)
+    b = sample_search(model, src, mask, SearchOptions(seed=1, **kw), keys)
+    c = sample_search(model, src, mask, SearchOptions(seed=2, **kw), keys)
     assert a == b and a != c
-    alone = sample_search(model, src[2:3], mask[2:3], seed=1, keys=[12], **kw)  # batch companions do not matter
+    alone = sample_search(model, src[2:3], mask[2:3], SearchOptions(seed=1, **kw),
+                          SearchInputs(keys=[12]))  # batch companions do not matter
     assert alone[0] == a[2]
     assert len({tuple(h.tokens) for h in a[3]}) > 1  # the samples of one sentence differ
 

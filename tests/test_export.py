@@ -266,7 +266,7 @@ def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
     PAD/BOS suppressed and gives the same (greedy) tokens as nmt."""
     from nmt.ct2 import Ct2Engine
     from nmt.ct2_export import write_export
-    from nmt.search import greedy_search
+    from nmt.search import SearchOptions, greedy_search
 
     cfg, tokenizer = make_config(tie_output=False), tokenizers["joint"]
     model = random_model(cfg, tokenizer)
@@ -279,10 +279,10 @@ def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
     engine = Ct2Engine(out, "cpu", intra_threads=1)
     decode = dataclasses.replace(engine.decode, beam_size=1, max_len_a=0.0, max_len_b=6)
     src = tokenizer.encode_src(["el perro ve la casa", "la luna come"])
-    theirs = engine.search_batch(src, decode)
+    theirs = engine.search_batch(src, SearchOptions.from_decode(decode, engine.tokenizer))
     for s, hyps in zip(src, theirs):
-        ours = greedy_search(model, torch.tensor([s + [EOS_ID]]), torch.ones(1, len(s) + 1, dtype=torch.bool),
-                             max_len_a=0.0, max_len_b=6)[0]
+        (ours,) = greedy_search(model, torch.tensor([s + [EOS_ID]]), torch.ones(1, len(s) + 1, dtype=torch.bool),
+                                SearchOptions(max_len_a=0.0, max_len_b=6))[0]
         assert hyps[0].tokens == ours.tokens
         assert PAD_ID not in hyps[0].tokens and BOS_ID not in hyps[0].tokens
 
@@ -292,7 +292,7 @@ def test_new_options_give_the_same_greedy_output(ct2, tokenizers, pairs, tmp_pat
     """The options of imported models survive the export: CTranslate2's greedy tokens equal nmt's."""
     from nmt.ct2 import Ct2Engine
     from nmt.ct2_export import write_export
-    from nmt.search import greedy_search
+    from nmt.search import SearchOptions, greedy_search
 
     arch = dict(arch)
     tokenizer = tokenizers[arch.pop("tok", "joint")]
@@ -301,9 +301,9 @@ def test_new_options_give_the_same_greedy_output(ct2, tokenizers, pairs, tmp_pat
     engine = Ct2Engine(write_export(model, tokenizer, cfg, str(tmp_path / "ct2")), "cpu", intra_threads=1)
     decode = dataclasses.replace(engine.decode, beam_size=1, max_len_a=1.0, max_len_b=5)
     src = tokenizer.encode_src([p[0] for p in pairs[:20]])
-    theirs = engine.search_batch(src, decode)
+    theirs = engine.search_batch(src, SearchOptions.from_decode(decode, engine.tokenizer))
     ours = [greedy_search(model, torch.tensor([s + [EOS_ID]]), torch.ones(1, len(s) + 1, dtype=torch.bool),
-                          max_len_a=1.0, max_len_b=5)[0] for s in src]
+                          SearchOptions(max_len_a=1.0, max_len_b=5))[0][0] for s in src]
     assert [h[0].tokens for h in theirs] == [h.tokens for h in ours]
     assert len({tuple(h.tokens) for h in ours}) > 5  # the outputs depend on the source
 
@@ -341,18 +341,19 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
     2 * beam_size finished hypotheses and 3% of the lines differed with `average`.)"""
     from nmt.ct2 import Ct2Engine
     from nmt.torch_engine import TorchEngine
-    from nmt.search import max_output_lengths
+    from nmt.search import SearchOptions, max_output_lengths
 
     checkpoint, out = trained
     torch_engine = TorchEngine.load(checkpoint, "cpu")
     model, tokenizer = torch_engine.model, torch_engine.tokenizer
     engine = Ct2Engine(out, "cpu", intra_threads=1)
     decode = dataclasses.replace(torch_engine.decode, beam_size=beam, length_penalty=1.0, length_penalty_type=penalty)
+    options = SearchOptions.from_decode(decode, tokenizer)
     src = tokenizer.encode_src([p[0] for p in pairs[:300]])
     ours, theirs = [], []
     for i in range(0, len(src), 64):
-        ours += torch_engine.search_batch(src[i:i + 64], decode)
-        theirs += engine.search_batch(src[i:i + 64], decode)
+        ours += torch_engine.search_batch(src[i:i + 64], options)
+        theirs += engine.search_batch(src[i:i + 64], options)
     agree = [a[0].tokens == b[0].tokens for a, b in zip(ours, theirs)]
     assert sum(agree) >= min_agree * len(src)
     for s, a, b, same in zip(src, ours, theirs, agree):
@@ -393,6 +394,7 @@ def test_every_control_gives_the_pytorch_engines_outputs(trained, pairs, control
     CTranslate2; CTranslate2 stopping after 2K finished hypotheses): the same n-best lists, with the
     same scores, on every one of 200 sentences of a trained model."""
     from nmt.ct2 import Ct2Engine
+    from nmt.search import SearchInputs, SearchOptions
     from nmt.torch_engine import TorchEngine
 
     checkpoint, out = trained
@@ -406,8 +408,9 @@ def test_every_control_gives_the_pytorch_engines_outputs(trained, pairs, control
     prefixes = None
     if use_prefix:  # the reference's first 1-2 words (some empty)
         prefixes = tok.encode_tgt([" ".join(p[1].split()[: i % 3]) for i, p in enumerate(pairs[:200])])
-    ours = torch_engine.search_batch(src, decode, prefixes=prefixes)
-    theirs = engine.search_batch(src, decode, prefixes=prefixes)
+    settings, inputs = SearchOptions.from_decode(decode, tok), SearchInputs(prefixes=prefixes)
+    ours = torch_engine.search_batch(src, settings, inputs)
+    theirs = engine.search_batch(src, settings, inputs)
     assert [[h.tokens for h in n] for n in theirs] == [[h.tokens for h in n] for n in ours]
     assert [h.finished for n in theirs for h in n] == [h.finished for n in ours for h in n]
     assert [x for n in theirs for h in n for x in (h.log_prob, h.score)] == \
@@ -442,15 +445,17 @@ def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
 def test_forced_length_as_benchmarks_use_it(trained, pairs):
     """min_len >= max_len forces every output to exactly max_len tokens, in both engines."""
     from nmt.ct2 import Ct2Engine
+    from nmt.search import SearchOptions
     from nmt.torch_engine import TorchEngine
 
     checkpoint, out = trained
     torch_engine = TorchEngine.load(checkpoint, "cpu")
     engine = Ct2Engine(out, "cpu", intra_threads=1)
     decode = dataclasses.replace(torch_engine.decode, beam_size=1, max_len_a=0.0, max_len_b=7, min_len=9)
+    options = SearchOptions.from_decode(decode, torch_engine.tokenizer)
     src = torch_engine.tokenizer.encode_src([p[0] for p in pairs[:20]])
-    ours = torch_engine.search_batch(src, decode)
-    theirs = engine.search_batch(src, decode)
+    ours = torch_engine.search_batch(src, options)
+    theirs = engine.search_batch(src, options)
     assert [len(h[0].tokens) for h in theirs] == [7] * len(src)
     assert [h[0].tokens for h in theirs] == [h[0].tokens for h in ours]
 
@@ -600,9 +605,9 @@ def test_ctranslate2_protect_takes_the_best_hypothesis_with_every_placeholder():
     its beam that writes each placeholder of the source exactly once is taken, else the best."""
     from types import SimpleNamespace
 
-    from nmt.config import decode_config
     from nmt.ct2 import Ct2Engine
     from nmt.layout import NMT_SPECIALS
+    from nmt.search import SearchOptions
 
     engine = object.__new__(Ct2Engine)
     pieces = ["<pad>", "<unk>", "<s>", "</s>", "▁a", "▁b", "<ph_0>", "▁<ph_0>", "<ph_1>"]
@@ -611,9 +616,11 @@ def test_ctranslate2_protect_takes_the_best_hypothesis_with_every_placeholder():
     result = SimpleNamespace(hypotheses=[["▁a", "</s>"], ["▁a", "<ph_0>", "<ph_0>", "</s>"],
                                          ["▁b", "▁<ph_0>", "<ph_1>", "</s>"], ["▁a", "<ph_0>", "<ph_1>", "</s>"]],
                              scores=[-1.0, -2.0, -3.0, -4.0])
-    decode = decode_config(None, dict(beam_size=4, length_penalty_type="none", protect=True))
+    decode = SearchOptions(beam_size=4, length_penalty_type="none", max_len_a=1.2, max_len_b=10,
+                           placeholder_tokens=((6, 7), (8,)))  # protect
     best = engine._rank(result, decode, 0.0, 0.0, ["▁x", "<ph_0>", "▁<ph_1>"])
     assert [pieces[t] for t in best[0].tokens] == ["▁b", "▁<ph_0>", "<ph_1>"]  # the best of the exact ones
-    assert engine._rank(result, decode_config(decode, dict(protect=False)), 0.0, 0.0, ["▁x"])[0].tokens == [4]
+    unprotected = dataclasses.replace(decode, placeholder_tokens=None)
+    assert engine._rank(result, unprotected, 0.0, 0.0, ["▁x"])[0].tokens == [4]
     none_exact = engine._rank(result, decode, 0.0, 0.0, ["<ph_0>", "<ph_1>", "<ph_2>"])
     assert none_exact[0].tokens == [4]  # no hypothesis has them all: the best one (the report counts it)

@@ -22,7 +22,7 @@ from nmt import fast
 from nmt.config import ModelConfig
 from nmt.fast import FAST_OPS, NumpyDropout, blocked_argmax, blocked_topk, install_for_training
 from nmt.model import Transformer
-from nmt.search import PLAIN_OPS, beam_search, greedy_search
+from nmt.search import PLAIN_OPS, SearchOptions, beam_search, greedy_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,9 +64,9 @@ def test_without_the_private_ops_inference_falls_back_to_the_plain_path(monkeypa
     assert n == 0 and not any(isinstance(m, fast.PackedLinear) for m in packed.modules())
     assert fast.install_for_inference(packed) is FAST_OPS  # the search ops do not need oneDNN
     src, src_mask = batch()
-    kw = dict(max_len_a=1.0, max_len_b=5)
-    assert [h.tokens for h in greedy_search(packed, src, src_mask, ops=FAST_OPS, **kw)] == \
-        [h.tokens for h in greedy_search(model, src, src_mask, **kw)]
+    options = SearchOptions(max_len_a=1.0, max_len_b=5)
+    assert [h.tokens for (h,) in greedy_search(packed, src, src_mask, options, ops=FAST_OPS)] == \
+        [h.tokens for (h,) in greedy_search(model, src, src_mask, options)]
 
 
 @needs_onednn
@@ -104,11 +104,12 @@ def test_packed_model_decodes_like_the_unpacked_one():
     with torch.inference_mode():
         torch.testing.assert_close(packed(src, src_mask, src[:, :6]), model(src, src_mask, src[:, :6]),
                                    rtol=1e-5, atol=1e-5)
-        kw = dict(max_len_a=1.0, max_len_b=5)
-        g_ref, g = greedy_search(model, src, src_mask, **kw), greedy_search(packed, src, src_mask, **kw)
-        assert [h.tokens for h in g] == [h.tokens for h in g_ref]
-        b_ref = beam_search(model, src, src_mask, beam_size=4, nbest=2, **kw)
-        b = beam_search(packed, src, src_mask, beam_size=4, nbest=2, **kw)
+        options = SearchOptions(max_len_a=1.0, max_len_b=5)
+        g_ref, g = greedy_search(model, src, src_mask, options), greedy_search(packed, src, src_mask, options)
+        assert [h.tokens for (h,) in g] == [h.tokens for (h,) in g_ref]
+        options = SearchOptions(beam_size=4, nbest=2, max_len_a=1.0, max_len_b=5)
+        b_ref = beam_search(model, src, src_mask, options)
+        b = beam_search(packed, src, src_mask, options)
         assert [[h.tokens for h in hs] for hs in b] == [[h.tokens for h in hs] for hs in b_ref]
         for hs, hs_ref in zip(b, b_ref):
             for h, r in zip(hs, hs_ref):
@@ -179,10 +180,11 @@ def test_search_with_fast_ops_equals_plain_search(V):
     mask = src != 0
     kw = dict(max_len_a=1.0, max_len_b=6)
     for ops_a, ops_b in [(PLAIN_OPS, FAST_OPS)]:
-        ga, gb = (greedy_search(model, src, mask, ops=o, **kw) for o in (ops_a, ops_b))
+        ga, gb = (greedy_search(model, src, mask, SearchOptions(**kw), ops=o) for o in (ops_a, ops_b))
         assert ga == gb
         for K in (2, 5):
-            ba, bb = (beam_search(model, src, mask, beam_size=K, nbest=K, ops=o, **kw) for o in (ops_a, ops_b))
+            options = SearchOptions(beam_size=K, nbest=K, **kw)
+            ba, bb = (beam_search(model, src, mask, options, ops=o) for o in (ops_a, ops_b))
             assert ba == bb
 
 

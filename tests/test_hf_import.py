@@ -236,14 +236,15 @@ def nmt_outputs(ckpt: str, lines: list[str], family: str, **decode) -> list[list
     """nmt's best hypothesis per line (TorchEngine, fast paths on), without the language token."""
     from nmt.config import decode_config
     from nmt.languages import target_prefix
+    from nmt.search import SearchInputs, SearchOptions
     from nmt.torch_engine import TorchEngine
 
     engine = TorchEngine.load(ckpt, "cpu")
-    settings = decode_config(engine.decode, decode)
+    settings = SearchOptions.from_decode(decode_config(engine.decode, decode), engine.tokenizer)
     src = engine.tokenizer.encode_src(lines)
     lang = target_prefix(engine.tokenizer, None)
     with engine.running():
-        hyps = engine.search_batch(src, settings, prefixes=[lang] * len(src) if lang else None)
+        hyps = engine.search_batch(src, settings, SearchInputs(prefixes=[lang] * len(src) if lang else None))
     return [h[0].tokens[len(lang):] for h in hyps]
 
 

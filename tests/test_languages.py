@@ -18,7 +18,7 @@ from nmt.errors import UserError
 from nmt.languages import target_prefix
 from nmt.layout import source_tensors
 from nmt.model import Transformer
-from nmt.search import greedy_search
+from nmt.search import SearchInputs, SearchOptions, greedy_search
 from nmt.tokenizer import EOS_ID, Tokenizer, train_sentencepiece
 from nmt.torch_engine import TorchEngine
 
@@ -70,8 +70,8 @@ def test_the_language_token_is_forced_first_and_never_shown(ckpt, lines):
     for code in LANGS:
         got = Translator(ckpt, tgt_lang=code).translate(lines)
         src, mask = source_tensors(tok.encode_src(lines))
-        ref = greedy_search(engine.model, src, mask, max_len_a=0.5, max_len_b=4,
-                            prefixes=[[tok.languages[code]]] * len(lines))
+        ref = [h for (h,) in greedy_search(engine.model, src, mask, SearchOptions(max_len_a=0.5, max_len_b=4),
+                                           SearchInputs(prefixes=[[tok.languages[code]]] * len(lines)))]
         assert all(h.tokens[0] == tok.languages[code] for h in ref)  # forced although the model avoids it
         assert [r.text for r in got] == tok.decode_tgt([h.tokens[1:] for h in ref])
         assert not any("__" in r.text for r in got)

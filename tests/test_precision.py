@@ -18,7 +18,7 @@ from nmt.config import ConfigError, ModelConfig, config_from_dict, decode_config
 from nmt.errors import UserError
 from nmt.fast import FAST_OPS, ReusingDecoderCache
 from nmt.model import Transformer
-from nmt.search import SearchOps, beam_search, greedy_search
+from nmt.search import SearchOps, SearchOptions, beam_search, greedy_search
 from tests.helpers import make_tiny_checkpoint, tiny_config_dict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -137,11 +137,12 @@ def test_a_batch_searched_in_parts_gives_the_same_results(tmp_path, monkeypatch)
     engine = TorchEngine.load(make_tiny_checkpoint(str(tmp_path / "t.pt")), "cpu")
     src = engine.tokenizer.encode_src([p[0] for p in make_pairs(11, 3)])
     for beam, nbest in ((1, 1), (3, 2)):
-        decode = decode_config(engine.decode, {"beam_size": beam, "nbest": nbest})
+        options = SearchOptions.from_decode(decode_config(engine.decode, {"beam_size": beam, "nbest": nbest}),
+                                            engine.tokenizer)
         with engine.running():
-            whole = engine.search_batch(src, decode)
+            whole = engine.search_batch(src, options)
             monkeypatch.setattr(torch_engine, "MAX_CPU_ROWS", 4)  # 4 sentences greedy, 1 at beam 3
-            parts = engine.search_batch(src, decode)
+            parts = engine.search_batch(src, options)
             monkeypatch.undo()
         assert len(parts) == len(src)
         for a, b in zip(whole, parts):
@@ -174,14 +175,15 @@ def test_searches_with_growing_caches_equal_the_preallocated_cache(V):
     kw = dict(max_len_a=2.0, max_len_b=14, no_repeat_ngram=2)
     reference = SearchOps(cache_cls=PreallocatedCache)
     growing = [SearchOps(), SearchOps(cache_cls=ReusingDecoderCache), FAST_OPS]
-    expected = greedy_search(model, src, mask, ops=reference, **kw)
+    expected = [h for (h,) in greedy_search(model, src, mask, SearchOptions(**kw), ops=reference)]
     assert max(len(h.tokens) for h in expected) > 16
     for ops in growing:
-        got = greedy_search(model, src, mask, ops=ops, **kw)
+        got = [h for (h,) in greedy_search(model, src, mask, SearchOptions(**kw), ops=ops)]
         assert [h.tokens for h in got] == [h.tokens for h in expected]
         assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-5)
-    expected = beam_search(model, src, mask, beam_size=4, nbest=2, ops=reference, **kw)
+    options = SearchOptions(beam_size=4, nbest=2, **kw)
+    expected = beam_search(model, src, mask, options, ops=reference)
     for ops in growing:
-        got = beam_search(model, src, mask, beam_size=4, nbest=2, ops=ops, **kw)
+        got = beam_search(model, src, mask, options, ops=ops)
         assert [[h.tokens for h in n] for n in got] == [[h.tokens for h in n] for n in expected]
         assert [h.score for n in got for h in n] == pytest.approx([h.score for n in expected for h in n], abs=1e-5)

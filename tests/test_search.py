@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from nmt.config import ModelConfig
 from nmt.model import Transformer
-from nmt.search import beam_search, greedy_search
+from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, search
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import V, FakeModel, fake_batch
@@ -101,8 +101,9 @@ def test_fake_exhaustive_beam_equals_brute_force(kind, alpha):
     model = FakeModel(seed=1)
     src, src_mask = fake_batch([3, 5, 2], seed=1)
     K = len(ALLOWED) ** (max_len - 2) * (len(ALLOWED) + 1)
-    out = beam_search(model, src, src_mask, beam_size=K, nbest=nbest, length_penalty=alpha,
-                      length_penalty_type=kind, max_len_a=0.0, max_len_b=max_len, min_len=min_len)
+    out = beam_search(model, src, src_mask, SearchOptions(beam_size=K, nbest=nbest, length_penalty=alpha,
+                                                          length_penalty_type=kind, max_len_a=0.0, max_len_b=max_len,
+                                                          min_len=min_len))
     for i, hyps in enumerate(out):
         s = FakeModel._src(src[i])
         ref = sorted((fake_score(model, s, toks, eos, alpha, kind, min_len)[0]
@@ -122,8 +123,9 @@ def test_fake_beam_equals_reference_beam(kind, alpha, K, nbest):
     lengths = [4, 1, 6, 3, 2]
     src, src_mask = fake_batch(lengths, seed=2)
     a, b, min_len = 1.0, 2, 2
-    out = beam_search(model, src, src_mask, beam_size=K, nbest=nbest, length_penalty=alpha,
-                      length_penalty_type=kind, max_len_a=a, max_len_b=b, min_len=min_len)
+    out = beam_search(model, src, src_mask, SearchOptions(beam_size=K, nbest=nbest, length_penalty=alpha,
+                                                          length_penalty_type=kind, max_len_a=a, max_len_b=b,
+                                                          min_len=min_len))
     for i, hyps in enumerate(out):
         ref = reference_beam(model, FakeModel._src(src[i]), K, int(a * lengths[i] + b), min_len, alpha, kind)[:nbest]
         assert [h.tokens for h in hyps] == [r[2] for r in ref]
@@ -166,8 +168,8 @@ def test_fake_hf_stopping_equals_transformers_rule(kind, alpha, K, nbest):
     src, src_mask = fake_batch(lengths, seed=6)
     a, b = 1.0, 3
     kw = dict(beam_size=K, nbest=nbest, length_penalty=alpha, length_penalty_type=kind, max_len_a=a, max_len_b=b)
-    hf = beam_search(model, src, src_mask, stopping="hf", **kw)
-    exact = beam_search(model, src, src_mask, **kw)
+    hf = beam_search(model, src, src_mask, SearchOptions(stopping="hf", **kw))
+    exact = beam_search(model, src, src_mask, SearchOptions(**kw))
     for i, hyps in enumerate(hf):
         ref = reference_hf_beam(model, FakeModel._src(src[i]), K, int(a * lengths[i] + b), alpha, kind)[:nbest]
         assert [h.tokens for h in hyps] == [r[2] for r in ref]
@@ -183,7 +185,7 @@ def test_fake_cached_path_steps_once_per_token_and_drops_finished_sentences():
     model = FakeModel(seed=3)
     src, src_mask = fake_batch([1, 6], seed=3)  # max lengths 1*1+1 = 2 and 6+1 = 7
     K = 3
-    out = beam_search(model, src, src_mask, beam_size=K, max_len_a=1.0, max_len_b=1, min_len=7)
+    out = beam_search(model, src, src_mask, SearchOptions(beam_size=K, max_len_a=1.0, max_len_b=1, min_len=7))
     assert model.n_decode == 0  # never re-decodes a prefix
     assert [len(h[0].tokens) for h in out] == [2, 7]  # min_len > max_len: truncated at max_len
     # step 1 runs on one row per sentence, then K per sentence; sentence 0 leaves after step 2.
@@ -194,20 +196,20 @@ def test_fake_uncached_equals_cached():
     src, src_mask = fake_batch([4, 2, 5], seed=4)
     cached, uncached = FakeModel(seed=4), FakeModel(seed=4)
     kw = dict(beam_size=3, nbest=3, max_len_a=1.0, max_len_b=2)
-    a = beam_search(cached, src, src_mask, **kw)
-    b = beam_search(uncached, src, src_mask, use_cache=False, **kw)
+    a = beam_search(cached, src, src_mask, SearchOptions(**kw))
+    b = beam_search(uncached, src, src_mask, SearchOptions(use_cache=False, **kw))
     assert uncached.n_decode > 0 and uncached.step_rows == []
     assert a == b
-    g1 = greedy_search(cached, src, src_mask, max_len_a=1.0, max_len_b=2)
-    g2 = greedy_search(uncached, src, src_mask, max_len_a=1.0, max_len_b=2, use_cache=False)
+    g1 = greedy_search(cached, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2))
+    g2 = greedy_search(uncached, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2, use_cache=False))
     assert g1 == g2
 
 
 def test_fake_greedy_is_argmax_chain():
     model = FakeModel(seed=5)
     src, src_mask = fake_batch([3, 1, 4], seed=5)
-    out = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=2, min_len=1)
-    for i, h in enumerate(out):
+    out = greedy_search(model, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2, min_len=1))
+    for i, (h,) in enumerate(out):
         s, seq, lp = FakeModel._src(src[i]), [BOS_ID], 0.0
         max_len = len(s) + 2
         while len(seq) - 1 < max_len:
@@ -221,18 +223,70 @@ def test_fake_greedy_is_argmax_chain():
         assert h.log_prob == pytest.approx(lp, abs=1e-5) and h.score == h.log_prob
 
 
+def test_options_carry_every_search_setting_of_the_decode_section():
+    """SearchOptions.from_decode takes each decode key the search uses, under the same name (a key left out
+    would silently fall back to the search's default), and the tokenizer's ids and placeholder tokens."""
+    import dataclasses
+
+    from nmt.config import DecodeConfig, decode_config
+    from nmt.layout import Specials
+
+    shared = {f.name for f in dataclasses.fields(SearchOptions)} & {f.name for f in dataclasses.fields(DecodeConfig)}
+    assert shared == {"beam_size", "nbest", "length_penalty", "length_penalty_type", "patience", "stopping", "sampling",
+                      "topk", "topp", "temperature", "seed", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram"}
+    changed = dict(beam_size=7, nbest=3, length_penalty=0.7, length_penalty_type="average", patience=2.0,
+                   stopping="hf", sampling="topp", topk=4, topp=0.5, temperature=0.8, seed=9, max_len_a=0.5,
+                   max_len_b=3, min_len=2, no_repeat_ngram=4, protect=True)
+    assert all(changed[k] != getattr(DecodeConfig(), k) for k in shared)  # each one differs from its default
+
+    class Tok:  # what from_decode reads of a tokenizer
+        specials = Specials(pad=1, unk=0, start=2, eos=5)
+
+        def vocab_pieces(self):
+            return [["<ph_1>"], ["<unk>", "<s>", "a", "<ph_0>", "</s>", "<ph_1>", "▁<ph_1>"]]
+
+    options = SearchOptions.from_decode(decode_config(None, changed), Tok())
+    assert {k: getattr(options, k) for k in shared} == {k: changed[k] for k in shared}
+    assert options.specials == Tok.specials and options.free_prefix == 0
+    assert options.placeholder_tokens[:2] == ((3,), (5, 6)) and not any(options.placeholder_tokens[2:])
+    assert SearchOptions.from_decode(decode_config(None, {}), Tok()).placeholder_tokens is None
+
+
+def test_search_dispatches_on_the_options():
+    """One entry point: sampling, greedy search at beam 1, else beam search (the strategies' own results)."""
+    from nmt.search import sample_search
+
+    model = FakeModel(seed=8)
+    src, src_mask = fake_batch([3, 5, 2], seed=8)
+    inputs = SearchInputs(prefixes=[[4], [], [5, 6]], keys=[3, 1, 2])
+    for options, strategy in ((SearchOptions(max_len_a=1.0, max_len_b=2), greedy_search),
+                              (SearchOptions(beam_size=3, nbest=2, max_len_a=1.0, max_len_b=2), beam_search),
+                              (SearchOptions(sampling="topk", topk=3, nbest=2, max_len_a=1.0, max_len_b=2),
+                               sample_search)):
+        want = strategy(model, src, src_mask, options, inputs)
+        assert search(model, src, src_mask, options, inputs) == want
+        assert [len(h) for h in want] == [options.nbest] * 3
+    greedy = search(model, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2), inputs)
+    assert greedy != search(model, src, src_mask, SearchOptions(beam_size=3, max_len_a=1.0, max_len_b=2), inputs)
+    with pytest.raises(ValueError, match="not searched yet"):  # the slot for glossary terms is not ignored
+        search(model, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2), SearchInputs(constraints=[[[4]]] * 3))
+
+
 def test_bad_arguments():
     model = FakeModel()
     src, src_mask = fake_batch([2])
     for kw in (dict(beam_size=0), dict(beam_size=2, nbest=3), dict(beam_size=2, length_penalty_type="x"),
                dict(beam_size=2, length_penalty=-1.0), dict(beam_size=2, stopping="never"),
-               dict(beam_size=2, stopping="hf", keep_all=True)):
+               dict(beam_size=2, stopping="hf", keep_all=True), dict(min_len=-1), dict(no_repeat_ngram=-1),
+               dict(sampling="x"), dict(sampling="topk", topp=0.0), dict(beam_size=2, patience=0.1)):
         with pytest.raises(ValueError):
-            beam_search(model, src, src_mask, max_len_a=1.0, max_len_b=1, **kw)
-    with pytest.raises(ValueError):
-        greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=1, min_len=-1)
-    assert greedy_search(model, src[:0], src_mask[:0], max_len_a=1.0, max_len_b=1) == []
-    assert beam_search(model, src[:0], src_mask[:0], beam_size=2, max_len_a=1.0, max_len_b=1) == []
+            SearchOptions(max_len_a=1.0, max_len_b=1, **kw)
+    options = SearchOptions(max_len_a=1.0, max_len_b=1)
+    for inputs in (SearchInputs(prefixes=[[4], [5]]), SearchInputs(prefixes=[[EOS_ID]]), SearchInputs(keys=[1, 2])):
+        with pytest.raises(ValueError):
+            search(model, src, src_mask, options, inputs)
+    assert greedy_search(model, src[:0], src_mask[:0], options) == []
+    assert beam_search(model, src[:0], src_mask[:0], SearchOptions(beam_size=2, max_len_a=1.0, max_len_b=1)) == []
 
 
 # --------------------------------------------------------------------------- tiny Transformer
@@ -277,8 +331,8 @@ def test_transformer_beam_vs_brute_force(model, kind, alpha):
     outputs = list(enumerate_outputs(max_len, 0))
     kw = dict(length_penalty=alpha, length_penalty_type=kind, max_len_a=0.0, max_len_b=max_len)
     wide = len(ALLOWED) ** (max_len - 2) * (len(ALLOWED) + 1)  # no pruning at any step
-    exhaustive = beam_search(model, src, src_mask, beam_size=wide, nbest=2, **kw)
-    narrow = {K: beam_search(model, src, src_mask, beam_size=K, **kw) for K in (1, 2, V)}
+    exhaustive = beam_search(model, src, src_mask, SearchOptions(beam_size=wide, nbest=2, **kw))
+    narrow = {K: beam_search(model, src, src_mask, SearchOptions(beam_size=K, **kw)) for K in (1, 2, V)}
     for i in range(src.shape[0]):
         ref = teacher_forced_scores(model, src[i], src_mask[i], outputs, alpha, kind)
         order = sorted(range(len(outputs)), key=lambda j: -ref[j][0])
@@ -299,13 +353,13 @@ def test_transformer_beam1_equals_greedy_without_penalty(model):
     greedy's."""
     src, src_mask = model_batch([7, 2, 5, 9, 4], seed=7)
     kw = dict(max_len_a=1.5, max_len_b=3)
-    greedy = greedy_search(model, src, src_mask, **kw)
-    beam = beam_search(model, src, src_mask, beam_size=1, length_penalty_type="none", **kw)
+    greedy = [h for (h,) in greedy_search(model, src, src_mask, SearchOptions(**kw))]
+    beam = beam_search(model, src, src_mask, SearchOptions(beam_size=1, length_penalty_type="none", **kw))
     assert [b[0].tokens for b in beam] == [g.tokens for g in greedy]
     assert [b[0].log_prob for b in beam] == pytest.approx([g.log_prob for g in greedy], abs=1e-6)
     assert len({len(g.tokens) for g in greedy}) > 1  # the batch really has sentences ending at different steps
     for kind in ("gnmt", "average"):
-        beam = beam_search(model, src, src_mask, beam_size=1, length_penalty_type=kind, **kw)
+        beam = beam_search(model, src, src_mask, SearchOptions(beam_size=1, length_penalty_type=kind, **kw))
         for (b,), g in zip(beam, greedy):
             length = len(g.tokens) + g.finished
             assert b.score >= g.log_prob / penalty(length, 1.0, kind) - 1e-6
@@ -315,24 +369,26 @@ def test_transformer_batch_independence_and_cache(model):
     lengths = [7, 2, 5, 9, 4, 1]
     src, src_mask = model_batch(lengths, seed=8)
     kw = dict(beam_size=4, nbest=3, max_len_a=1.2, max_len_b=3)
-    batched = beam_search(model, src, src_mask, **kw)
-    uncached = beam_search(model, src, src_mask, use_cache=False, **kw)
-    greedy = greedy_search(model, src, src_mask, max_len_a=1.2, max_len_b=3)
-    greedy_uncached = greedy_search(model, src, src_mask, max_len_a=1.2, max_len_b=3, use_cache=False)
-    assert [g.tokens for g in greedy] == [g.tokens for g in greedy_uncached]
+    batched = beam_search(model, src, src_mask, SearchOptions(**kw))
+    uncached = beam_search(model, src, src_mask, SearchOptions(use_cache=False, **kw))
+    greedy_options = SearchOptions(max_len_a=1.2, max_len_b=3)
+    greedy = [h for (h,) in greedy_search(model, src, src_mask, greedy_options)]
+    greedy_uncached = greedy_search(model, src, src_mask, SearchOptions(max_len_a=1.2, max_len_b=3, use_cache=False))
+    assert [g.tokens for g in greedy] == [g.tokens for (g,) in greedy_uncached]
     for i, n in enumerate(lengths):
-        alone = beam_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n], **kw)[0]
+        alone = beam_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n], SearchOptions(**kw))[0]
         for other in (batched[i], uncached[i]):
             assert [h.tokens for h in other] == [h.tokens for h in alone]
             assert [h.score for h in other] == pytest.approx([h.score for h in alone], abs=1e-5)
-        g_alone = greedy_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n], max_len_a=1.2, max_len_b=3)[0]
+        (g_alone,) = greedy_search(model, src[i : i + 1, :n], src_mask[i : i + 1, :n], greedy_options)[0]
         assert g_alone.tokens == greedy[i].tokens
 
 
 def test_transformer_nbest_sorted_distinct_and_max_len(model):
     lengths = [6, 3, 8]
     src, src_mask = model_batch(lengths, seed=9)
-    out = beam_search(model, src, src_mask, beam_size=5, nbest=5, length_penalty=0.6, max_len_a=0.5, max_len_b=2)
+    out = beam_search(model, src, src_mask, SearchOptions(beam_size=5, nbest=5, length_penalty=0.6, max_len_a=0.5,
+                                                          max_len_b=2))
     for n, hyps in zip(lengths, out):
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
@@ -341,7 +397,7 @@ def test_transformer_nbest_sorted_distinct_and_max_len(model):
         assert all(len(h.tokens) <= int(0.5 * n + 2) for h in hyps)
         assert all(t not in (PAD_ID, BOS_ID, EOS_ID) for h in hyps for t in h.tokens)
     # model.max_positions caps the output length: at most max_positions - 1 tokens.
-    capped = beam_search(model, src, src_mask, beam_size=2, max_len_a=0.0, max_len_b=100, min_len=100)
+    capped = beam_search(model, src, src_mask, SearchOptions(beam_size=2, max_len_a=0.0, max_len_b=100, min_len=100))
     assert [len(h[0].tokens) for h in capped] == [model.max_positions - 1] * 3
 
 
@@ -349,12 +405,12 @@ def test_min_len_and_forced_length(model):
     src, src_mask = model_batch([3, 5, 2, 6], seed=10)
     kw = dict(max_len_a=0.0, max_len_b=9)
     for m in (model, FakeModel(seed=10, scale=0.5)):  # both end early when free to
-        free = beam_search(m, src, src_mask, beam_size=3, nbest=3, **kw)
+        free = beam_search(m, src, src_mask, SearchOptions(beam_size=3, nbest=3, **kw))
         assert min(len(h.tokens) for hyps in free for h in hyps) < 4
-        assert min(len(g.tokens) for g in greedy_search(m, src, src_mask, **kw)) < 4
+        assert min(len(g.tokens) for (g,) in greedy_search(m, src, src_mask, SearchOptions(**kw))) < 4
         for min_len in (4, 9):  # 9 == max_len: exactly 9 tokens
-            out = beam_search(m, src, src_mask, beam_size=3, nbest=3, min_len=min_len, **kw)
+            out = beam_search(m, src, src_mask, SearchOptions(beam_size=3, nbest=3, min_len=min_len, **kw))
             lens = [len(h.tokens) for hyps in out for h in hyps] + [
-                len(g.tokens) for g in greedy_search(m, src, src_mask, min_len=min_len, **kw)]
+                len(g.tokens) for (g,) in greedy_search(m, src, src_mask, SearchOptions(min_len=min_len, **kw))]
             assert min(lens) >= min_len and max(lens) <= 9
             assert min_len < 9 or set(lens) == {9}

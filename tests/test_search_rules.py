@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-from nmt.sampling import sample_search
-from nmt.search import Placeholders, beam_search, greedy_search, length_penalty_factor
+from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, length_penalty_factor, sample_search
 from nmt.tokenizer import BOS_ID, EOS_ID
 
 from helpers import FakeModel, fake_batch
@@ -57,8 +56,8 @@ def test_no_repeat_ngram_renormalises_over_the_allowed_tokens(kind):
     model = Loopy(seed=11, scale=1.0)
     src, mask = fake_batch([4, 6, 3], seed=11)
     kw = dict(max_len_a=0.0, max_len_b=12, no_repeat_ngram=3)
-    out = [[h] for h in greedy_search(model, src, mask, **kw)] if kind == "greedy" else \
-        beam_search(model, src, mask, beam_size=3, nbest=3, length_penalty_type="none", **kw)
+    out = greedy_search(model, src, mask, SearchOptions(**kw)) if kind == "greedy" else \
+        beam_search(model, src, mask, SearchOptions(beam_size=3, nbest=3, length_penalty_type="none", **kw))
     fired = 0
     for i, hyps in enumerate(out):
         s = FakeModel._src(src[i])
@@ -93,13 +92,15 @@ def test_placeholders_exactly_once_in_every_search():
     model = FakeModel(seed=12, scale=2.0)
     src, mask = fake_batch([4, 3, 5, 2], seed=12)
     required = [[6], [], [6, 7], [7]]
-    ph = Placeholders([[6], [7]], [[PH.index(t) for t in r] for r in required])
-    kw = dict(max_len_a=0.0, max_len_b=10, placeholders=ph)
-    searches = {"greedy": [[h] for h in greedy_search(model, src, mask, **kw)],
-                "beam": beam_search(model, src, mask, beam_size=3, nbest=3, length_penalty_type="average", **kw),
-                "sample": sample_search(model, src, mask, samples=5, sampling="topk", topk=4, seed=3, **kw)}
-    free = beam_search(model, src, mask, beam_size=3, nbest=3, length_penalty_type="average", max_len_a=0.0,
-                       max_len_b=10)
+    ph = SearchInputs(placeholders=[[PH.index(t) for t in r] for r in required])
+    kw = dict(max_len_a=0.0, max_len_b=10, placeholder_tokens=((6,), (7,)))
+    searches = {"greedy": greedy_search(model, src, mask, SearchOptions(**kw), ph),
+                "beam": beam_search(model, src, mask, SearchOptions(beam_size=3, nbest=3, length_penalty_type="average",
+                                                                    **kw), ph),
+                "sample": sample_search(model, src, mask, SearchOptions(nbest=5, sampling="topk", topk=4, seed=3, **kw),
+                                        ph)}
+    free = beam_search(model, src, mask, SearchOptions(beam_size=3, nbest=3, length_penalty_type="average",
+                                                       max_len_a=0.0, max_len_b=10))
     assert any(sorted(t for t in h.tokens if t in PH) != sorted(r) for hyps, r in zip(free, required) for h in hyps)
     for name, out in searches.items():
         assert sum(h.finished for hyps in out for h in hyps) >= 0.8 * sum(map(len, out)), name
@@ -128,11 +129,13 @@ def test_placeholders_are_written_before_the_length_limit(max_len):
     model = Rambling(seed=18, scale=1.0)
     src, mask = fake_batch([4, 3, 5, 2], seed=18)
     required = [[6], [], [6, 7], [7]]
-    ph = Placeholders([[6], [7]], [[PH.index(t) for t in r] for r in required])
-    kw = dict(max_len_a=0.0, max_len_b=max_len, placeholders=ph)
-    searches = {"greedy": [[h] for h in greedy_search(model, src, mask, **kw)],
-                "beam": beam_search(model, src, mask, beam_size=3, nbest=2, length_penalty_type="average", **kw),
-                "sample": sample_search(model, src, mask, samples=3, sampling="topk", topk=4, seed=3, **kw)}
+    ph = SearchInputs(placeholders=[[PH.index(t) for t in r] for r in required])
+    kw = dict(max_len_a=0.0, max_len_b=max_len, placeholder_tokens=((6,), (7,)))
+    searches = {"greedy": greedy_search(model, src, mask, SearchOptions(**kw), ph),
+                "beam": beam_search(model, src, mask, SearchOptions(beam_size=3, nbest=2, length_penalty_type="average",
+                                                                    **kw), ph),
+                "sample": sample_search(model, src, mask, SearchOptions(nbest=3, sampling="topk", topk=4, seed=3, **kw),
+                                        ph)}
     for name, out in searches.items():
         for i, hyps in enumerate(out):
             for h in hyps:
@@ -147,9 +150,10 @@ def test_exhaustive_beam_with_placeholders_equals_brute_force():
     model = FakeModel(seed=13, scale=2.0)
     src, mask = fake_batch([3, 2], seed=13)
     required, max_len = [[6], [6, 7]], 4
-    out = beam_search(model, src, mask, beam_size=300, nbest=3, length_penalty=1.0, length_penalty_type="gnmt",
-                      max_len_a=0.0, max_len_b=max_len,
-                      placeholders=Placeholders([[6], [7]], [[PH.index(t) for t in r] for r in required]))
+    out = beam_search(model, src, mask, SearchOptions(beam_size=300, nbest=3, length_penalty=1.0,
+                                                      length_penalty_type="gnmt", max_len_a=0.0, max_len_b=max_len,
+                                                      placeholder_tokens=((6,), (7,))),
+                      SearchInputs(placeholders=[[PH.index(t) for t in r] for r in required]))
     for i, hyps in enumerate(out):
         s, banned = FakeModel._src(src[i]), ph_banned(required[i], max_len)
         scored = []
@@ -181,11 +185,10 @@ class EndsAfterPrefix(FakeModel):
 def test_first_step_after_a_prefix_lets_only_the_best_candidate_end():
     model = EndsAfterPrefix(seed=14)
     src, mask = fake_batch([4], seed=14)
-    out = beam_search(model, src, mask, beam_size=4, nbest=4, length_penalty_type="none", max_len_a=0.0,
-                      max_len_b=8, prefixes=[[4, 5]])
+    options = SearchOptions(beam_size=4, nbest=4, length_penalty_type="none", max_len_a=0.0, max_len_b=8)
+    out = beam_search(model, src, mask, options, SearchInputs(prefixes=[[4, 5]]))
     assert all(h.tokens != [4, 5] for h in out[0])  # "prefix + EOS" (rank 2 at that step) never finishes
-    free = beam_search(model, src, mask, beam_size=4, nbest=4, length_penalty_type="none", max_len_a=0.0,
-                       max_len_b=8, prefixes=[[4]])
+    free = beam_search(model, src, mask, options, SearchInputs(prefixes=[[4]]))
     assert all(h.tokens[0] == 4 for h in free[0])
 
 
@@ -194,11 +197,11 @@ def test_keep_all_then_any_penalty_equals_the_search(K):
     model = FakeModel(seed=15, scale=1.5)
     src, mask = fake_batch([5, 2, 7, 3], seed=15)
     kw = dict(max_len_a=1.0, max_len_b=3, no_repeat_ngram=2)
-    every = beam_search(model, src, mask, beam_size=K, nbest=1, keep_all=True, **kw)
+    every = beam_search(model, src, mask, SearchOptions(beam_size=K, nbest=1, keep_all=True, **kw))
     for kind, alpha in (("gnmt", 0.6), ("gnmt", 1.5), ("average", 1.0), ("average", 1.8), ("none", 0.0)):
         for min_len in (0,):  # (a minimum length changes the search: EOS is renormalised away)
-            direct = beam_search(model, src, mask, beam_size=K, length_penalty=alpha, length_penalty_type=kind,
-                                 min_len=min_len, **kw)
+            direct = beam_search(model, src, mask, SearchOptions(beam_size=K, length_penalty=alpha,
+                                                                 length_penalty_type=kind, min_len=min_len, **kw))
             for hyps, d in zip(every, direct):
                 ok = [h for h in hyps if len(h.tokens) >= min_len or not h.finished]
                 best = max(ok, key=lambda h: h.log_prob / length_penalty_factor(len(h.tokens) + h.finished, alpha, kind))
@@ -211,15 +214,15 @@ def test_patience_stops_after_that_many_finished_candidates(K, patience, kind, a
     """Reference: the keep_all search (never stops) lists every candidate that ended in a top K with
     the step it ended at (its length); a sentence under `patience` sees those that ended up to the
     step where the count reached round(K * patience), and returns the best of them."""
-    from nmt.search import max_finished
+    from nmt.schema import max_finished
 
     model = FakeModel(seed=17, scale=1.2)
     src, mask = fake_batch([5, 2, 7, 3, 6, 4], seed=17)
     kw = dict(max_len_a=1.5, max_len_b=4, no_repeat_ngram=2)
-    every = beam_search(model, src, mask, beam_size=K, nbest=1, keep_all=True, **kw)
-    got = beam_search(model, src, mask, beam_size=K, nbest=2, length_penalty=alpha, length_penalty_type=kind,
-                      patience=patience, **kw)
-    exact = beam_search(model, src, mask, beam_size=K, nbest=2, length_penalty=alpha, length_penalty_type=kind, **kw)
+    every = beam_search(model, src, mask, SearchOptions(beam_size=K, nbest=1, keep_all=True, **kw))
+    kw.update(beam_size=K, nbest=2, length_penalty=alpha, length_penalty_type=kind)
+    got = beam_search(model, src, mask, SearchOptions(patience=patience, **kw))
+    exact = beam_search(model, src, mask, SearchOptions(**kw))
     most, differ = max_finished(K, patience), 0
     for hyps, ours, full in zip(every, got, exact):
         step = lambda h: len(h.tokens) + h.finished  # noqa: E731 (the step it ended at)
@@ -237,8 +240,9 @@ def test_a_placeholder_written_by_several_tokens_counts_once():
     """A vocabulary may write <ph_0> as "<ph_0>" and as "▁<ph_0>": either one, once, in all."""
     model = FakeModel(seed=16, scale=2.0)
     src, mask = fake_batch([4, 3, 5], seed=16)
-    out = beam_search(model, src, mask, beam_size=3, nbest=3, length_penalty_type="average", max_len_a=0.0,
-                      max_len_b=10, placeholders=Placeholders([[6, 7]], [[0], [], [0]]))
+    out = beam_search(model, src, mask, SearchOptions(beam_size=3, nbest=3, length_penalty_type="average",
+                                                      max_len_a=0.0, max_len_b=10, placeholder_tokens=((6, 7),)),
+                      SearchInputs(placeholders=[[0], [], [0]]))
     for i, hyps in enumerate(out):
         for h in hyps:
             if h.finished:

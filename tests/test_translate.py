@@ -33,7 +33,7 @@ from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
 from nmt.metrics import corpus_metrics
 from nmt.textio import read_lines
-from nmt.search import beam_search, greedy_search
+from nmt.search import SearchOptions, beam_search, greedy_search
 from helpers import make_pairs, make_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -278,11 +278,9 @@ def test_translations_equal_direct_search(loaded):
         got = tr.translate_nbest(engine, lines, decode)
         for line, hyps in zip(lines, got):
             src = torch.tensor([tok.encode_src([line])[0] + [3]])
-            kw = dict(max_len_a=decode.max_len_a, max_len_b=decode.max_len_b)
-            if beam == 1:
-                ref = [greedy_search(model, src, src != 0, **kw)[0]]
-            else:
-                ref = beam_search(model, src, src != 0, beam_size=beam, nbest=beam, **kw)[0]
+            options = SearchOptions(beam_size=beam, nbest=beam, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b)
+            strategy = greedy_search if beam == 1 else beam_search
+            ref = strategy(model, src, src != 0, options)[0]
             assert [h.text for h in hyps] == tok.decode_tgt([r.tokens for r in ref])
             assert [h.score for h in hyps] == pytest.approx([r.score for r in ref], abs=1e-5)
             assert [h.finished for h in hyps] == [r.finished for r in ref]

@@ -1,0 +1,132 @@
+"""The step protocol the searches decode through, and the token-by-token loop of greedy search and
+sampling (nmt/search.py's docstring has the conventions).
+
+The searches see only `model.encode`, `model.init_cache`, `model.decode_step`, `cache.reorder`,
+`model.max_positions` and, for the uncached path, `model.decode`. Rows are laid out sentence-major
+(`row = sentence * per_sentence + k`), and a row leaves the batch as soon as it is finished, so the
+work shrinks as decoding goes on.
+
+Shapes: B sentences, S source length, V target vocabulary, R rows, N active rows, t the current
+step (1-based).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from nmt.errors import Cancelled
+from nmt.rules import StepRules
+from nmt.search_options import (NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions,
+                                max_output_lengths)
+
+Choose = Callable[[Tensor, int, Tensor], Tensor]  # (logp [N,V], t, rows [N]) -> the tokens [N] of step t
+
+
+class _CachedDecoder:
+    """Incremental decoding through the model's DecoderCache: one position per step."""
+
+    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int, ops: SearchOps):
+        self.model = model
+        self.cache = model.init_cache(memory, src_mask, max_len, cache_cls=ops.cache_cls)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens [R] (position t-1) -> logits [R,V] for token t."""
+        return self.model.decode_step(tokens, self.cache)
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep rows `indices` [R'] (beam reordering, expansion, dropping sentences)."""
+        self.cache.reorder(indices)
+
+
+class _UncachedDecoder:
+    """Same protocol without a cache: keeps the prefix and re-runs `model.decode` on it every
+    step, taking the last position (reference path for tests and benchmarks)."""
+
+    def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int, ops: SearchOps):
+        self.model, self.memory, self.src_mask = model, memory, src_mask
+        self.prefix = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)  # [R, t-1]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)  # [R, t]
+        return self.model.decode(self.prefix, self.memory, self.src_mask)[:, -1]  # [R, V]
+
+    def reorder(self, indices: Tensor) -> None:
+        self.memory = self.memory.index_select(0, indices)
+        self.src_mask = self.src_mask.index_select(0, indices)
+        self.prefix = self.prefix.index_select(0, indices)
+
+
+def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: SearchOps,
+          prefixes: Sequence[list[int]] | None = None):
+    """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long)."""
+    limits = max_output_lengths(src_mask.sum(dim=1), options.max_len_a, options.max_len_b, model.max_positions,
+                                prefixes)
+    max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
+    memory = model.encode(src, src_mask)  # [B,S,D]
+    cls = _CachedDecoder if options.use_cache else _UncachedDecoder
+    return cls(model, memory, src_mask, max(limits), ops), max_lens
+
+
+def check_cancel(cancel: Cancel | None) -> None:
+    """Raise nmt.errors.Cancelled when `cancel()` says so (before every decoding step)."""
+    if cancel is not None and cancel():
+        raise Cancelled()
+
+
+@torch.inference_mode()
+def greedy_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
+                  *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+    """Most probable next token at every step. src, src_mask [B,S] -> per sentence [its Hypothesis]
+    (score == log_prob: no length penalty). Finished sentences leave the batch. cancel: see `Cancel`."""
+    rules = StepRules(options, inputs, src.shape[0], src.device)
+    return token_by_token(model, src, src_mask, options, inputs, rules, None, 1, ops, cancel)
+
+
+def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs,
+                   rules: StepRules, choose: Choose | None, per_sentence: int, ops: SearchOps,
+                   cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+    """One token per row per step: the best one (choose None) or choose(logp, t, rows) -> tokens.
+    per_sentence rows per sentence (samples). Finished rows leave the batch. -> per sentence its rows'
+    hypotheses, in row order. cancel: see `Cancel`."""
+    B, device = src.shape[0], src.device
+    if B == 0:
+        return []
+    decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes)
+    R = B * per_sentence
+    rows = torch.arange(R, device=device)  # [N] original row of each active row (sentence * per_sentence + k)
+    if per_sentence > 1:
+        decoder.reorder(torch.arange(B, device=device).repeat_interleave(per_sentence))
+        max_lens = max_lens.repeat_interleave(per_sentence)
+    EOS = rules.specials.eos
+    tokens = torch.full((R,), rules.specials.start, dtype=torch.long, device=device)  # [N] input of this step
+    log_prob = torch.zeros(R, device=device)  # [N]
+    history = torch.empty(R, 0, dtype=torch.long, device=device)  # [N, t-1]
+    out: list[list[Hypothesis | None]] = [[None] * per_sentence for _ in range(B)]
+    for t in range(1, int(max_lens.max()) + 1):
+        check_cancel(cancel)
+        logp = rules.log_probs(decoder.step(tokens), t, history, rows // per_sentence, max_lens)  # [N,V]
+        if choose is None:
+            best, tokens = ops.argmax(logp)  # [N], [N]
+        else:
+            tokens = choose(logp, t, rows)
+            best = logp.gather(1, tokens[:, None]).squeeze(1)
+        log_prob = log_prob + best
+        history = torch.cat([history, tokens[:, None]], dim=1)
+        ends = (tokens == EOS) | (max_lens <= t)  # [N]
+        if not bool(ends.any()):
+            continue
+        idx = ends.nonzero().squeeze(1)
+        for r, toks, lp in zip(rows[idx].tolist(), history[idx].tolist(), log_prob[idx].tolist()):
+            finished = toks[-1] == EOS
+            if finished:
+                toks.pop()
+            out[r // per_sentence][r % per_sentence] = Hypothesis(toks, lp, lp, finished)
+        keep = (~ends).nonzero().squeeze(1)  # [N']
+        if keep.numel() == 0:
+            break
+        decoder.reorder(keep)
+        rows, tokens, log_prob, history, max_lens = (x[keep] for x in (rows, tokens, log_prob, history, max_lens))
+    return out  # type: ignore[return-value]

@@ -1,0 +1,228 @@
+"""What a search is asked and what it returns: `SearchOptions` (the settings, fixed for a run of
+batches), `SearchInputs` (the data of one batch), `Hypothesis` (a result), `SearchOps` (the tensor
+operations it runs on) and the two formulas both engines share (`max_output_lengths`,
+`length_penalty_factor`).
+
+Settings at construction, data per call (fairseq's `SequenceGenerator.__init__` then `generate`;
+CTranslate2's one `TranslationOptions` struct carried down to the search): the options are built
+once from the decode settings (`SearchOptions.from_decode`) and passed down as they are, to
+`nmt.search.search` or either engine (`search_batch`); what differs per sentence travels in
+`SearchInputs`. The step rules of one batch are built from both by `nmt.rules.StepRules`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from nmt.cache import DecoderCache
+from nmt.languages import free_prefix
+from nmt.layout import NMT_SPECIALS, Specials
+from nmt.protect import target_placeholders
+from nmt.schema import max_finished
+
+if TYPE_CHECKING:
+    from nmt.config import DecodeConfig
+
+PENALTY_TYPES = ("gnmt", "average", "none")
+STOPPING = ("exact", "hf")
+SAMPLING = ("topk", "topp")
+Cancel = Callable[[], bool]  # checked before every decoding step: True stops the search (nmt.errors.Cancelled)
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One output. tokens: generated ids without BOS/EOS; log_prob: summed token
+    log-probabilities (EOS included when it was generated); score: log_prob after the length
+    penalty; finished: it ended with EOS (False: it stopped at the maximum length)."""
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+    finished: bool = True
+
+
+@dataclass(frozen=True)
+class SearchOps:
+    """The tensor operations the search relies on. The plain ones (`PLAIN_OPS`) are torch's;
+    nmt/fast.py provides faster CPU versions that compute the same results.
+
+    topk(x [N,C], K) -> (values, indices) [N,K] (K <= C), best first; argmax(x [N,C]) ->
+    (values, indices) [N]; cache_cls: the DecoderCache class to decode with.
+    """
+
+    topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] = lambda x, k: x.topk(k, dim=1)
+    argmax: Callable[[Tensor], tuple[Tensor, Tensor]] = lambda x: x.max(dim=1)
+    cache_cls: type = DecoderCache
+
+
+PLAIN_OPS = SearchOps()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """The settings of a search (nmt/search.py's docstring has the conventions), checked when built
+    (ValueError). Greedy when beam_size == 1, sampling when `sampling` is not "none".
+
+    Beam search: beam_size K, nbest (hypotheses per sentence, <= K), the length penalty
+    (`length_penalty` alpha, `length_penalty_type`), `patience` (> 0: a sentence also stops after
+    `max_finished(K, patience)` finished candidates), `stopping` ("exact" or transformers' "hf"),
+    `keep_all` (every finished hypothesis, no pruning by the penalty: nmt/tune.py; needs "exact").
+    Sampling: `sampling` "topk" | "topp", nbest samples per sentence, topk, topp, temperature, seed.
+    Every search: the length limit `max_len_a` * source length + `max_len_b`, `min_len`,
+    `no_repeat_ngram`; the tokenizer's `specials`; `free_prefix` (how many leading forced prefix
+    tokens count log-prob 0: an imported M2M100/NLLB model's language token, counted only where a
+    sentence has a prefix); `placeholder_tokens` (with decode.protect: per placeholder <ph_k> the
+    target ids that write it; each sentence's own placeholders are in `SearchInputs.placeholders`);
+    `use_cache` (False: re-decode the whole prefix at each step, the reference path for tests and
+    benchmarks).
+    """
+
+    beam_size: int = 1
+    nbest: int = 1
+    length_penalty: float = 1.0
+    length_penalty_type: str = "gnmt"
+    patience: float = 0.0
+    stopping: str = "exact"
+    keep_all: bool = False
+    sampling: str = "none"
+    topk: int = 10
+    topp: float = 0.9
+    temperature: float = 1.0
+    seed: int = 1
+    max_len_a: float
+    max_len_b: int
+    min_len: int = 0
+    no_repeat_ngram: int = 0
+    specials: Specials = NMT_SPECIALS
+    free_prefix: int = 0
+    placeholder_tokens: tuple[tuple[int, ...], ...] | None = None
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        if self.sampling != "none":
+            _check_sampling(self)
+        else:
+            _check_beam(self)
+
+    @classmethod
+    def from_decode(cls, decode: DecodeConfig, tokenizer) -> SearchOptions:
+        """The search settings of `decode` (a checked DecodeConfig) for a model with this tokenizer
+        (its special ids, its free language token, its placeholder tokens with decode.protect)."""
+        return cls(beam_size=decode.beam_size, nbest=decode.nbest, length_penalty=decode.length_penalty,
+                   length_penalty_type=decode.length_penalty_type, patience=decode.patience,
+                   stopping=decode.stopping, sampling=decode.sampling, topk=decode.topk, topp=decode.topp,
+                   temperature=decode.temperature, seed=decode.seed, max_len_a=decode.max_len_a,
+                   max_len_b=decode.max_len_b, min_len=decode.min_len, no_repeat_ngram=decode.no_repeat_ngram,
+                   specials=tokenizer.specials,
+                   free_prefix=free_prefix(tokenizer, []),  # ([]: any prefix) it applies where a sentence has one
+                   placeholder_tokens=target_placeholders(tokenizer) if decode.protect else None)
+
+    @property
+    def rows_per_sentence(self) -> int:
+        """Decoder rows a sentence takes at most: its samples or its beams."""
+        return self.nbest if self.sampling != "none" else self.beam_size
+
+
+@dataclass(frozen=True)
+class SearchInputs:
+    """The per-sentence data of one batch (each field None, or one entry per sentence).
+
+    prefixes: target ids forced first (may be empty). placeholders: the placeholders (k of <ph_k>) in
+    the sentence's source, each to be written exactly once (with `SearchOptions.placeholder_tokens`;
+    TorchEngine fills them from the sources). keys: one integer per sentence that, with the seed,
+    fixes its samples (default 0..B-1). constraints: the target ids of the terms each output must
+    contain (glossary terms, nmt/constraints.py): not searched yet, refused.
+    """
+
+    prefixes: Sequence[list[int]] | None = None
+    placeholders: Sequence[Sequence[int]] | None = None
+    keys: Sequence[int] | None = None
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None
+
+    def take(self, part: slice) -> SearchInputs:
+        """The inputs of sentences `part` of the batch."""
+        return SearchInputs(*(None if x is None else x[part]
+                              for x in (self.prefixes, self.placeholders, self.keys, self.constraints)))
+
+    def check(self, B: int, options: SearchOptions) -> None:
+        """ValueError unless these inputs fit a batch of B sentences searched with `options`."""
+        for name in ("prefixes", "placeholders", "keys", "constraints"):
+            given = getattr(self, name)
+            if given is not None and len(given) != B:
+                raise ValueError(f"{len(given)} {name} for {B} sentences")
+        specials = options.specials
+        if self.prefixes is not None and any(t in (specials.pad, specials.start, specials.eos)
+                                             for p in self.prefixes for t in p):
+            raise ValueError("a prefix cannot contain PAD, the start token or EOS")
+        if self.constraints is not None:
+            raise ValueError("lexical constraints are not searched yet (nmt/constraints.py)")
+
+
+NO_INPUTS = SearchInputs()
+
+
+def _check_common(o: SearchOptions) -> None:
+    if o.min_len < 0:
+        raise ValueError(f"min_len must be >= 0, got {o.min_len}")
+    if o.no_repeat_ngram < 0:
+        raise ValueError(f"no_repeat_ngram must be >= 0, got {o.no_repeat_ngram}")
+    if o.beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {o.beam_size}")
+    if o.length_penalty_type not in PENALTY_TYPES:
+        raise ValueError(f"unknown length_penalty_type {o.length_penalty_type!r} "
+                         f"(expected one of {', '.join(PENALTY_TYPES)})")
+    if o.length_penalty < 0:
+        raise ValueError(f"length_penalty must be >= 0, got {o.length_penalty}")
+    if o.stopping not in STOPPING:
+        raise ValueError(f"unknown stopping {o.stopping!r} (expected one of {', '.join(STOPPING)})")
+    if o.keep_all and o.stopping != "exact":
+        raise ValueError("keep_all needs stopping='exact' (the hf rule depends on the length penalty)")
+
+
+def _check_sampling(o: SearchOptions) -> None:
+    if o.sampling not in SAMPLING:
+        raise ValueError(f"unknown sampling {o.sampling!r} (expected none or one of {', '.join(SAMPLING)})")
+    if o.nbest < 1 or o.topk < 1 or not 0.0 < o.topp <= 1.0 or not o.temperature > 0.0:
+        raise ValueError(f"need samples (nbest) >= 1, topk >= 1, 0 < topp <= 1, temperature > 0; got {o.nbest}, "
+                         f"{o.topk}, {o.topp}, {o.temperature}")
+
+
+def _check_beam(o: SearchOptions) -> None:
+    if not 1 <= o.nbest <= o.beam_size:
+        raise ValueError(f"nbest must be between 1 and beam_size={o.beam_size}, got {o.nbest}")
+    if not o.patience >= 0 or (o.beam_size > 1 and o.patience > 0 and max_finished(o.beam_size, o.patience) < 1):
+        raise ValueError(f"patience must be 0 or leave round(beam_size * patience) >= 1, got {o.patience}")
+
+
+def max_output_lengths(src_lengths: Sequence[int] | Tensor, max_len_a: float, max_len_b: int,
+                       max_positions: int, prefixes: Sequence[list[int]] | None = None) -> list[int]:
+    """Maximum output length per sentence, EOS counted: min(floor(a * src_len + b), max_positions - 1),
+    at least 1, and with a prefix at least len(prefix) + 1 (room for the prefix and an EOS); src_len
+    counts the source's EOS (the engines share this formula)."""
+    lengths = src_lengths.tolist() if isinstance(src_lengths, Tensor) else list(src_lengths)
+    cap = max(max_positions - 1, 1)
+    limits = [max(1, min(math.floor(max_len_a * n + max_len_b), cap)) for n in lengths]
+    if prefixes is not None:
+        limits = [min(max(n, len(p) + 1), cap) for n, p in zip(limits, prefixes)]
+    return limits
+
+
+def length_penalty_factor(length: int | Tensor, alpha: float, kind: str) -> float | Tensor:
+    """Divisor of a hypothesis' log_prob; length = generated tokens including EOS.
+
+    gnmt: ((5 + length) / 6) ** alpha (Wu et al., 2016); average: length ** alpha; none: 1.
+    Non-decreasing in length for alpha >= 0 (beam search's early stop relies on it).
+    """
+    if kind == "none" or alpha == 0:
+        return torch.ones_like(length, dtype=torch.float) if isinstance(length, Tensor) else 1.0
+    if kind == "gnmt":
+        return ((5 + length) / 6) ** alpha
+    if kind == "average":
+        return length ** alpha
+    raise ValueError(f"unknown length_penalty_type {kind!r} (expected one of {', '.join(PENALTY_TYPES)})")
