@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,7 @@ import torch
 from torch import nn
 
 from nmt.errors import UserError
-from nmt.textio import atomic_file, fsync_dir
+from nmt.textio import atomic_file, link_file
 
 FORMAT = "nmt-checkpoint"
 VERSION = 1
@@ -67,21 +66,9 @@ def _os_error_in(e: BaseException) -> OSError | None:
 
 
 def link_checkpoint(src: str, dst: str) -> None:
-    """Make `dst` hold the same content as the finished file `src`, atomically.
-
-    A hard link when the file system allows it (no copy; later `os.replace` of
-    `src` does not touch `dst`), else a copy. Either way via a temporary name.
-    """
-    directory = os.path.dirname(os.path.abspath(dst))
-    tmp = os.path.join(directory, f"{TEMP_PREFIX}link-{os.getpid()}-{os.path.basename(dst)}.tmp")
-    if os.path.exists(tmp):
-        os.unlink(tmp)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-    fsync_dir(directory)
+    """Make `dst` hold the same content as the finished file `src`, atomically (`textio.link_file`:
+    a hard link where the file system allows it, else a copy; either way via a temporary name)."""
+    link_file(src, dst, temp=f"{TEMP_PREFIX}link-{os.getpid()}-{os.path.basename(dst)}.tmp")
 
 
 def remove_temporaries(directory: str) -> int:
