@@ -93,6 +93,7 @@ class Tokenizer:
     """
 
     specials = NMT_SPECIALS  # the ids of every SentencePiece model nmt uses (checked on load)
+    free_language_token = False  # a multilingual model trained here learns its language token (nmt/languages.py)
 
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, *, threads: int = 1,
                  languages: dict[str, int] | None = None, default_tgt_lang: str | None = None):
