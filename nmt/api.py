@@ -80,14 +80,16 @@ class Translator:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         return decode
 
-    def check_language(self, **decode_options: Any) -> None:
-        """UserError unless the calls with these options have a target language to translate into
-        (a multilingual model needs `tgt_lang` unless it has a default; nmt/languages.py)."""
-        target_prefix(self._engine.tokenizer, self.decode_settings(**decode_options).tgt_lang)
+    def check_language(self, settings: DecodeConfig | None = None, **decode_options: Any) -> None:
+        """UserError unless the calls with these options (or `settings`, as `translate` takes them) have
+        a target language to translate into (a multilingual model needs `tgt_lang` unless it has a
+        default; nmt/languages.py)."""
+        target_prefix(self._engine.tokenizer, self._given(settings, decode_options).tgt_lang)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
-                  cancel: Callable[[], bool] | None = None, **decode_options: Any) -> list[TranslationResult]:
+                  cancel: Callable[[], bool] | None = None, settings: DecodeConfig | None = None,
+                  **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
         first_line: the input line number of lines[0] (with sampling, a line's samples depend
@@ -95,12 +97,14 @@ class Translator:
         of several inputs in one call, as `nmt serve` gathers requests). on_batch(n): called as n
         more lines are done. cancel(): checked at every decoding step (CTranslate2: before each
         batch); when it returns True the call stops there and raises `nmt.errors.Cancelled` (how
-        `nmt serve` stops the work of a request nobody waits for any more). `lines` and `prefixes`
+        `nmt serve` stops the work of a request nobody waits for any more). settings: decode settings
+        this translator's `decode_settings` returned (validated there, so used as they are; how `nmt
+        serve` validates a request's options once), instead of decode_options. `lines` and `prefixes`
         are lists (any iterables) of str: one str, or an item that is not a str, is a one-line
         TypeError that names the argument."""
         lines = _texts(lines, "lines")
         prefixes = _texts(prefixes, "prefixes") if prefixes is not None else None
-        decode = self.decode_settings(**decode_options)
+        decode = self._given(settings, decode_options)
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
             if given is not None and len(given) != len(lines):
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
@@ -122,6 +126,16 @@ class Translator:
         decode = self.decode_settings(**decode_options)
         with _CALLS:
             return score_pairs(self._engine, sources, targets, decode, on_batch)
+
+
+    def _given(self, settings: DecodeConfig | None, decode_options: dict) -> DecodeConfig:
+        """The settings of a call: `settings` (validated by `decode_settings` already), else decode_options
+        applied and validated."""
+        if settings is None:
+            return self.decode_settings(**decode_options)
+        if not isinstance(settings, DecodeConfig) or decode_options:
+            raise TypeError("settings must be a DecodeConfig from decode_settings(), given without decode options")
+        return settings
 
 
 def _texts(value: Any, name: str) -> list[str]:

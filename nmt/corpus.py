@@ -16,8 +16,8 @@ The key hashes CACHE_VERSION, the split, each corpus' source fingerprint
 (`nmt.sources.source_fingerprint`: path, size, mtime, ctime and inode of each file) and tag,
 the tokenizer model bytes, the filter settings, `data.protect` and `data.terms` (nmt/data.py); term
 annotations (`annotate_chunk`) change the sources of pairs the filters kept as plain pairs. Files
-are written under `.tmp` names and renamed; the .json marker comes last, so an entry is complete
-only when its .json exists. A write error (disk full) is an OSError naming the cache file. A
+are written through `nmt.textio.atomic_file` (temporary names, renamed); the .json marker comes
+last, so an entry is complete only when its .json exists. A write error (disk full) is an OSError naming the cache file. A
 cache miss first removes every file of the split (stale entries, partial writes); when the run
 directory held an entry of the split before and the new arrays differ from it (their digest), one
 log line says so: a resumed run then does not continue exactly.
@@ -54,7 +54,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from nmt import sources
+from nmt import sources, textio
 from nmt.errors import UserError
 from nmt.tokens import TokenizerLike
 
@@ -301,15 +301,29 @@ def _naming(path: str) -> Iterator[None]:
         raise OSError(e.errno, e.strerror, path) from None
 
 
+class _Aborted(Exception):
+    """Thrown into the cache files' writers by `_Writer.abort`: they remove their temporary files."""
+
+
 class _Writer:
-    """Appends pairs to the temporary files of one cache entry; `commit` renames them and writes the marker."""
+    """Appends pairs to the six files of one cache entry, each written through `textio.atomic_file`
+    (a temporary `<split>-<key>.<array>.bin.*.tmp` beside it, which `remove_split` also matches); `commit`
+    renames them into place and writes the marker last, `abort` removes them."""
 
     def __init__(self, prefix: str, dtypes: dict[str, np.dtype]):
         self.prefix, self.dtypes = prefix, dtypes
         self.files: dict[str, BinaryIO] = {}
-        for name in ARRAYS:
-            with _naming(f"{prefix}.{name}.bin"):
-                self.files[name] = open(f"{prefix}.{name}.bin.tmp", "wb")
+        self._writers: dict[str, contextlib.AbstractContextManager] = {}  # the atomic_file of each open file
+        try:
+            for name in ARRAYS:
+                path = f"{prefix}.{name}.bin"
+                writer = textio.atomic_file(path, prefix=os.path.basename(path) + ".")
+                with _naming(path):
+                    self.files[name] = writer.__enter__()
+                self._writers[name] = writer
+        except BaseException:
+            self.abort()
+            raise
         self.hashes = {name: hashlib.sha256() for name in ARRAYS}
         self.length = dict.fromkeys(ARRAYS, 0)
         self.end = dict.fromkeys(SIDES, 0)  # tokens written per side
@@ -331,27 +345,23 @@ class _Writer:
         self.end[side] += int(lens.sum())
 
     def commit(self, stats: dict) -> str:
-        """Close, rename, write the marker; returns the digest of the arrays."""
-        for name, f in self.files.items():
-            with _naming(f"{self.prefix}.{name}.bin"):
-                f.close()  # flushes: a full disk may show only now
+        """Close and rename the files, write the marker; returns the digest of the arrays."""
         for name in ARRAYS:
-            os.replace(f"{self.prefix}.{name}.bin.tmp", f"{self.prefix}.{name}.bin")
+            with _naming(f"{self.prefix}.{name}.bin"):
+                self._writers.pop(name).__exit__(None, None, None)  # flushes (a full disk may show only now), renames
         digest = array_digest({name: h.hexdigest() for name, h in self.hashes.items()})
         meta = {"version": CACHE_VERSION, "stats": stats, "digest": digest,
                 "arrays": {n: {"dtype": self.dtypes[n].name, "length": self.length[n]} for n in ARRAYS}}
-        with _naming(self.prefix + ".json"), open(self.prefix + ".json.tmp", "w", encoding="utf-8") as f:
-            json.dump(meta, f)
-        os.replace(self.prefix + ".json.tmp", self.prefix + ".json")
+        with _naming(self.prefix + ".json"):
+            textio.write_file(self.prefix + ".json", json.dumps(meta).encode())
         return digest
 
     def abort(self) -> None:
-        for name, f in self.files.items():
-            with contextlib.suppress(OSError):  # a full disk fails the flush again: the file goes anyway
-                f.close()
-        for name in ARRAYS:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(f"{self.prefix}.{name}.bin.tmp")
+        """Close and remove the files not renamed yet."""
+        while self._writers:
+            _, writer = self._writers.popitem()
+            with contextlib.suppress(OSError, _Aborted):  # a full disk fails the flush again: the file goes anyway
+                writer.__exit__(_Aborted, _Aborted(), None)
 
 
 def _empty_error(split: str, src: Source, counts: dict, max_len: int, max_ratio: float | None) -> UserError:

@@ -39,7 +39,7 @@ from nmt.config import Config, CorpusConfig, DataConfig
 from nmt.corpus import EncodedCorpus, Source, cache_prefix, cached_split, chunked
 from nmt.errors import UserError
 from nmt.glossary import read_glossary
-from nmt.languages import target_prefix
+from nmt.languages import target_languages
 from nmt.protect import PLACEHOLDERS
 from nmt.sources import file_fingerprint, iter_pairs, read_corpus, source_fingerprint
 from nmt.tokenizer import check_tags, train_tags
@@ -96,9 +96,10 @@ def language_prefix(cfg: Config, tokenizer: TokenizerLike, corpus: CorpusConfig 
     """The language token before every target of a corpus of a multilingual model (nmt/languages.py):
     the token of the corpus' target language (default data.tgt_lang); () for a tokenizer without
     language tokens (`load_data` refuses one for a multilingual config)."""
-    if not tokenizer.languages:
+    languages = target_languages(tokenizer, cfg)
+    if not languages.multilingual:
         return ()
-    return tuple(target_prefix(tokenizer, cfg.data.langs(corpus)[1] if corpus is not None else cfg.data.tgt_lang))
+    return tuple(languages.prefix(cfg.data.langs(corpus)[1] if corpus is not None else cfg.data.tgt_lang))
 
 
 def _load_train(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callable[[str], None]) -> EncodedCorpus:
@@ -215,7 +216,7 @@ def load_data(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callable
     """
     d = cfg.data
     check_tags(tokenizer, train_tags(cfg), "in use")
-    if d.multilingual and not tokenizer.languages:
+    if d.multilingual and not target_languages(tokenizer).multilingual:
         raise UserError(f"data.train has {len(d.target_languages)} target languages ({', '.join(d.target_languages)}) "
                         "but the tokenizer in use has no language tokens (it was made for a bilingual model, e.g. a "
                         "fine-tuning source's)")

@@ -3,7 +3,7 @@
 
 - `nmt_export.json` (`METADATA_FILE`) marks a directory nmt wrote: a CTranslate2 export's holds the checkpoint's
   config (`FORMAT`, `VERSION`; `read_metadata` reads and checks it), a Hugging Face export's says "nmt-hf".
-  `langid.json` (`LANGID_FILE`): the checkpoint's language identifier, when it has one.
+  `langid.json` (`LANGID_FILE`, `read_langid`): the checkpoint's language identifier, when it has one.
 - Before writing: `check_export_paths` (the output directory is not, and does not hold, the checkpoint),
   `check_output_dir` (only an earlier export or an empty directory is replaced, and only with --force),
   `check_finite` (no NaN or infinite weight is exported, nor imported). The directory itself is written
@@ -64,6 +64,15 @@ def read_metadata(model_dir: str) -> dict[str, Any]:
     if meta.get("format") != FORMAT or meta.get("version", 0) > VERSION:
         raise UserError(f"{path}: unsupported export format {meta.get('format')!r} version {meta.get('version')}")
     return meta
+
+
+def read_langid(model_dir: str) -> dict | None:
+    """The language identifier an export holds (`LANGID_FILE`, `LanguageIdentifier.to_dict()`), or None."""
+    path = os.path.join(model_dir, LANGID_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def check_finite(state: dict, what: str) -> None:

@@ -60,7 +60,8 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
         raise UserError(f"train.init_from {path} lies inside this run's directory {run_dir}: a fine-tuning run needs "
                         "its own run directory (choose another name or output_dir)")
     source = ckpt.load_checkpoint(path, mmap=True)
-    saved = source["config"]
+    record = ckpt.read_record(source)
+    saved = record.config
     new = to_dict(cfg)
     theirs = saved.get("model", {})
     diff = [f"model.{k}: {theirs.get(k)!r} in the checkpoint, {v!r} in the config" for k, v in new["model"].items()
@@ -72,28 +73,28 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
     mine = {k: v for k, v in new["data"]["tokenizer"].items() if k not in TOKENIZER_MAY_DIFFER}
     theirs = {k: v for k, v in saved.get("data", {}).get("tokenizer", {}).items() if k not in TOKENIZER_MAY_DIFFER}
     diff = [f"data.tokenizer.{k}" for k in mine if theirs.get(k) != mine[k]]
-    kind = source["tokenizer"].get("kind", "spm")
+    kind = record.tokenizer.get("kind", "spm")
     if kind != "spm":
-        _check_imported(cfg, path, source, diff)
+        _check_imported(cfg, path, record, diff)
     elif diff:
         raise UserError(f"train.init_from {path}: {', '.join(diff)} differ from the checkpoint's; a fine-tuning "
                         "run uses its source's tokenizer: copy the source's data.tokenizer section")
     kept = [r for r in RESETS if r not in cfg.train.init_reset]
-    if kept and "train_state" not in source:
+    if kept and record.train_state is None:
         raise UserError(f"train.init_from {path} has no training state (an averaged checkpoint?): it cannot carry "
                         f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
-    _check_steps_left(cfg, path, int(source.get("step", 0)))
+    _check_steps_left(cfg, path, int(record.step or 0))
     return grow.grow_source(cfg, source, log)
 
 
-def _check_imported(cfg: Config, path: str, source: dict, diff: list[str]) -> None:
+def _check_imported(cfg: Config, path: str, source: ckpt.ModelRecord, diff: list[str]) -> None:
     """A source whose tokenizer was imported from Hugging Face (nmt import): that tokenizer is used as
     it is, so data.tokenizer must say nothing else than the checkpoint's (its defaults, with `joint`
     telling whether source and target share one vocabulary); an M2M100/NLLB tokenizer puts its source
     language token first, so data.src_lang must be the language it was imported with."""
-    tok = source["tokenizer"]
+    tok = source.tokenizer
     if diff:
-        joint = source["config"]["data"]["tokenizer"]["joint"]
+        joint = source.config["data"]["tokenizer"]["joint"]
         raise UserError(f"train.init_from {path}: its tokenizer was imported from Hugging Face ({tok['kind']}) and is "
                         f"used as it is (nothing is trained): leave {', '.join(diff)} out of data.tokenizer (only "
                         f"threads and add_pieces may be set{'' if joint else '; joint: false, its vocabularies are separate'})")
@@ -117,8 +118,9 @@ def _check_steps_left(cfg: Config, path: str, source_step: int) -> None:
 def apply(source: dict, cfg: Config, model, optimizer, scheduler) -> int:
     """Load the source's weights (and what init_reset leaves out) into the fresh run's objects;
     returns the step count to start from (0 unless counters are carried over)."""
-    model.load_state_dict(source["model"])
-    reset, ts = cfg.train.init_reset, source.get("train_state", {})
+    start = ckpt.read_record(source)
+    model.load_state_dict(start.model)
+    reset, ts = cfg.train.init_reset, start.train_state or {}
     if "optimizer" not in reset:
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         optimizer.load_state_dict(ts["optimizer"])
@@ -131,4 +133,4 @@ def apply(source: dict, cfg: Config, model, optimizer, scheduler) -> int:
         for group, base, fn in zip(optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
             group["lr"] = base * fn(scheduler.last_epoch)
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-    return int(source.get("step", 0)) if "counters" not in reset else 0
+    return int(start.step or 0) if "counters" not in reset else 0

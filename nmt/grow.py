@@ -71,6 +71,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from sentencepiece import sentencepiece_model_pb2 as pb
 
+from nmt.checkpoint import tokenizer_entries
 from nmt.config import Config, replace
 from nmt.errors import UserError
 from nmt.tokenizer import Tokenizer, language_symbol, train_sentencepiece
@@ -389,8 +390,7 @@ def grow_source(cfg: Config, source: dict, log: Callable[[str], None] = print) -
     tokenizer, src, tgt = grow(old, cfg, plan, new_codes, log, notes)
     state = grow_weights(source["model"], src, tgt)
     _log_growth(cfg, old, tokenizer, plan, new_codes, log, notes)
-    return {**source, "model": state, "tokenizer": tokenizer.to_bytes(),
-            "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}}
+    return {**source, "model": state, **tokenizer_entries(tokenizer)}
 
 
 def _note(what: str, result: Grown) -> str:

@@ -37,6 +37,7 @@ import os
 from nmt import textio
 from nmt.errors import UserError
 from nmt.export_dir import METADATA_FILE, check_finite, check_output_dir
+from nmt.languages import target_languages
 
 TOKENIZER_CLASS = {"marian": "MarianTokenizer", "m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer"}
 
@@ -65,7 +66,7 @@ def tokenizer_files(tokenizer, cfg) -> dict[str, bytes]:
 def _imported_tokenizer_config(tokenizer, d, files: dict[str, bytes]) -> dict:
     if tokenizer.kind == "marian":
         return {"source_lang": d.src_lang, "target_lang": d.tgt_lang, "separate_vocabs": not tokenizer.joint}
-    src, tgt = tokenizer.settings["src_lang"], tokenizer.default_tgt_lang
+    src, tgt = tokenizer.settings["src_lang"], target_languages(tokenizer).default
     if tokenizer.kind == "nllb":
         if "tokenizer.json" not in files:
             raise UserError("cannot export to Hugging Face: this NLLB tokenizer was imported without tokenizer.json, "
@@ -127,8 +128,9 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
         gen["no_repeat_ngram_size"] = decode.no_repeat_ngram
     if decode.min_len:
         gen["min_length"] = decode.min_len + 1  # counts the decoder start
-    if tokenizer.languages and tokenizer.default_tgt_lang:
-        gen["forced_bos_token_id"] = tokenizer.languages[tokenizer.default_tgt_lang]
+    languages = target_languages(tokenizer)
+    if languages.multilingual and languages.default:
+        gen["forced_bos_token_id"] = languages.tokens[languages.default]
     return gen, notes
 
 

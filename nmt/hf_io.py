@@ -18,9 +18,13 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from nmt.errors import UserError
+from nmt.languages import target_languages
+
+if TYPE_CHECKING:
+    from nmt.checkpoint import ModelRecord
 
 WEIGHTS_FIRST = ["*.safetensors", "*.safetensors.index.json"]  # transformers' preference
 WEIGHTS_LAST = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*.bin"]
@@ -188,8 +192,9 @@ def _languages(model_dir: str, tokenizer, src_lang: str | None, tgt_lang: str | 
     """(source, target) language codes for the data section. A MarianMT model is bilingual: it translates
     the pair its tokenizer_config.json names (source_lang / target_lang), and --src-lang / --tgt-lang only
     name that pair: a flag that contradicts the file, or is not a language code, is refused (one line)."""
-    if tokenizer.languages:
-        return tokenizer.settings["src_lang"], tokenizer.default_tgt_lang
+    languages = target_languages(tokenizer)
+    if languages.multilingual:
+        return tokenizer.settings["src_lang"], languages.default
     from nmt.hf_tokenizer import read_json
     from nmt.schema import LANG_FORMAT
 
@@ -213,9 +218,9 @@ def _languages(model_dir: str, tokenizer, src_lang: str | None, tgt_lang: str | 
 
 
 def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | None = None,
-                 model_dir: str | None = None) -> tuple[dict, list[str]]:
-    """(checkpoint dict, notes) for a Hugging Face model directory or hub id (model_dir: where
-    `model_directory(source)` already put it)."""
+                 model_dir: str | None = None) -> tuple[ModelRecord, list[str]]:
+    """(checkpoint record: `nmt.checkpoint.ModelRecord`, notes) for a Hugging Face model directory or hub
+    id (model_dir: where `model_directory(source)` already put it)."""
     from nmt.hf import architecture, import_weights, read_config
     from nmt.hf_tokenizer import read_tokenizer
 
@@ -235,9 +240,9 @@ def import_model(source: str, *, src_lang: str | None = None, tgt_lang: str | No
     model, arch, _ = import_weights(model_dir)
     name = re.sub(r"[^\w.-]+", "-", source.strip("/").rsplit("/", 1)[-1]) or "imported"
     cfg = imported_config(arch, tokenizer, src, tgt, decode, name)
-    from nmt.config import to_dict
+    from nmt.checkpoint import record
 
-    state = {"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
-             "vocab": {"src": arch.src_vocab_size, "tgt": arch.tgt_vocab_size}, "step": 0, "epoch": 0,
-             "imported_from": {"source": source, "family": arch.family, "tokenizer": tokenizer.kind}}
+    # (the tokenizer's vocabulary sizes are the model's: hf_tokenizer reads them from the same config.json)
+    state = record(model.state_dict(), tokenizer, cfg,
+                   imported_from={"source": source, "family": arch.family, "tokenizer": tokenizer.kind})
     return state, notes

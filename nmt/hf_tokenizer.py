@@ -104,16 +104,13 @@ class HFTokenizer:
 
     def save(self, directory: str, settings: dict | None = None) -> None:
         """The tokenizer files (names as in the Hugging Face directory) and hf_tokenizer.json, each
-        written under a temporary name and renamed; hf_tokenizer.json last. (`settings`: unused,
+        written atomically (`textio.write_file`); hf_tokenizer.json last. (`settings`: unused,
         accepted for nmt.tokenizer.Tokenizer's signature.)"""
         os.makedirs(directory, exist_ok=True)
         meta = {k: v for k, v in self.to_bytes().items() if k != "files"}
         meta["files"] = sorted(self.files)
         for name, data in [*self.files.items(), (SETTINGS_FILE, json.dumps(meta, indent=1).encode())]:
-            path = os.path.join(directory, name)
-            with open(path + ".tmp", "wb") as f:
-                f.write(data)
-            os.replace(path + ".tmp", path)
+            textio.write_file(os.path.join(directory, name), data)
 
     def vocab_pieces(self) -> tuple[list[str], list[str]]:
         """(source, target) piece of every id of the model's vocabularies, in id order (unused ids get

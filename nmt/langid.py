@@ -33,6 +33,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from nmt.errors import UserError
+from nmt.languages import target_languages
 
 FORMAT = "nmt-langid-nb/1"
 # off_target's default margin (nats). On the gettext test split (trained on its train split; means
@@ -138,7 +139,7 @@ def off_target(hyps: Sequence[str], lang: str, identifier: LanguageIdentifier,
 def wanted(cfg, tokenizer) -> bool:
     """Whether a run trains an identifier: `data.langid`, or when that is null, a multilingual model
     (a tokenizer with target-language tokens)."""
-    return cfg.data.langid if cfg.data.langid is not None else bool(tokenizer.languages)
+    return cfg.data.langid if cfg.data.langid is not None else target_languages(tokenizer).multilingual
 
 
 def run_texts(cfg) -> dict[str, list]:

@@ -14,35 +14,83 @@ multilingual models it trains, so `--tgt-lang` (`decode.tgt_lang`) means the sam
 - Imported M2M100/NLLB models (nmt/hf_tokenizer.py, `free_language_token`) score the forced token as
   transformers' generate() does (`forced_bos_token_id`): its log-probability counts 0 in the search's
   log_prob and score (`free_prefix`); `nmt score` still counts it (Hugging Face's labels do).
+
+What a model translates into is read in one way: `target_languages(tokenizer, cfg)` for a loaded model,
+`stored_target_languages(entry, config)` for what a checkpoint or an export stores (the tokenizer's
+`languages` and `default_tgt_lang`, the config's data.tgt_lang); both give a `TargetLanguages`. The
+tokenizer holds the language tokens; nothing else keeps a copy of what they mean.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
 from nmt.errors import UserError
 
 
+@dataclass(frozen=True)
+class TargetLanguages:
+    """What a model translates into (`target_languages`, `stored_target_languages`)."""
+
+    tokens: Mapping[str, int] = field(default_factory=dict)  # {code: id of its token}; {} for a bilingual model
+    default: str | None = None  # what it translates into without tgt_lang: a multilingual model's default
+    # language (None: it has none), a bilingual model's data.tgt_lang (None when no config was given)
+    free: bool = False  # the forced language token counts log-probability 0 in searches (imported M2M100/NLLB)
+
+    @property
+    def multilingual(self) -> bool:
+        """Whether the model has target-language tokens (one is forced first in every output)."""
+        return bool(self.tokens)
+
+    def prefix(self, tgt_lang: str | None) -> list[int]:
+        """The forced first target token(s) for `tgt_lang`: [] for a bilingual model; [id] for a
+        multilingual one (tgt_lang, else the default). One-line UserError when the language is
+        missing, unknown, or given to a bilingual model."""
+        if not self.tokens:
+            if tgt_lang is None:
+                return []
+            raise UserError(f"--tgt-lang {tgt_lang}: this model translates into one language only (it has no "
+                            "target-language tokens); leave --tgt-lang out")
+        code = tgt_lang if tgt_lang is not None else self.default
+        known = ", ".join(sorted(self.tokens))
+        if code is None:
+            raise UserError(f"this model translates into {len(self.tokens)} languages: choose one with --tgt-lang "
+                            f"({known})")
+        if code not in self.tokens:
+            raise UserError(f"unknown target language {code!r} for this model (it knows: {known})")
+        return [self.tokens[code]]
+
+
+def _languages(tokens: Mapping[str, int] | None, default: str | None, bilingual: str | None,
+               free: bool = False) -> TargetLanguages:
+    """The one rule: a model with language tokens translates into those (default: its default language);
+    one without, into its config's data.tgt_lang."""
+    tokens = dict(tokens or {})
+    return TargetLanguages(tokens, default if tokens else bilingual, free and bool(tokens))
+
+
+def target_languages(tokenizer, cfg: Any = None) -> TargetLanguages:
+    """What the model of `tokenizer` (nmt's or an imported one: `languages`, `default_tgt_lang`,
+    `free_language_token`) translates into; `cfg`: its Config, for a bilingual model's data.tgt_lang."""
+    return _languages(tokenizer.languages, tokenizer.default_tgt_lang, cfg.data.tgt_lang if cfg is not None else None,
+                      tokenizer.free_language_token)
+
+
+def stored_target_languages(entry: Mapping[str, Any], config: Mapping[str, Any]) -> TargetLanguages:
+    """The same from what a file stores: `entry` holds the tokenizer's `languages` and `default_tgt_lang`
+    (a checkpoint's `tokenizer` entry, an export's nmt_export.json), `config` the model's config dict."""
+    return _languages(entry.get("languages"), entry.get("default_tgt_lang"), (config.get("data") or {}).get("tgt_lang"))
+
+
 def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
-    """The forced first target token(s) for `tgt_lang`: [] for a bilingual model; [id] for a
-    multilingual one (tgt_lang, else the model's default). One-line UserError when the language
-    is missing, unknown, or given to a bilingual model."""
-    languages = getattr(tokenizer, "languages", None) or {}
-    if not languages:
-        if tgt_lang is None:
-            return []
-        raise UserError(f"--tgt-lang {tgt_lang}: this model translates into one language only (it has no "
-                        "target-language tokens); leave --tgt-lang out")
-    code = tgt_lang if tgt_lang is not None else tokenizer.default_tgt_lang
-    known = ", ".join(sorted(languages))
-    if code is None:
-        raise UserError(f"this model translates into {len(languages)} languages: choose one with --tgt-lang ({known})")
-    if code not in languages:
-        raise UserError(f"unknown target language {code!r} for this model (it knows: {known})")
-    return [languages[code]]
+    """`TargetLanguages.prefix` of the model of `tokenizer`: [] for a bilingual model, [the language
+    token] for a multilingual one (one-line UserError when the language is missing or unknown)."""
+    return target_languages(tokenizer).prefix(tgt_lang)
 
 
 def free_prefix(tokenizer, prefixes) -> int:
     """How many leading forced tokens count log-probability 0 in a search: 1 (the language token,
     which the text pipeline puts first in every prefix) for a tokenizer that says so
     (`free_language_token`: imported M2M100/NLLB), else 0."""
-    free = getattr(tokenizer, "free_language_token", False) and getattr(tokenizer, "languages", None)
-    return 1 if free and prefixes is not None else 0
+    return 1 if target_languages(tokenizer).free and prefixes is not None else 0

@@ -106,9 +106,9 @@ def best_steps(history: list, k: int, higher_is_better: bool) -> set[int]:
     return {int(step) for step, _ in ranked[:k]}
 
 
-def save_checkpoints(run_dir: str, payload: dict, step: int, *, improved: bool, keep_last: int,
+def save_checkpoints(run_dir: str, payload: ckpt.ModelRecord, step: int, *, improved: bool, keep_last: int,
                      with_step: bool, keep_steps: set[int] = frozenset()) -> None:
-    """latest.pt always; step_N.pt and best.pt as hard links of it. Step files are kept for the
+    """latest.pt always (the record `payload`); step_N.pt and best.pt as hard links of it. Step files are kept for the
     last `keep_last` steps and for `keep_steps` (the best validations, train.keep_best)."""
     d = os.path.join(run_dir, "checkpoints")
     latest = os.path.join(d, "latest.pt")

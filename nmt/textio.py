@@ -13,11 +13,13 @@ Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`; `read_json`
 - every problem is a one-line `UserError` naming the file: not found, a directory,
   invalid UTF-8 (with the line number), not gzip or truncated gzip.
 
-Writing (`open_output`, `write_lines`, through `atomic_file`): a file is written to a temporary
-name in its directory and renamed into place only when everything was written, so a
+Writing (`open_output`, `write_lines`, `write_file`, through `atomic_file`): a file is written to a
+temporary name in its directory and renamed into place only when everything was written, so a
 failure (disk full, Ctrl-C, a bad input line) never leaves a half-written file
 that could be taken for a result. Standard output, devices and pipes are
-written directly. `atomic_dir` does the same for a directory (exports).
+written directly. `atomic_dir` does the same for a directory (exports), `link_file` for a second
+name of a finished file (checkpoints). These are nmt's only temporary-name-and-rename writers:
+every other module writes through them (tests/test_textio.py checks).
 
 `check_paths` runs before any work: inputs must exist, and no output may be the
 same file as an input (also through symlinks, standard input or standard output), nor the
@@ -275,6 +277,29 @@ def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
         raise
     if fsync:
         fsync_dir(directory)
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write `data` to `path` through `atomic_file` (a file written whole, never half)."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def link_file(src: str, dst: str, *, temp: str) -> None:
+    """Make `dst` hold the content of the finished file `src`, atomically: a hard link (no copy;
+    a later rename over `src` does not touch `dst`), else a copy, made under the temporary name
+    `temp` (in `dst`'s directory; an old one is removed first) and renamed over `dst`; the
+    directory entry is flushed to disk."""
+    directory = os.path.dirname(os.path.abspath(dst))
+    tmp = os.path.join(directory, temp)
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+    fsync_dir(directory)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from nmt import textio
 from nmt.config import Config, TokenizerConfig, to_dict
 from nmt.errors import UserError
 from nmt.layout import BOS_ID, EOS_ID, NMT_SPECIALS, PAD_ID, UNK_ID
@@ -169,7 +170,7 @@ class Tokenizer:
     def save(self, run_dir: str, settings: dict | None = None) -> None:
         """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, then `settings` as spm.json.
 
-        Each file is written to a temporary name and renamed. spm.json, an imported tokenizer's
+        Each file is written atomically (`textio.write_file`). spm.json, an imported tokenizer's
         hf_tokenizer.json and the other layout's model files are removed first and spm.json is
         written last, so a model is never described by older settings.
         """
@@ -181,10 +182,7 @@ class Tokenizer:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(run_dir, name))
         for name, data in files + ([(SETTINGS_FILE, json.dumps(settings, indent=1).encode())] if settings else []):
-            path = os.path.join(run_dir, name)
-            with open(path + ".tmp", "wb") as f:
-                f.write(data)
-            os.replace(path + ".tmp", path)
+            textio.write_file(os.path.join(run_dir, name), data)
 
     @classmethod
     def load(cls, run_dir: str, *, threads: int = 1) -> "Tokenizer | None":

@@ -169,21 +169,21 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
                     optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema)
 
 
-def _build_ema(cfg: Config, model, saved: dict | None) -> EMA | None:
+def _build_ema(cfg: Config, model, saved: ckpt.ModelRecord | None) -> EMA | None:
     """train.ema_decay's average: from the model's weights, or (resuming a run that kept one) from latest.pt."""
     if not cfg.train.ema_decay:
         return None
     ema = EMA(model, cfg.train.ema_decay)
-    ts = saved["train_state"] if saved is not None else {}
+    ts = saved.train_state if saved is not None else {}
     if "ema" in ts:
-        ema.load(saved["model"], int(ts["ema"]["updates"]))
+        ema.load(saved.model, int(ts["ema"]["updates"]))
     return ema
 
 
-def _load_latest(run_dir: str) -> dict:
+def _load_latest(run_dir: str) -> ckpt.ModelRecord:
     latest = os.path.join(run_dir, "checkpoints", "latest.pt")
-    saved = ckpt.load_checkpoint(latest)
-    if "train_state" not in saved:
+    saved = ckpt.load_record(latest, mmap=False)
+    if saved.train_state is None:
         raise UserError(f"cannot resume from {latest}: it has no training state (an averaged checkpoint?); "
                         "--resume needs a checkpoint written by nmt train (to start a new run from these "
                         "weights, set train.init_from)")
@@ -211,7 +211,7 @@ def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
         raise UserError(f"cannot resume from {path}: the model config changed ({shown})")
 
 
-def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger, env: DistEnv,
+def _prepare_data(cfg: Config, run_dir: str, saved: ckpt.ModelRecord | None, log: RunLogger, env: DistEnv,
                   source: dict | None = None):
     """(tokenizer, Data, language identifier or None): rank 0 trains/loads the tokenizer and encodes
     the corpora (cache files) while the others wait; then they get the tokenizer from rank 0 and
@@ -219,17 +219,18 @@ def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger,
     source's. Rank 0 also gets the language identifier (`_langid`); the other ranks None."""
     def on_main():
         if source is not None:
-            tokenizer = Tokenizer.from_bytes(source["tokenizer"], threads=cfg.data.tokenizer.threads)
+            start = ckpt.read_record(source)
+            tokenizer = Tokenizer.from_bytes(start.tokenizer, threads=cfg.data.tokenizer.threads)
             tokenizer.save(run_dir)
-            log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {source.get('step')}; "
+            log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {start.step}; "
                      f"fresh: {', '.join(cfg.train.init_reset) or 'nothing'})")
         elif saved is not None:
-            _check_same_model(saved["config"].get("model", {}), cfg, run_dir)
-            if saved["config"].get("data") != to_dict(cfg.data) or saved["config"].get("seed") != cfg.seed:
+            _check_same_model(saved.config.get("model", {}), cfg, run_dir)
+            if saved.config.get("data") != to_dict(cfg.data) or saved.config.get("seed") != cfg.seed:
                 log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
                          "continue exactly")
-            tokenizer = Tokenizer.from_bytes(saved["tokenizer"], threads=cfg.data.tokenizer.threads)
-            log.info(f"resuming {run_dir} from step {saved['step']}")
+            tokenizer = Tokenizer.from_bytes(saved.tokenizer, threads=cfg.data.tokenizer.threads)
+            log.info(f"resuming {run_dir} from step {saved.step}")
         else:
             log.info(f"new run in {run_dir}" + (f" ({env.world_size} processes)" if env.distributed else ""))
             tokenizer = build_tokenizer(cfg, run_dir, log.info)
@@ -246,13 +247,13 @@ def _prepare_data(cfg: Config, run_dir: str, saved: dict | None, log: RunLogger,
     return tokenizer, load_data(cfg, tokenizer, run_dir, lambda msg: None), None
 
 
-def _langid(cfg: Config, tokenizer: TokenizerLike, saved: dict | None, log: RunLogger) -> LanguageIdentifier | None:
+def _langid(cfg: Config, tokenizer: TokenizerLike, saved: ckpt.ModelRecord | None, log: RunLogger) -> LanguageIdentifier | None:
     """The run's language identifier when it wants one (`nmt.langid.wanted`): a resumed run's from its
     checkpoint, else trained on the training corpora (and logged)."""
     if not langid.wanted(cfg, tokenizer):
         return None
-    if saved is not None and saved.get("langid") is not None:
-        return LanguageIdentifier.from_dict(saved["langid"])
+    if saved is not None and saved.langid is not None:
+        return LanguageIdentifier.from_dict(saved.langid)
     t0 = time.perf_counter()
     ident = langid.for_run(cfg)
     log.info(f"language identifier: {', '.join(ident.langs)} ({len(ident.index):,} character n-grams, trained in "
@@ -260,11 +261,11 @@ def _langid(cfg: Config, tokenizer: TokenizerLike, saved: dict | None, log: RunL
     return ident
 
 
-def _restore(saved: dict, model, optimizer, scheduler, precision: Precision, cfg: Config, env: DistEnv,
+def _restore(saved: ckpt.ModelRecord, model, optimizer, scheduler, precision: Precision, cfg: Config, env: DistEnv,
              log: RunLogger) -> TrainState:
     """Load the training state of `saved` (latest.pt) into this rank; returns the counters."""
-    ts = saved["train_state"]
-    model.load_state_dict(ts.get("raw_model", saved["model"]))  # with train.ema_decay, `model` is the average
+    ts = saved.train_state
+    model.load_state_dict(ts.get("raw_model", saved.model))  # with train.ema_decay, `model` is the average
     optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
     if precision.scaler is not None and ts.get("scaler"):

@@ -25,7 +25,6 @@ from typing import Any, Callable
 from nmt import checkpoint as ckpt
 from nmt import distributed as dist
 from nmt import rundir
-from nmt.config import to_dict
 from nmt.data import epoch_batches
 from nmt.errors import UserError
 from nmt.layout import Batch, collate
@@ -320,20 +319,17 @@ class Trainer:
             rundir.save_checkpoints(self.tr.run_dir, self._payload(state, rngs), state.step, improved=improved,
                                     keep_last=self.t.keep_last, keep_steps=best, with_step=with_step)
 
-    def _payload(self, state: TrainState, rngs: list[dict]) -> dict:
-        """The checkpoint dict. rngs: every rank's RNG states (`rng` = rank 0's; `rng_ranks` = all,
-        when distributed)."""
+    def _payload(self, state: TrainState, rngs: list[dict]) -> ckpt.ModelRecord:
+        """The checkpoint's record (`checkpoint.record`). rngs: every rank's RNG states (`rng` = rank 0's;
+        `rng_ranks` = all, when distributed)."""
         tr = self.tr
         scaler = tr.precision.scaler
         model = ckpt.unwrap(tr.model)
         ema = {} if tr.ema is None else {"raw_model": model.state_dict(), "ema": {"updates": tr.ema.updates}}
-        return {
-            "model": model.state_dict() if tr.ema is None else tr.ema.state_dict(model), "config": to_dict(self.cfg),
-            "tokenizer": tr.tokenizer.to_bytes(),
-            "vocab": {"src": tr.tokenizer.src_vocab_size, "tgt": tr.tokenizer.tgt_vocab_size},
-            "step": state.step, "epoch": state.epoch, **({"langid": self.langid} if self.langid is not None else {}),
-            "train_state": {
-                "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **ema, **dataclasses.asdict(state)},
-        }
+        train_state = {
+            "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **ema, **dataclasses.asdict(state)}
+        weights = model.state_dict() if tr.ema is None else tr.ema.state_dict(model)
+        return ckpt.record(weights, tr.tokenizer, self.cfg, step=state.step, epoch=state.epoch, langid=self.langid,
+                           train_state=train_state)

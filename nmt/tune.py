@@ -352,16 +352,12 @@ def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str,
     (atomically; `output` may be `path`). Everything else is written back as it was read."""
     from nmt import checkpoint as ckpt
 
-    state = ckpt.load_checkpoint(path)
-    state.pop("format", None)
-    state.pop("version", None)
-    config = dict(state["config"])
-    config["decode"] = to_dict(decode_config(config.get("decode", {}), result.best.keys()))
-    state["config"] = config
-    state["tuned"] = {"settings": result.best.keys(), "metric": metric, "score": result.row.score, "dev": src,
-                      "lines": result.lines, "seconds": round(result.seconds, 1), "tgt_lang": result.tgt_lang,
-                      "table": [r.as_dict() for r in result.table]}
-    ckpt.save_checkpoint(state, output)
+    state = ckpt.load_record(path, mmap=False)
+    config = {**state.config, "decode": to_dict(decode_config(state.config.get("decode", {}), result.best.keys()))}
+    tuned = {"settings": result.best.keys(), "metric": metric, "score": result.row.score, "dev": src,
+             "lines": result.lines, "seconds": round(result.seconds, 1), "tgt_lang": result.tgt_lang,
+             "table": [r.as_dict() for r in result.table]}
+    ckpt.save_checkpoint(dataclasses.replace(state, config=config, tuned=tuned), output)
 
 
 def format_result(result: TuneResult, metric: str) -> str:

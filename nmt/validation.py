@@ -21,6 +21,7 @@ from torch import nn
 
 from nmt.config import Config
 from nmt.data import ValidSet, batch_indices
+from nmt.languages import target_languages
 from nmt.layout import iter_batches
 from nmt.logging_utils import RunLogger, format_stats
 from nmt.loss import label_smoothed_nll
@@ -130,7 +131,8 @@ def _bleu(model, cfg: Config, tokenizer, vs: ValidSet, device, precision: Precis
     n = cfg.train.valid_max_sentences or len(src)
     src, ref = src[:n], ref[:n]
     decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False,
-                                 protect=cfg.data.protect, tgt_lang=vs.tgt_lang if tokenizer.languages else None)
+                                 protect=cfg.data.protect,
+                                 tgt_lang=vs.tgt_lang if target_languages(tokenizer).multilingual else None)
     engine = TorchEngine(model, tokenizer, decode, search_ops(device), autocast=precision.dtype)
     out = [r[0] for r in translate_nbest(engine, src, decode, warn=log.info)]
     hyps = [t.text for t in out]

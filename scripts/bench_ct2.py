@@ -66,8 +66,8 @@ def build_random_checkpoint(directory: str, args) -> str:
     """A random-weight model of the requested size + an 8k joint SentencePiece model, saved as a checkpoint."""
     import torch
 
-    from nmt.checkpoint import save_checkpoint
-    from nmt.config import TokenizerConfig, config_from_dict, to_dict
+    from nmt.checkpoint import record, save_checkpoint
+    from nmt.config import TokenizerConfig, config_from_dict
     from nmt.model import Transformer
     from nmt.tokenizer import Tokenizer, train_sentencepiece
 
@@ -82,9 +82,7 @@ def build_random_checkpoint(directory: str, args) -> str:
     torch.manual_seed(0)
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     path = os.path.join(directory, "random.pt")
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
-                     "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
-                     "step": 0, "epoch": 0}, path)
+    save_checkpoint(record(model.state_dict(), tokenizer, cfg), path)
     return path
 
 

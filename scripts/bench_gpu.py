@@ -502,13 +502,13 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
     import torch
 
     from nmt import Translator
-    from nmt.checkpoint import load_checkpoint
+    from nmt.checkpoint import load_record
     from nmt.commands.export import export_command
     from nmt.tokenizer import Tokenizer
 
     lines = read_lines(os.path.join(BIBLE, "test.es.gz"), plan.sentences)
     L = plan.length
-    nmt_tokenizer = Tokenizer.from_bytes(load_checkpoint(checkpoint, mmap=True)["tokenizer"])
+    nmt_tokenizer = Tokenizer.from_bytes(load_record(checkpoint).tokenizer)
     hf_model = hf_tokenizer = None
     if have_hf:
         import transformers

@@ -54,7 +54,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(__file__))
-    from nmt.checkpoint import load_checkpoint
+    from nmt.checkpoint import load_record
     from nmt.textio import read_lines
 
     src, ref = read_lines(args.src), read_lines(args.ref)
@@ -63,7 +63,7 @@ def main() -> int:
     results = {}
     for path in args.checkpoint:
         res = sweep(path, src, ref)
-        res["step"] = load_checkpoint(path, mmap=True).get("step")
+        res["step"] = load_record(path).step
         results[path] = res
         print(f"{path} (step {res['step']}):", flush=True)
         for key, v in res.items():

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nmt.checkpoint import save_checkpoint
-from nmt.config import Config, TokenizerConfig, config_from_dict, to_dict
+from nmt.checkpoint import record, save_checkpoint
+from nmt.config import Config, TokenizerConfig, config_from_dict
 from nmt.data import EncodedCorpus
 from nmt.model import Transformer
 from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
@@ -166,9 +166,7 @@ def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = ()
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
     with torch.no_grad():  # flatter next-token distributions: varied outputs from an untrained model
         model.output_proj.weight.normal_(0.0, 0.3)
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
-                     "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size},
-                     "step": seed, "epoch": 0}, path)
+    save_checkpoint(record(model.state_dict(), tokenizer, cfg, step=seed), path)
     return path
 
 

@@ -3,6 +3,7 @@
 import math
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -141,7 +142,7 @@ def test_checkpoints_of_the_old_default_keep_their_positions(tmp_path, stored):
         state["config"]["model"].pop(key)
     state["config"]["model"].update(stored)
     ckpt.save_checkpoint(state, path)
-    model, _, cfg = ckpt.build_model_from_checkpoint(ckpt.load_checkpoint(path), path)
+    model, _, cfg = ckpt.build_model_from_checkpoint(ckpt.load_record(path), path)
     assert (cfg.model.positions, cfg.model.position_offset) == ("sinusoidal", 0)
     D, P = cfg.model.d_model, cfg.model.max_positions
     table = torch.tensor([[math.sin(p / 10000 ** (i / D)) if i % 2 == 0 else math.cos(p / 10000 ** ((i - 1) / D))
@@ -158,3 +159,49 @@ def test_checkpoints_of_the_old_default_keep_their_positions(tmp_path, stored):
     ckpt.save_checkpoint(state, default)
     assert [r.log_prob for r in Translator(default, device="cpu").score(lines, lines)] != \
         [r.log_prob for r in old.score(lines, lines)]
+
+
+# --------------------------------------------------------------------------- the record
+
+def docstring_keys() -> list[str]:
+    """The keys nmt/checkpoint.py's docstring lists: a name indented four spaces, then its description."""
+    return re.findall(r"^    (\w+) {2,}\S", ckpt.__doc__, re.M)
+
+
+def test_the_docstring_lists_the_keys_every_writer_writes(tmp_path, capsys):
+    """Issue 35: the record had four writers that built the dict by hand (the Trainer, hf_io, tune, average),
+    and the docstring's key list was wrong for the third time. Now nmt/checkpoint.py builds every record
+    (`record`, `ModelRecord`); its docstring lists KEYS in order, and what `nmt train` (with a language
+    identifier), `nmt tune`, `nmt import` and `nmt average` write holds those keys, in that order, and all
+    of them together."""
+    from helpers import tiny_config_dict
+
+    from nmt import cli
+    from nmt.config import config_from_dict
+    from nmt.torch_engine import TorchEngine
+    from nmt.train import train
+    from nmt.tune import apply_to_checkpoint, tune
+
+    pytest.importorskip("transformers", reason="nmt import's model is built by transformers (a test dependency)")
+    import hf_fixtures
+
+    assert docstring_keys() == list(ckpt.KEYS) and len(set(ckpt.KEYS)) == len(ckpt.KEYS)
+    raw = tiny_config_dict(tmp_path, max_steps=4, warmup_steps=2, valid_every=4, valid_max_sentences=4)
+    raw["data"]["langid"] = True
+    train(config_from_dict(raw), quiet=True)
+    latest = str(tmp_path / "runs" / "synthetic" / "checkpoints" / "latest.pt")
+    dev = ["el gato come", "la casa"], ["the cat eats", "the house"]
+    tuned, averaged = str(tmp_path / "tuned.pt"), str(tmp_path / "avg.pt")
+    result = tune(TorchEngine.load(latest), *dev, max_time=5, max_loops=1.0, log=lambda m: None)
+    apply_to_checkpoint(latest, tuned, result, "bleu", "dev")
+    ckpt.average_checkpoints([latest, tuned], averaged)
+    written = {"train": latest, "tune": tuned, "average": averaged}
+    hf_fixtures.marian_model(str(tmp_path / "marian"))
+    written["import"] = str(tmp_path / "imported.pt")
+    assert cli.main(["import", str(tmp_path / "marian"), "-o", written["import"], "-q"]) == 0
+    seen = set()
+    for what, path in written.items():
+        keys = list(ckpt.load_checkpoint(path, mmap=True))
+        assert keys == [k for k in ckpt.KEYS if k in keys], what  # only listed keys, in the listed order
+        seen.update(keys)
+    assert seen == set(ckpt.KEYS)

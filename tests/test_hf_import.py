@@ -423,7 +423,8 @@ def test_export_writes_the_stopping_rule():
     from nmt.layout import NMT_SPECIALS
     from nmt.schema import DecodeConfig
 
-    tok = type("Tok", (), {"specials": NMT_SPECIALS, "languages": {}})()
+    tok = type("Tok", (), {"specials": NMT_SPECIALS, "languages": {}, "default_tgt_lang": None,
+                           "free_language_token": False})()  # (a bilingual tokenizer's members the export reads)
     ids = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0, decoder_start_token_id=2, forced_eos_token_id=None)
     for patience, stopping, stop, noted in ((0.0, "exact", "never", False), (1.0, "exact", True, False),
                                             (2.0, "exact", "never", True), (0.0, "hf", False, False),

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from nmt import Translator
-from nmt.checkpoint import save_checkpoint
-from nmt.config import TokenizerConfig, config_from_dict, to_dict
+from nmt.checkpoint import record, save_checkpoint
+from nmt.config import TokenizerConfig, config_from_dict
 from nmt.errors import UserError
 from nmt.languages import target_prefix
 from nmt.layout import source_tensors
@@ -48,9 +48,7 @@ def multilingual_checkpoint(path: str, default: str | None = None) -> str:
         model.output_proj.weight.normal_(0.0, 0.3)
         for i in ids.values():  # the model would rather not say the language token: forcing must do it
             model.output_proj.weight[i] = -model.output_proj.weight[i].abs() * 10
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tokenizer.to_bytes(),
-                     "vocab": {"src": tokenizer.src_vocab_size, "tgt": tokenizer.tgt_vocab_size}, "step": 0,
-                     "epoch": 0}, path)
+    save_checkpoint(record(model.state_dict(), tokenizer, cfg), path)
     return path
 
 
@@ -146,3 +144,29 @@ def test_training_targets_start_with_the_language_token(ckpt):
     assert int(tt[0]) == tok.languages["fr"] and tt[1:].tolist() == tok.encode_tgt(["the cat"])[0]
     with pytest.raises(UserError, match="unknown target language 'en'"):
         language_prefix(replace(cfg, data=replace(cfg.data, tgt_lang="en")), tok)
+
+
+def test_one_accessor_for_what_a_model_translates_into(ckpt, tmp_path):
+    """Issue 35: "what this model translates into" had five holders (the tokenizer, data.tgt_lang, the export's
+    metadata, evaluate's ModelInfo, getattr probes in nmt/languages.py). Now nmt.languages reads it, one rule for
+    all: a loaded model (`target_languages`), its checkpoint's record and its CTranslate2 export
+    (`stored_target_languages`) and `nmt evaluate`'s model_info give the same TargetLanguages."""
+    from nmt.checkpoint import load_for_inference, load_record
+    from nmt.commands.evaluate import model_info
+    from nmt.languages import TargetLanguages, target_languages
+
+    with_default = multilingual_checkpoint(str(tmp_path / "d.pt"), default="fr")
+    bilingual = make_tiny_checkpoint(str(tmp_path / "bi.pt"))
+    ids = TorchEngine.load(ckpt).tokenizer.languages
+    assert sorted(ids) == list(LANGS)
+    for path, want in ((ckpt, TargetLanguages(ids, None)), (with_default, TargetLanguages(ids, "fr")),
+                       (bilingual, TargetLanguages({}, "en"))):
+        _, tokenizer, cfg = load_for_inference(path)
+        assert target_languages(tokenizer, cfg) == want
+        assert load_record(path).languages == want and model_info(path).languages == want
+    assert target_prefix(TorchEngine.load(with_default).tokenizer, None) == [ids["fr"]]  # the default's token
+    pytest.importorskip("ctranslate2", reason="the export half needs CTranslate2 (the ct2 extra)")
+    from nmt.commands.export import export_command
+
+    export_command(with_default, str(tmp_path / "ct2"), quiet=True)
+    assert model_info(str(tmp_path / "ct2")).languages == TargetLanguages(ids, "fr")

@@ -29,6 +29,7 @@ import pytest
 
 from nmt import cli
 from nmt.commands.batcher import MAX_WAIT, Batcher, Job, Settings, gather_wait, groups, merge
+from nmt.config import DecodeConfig
 from nmt.errors import Cancelled
 from nmt.commands.serve_app import allowed_hosts
 
@@ -588,10 +589,40 @@ def test_missing_extra_is_a_one_line_error(ckpt):
         "pip install -e \".[serve]\""]
 
 
+def test_a_request_is_validated_once_and_its_settings_reach_the_translator(ckpt, monkeypatch):
+    """Issue 35: a request's options were validated three times (check_options, check_language, and again by
+    Translator.translate from the raw options the batcher carried beside the validated settings). Now they
+    are validated once, when the request is parsed; the batcher carries only the frozen DecodeConfig, and
+    the translator uses it as it is (the answer stays nmt translate's)."""
+    from nmt import api
+    from nmt.commands.serve_app import Service
+
+    translator = api.Translator(ckpt, device="cpu")
+    validated, seen = [], []
+    real_config, real_translate = api.decode_config, translator.translate
+    monkeypatch.setattr(api, "decode_config",
+                        lambda base, options, **kw: validated.append(dict(options)) or real_config(base, options, **kw))
+    monkeypatch.setattr(translator, "translate",
+                        lambda lines, **kw: seen.append(kw.get("settings")) or real_translate(lines, **kw))
+    service = Service(translator, Settings(), "tiny")
+
+    async def answer():
+        async with service.lifespan(None):
+            loop = asyncio.get_running_loop()
+            body = json.dumps({"text": LINES[:3], "options": {"beam_size": 2, "nbest": 2}}).encode()
+            return await service.answer(body, loop.time() + 60, loop.create_future())
+
+    got = asyncio.run(answer())
+    assert validated == [{"beam_size": 2, "nbest": 2}]
+    assert seen == [DecodeConfig(**{**vars(translator.decode), "beam_size": 2, "nbest": 2})]
+    assert as_command_output(got["translations"], {"nbest": 2}) == nmt_translate(ckpt, LINES[:3], {"beam_size": 2,
+                                                                                                     "nbest": 2})
+
+
 # --------------------------------------------------------------------------- the batcher alone
 
-def _job(loop, lines, decode="d", prefixes=None, options=None) -> Job:
-    return Job(list(lines), prefixes, options or {}, decode, loop.create_future(), loop.time())
+def _job(loop, lines, decode="d", prefixes=None) -> Job:
+    return Job(list(lines), prefixes, decode, loop.create_future(), loop.time())
 
 
 def test_groups_and_merge():
@@ -615,8 +646,8 @@ def test_gather_wait_is_the_window_or_a_fraction_of_the_last_call():
 def test_batcher_gathers_groups_splits_and_skips():
     calls: list = []
 
-    def translate(lines, prefixes, numbers, options, cancel):
-        calls.append((list(lines), prefixes, list(numbers), options))
+    def translate(lines, prefixes, numbers, decode, cancel):
+        calls.append((list(lines), prefixes, list(numbers), decode))
         if "boom" in lines:
             raise RuntimeError("engine failure")
         return [f"{line}/{n}" for line, n in zip(lines, numbers)]
@@ -624,8 +655,9 @@ def test_batcher_gathers_groups_splits_and_skips():
     async def scenario(settings: Settings):
         batcher = Batcher(translate, settings)
         loop = asyncio.get_running_loop()
-        jobs = [_job(loop, ["a", "b"], "x"), _job(loop, ["c"], "y", options={"beam_size": 1}),
-                _job(loop, ["d", "e", "f"], "x"), _job(loop, ["g"], "x"), _job(loop, ["boom"], "z")]
+        x, y = DecodeConfig(), DecodeConfig(beam_size=1)  # (equal settings are one group, whichever object)
+        jobs = [_job(loop, ["a", "b"], x), _job(loop, ["c"], y), _job(loop, ["d", "e", "f"], DecodeConfig()),
+                _job(loop, ["g"], x), _job(loop, ["boom"], DecodeConfig(beam_size=2))]
         jobs[3].future.cancel()  # its time limit passed while queued
         for job in jobs:
             batcher.submit(job)
@@ -640,7 +672,8 @@ def test_batcher_gathers_groups_splits_and_skips():
 
     jobs, stats = asyncio.run(scenario(Settings(window=0.05)))
     assert [j.future.result() for j in jobs[:3]] == [["a/0", "b/1"], ["c/0"], ["d/0", "e/1", "f/2"]]
-    assert calls[:2] == [(["a", "b", "d", "e", "f"], None, [0, 1, 0, 1, 2], {}), (["c"], None, [0], {"beam_size": 1})]
+    assert calls[:2] == [(["a", "b", "d", "e", "f"], None, [0, 1, 0, 1, 2], DecodeConfig()),
+                         (["c"], None, [0], DecodeConfig(beam_size=1))]
     assert isinstance(jobs[4].future.exception(), RuntimeError)
     assert (stats.calls, stats.shared_calls, stats.largest_call, stats.expired, stats.requests) == (3, 1, 2, 1, 4)
 
@@ -657,7 +690,7 @@ def test_batcher_gathers_groups_splits_and_skips():
 def test_a_failing_request_does_not_fail_the_requests_it_shared_a_call_with():
     calls: list = []
 
-    def translate(lines, prefixes, numbers, options, cancel):
+    def translate(lines, prefixes, numbers, decode, cancel):
         calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("engine failure")
@@ -687,7 +720,7 @@ def test_an_abandoned_request_leaves_the_queue_at_once():
     calls: list = []
     release = threading.Event()
 
-    def translate(lines, prefixes, numbers, options, cancel=None):
+    def translate(lines, prefixes, numbers, decode, cancel=None):
         calls.append(list(lines))
         release.wait(10)
         return [line.upper() for line in lines]
@@ -723,7 +756,7 @@ def test_an_abandoned_request_stops_its_call_and_the_others_get_their_results():
     others, which get their results."""
     calls: list = []
 
-    def translate(lines, prefixes, numbers, options, cancel):
+    def translate(lines, prefixes, numbers, decode, cancel):
         calls.append(list(lines))
         if "slow" in lines:
             end = time.monotonic() + 10

@@ -151,3 +151,75 @@ def test_a_device_or_pipe_output_is_written_never_replaced(tmp_path, command):
     assert stat.S_ISFIFO(os.stat(out).st_mode), "the named pipe was replaced by a file"
     assert got and got[0][:4] == b"PK\x03\x04"  # the checkpoint went through the pipe (torch.save's zip)
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+# --------------------------------------------------------------------------- one atomic writer
+
+RENAMERS = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move"), ("tempfile", "mkstemp"),
+            ("tempfile", "mkdtemp"), ("tempfile", "mktemp"), ("tempfile", "NamedTemporaryFile")}
+
+
+def hand_rolled_writes(root: str = ROOT) -> list[str]:
+    """`file:line module.function` of every call in nmt/ outside textio.py that makes a temporary file or
+    directory or renames one (what only textio's atomic writers may do), also through `from os import replace`."""
+    import ast
+
+    found = []
+    for directory, _, names in os.walk(os.path.join(root, "nmt")):
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            if not name.endswith(".py") or os.path.relpath(path, root) == os.path.join("nmt", "textio.py"):
+                continue
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            aliases = {a.asname or a.name: (node.module, a.name) for node in ast.walk(tree)
+                       if isinstance(node, ast.ImportFrom) for a in node.names}
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                    called = (f.value.id, f.attr)
+                elif isinstance(f, ast.Name):
+                    called = aliases.get(f.id)
+                else:
+                    continue
+                if called in RENAMERS:
+                    found.append(f"{os.path.relpath(path, root)}:{node.lineno} {'.'.join(called)}")
+    return found
+
+
+def test_every_writer_goes_through_textio():
+    """Issue 35: atomic writes were hand-rolled in seven modules (`path + ".tmp"` then os.replace in the two
+    tokenizers' save, the token cache's .bin.tmp files, link_checkpoint's temporary link...). Now
+    textio's atomic_file / write_file / link_file / atomic_dir are the only writers that use a temporary
+    name and rename it."""
+    assert hand_rolled_writes() == []
+
+
+def test_the_writer_check_finds_a_hand_rolled_write(tmp_path):
+    """The check above can fail: a module that renames a temporary file itself is found."""
+    pkg = tmp_path / "nmt"
+    pkg.mkdir()
+    (pkg / "textio.py").write_text("import os\nos.replace('a', 'b')\n")  # textio itself may
+    (pkg / "saver.py").write_text("import os\nfrom os import rename as mv\nimport tempfile\n\n"
+                                  "def save(p):\n    tempfile.mkstemp()\n    os.replace(p + '.tmp', p)\n    mv(p, p)\n")
+    assert hand_rolled_writes(str(tmp_path)) == ["nmt/saver.py:6 tempfile.mkstemp", "nmt/saver.py:7 os.replace",
+                                                 "nmt/saver.py:8 os.rename"]
+
+
+def test_write_file_and_link_file_are_atomic(tmp_path):
+    """write_file: the whole content or the old file; link_file: dst is src's content under a new name,
+    untouched when src is later replaced; neither leaves a temporary file."""
+    path = str(tmp_path / "a.bin")
+    textio.write_file(path, b"old")
+    with pytest.raises(ZeroDivisionError), textio.atomic_file(path) as f:
+        f.write(b"half")
+        1 / 0
+    assert open(path, "rb").read() == b"old"
+    textio.write_file(path, b"new")
+    dst = str(tmp_path / "b.bin")
+    textio.link_file(path, dst, temp=".tmp-link-b")
+    textio.write_file(path, b"newer")
+    assert open(dst, "rb").read() == b"new" and open(path, "rb").read() == b"newer"
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]

@@ -1,7 +1,7 @@
 """Cross-request batching for `nmt serve`: a bounded queue of requests and one task that
 translates them in groups.
 
-    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, options, cancel)
+    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, decode, cancel)
     batcher.submit(job)                        # asyncio.QueueFull when max_queue requests wait (503)
     task = asyncio.create_task(batcher.run())  # until cancelled
 
@@ -12,7 +12,8 @@ previous call's duration when that is longer (at most 1 s): under load, clients 
 left together come back spread over tens of milliseconds, and a call started on the first few
 of them would leave the rest waiting a whole call (p95 latency twice the median); waiting 5% of
 a call gathers them for at most 5% of the throughput. It groups the gathered requests by their
-decode settings and makes one translate call per group, in a worker thread, so the event loop
+decode settings (validated once, when the request was parsed: nmt/commands/serve_request.py; a frozen
+`DecodeConfig`, so equal settings are one group) and makes one translate call per group, in a worker thread, so the event loop
 keeps answering while the model runs (the calls of nmt.Translator run one at a time in the
 process anyway: nmt/api.py). Each line keeps its number within its own request (the
 `line_numbers` of the call), so a sampled line gets the samples `nmt translate` gives it for that
@@ -38,10 +39,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from nmt.config import DecodeConfig
 from nmt.errors import Cancelled
 
-# translate(lines, prefixes or None, line numbers, decode options, cancel) -> one result per line
-Translate = Callable[[list[str], "list[str] | None", list[int], dict, Callable[[], bool]], Sequence[Any]]
+# translate(lines, prefixes or None, line numbers, decode settings, cancel) -> one result per line
+Translate = Callable[[list[str], "list[str] | None", list[int], DecodeConfig, Callable[[], bool]], Sequence[Any]]
 MAX_WAIT = 1.0  # seconds: the longest a request waits for company
 
 
@@ -62,13 +64,13 @@ class Settings:
 
 @dataclass(eq=False)
 class Job:
-    """One request: its lines, target prefixes (or None), raw decode options, their validated
-    settings (the group key), the future its handler awaits and its arrival (loop time)."""
+    """One request: its lines, target prefixes (or None), its validated decode settings (the group
+    key, passed as they are to the translate call), the future its handler awaits and its arrival
+    (loop time)."""
 
     lines: list[str]
     prefixes: list[str] | None
-    options: dict
-    decode: Any
+    decode: DecodeConfig
     future: asyncio.Future
     arrived: float
 
@@ -244,7 +246,7 @@ class Batcher:
         start = loop.time()
         try:
             return await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
-                                              jobs[0].options, self._stop.is_set)
+                                              jobs[0].decode, self._stop.is_set)
         finally:
             self._running = []
             s.translating = 0

@@ -30,7 +30,8 @@ from nmt.api import Translator
 from nmt.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, compare
 from nmt.degeneration import degeneration, format_report
 from nmt.errors import UserError
-from nmt.export_dir import LANGID_FILE, read_metadata
+from nmt.export_dir import read_langid, read_metadata
+from nmt.languages import TargetLanguages, stored_target_languages
 from nmt.metrics import METRICS, check_tokenize, corpus_metrics, language_tokenize
 from nmt.translate import truncation_warning
 
@@ -38,26 +39,20 @@ from nmt.translate import truncation_warning
 class ModelInfo(NamedTuple):
     """What `nmt evaluate` reads from a model besides its weights."""
 
-    tgt_lang: str | None  # what it translates into without --tgt-lang: data.tgt_lang (bilingual), else its default
+    languages: TargetLanguages  # what it translates into (nmt/languages.py); its `default` without --tgt-lang
     langid: dict | None  # its language identifier (`LanguageIdentifier.to_dict()`), if it has one
 
 
 def model_info(path: str, engine: str = "auto") -> ModelInfo:
-    """`ModelInfo` of a checkpoint file or of a directory written by `nmt export` (UserError if neither)."""
+    """`ModelInfo` of a checkpoint file (its record, `checkpoint.load_record`: no tensor is read) or of a
+    directory written by `nmt export` (its metadata; UserError if neither)."""
     if engine == "ctranslate2" or (engine == "auto" and os.path.isdir(path)):
         meta = read_metadata(path)
-        languages, default, config = meta.get("languages"), meta.get("default_tgt_lang"), meta.get("config", {})
-        langid = None
-        if os.path.isfile(os.path.join(path, LANGID_FILE)):
-            with open(os.path.join(path, LANGID_FILE), encoding="utf-8") as f:
-                langid = json.load(f)
-    else:
-        from nmt.checkpoint import load_checkpoint
+        return ModelInfo(stored_target_languages(meta, meta.get("config", {})), read_langid(path))
+    from nmt.checkpoint import load_record
 
-        state = load_checkpoint(path, mmap=True)  # no tensor is read
-        languages, default = state["tokenizer"].get("languages"), state["tokenizer"].get("default_tgt_lang")
-        config, langid = state["config"], state.get("langid")
-    return ModelInfo(default if languages else (config.get("data") or {}).get("tgt_lang"), langid)
+    record = load_record(path)
+    return ModelInfo(record.languages, record.langid)
 
 
 def _identifier(info: ModelInfo | None, lang: str | None, warn, given: str | None = None) -> Any:
@@ -94,8 +89,8 @@ def _language(checkpoint: str | None, engine: str, langid: str | None, tgt_lang:
     info = model_info(checkpoint, engine) if checkpoint else None
     if langid:
         other = model_info(langid)
-        info = ModelInfo(info.tgt_lang if info else other.tgt_lang, other.langid)
-    lang = tgt_lang or (info.tgt_lang if info else None)
+        info = ModelInfo(info.languages if info else other.languages, other.langid)
+    lang = tgt_lang or (info.languages.default if info else None)
     if tokenize is None:
         tokenize, note = language_tokenize(lang)
         if note:

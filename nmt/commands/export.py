@@ -17,12 +17,12 @@ from nmt.export_dir import check_export_paths, check_output_dir, require_ctransl
 
 
 def _load(checkpoint: str):
-    """(model in eval mode, tokenizer, config, checkpoint dict without the weights read)."""
-    from nmt.checkpoint import build_model_from_checkpoint, load_checkpoint
+    """(model in eval mode, tokenizer, config, the checkpoint's record)."""
+    from nmt.checkpoint import build_model_from_checkpoint, load_record
 
-    state = load_checkpoint(checkpoint, mmap=True)  # UserError if missing or not an nmt checkpoint; weights only
-    model, tokenizer, cfg = build_model_from_checkpoint(state, checkpoint)
-    return model.eval(), tokenizer, cfg, state
+    record = load_record(checkpoint)  # UserError if missing or not an nmt checkpoint; only the weights are read
+    model, tokenizer, cfg = build_model_from_checkpoint(record, checkpoint)
+    return model.eval(), tokenizer, cfg, record
 
 
 def export_ctranslate2(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool) -> None:
@@ -31,9 +31,9 @@ def export_ctranslate2(checkpoint: str, output_dir: str, *, quantization: str | 
 
     require_ctranslate2()
     check_output_dir(output_dir, force)
-    model, tokenizer, cfg, state = _load(checkpoint)
-    step, langid = state.get("step"), state.get("langid")
-    del state
+    model, tokenizer, cfg, record = _load(checkpoint)
+    step, langid = record.step, record.langid
+    del record
     write_export(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
                  checkpoint=checkpoint, step=step, langid=langid)
     if not quiet:
@@ -55,9 +55,9 @@ def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, for
         raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
     require_safetensors()
     check_output_dir(output_dir, force)
-    model, tokenizer, cfg, state = _load(checkpoint)
+    model, tokenizer, cfg, record = _load(checkpoint)
     files, notes = write_hf(model, tokenizer, cfg, output_dir, force=force, checkpoint=checkpoint,
-                            step=state.get("step"))
+                            step=record.step)
     if not quiet:
         for note in notes:
             print(f"nmt export: note: {note}", file=sys.stderr)

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from nmt import textio
 from nmt.hf_io import import_model, model_directory
+
+if TYPE_CHECKING:
+    from nmt.checkpoint import ModelRecord
 
 
 FINETUNE_HEADER = """\
@@ -23,10 +27,10 @@ FINETUNE_HEADER = """\
 """
 
 
-def finetune_config(state: dict, checkpoint: str) -> dict:
+def finetune_config(state: ModelRecord, checkpoint: str) -> dict:
     """A fine-tuning config (as a dict) for an imported checkpoint: its model, decode and languages,
     train.init_from = the checkpoint; data.train / data.valid are placeholders to fill in."""
-    c = state["config"]
+    c = state.config
     data = {"src_lang": c["data"]["src_lang"], "tgt_lang": c["data"]["tgt_lang"],
             "train": {"src": "TRAIN_SOURCE_FILE", "tgt": "TRAIN_TARGET_FILE"},
             "valid": {"src": "VALID_SOURCE_FILE", "tgt": "VALID_TARGET_FILE"},
@@ -71,14 +75,14 @@ def import_command(source: str, output: str, *, src_lang: str | None = None, tgt
     if not quiet:
         for note in notes:
             print(f"nmt import: note: generation_config: {note}", file=stderr)
-        c, info = state["config"], state["imported_from"]
+        c, info, targets = state.config, state.imported_from, state.languages
         langs = f"{c['data']['src_lang']} -> {c['data']['tgt_lang']}"
-        if state["tokenizer"].get("languages"):
-            langs += f" (default; {len(state['tokenizer']['languages'])} target languages: --tgt-lang)"
+        if targets.multilingual:
+            langs += f" (default; {len(targets.tokens)} target languages: --tgt-lang)"
         d = c["decode"]
-        n_params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())
+        n_params = sum(t.numel() for t in {t.data_ptr(): t for t in state.model.values()}.values())
         print(f"imported {source} ({info['family']}, {info['tokenizer']} tokenizer, {n_params:,} parameters, "
-              f"vocab {state['vocab']['src']}/{state['vocab']['tgt']}, {langs}) into {output}; decode: beam "
+              f"vocab {state.vocab['src']}/{state.vocab['tgt']}, {langs}) into {output}; decode: beam "
               f"{d['beam_size']}{_stop_summary(d)}, length penalty {d['length_penalty_type']} {d['length_penalty']:g}, "
               f"max length {d['max_len_a']:g} * source + {d['max_len_b']}", file=stderr)
     return 0

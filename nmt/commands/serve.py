@@ -12,9 +12,9 @@ Endpoints (README "Serving"):
 - GET /health: 200 and the server's counters while it serves, 503 while it shuts down.
 - GET /: a page to try the model (nmt/commands/serve_page.py).
 
-Each request is checked in the event loop (JSON shape, limits, decode options validated as
+Each request is checked in the event loop (JSON shape, limits, decode options validated once, as
 `nmt translate` validates its flags: the same one-line messages; lengths within the model's
-positions) and queued for the batcher (nmt/commands/batcher.py), which translates requests that arrive
+positions) and queued with its validated settings for the batcher (nmt/commands/batcher.py), which translates requests that arrive
 together in one `nmt.Translator` call in a worker thread. Every answer, errors included, is JSON;
 errors are one line `{"error": ...}`: 400 bad JSON, text or options, or a Host header that is not
 this server's; 403 a cross-origin POST (a web page of another site) unless --allow-origin allows

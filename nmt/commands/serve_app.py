@@ -35,10 +35,11 @@ class Service:
         self.stopping = asyncio.Event()
         self.in_flight = 0
 
-    def translate(self, lines, prefixes, line_numbers, options, cancel):
-        """One call of the translator (the batcher runs it in its worker thread)."""
+    def translate(self, lines, prefixes, line_numbers, decode, cancel):
+        """One call of the translator with a request's validated settings (the batcher runs it in its
+        worker thread)."""
         return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
-                                         **options)
+                                         settings=decode)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -87,7 +88,7 @@ class Service:
         lines, prefixes, options = parse_request(body, self.settings)
         decode = check_options(self.translator, options, self.settings)
         loop = asyncio.get_running_loop()
-        job = Job(lines, prefixes, options, decode, loop.create_future(), loop.time())
+        job = Job(lines, prefixes, decode, loop.create_future(), loop.time())
         try:
             self.batcher.submit(job)
         except asyncio.QueueFull:

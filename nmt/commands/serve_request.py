@@ -80,14 +80,16 @@ def _check_size(lines: list[str], prefixes: list[str] | None, settings: Settings
 
 def check_options(translator, options: dict, settings: Settings) -> DecodeConfig:
     """The request's decode settings (the server's defaults with `options` applied), or RequestError
-    400 with the messages `nmt translate` gives for the same flags, or naming the server's limit."""
+    400 with the messages `nmt translate` gives for the same flags, or naming the server's limit.
+    The one validation of a request's options: the batcher groups requests by these settings and
+    passes them to the translator as they are (`Translator.translate(settings=...)`)."""
     for key in options:
         if key in SERVER_KEYS:
             raise RequestError(400, f"option {key!r} is not set per request ({SERVER_KEYS[key]}: "
                                     f"nmt serve --{key.replace('_', '-')} sets it for the server)")
     try:
         decode = translator.decode_settings(**options)
-        translator.check_language(**options)  # a multilingual model needs tgt_lang unless it has a default
+        translator.check_language(decode)  # a multilingual model needs tgt_lang unless it has a default
     except ConfigError as e:
         raise RequestError(400, "; ".join(e.errors)) from None
     except UserError as e:
