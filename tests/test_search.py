@@ -241,6 +241,7 @@ def test_options_carry_every_search_setting_of_the_decode_section():
 
     class Tok:  # what from_decode reads of a tokenizer
         specials = Specials(pad=1, unk=0, start=2, eos=5)
+        languages, default_tgt_lang, free_language_token = {}, None, False
 
         def vocab_pieces(self):
             return [["<ph_1>"], ["<unk>", "<s>", "a", "<ph_0>", "</s>", "<ph_1>", "▁<ph_1>"]]
