@@ -52,11 +52,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int):
-        x = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # [N,V] >= fp32
-        V = x.size(-1)
+        V = logits.size(-1)
         keep = target != ignore_index  # [N] True = real token
         safe = target.masked_fill(~keep, 0).unsqueeze(-1)  # [N,1]
-        lprobs = F.log_softmax(x, dim=-1)  # [N,V]
+        # [N,V] in fp32 (or fp64); bf16/fp16 logits are cast inside the kernel, with no fp32 copy of them
+        lprobs = F.log_softmax(logits, dim=-1, dtype=logits.dtype if logits.dtype == torch.float64 else torch.float32)
         nll_sum = lprobs.gather(-1, safe).squeeze(-1).masked_fill(~keep, 0.0).sum().neg()
         if epsilon:
             smooth_sum = lprobs.sum(-1).masked_fill(~keep, 0.0).sum().neg()  # sum over tokens, classes of -log p

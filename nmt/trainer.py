@@ -28,6 +28,7 @@ from nmt import rundir
 from nmt.data import epoch_batches
 from nmt.errors import UserError
 from nmt.layout import Batch, collate
+from nmt.prefetch import Prefetcher
 from nmt.logging_utils import format_stats
 from nmt.step import Meter, train_step
 from nmt.validation import validate
@@ -167,10 +168,20 @@ class Trainer:
         batches = epoch_batches(tr.train_data, self.cfg, state.epoch, rank=self.env.rank,
                                 world_size=self.env.world_size, offset=state.batch_offset)
         pin = tr.device.type == "cuda"
-        for i in range(0, len(batches), t.update_freq):
+        steps = (batches[i:i + t.update_freq] for i in range(0, len(batches), t.update_freq))
+
+        def prepare(step_batches: list) -> list[Batch]:  # in nmt/prefetch.py's thread: collate and pin
+            return [collate(tr.train_data, b, tr.tokenizer.specials, pin_memory=pin) for b in step_batches]
+
+        with Prefetcher(prepare, steps, self.cfg.data.prefetch) as prepared:
+            return self._steps(prepared)
+
+    def _steps(self, prepared) -> str | None:
+        """The training steps of one epoch over its prepared micro-batch groups (`_epoch`)."""
+        state, t, tr = self.state, self.t, self.tr
+        for host_group in prepared:
             dist.simulate_failure(self.env, state.step)
-            group = [collate(tr.train_data, b, tr.tokenizer.specials, pin_memory=pin).to(tr.device)
-                     for b in batches[i:i + t.update_freq]]
+            group = [b.to(tr.device) for b in host_group]  # asynchronous from pinned memory on a GPU
             n_tokens, why, signum = self._sync(group)
             if why is not StopReason.CONTINUE:
                 self.stop.announce(self.log.info)

@@ -87,3 +87,20 @@ def cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor, epsilon: float
     """Reference: the smoothed loss sum via `F.cross_entropy` (logits [B,T,V], target [B,T])."""
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), target.reshape(-1),
                            ignore_index=ignore_index, label_smoothing=epsilon, reduction="sum")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_logits_give_the_loss_of_their_fp32_copy(dtype):
+    """Autocast logits (bf16/fp16) are cast to fp32 inside log_softmax (no fp32 copy of the [N,V] logits is
+    made first, which saves a pass over them on a GPU): the loss and its gradient are exactly those of the
+    logits cast to fp32 beforehand."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 7, 301).to(dtype)
+    target = torch.randint(1, 301, (5, 7))
+    target[:, -2:] = 0
+    a, b = x.clone().requires_grad_(), x.float().requires_grad_()
+    got, want = label_smoothed_nll(a, target, 0.1), label_smoothed_nll(b, target, 0.1)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    sum(got).backward()
+    sum(want).backward()
+    assert torch.equal(a.grad, b.grad.to(dtype))
