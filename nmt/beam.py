@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.constraints import ConstraintState, allocate
 from nmt.decoding import check_cancel, start
 from nmt.rules import NEG_INF, StepRules
 from nmt.schema import max_finished
@@ -67,11 +68,14 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     rules = StepRules(options, inputs, src.shape[0], src.device)
     if src.shape[0] == 0:
         return []
-    decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes)
+    decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes, rules.needed)
     beams = _Beams.start(options, max_lens)
     for t in range(1, int(max_lens.max()) + 1):
         check_cancel(cancel)
-        cand = _candidates(beams, rules, decoder.step(beams.tokens), t, options.beam_size, ops)
+        logits = decoder.step(beams.tokens)
+        if t == 1:
+            beams.terms = rules.constraint_state(beams.sent, logits.shape[1])  # None without terms
+        cand = _candidates(beams, rules, logits, t, options.beam_size, ops)
         _finish(beams, cand, t, options)
         scores, rows, word = _select(cand, options.beam_size)
         if not beams.advance(_keep(beams, scores, t, options), scores, rows, word, decoder):
@@ -94,6 +98,7 @@ class _Beams:
     history: Tensor  # [N*k, t-1] generated tokens
     most: int  # max_finished(K, patience): 0 = the stopping rule alone
     finished: list[list[Hypothesis]]  # per original sentence, in the order they ended
+    terms: ConstraintState | None = None  # [N*k rows] the live beams' constraints (None: no terms)
 
     @classmethod
     def start(cls, options: SearchOptions, max_lens: Tensor) -> _Beams:
@@ -120,6 +125,9 @@ class _Beams:
                                   self.n_done))
         flat = rows.reshape(-1)  # [N'*K] parent rows of the next step's beams
         decoder.reorder(flat)
+        if self.terms is not None:
+            self.terms.reorder(flat)
+            self.terms.advance(word.reshape(-1))
         self.history = torch.cat([self.history.index_select(0, flat), word.reshape(-1, 1)], dim=1)
         self.tokens, self.scores = word.reshape(-1), scores
         return True
@@ -139,10 +147,14 @@ def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int,
     """Rank the extensions of the live beams (logits [N*k, V] of step t) by summed log-probability."""
     N, k = beams.scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
     device, EOS = logits.device, rules.specials.eos
-    logp = rules.log_probs(logits, t, beams.history, beams.sent.repeat_interleave(k),
-                           beams.max_lens.repeat_interleave(k) if rules.ph_ids is not None else None)  # [N*k, V]
+    limit = beams.max_lens.repeat_interleave(k) if rules.ph_ids is not None or beams.terms is not None else None
+    logp = rules.log_probs(logits, t, beams.history, beams.sent.repeat_interleave(k), limit, beams.terms)  # [N*k, V]
     V = logp.shape[1]
-    top, idx = _topk(logp.add_(beams.scores.view(-1, 1)).view(N, k * V), 2 * K, ops)  # [N, 2K] (in place: logp is fresh)
+    cand = logp.add_(beams.scores.view(-1, 1)).view(N, k * V)  # in place: logp is fresh
+    if beams.terms is None:
+        top, idx = _topk(cand, 2 * K, ops)  # [N, 2K]
+    else:  # dynamic beam allocation: the top 2K in the order that keeps every bank of met terms
+        top, idx = allocate(beams.terms, cand, K, ops.topk)
     word = idx % V  # [N, 2K] token of each candidate
     rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
     alive = top > NEG_INF

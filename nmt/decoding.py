@@ -20,7 +20,7 @@ from torch import Tensor
 from nmt.errors import Cancelled
 from nmt.rules import StepRules
 from nmt.search_options import (NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions,
-                                max_output_lengths)
+                                max_output_lengths, room_for_terms)
 
 Choose = Callable[[Tensor, int, Tensor], Tensor]  # (logp [N,V], t, rows [N]) -> the tokens [N] of step t
 
@@ -60,10 +60,13 @@ class _UncachedDecoder:
 
 
 def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: SearchOps,
-          prefixes: Sequence[list[int]] | None = None):
-    """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long)."""
+          prefixes: Sequence[list[int]] | None = None, needed: Sequence[int] | None = None):
+    """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long). needed: per
+    sentence the room its terms need (`StepRules.needed`), which raises its limit."""
     limits = max_output_lengths(src_mask.sum(dim=1), options.max_len_a, options.max_len_b, model.max_positions,
                                 prefixes)
+    if needed is not None:
+        limits = room_for_terms(limits, needed, model.max_positions)
     max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
     memory = model.encode(src, src_mask)  # [B,S,D]
     cls = _CachedDecoder if options.use_cache else _UncachedDecoder
@@ -94,7 +97,7 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions,
     B, device = src.shape[0], src.device
     if B == 0:
         return []
-    decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes)
+    decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes, rules.needed)
     R = B * per_sentence
     rows = torch.arange(R, device=device)  # [N] original row of each active row (sentence * per_sentence + k)
     if per_sentence > 1:
@@ -105,14 +108,20 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions,
     log_prob = torch.zeros(R, device=device)  # [N]
     history = torch.empty(R, 0, dtype=torch.long, device=device)  # [N, t-1]
     out: list[list[Hypothesis | None]] = [[None] * per_sentence for _ in range(B)]
+    state = None  # the rows' terms (set at the first step)
     for t in range(1, int(max_lens.max()) + 1):
         check_cancel(cancel)
-        logp = rules.log_probs(decoder.step(tokens), t, history, rows // per_sentence, max_lens)  # [N,V]
+        logits = decoder.step(tokens)  # [N,V]
+        if t == 1:
+            state = rules.constraint_state(rows // per_sentence, logits.shape[1])  # None without terms
+        logp = rules.log_probs(logits, t, history, rows // per_sentence, max_lens, state)  # [N,V]
         if choose is None:
             best, tokens = ops.argmax(logp)  # [N], [N]
         else:
             tokens = choose(logp, t, rows)
             best = logp.gather(1, tokens[:, None]).squeeze(1)
+        if state is not None:
+            state.advance(tokens)
         log_prob = log_prob + best
         history = torch.cat([history, tokens[:, None]], dim=1)
         ends = (tokens == EOS) | (max_lens <= t)  # [N]
@@ -128,5 +137,7 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions,
         if keep.numel() == 0:
             break
         decoder.reorder(keep)
+        if state is not None:
+            state.reorder(keep)
         rows, tokens, log_prob, history, max_lens = (x[keep] for x in (rows, tokens, log_prob, history, max_lens))
     return out  # type: ignore[return-value]

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.search_options import SearchInputs, SearchOptions
+from nmt.constraints import Constraints, ConstraintState
+from nmt.search_options import SearchInputs, SearchOptions, Terms
 
 NEG_INF = float("-inf")
 
@@ -60,15 +61,35 @@ class StepRules:
             self.ph_required = torch.tensor([[k in set(req) for k in range(P)] for req in inputs.placeholders],
                                             dtype=torch.bool, device=device)  # [B, P]
             self.ph_onehot = F.one_hot(self.ph_of, P).float()  # [Q, P]
+        self.terms, self.needed, self.device = None, None, device
+        seqs = inputs.constraints_of()
+        if any(seqs):  # a batch without terms takes none of the constraint paths
+            c = inputs.constraints
+            self.terms = c if isinstance(c, Terms) else Terms(c)
+            prefixes, placeholders = inputs.prefixes or [[]] * B, inputs.placeholders or [[]] * B
+            self.needed = [len(p) + sum(len(q) for q in cs) + (len(ph) if self.ph_ids is not None else 0) + 1
+                           if cs else 0 for p, cs, ph in zip(prefixes, seqs, placeholders)]
+
+    def constraint_state(self, sent: Tensor, V: int) -> ConstraintState | None:
+        """The constraints' state of rows of sentences sent [R] before their first token (None
+        without terms); V: the model's output size."""
+        if self.terms is None:
+            return None
+        terms = self.terms
+        cons = Constraints.build([[list(q) for q in cs] for cs in terms.seqs], self.device, joins=terms.joins,
+                                 open_end=terms.open_end, vocab_size=V)
+        return cons.state(sent)
 
     def prefix_lengths(self, sent: Tensor) -> Tensor | None:
         """len(prefix) of each row's sentence [R], or None without prefixes."""
         return None if self.prefix_len is None else self.prefix_len.index_select(0, sent)
 
-    def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor, limit: Tensor | None = None) -> Tensor:
+    def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor, limit: Tensor | None = None,
+                  state: ConstraintState | None = None) -> Tensor:
         """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
         history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence; limit [R]: each
-        row's maximum output length (placeholders: what is missing is forced before it). `logits` is
+        row's maximum output length (placeholders and terms: what is missing is forced before it);
+        state: the rows' constraints (`constraint_state`), which the search advances. `logits` is
         the search's own (a decoding step's fresh output): the rules mask it in place."""
         logits = logits.float()
         forced = None
@@ -81,7 +102,7 @@ class StepRules:
                 else:
                     value = 0.0  # a free prefix token (the language token of an imported model) counts 0
                 forced = rows, token, value
-        logp = F.log_softmax(self._apply_rules(logits, t, history, sent, limit), dim=-1)
+        logp = F.log_softmax(self._apply_rules(logits, t, history, sent, limit, state), dim=-1)
         if self.banned.numel():
             logp.index_fill_(1, self.banned, NEG_INF)
         if forced is not None:
@@ -91,23 +112,33 @@ class StepRules:
         return logp
 
     def _apply_rules(self, logits: Tensor, t: int, history: Tensor, sent: Tensor,
-                     limit: Tensor | None = None) -> Tensor:
-        """logits with the tokens min_len, n-gram blocking and the placeholders forbid at -inf (in
-        place). A row left with nothing it may generate may end (with the model's EOS logit)."""
+                     limit: Tensor | None = None, state: ConstraintState | None = None) -> Tensor:
+        """logits with the tokens min_len, n-gram blocking, the placeholders and the terms forbid at
+        -inf (in place). A row left with nothing it may generate may end (with the model's EOS logit).
+        Terms (nmt/constraints.py): n-gram blocking never removes a token that advances one, and the
+        length limit forces placeholders and terms by one rule (`ConstraintState.apply`)."""
         EOS = self.specials.eos
         blocks_eos, blocks_ngram = t <= self.min_len, bool(self.n) and history.shape[1] >= self.n - 1
-        if not (blocks_eos or blocks_ngram or self.ph_ids is not None):
+        if not (blocks_eos or blocks_ngram or self.ph_ids is not None or state is not None):
             return logits
         eos = logits[:, EOS].clone()  # [R]: for a row left with nothing
         most = int(blocks_eos)  # how many tokens a row can have lost, at most (for the check below)
         if blocks_eos:
             logits[:, EOS] = NEG_INF
-        if blocks_ngram and block_repeats(logits, history, self.n):
-            most += history.shape[1] if self.n == 1 else history.shape[1] - self.n + 1  # one per earlier window
-        forced_rows = False
+        if blocks_ngram:
+            raw = logits.clone() if state is not None else None
+            if block_repeats(logits, history, self.n):
+                most += history.shape[1] if self.n == 1 else history.shape[1] - self.n + 1  # one per earlier window
+                if raw is not None:  # the terms win over no_repeat_ngram
+                    logits = torch.where(state.next_token_mask(logits.shape[1]), raw, logits)
+        forced_rows, missing = False, None
         if self.ph_ids is not None:
-            forced_rows = self._placeholders(logits, t, history, sent, limit)
+            forced_rows, missing = self._placeholders(logits, t, history, sent, None if state is not None else limit)
             most += self.ph_ids.numel() + 1
+        if state is not None:
+            extra, extra_tokens = missing if missing is not None else (None, None)
+            state.apply(logits, limit - t + 1, EOS, extra, extra_tokens)
+            forced_rows = True
         if forced_rows or most >= logits.shape[1] - self.banned.numel():  # else every row keeps some token
             allowed = torch.isfinite(logits)
             if self.banned.numel():
@@ -117,10 +148,12 @@ class StepRules:
                 logits[dead, EOS] = eos[dead]
         return logits
 
-    def _placeholders(self, logits: Tensor, t: int, history: Tensor, sent: Tensor, limit: Tensor | None) -> bool:
+    def _placeholders(self, logits: Tensor, t: int, history: Tensor, sent: Tensor,
+                      limit: Tensor | None) -> tuple[bool, tuple[Tensor, Tensor]]:
         """Mask (in place) the placeholders a row may not write and EOS while one is missing; once no
-        more steps are left than placeholders are missing, only a missing one. -> whether any row was
-        so forced."""
+        more steps are left than placeholders are missing (with `limit`), only a missing one. ->
+        (whether any row was so forced, (missing [R]: how many each row still needs, their tokens
+        [R, V] bool)): with terms, `ConstraintState.apply` forces them, not this."""
         required = self.ph_required.index_select(0, sent)  # [R, P]
         used = torch.zeros_like(required)
         if history.shape[1]:
@@ -131,14 +164,16 @@ class StepRules:
         missing = (required & ~used).sum(dim=1)  # [R]: EOS waits for every placeholder
         logits[:, self.specials.eos] = logits[:, self.specials.eos].masked_fill(missing > 0, NEG_INF)
         if limit is None:
-            return False
+            tokens = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+            tokens[:, self.ph_ids] = ~forbid  # the missing placeholders' tokens
+            return False, (missing, tokens)
         must = ((missing > 0) & (missing >= limit - t + 1)).nonzero().squeeze(1)  # steps t..limit are left
         if not must.numel():
-            return False
+            return False, None
         only = torch.full((must.numel(), logits.shape[1]), NEG_INF, dtype=logits.dtype, device=logits.device)
         only[:, self.ph_ids] = logits[must][:, self.ph_ids]  # the allowed (missing) placeholders
         logits[must] = only
-        return True
+        return True, None
 
 
 def block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:

@@ -130,20 +130,39 @@ class SearchOptions:
 
 
 @dataclass(frozen=True)
+class Terms:
+    """The lexical constraints of a batch (glossary terms, nmt/constraints.py): seqs[b], the target id
+    sequences sentence b's output must contain (may be empty); open_end[b][c], whether term c ends
+    inside a word (then it only counts where the word ends: `joins`); joins: per target id, whether it
+    continues the word before it (`nmt.glossary.joining_tokens`)."""
+
+    seqs: Sequence[Sequence[Sequence[int]]]
+    open_end: Sequence[Sequence[bool]] | None = None
+    joins: Sequence[bool] | None = None
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, part: slice) -> Terms:
+        return Terms(self.seqs[part], None if self.open_end is None else self.open_end[part], self.joins)
+
+
+@dataclass(frozen=True)
 class SearchInputs:
     """The per-sentence data of one batch (each field None, or one entry per sentence).
 
     prefixes: target ids forced first (may be empty). placeholders: the placeholders (k of <ph_k>) in
     the sentence's source, each to be written exactly once (with `SearchOptions.placeholder_tokens`;
     TorchEngine fills them from the sources). keys: one integer per sentence that, with the seed,
-    fixes its samples (default 0..B-1). constraints: the target ids of the terms each output must
-    contain (glossary terms, nmt/constraints.py): not searched yet, refused.
+    fixes its samples (default 0..B-1). constraints: the terms each output must contain (glossary
+    terms: a `Terms`, or per sentence its list of target id sequences; greedy and beam search, not
+    sampling). A batch without constraints is searched exactly as before.
     """
 
     prefixes: Sequence[list[int]] | None = None
     placeholders: Sequence[Sequence[int]] | None = None
     keys: Sequence[int] | None = None
-    constraints: Sequence[Sequence[Sequence[int]]] | None = None
+    constraints: Terms | Sequence[Sequence[Sequence[int]]] | None = None
 
     def take(self, part: slice) -> SearchInputs:
         """The inputs of sentences `part` of the batch."""
@@ -160,8 +179,13 @@ class SearchInputs:
         if self.prefixes is not None and any(t in (specials.pad, specials.start, specials.eos)
                                              for p in self.prefixes for t in p):
             raise ValueError("a prefix cannot contain PAD, the start token or EOS")
-        if self.constraints is not None:
-            raise ValueError("lexical constraints are not searched yet (nmt/constraints.py)")
+        if self.constraints is not None and any(self.constraints_of()) and options.sampling != "none":
+            raise ValueError("lexical constraints (a glossary) are not searched with sampling: use greedy or beam search")
+
+    def constraints_of(self) -> Sequence[Sequence[Sequence[int]]]:
+        """Per sentence its constraints' target id sequences ([] for none)."""
+        c = self.constraints
+        return [] if c is None else c.seqs if isinstance(c, Terms) else c
 
 
 NO_INPUTS = SearchInputs()
@@ -211,6 +235,18 @@ def max_output_lengths(src_lengths: Sequence[int] | Tensor, max_len_a: float, ma
     if prefixes is not None:
         limits = [min(max(n, len(p) + 1), cap) for n, p in zip(limits, prefixes)]
     return limits
+
+
+def room_for_terms(limits: Sequence[int], needed: Sequence[int], max_positions: int) -> list[int]:
+    """The limits raised to the room each sentence's terms need (`needed`: its prefix, its terms'
+    tokens, its placeholders and an EOS), as a prefix raises them; ValueError where the model's
+    positions cannot hold it."""
+    cap = max(max_positions - 1, 1)
+    for b, n in enumerate(needed):
+        if n > cap:
+            raise ValueError(f"sentence {b}: its glossary terms (with its prefix and placeholders) need {n} "
+                             f"output tokens, more than the model's {cap}")
+    return [max(limit, n) for limit, n in zip(limits, needed)]
 
 
 def length_penalty_factor(length: int | Tensor, alpha: float, kind: str) -> float | Tensor:

@@ -259,3 +259,113 @@ def test_batch_rows_are_independent():
 
 def test_fake_specials():
     assert (PAD_ID, BOS_ID, EOS_ID) == (0, 2, 3)  # the fake vocabulary's layout that REAL relies on
+
+
+# --------------------------------------------------------------------------- the real search against the reference
+
+def _real(model, src, mask, seqs, K, nbest=1, extra=None, alpha=0.0, kind="none", open_end=None, joins=None):
+    """nmt.search.search with these constraints (Terms) and rules -> (its hypotheses, the limits it used)."""
+    from nmt.search import SearchInputs, SearchOptions, search
+    from nmt.search_options import Terms
+
+    extra = extra or {}
+    ph = bool(extra.get("ph_tokens"))
+    options = SearchOptions(beam_size=K or 1, nbest=nbest, max_len_a=1.0, max_len_b=0, length_penalty=alpha,
+                            length_penalty_type=kind, no_repeat_ngram=extra.get("no_repeat_ngram", 0),
+                            placeholder_tokens=((7,),) if ph else None)
+    inputs = SearchInputs(prefixes=extra.get("prefixes"),
+                          placeholders=[[0] if 7 in r else [] for r in extra["ph_required"]] if ph else None,
+                          constraints=Terms(seqs, open_end, joins))
+    return search(model, src, mask, options, inputs)
+
+
+def _limits(mask, seqs, extra):
+    """The limits the search gives each sentence: src length (a=1, b=0), raised to the room its terms need."""
+    from nmt.search_options import max_output_lengths, room_for_terms
+
+    prefixes = extra.get("prefixes")
+    limits = max_output_lengths(mask.sum(dim=1), 1.0, 0, FakeModel.max_positions, prefixes)
+    needed = [len((prefixes or [[]] * len(seqs))[b]) + sum(map(len, cs)) + (
+        len(extra["ph_required"][b]) if extra.get("ph_tokens") else 0) + 1 if cs else 0 for b, cs in enumerate(seqs)]
+    return room_for_terms(limits, needed, FakeModel.max_positions)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("K", [None, 2, 3])  # None: greedy (the search's beam_size 1)
+def test_search_equals_the_reference(case, K):
+    """Greedy and beam search with terms give the reference searches' outputs, scores and log-probs
+    (the reference runs without an early stop: the exact stop loses nothing), with n-gram blocking,
+    placeholders and prefixes, and every output holds its sentence's terms."""
+    seqs, extra = CASES[case]
+    model = FakeModel(seed=3)
+    src, mask = fake_batch([3, 4, 2], seed=3)
+    rules = Rules(limits=_limits(mask, seqs, extra), alpha=1.0 if K else 0.0, kind="gnmt" if K else "none", **extra)
+    nbest = min(K or 1, 2)
+    want = _run(model, src, mask, seqs, rules, K, nbest=nbest)
+    got = _real(model, src, mask, seqs, K, nbest=nbest, extra=extra, alpha=rules.alpha, kind=rules.kind)
+    for b in range(3):
+        assert [h.tokens for h in got[b]] == [h.tokens for h in want[b]], (b, got[b], want[b])
+        assert [h.score for h in got[b]] == pytest.approx([h.score for h in want[b]], abs=1e-5)
+        assert [h.log_prob for h in got[b]] == pytest.approx([h.log_prob for h in want[b]], abs=1e-5)
+        assert all(contains(h.tokens, s) for h in got[b] for s in seqs[b])
+
+
+@pytest.mark.parametrize("K", [None, 2])
+def test_search_with_word_ends_equals_the_reference(K):
+    seqs, open_end = [[[4, 6]], [[6]], [[4]]], [[True], [True], [False]]
+    model = Plural(seed=8)
+    src, mask = fake_batch([3, 4, 2], seed=8)
+    rules = Rules(limits=_limits(mask, seqs, {}))
+    want = _run(model, src, mask, seqs, rules, K, open_end=open_end, joins=JOINS)
+    got = _real(model, src, mask, seqs, K, open_end=open_end, joins=JOINS)
+    for b in range(3):
+        assert [h.tokens for h in got[b]] == [h.tokens for h in want[b]]
+        assert all(contains(h.tokens, s, e, JOINS) for h in got[b] for s, e in zip(seqs[b], open_end[b]))
+
+
+@pytest.mark.parametrize("K", [None, 1, 4])
+@pytest.mark.parametrize("seed", range(3))
+def test_unwanted_terms_are_written_before_the_limit(K, seed):
+    """A model that wants neither the terms nor to end: every output holds every term, within a limit
+    raised to the room they need (the source's own length is shorter)."""
+    rng = random.Random(seed)
+    model = Rambling(seed=seed, scale=1.5)
+    src, mask = fake_batch([2, 3, 2, 4], seed=seed)
+    seqs = [[[rng.choice([5, 6]) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(0, 3))]
+            for _ in range(4)]
+    out = _real(model, src, mask, seqs, K, nbest=1, extra={"no_repeat_ngram": 2})
+    limits = _limits(mask, seqs, {})
+    for b, hyps in enumerate(out):
+        for h in hyps:
+            assert len(h.tokens) <= limits[b] and all(contains(h.tokens, s) for s in seqs[b]), (seqs[b], h)
+
+
+@pytest.mark.parametrize("K", [None, 3])
+def test_sentences_without_terms_search_as_without_constraints(K):
+    """A batch without terms, and the sentences without terms in a batch with some, give exactly the
+    outputs of a search without constraints (same tokens, same scores)."""
+    from nmt.search import SearchOptions, search
+
+    model = FakeModel(seed=5)
+    src, mask = fake_batch([3, 5, 4], seed=5)
+    options = SearchOptions(beam_size=K or 1, nbest=1, max_len_a=1.0, max_len_b=2)
+    plain = search(model, src, mask, options)
+    for seqs in ([[], [], []], [[], [[5, 6]], []]):
+        from nmt.search import SearchInputs
+
+        got = search(model, src, mask, options, SearchInputs(constraints=seqs))
+        for b in (0, 2):
+            assert got[b] == plain[b]
+    assert got[1] != plain[1] and contains(got[1][0].tokens, [5, 6])
+
+
+def test_terms_that_cannot_fit_and_sampling_are_refused():
+    from nmt.search import SearchInputs, SearchOptions, search
+
+    model = FakeModel(seed=5)
+    src, mask = fake_batch([3], seed=5)
+    with pytest.raises(ValueError, match="more than the model's"):
+        search(model, src, mask, SearchOptions(max_len_a=1.0, max_len_b=2), SearchInputs(constraints=[[[5] * 70]]))
+    with pytest.raises(ValueError, match="sampling"):
+        search(model, src, mask, SearchOptions(sampling="topk", max_len_a=1.0, max_len_b=2),
+               SearchInputs(constraints=[[[5]]]))

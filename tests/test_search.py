@@ -269,8 +269,9 @@ def test_search_dispatches_on_the_options():
         assert [len(h) for h in want] == [options.nbest] * 3
     greedy = search(model, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2), inputs)
     assert greedy != search(model, src, src_mask, SearchOptions(beam_size=3, max_len_a=1.0, max_len_b=2), inputs)
-    with pytest.raises(ValueError, match="not searched yet"):  # the slot for glossary terms is not ignored
-        search(model, src, src_mask, SearchOptions(max_len_a=1.0, max_len_b=2), SearchInputs(constraints=[[[4]]] * 3))
+    with pytest.raises(ValueError, match="sampling"):  # glossary terms are searched by greedy and beam search only
+        search(model, src, src_mask, SearchOptions(sampling="topk", max_len_a=1.0, max_len_b=2),
+               SearchInputs(constraints=[[[4]]] * 3))
 
 
 def test_bad_arguments():
