@@ -89,6 +89,7 @@ class Translator:
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
                   cancel: Callable[[], bool] | None = None, settings: DecodeConfig | None = None,
+                  glossary: Any = None, glossary_ignore_case: bool = False,
                   **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
@@ -101,8 +102,13 @@ class Translator:
         this translator's `decode_settings` returned (validated there, so used as they are; how `nmt
         serve` validates a request's options once), instead of decode_options. `lines` and `prefixes`
         are lists (any iterables) of str: one str, or an item that is not a str, is a one-line
-        TypeError that names the argument."""
+        TypeError that names the argument. glossary: `[(source term, target term), ...]` (or a
+        `nmt.glossary.Glossary`): every output of a line holds the target term of each entry whose
+        source term occurs in the line (whole words, longest match first; case-insensitive with
+        glossary_ignore_case); lines no entry matches translate as without it (nmt/glossary.py; the
+        PyTorch engine only: CTranslate2 cannot guarantee terms, a UserError)."""
         lines = _texts(lines, "lines")
+        glossary = _glossary(glossary, glossary_ignore_case)
         prefixes = _texts(prefixes, "prefixes") if prefixes is not None else None
         decode = self._given(settings, decode_options)
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
@@ -110,7 +116,7 @@ class Translator:
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
         with _CALLS:
             return translate_chunk(self._engine, lines, decode, on_batch, first_line=first_line,
-                                   prefixes=prefixes, line_numbers=line_numbers, cancel=cancel)
+                                   prefixes=prefixes, line_numbers=line_numbers, cancel=cancel, glossary=glossary)
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:
@@ -149,3 +155,18 @@ def _texts(value: Any, name: str) -> list[str]:
         if not isinstance(text, str):
             raise TypeError(f"{name}[{i}] must be a string, not {type(text).__name__}")
     return texts
+
+
+def _glossary(glossary: Any, ignore_case: bool):
+    """A compiled `Glossary` from the API's forms (None stays None): a Glossary as it is, else a list
+    of [source, target] pairs (`check_entries`: one-line UserError naming the bad item)."""
+    from nmt.glossary import Glossary, check_entries
+
+    if glossary is None or isinstance(glossary, Glossary):
+        if isinstance(glossary, Glossary) and ignore_case != glossary.ignore_case:
+            raise UserError("glossary_ignore_case: the Glossary was compiled with ignore_case="
+                            f"{glossary.ignore_case}")
+        return glossary
+    if not isinstance(ignore_case, bool):
+        raise TypeError(f"glossary_ignore_case must be True or False, got {ignore_case!r:.40}")
+    return Glossary(check_entries(glossary), ignore_case)

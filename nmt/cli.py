@@ -115,7 +115,16 @@ def _translate_parser(sub) -> None:
     p.add_argument("--prefix", metavar="FILE", help="target prefixes, one per input line (may be empty): each output "
                    "starts with its prefix, the search continues from it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings summary")
+    _add_glossary_options(p, "every output holds the target term of each entry whose source term occurs in its line "
+                          "(whole words, longest match first; constrained search, PyTorch engine)")
     _add_decode_options(p)
+
+
+def _add_glossary_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--glossary", metavar="FILE", help="terminology, a TSV file: `source term<TAB>target term` per line "
+                   f"(blank lines and # comments allowed): {what}")
+    p.add_argument("--glossary-ignore-case", action="store_true", help="match the glossary's source terms (and "
+                   "count its target terms) ignoring case")
 
 
 def _evaluate_parser(sub) -> None:
@@ -146,6 +155,9 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    _add_glossary_options(p, "with --src, report the term-use rate (matched entries whose target term appears in "
+                          "the hypothesis; JSON: term_use, terms) and the scores on the lines with a term; "
+                          "--checkpoint translates with the terms guaranteed")
     _add_decode_options(p)
 
 
@@ -306,7 +318,8 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
     path, engine = _model(args)
     return translate_command(path, args.input, args.output, engine=engine, device=args.device,
-                             overrides=_decode_overrides(args), prefix=args.prefix, quiet=args.quiet)
+                             overrides=_decode_overrides(args), prefix=args.prefix, quiet=args.quiet,
+                             glossary=args.glossary, glossary_ignore_case=args.glossary_ignore_case)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -319,6 +332,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
         if args.langid is not None:
             raise UserError("--compare does not count off-target outputs: give it without --langid")
+        if args.glossary is not None:
+            raise UserError("--compare does not report term use: evaluate each file with --hyp FILE --glossary")
         return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
                                lowercase=args.lowercase, json_out=args.json)
     if (args.hyp is None) == (path is None):
@@ -328,7 +343,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return evaluate_command(args.hyp, args.ref, checkpoint=path, engine=engine, src=args.src, save_hyps=args.save_hyps,
                             metrics=tuple(args.metrics), tokenize=args.tokenize, lowercase=args.lowercase,
                             json_out=args.json, quiet=args.quiet, device=args.device, overrides=_decode_overrides(args),
-                            langid=args.langid)
+                            langid=args.langid, glossary=args.glossary, glossary_ignore_case=args.glossary_ignore_case)
 
 
 def _cmd_score(args: argparse.Namespace) -> int:

@@ -90,6 +90,7 @@ class Ct2Engine:
     """
 
     name = "ctranslate2"
+    guarantees_terms = False  # no constrained search: a glossary is refused (nmt/translate.py)
     torch_device = None
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",

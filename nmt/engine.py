@@ -15,6 +15,7 @@ a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported w
         torch_device: torch.device | None   a PyTorch model's device (None: the engine runs its own threads)
         workers: int | None             batches the engine searches at once (None: decided per call, `resolve_workers`)
         precision: str                  decode.precision it was loaded with (nmt/precision.py)
+        guarantees_terms: bool          whether it searches `inputs.constraints` (glossary terms)
         def check_precision(p)           UserError unless calls with decode.precision p can run (fixed at load)
         def check(decode)                UserError for decode settings this engine cannot search as nmt.search does
         def running() -> ContextManager  around a run of calls: the model in eval mode
@@ -31,7 +32,8 @@ engine hands it to nmt.search; CTranslate2's maps it onto `translate_batch`'s ar
 per source up to `options.nbest` hypotheses, best first (Hypothesis: tokens without BOS/EOS, score,
 log_prob, finished). `inputs` (nmt.search_options.SearchInputs) carry the per-source data: `keys`
 (one integer per source, the input line number) fix the (PyTorch engine's) samples with
-`options.sampling`; `prefixes` (target ids per source) are forced. `cancel()` (or None)
+`options.sampling`; `prefixes` (target ids per source) are forced; `constraints` (glossary terms,
+only where `guarantees_terms`) must appear in every output. `cancel()` (or None)
 is checked at every decoding step (CTranslate2: before each of its calls, which it cannot stop) and
 True raises nmt.errors.Cancelled.
 `score_batch` returns per pair the log-probability of each target token and of the
@@ -59,6 +61,7 @@ class Engine(Protocol):
     torch_device: object
     workers: int | None
     precision: str
+    guarantees_terms: bool
 
     def check_precision(self, precision: str) -> None: ...
 

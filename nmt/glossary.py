@@ -3,7 +3,7 @@ often a translation used them (issue 37). Importable without torch.
 
 A glossary is a list of `Entry(source, target)`: from a TSV file (`read_glossary`: source term, tab,
 target term; blank lines and lines starting with `#` are skipped) or from `[[source, target], ...]`
-(`check_entries`: meant for the API and the server, which take no glossary yet). One source term has one target: the same entry twice is
+(`check_entries`: the API's and the server's form). One source term has one target: the same entry twice is
 kept once, the same source term with another target is an error (with `ignore_case`, source terms
 that differ only in case count as the same term).
 
@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 from nmt import textio
 from nmt.errors import UserError
 
-MAX_ENTRIES = 1000  # entries in one request's glossary (for nmt serve, which takes no glossary yet)
+MAX_ENTRIES = 1000  # entries in one request's glossary (nmt serve: 413 beyond)
 # Scripts written without spaces between words: each character is a unit (a term matches inside a run).
 UNSPACED = ("\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf\u3005-\u3007\u3040-\u30ff"
             "\u3100-\u312f\u31a0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
@@ -275,6 +275,18 @@ def read_glossary(path: str) -> list[Entry]:
             raise UserError(f"{where}: expected 'source term<TAB>target term', found {what}")
         _add(entries, Entry(_check_term(fields[0], "source", where), _check_term(fields[1], "target", where)), where)
     return [e for e, _ in entries.values()]
+
+
+def load_glossary(path: str | None, ignore_case: bool = False) -> Glossary | None:
+    """The compiled Glossary of a --glossary file (`read_glossary`), or None without one (UserError for
+    --glossary-ignore-case alone, or standard input: that is the text to translate)."""
+    if path is None:
+        if ignore_case:
+            raise UserError("--glossary-ignore-case needs --glossary FILE")
+        return None
+    if textio.is_stdin(path):
+        raise UserError("--glossary must be a file (standard input is the text to translate)")
+    return Glossary(read_glossary(path), ignore_case)
 
 
 def check_entries(pairs: Any, max_entries: int | None = None) -> list[Entry]:

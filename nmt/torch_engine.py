@@ -37,6 +37,7 @@ class TorchEngine:
 
     name = "torch"
     workers = None
+    guarantees_terms = True  # glossary terms: constrained search (nmt/constraints.py)
 
     def __init__(self, model, tokenizer, decode: DecodeConfig, ops: SearchOps | None = None, *,
                  autocast: torch.dtype | None = None):

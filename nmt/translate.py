@@ -14,7 +14,13 @@ detokenizes, restores protected spans and the input order. Guarantees:
   for the source EOS), never dropped; its result says so (`TranslationResult.truncated`);
 - each sentence is searched independently of its batch companions, so results do not
   depend on batching or workers (sampling with the CTranslate2 engine excepted: nmt/ct2.py);
-- every output text is one line (`textio.one_line`).
+- every output text is one line (`textio.one_line`);
+- with a glossary (nmt/glossary.py; the PyTorch engine), every output of a line holds the target
+  term of every entry whose source term matches in the line (the search's constraints,
+  nmt/constraints.py), and a line no entry matches is searched exactly as without the glossary. For
+  a model trained with data.terms, a line's matches are also annotated in its source
+  (`nmt.terms.annotate`). With decode.protect, terms are matched in the masked line (protected
+  spans are copied as they are).
 """
 
 from __future__ import annotations
@@ -139,25 +145,69 @@ def _translation(text: str, h, spans: list[str], alignment) -> Translation:
                        tuple(alignment) if alignment is not None else None, exact)
 
 
+def _glossary_terms(engine, lines: list[str], glossary, keys: list[int]):
+    """(lines, annotated where they match for a model trained with data.terms; per line the token ids of
+    the target terms its output must hold; per line whether each ends inside a word). A term the
+    model cannot write is a UserError naming the line."""
+    from nmt import terms
+    from nmt.glossary import term_tokens
+
+    annotate = terms.known_by(engine.tokenizer)
+    out, seqs, ends = [], [], []
+    for line, key in zip(lines, keys):
+        matches = glossary.match(line)
+        ids, end = [], []
+        if matches:
+            try:
+                ids, end = term_tokens(list(dict.fromkeys(m.entry.target for m in matches)), engine.tokenizer)
+            except UserError as e:
+                raise UserError(f"line {key + 1}: {e}") from None
+        out.append(terms.annotate(line, matches) if matches and annotate else line)
+        seqs.append(ids)
+        ends.append(end)
+    return out, seqs, ends
+
+
+def _check_room(engine, seqs, prefix_ids, spans, keys) -> None:
+    """UserError naming the first line whose terms (with its prefix, placeholders and an EOS) do not fit
+    in the model's positions."""
+    cap = engine.max_positions - 1
+    for i, ids in enumerate(seqs):
+        need = (len(prefix_ids[i]) if prefix_ids is not None else 0) + sum(map(len, ids)) + len(spans[i]) + 1
+        if ids and need > cap:
+            raise UserError(f"line {keys[i] + 1}: its glossary terms need {need} output tokens, more than the "
+                            f"model's {cap}")
+
+
 # --------------------------------------------------------------------------- the core
 
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
                     first_line: int = 0, prefixes: Sequence[str] | None = None,
                     line_numbers: Sequence[int] | None = None,
-                    cancel: Callable[[], bool] | None = None) -> list[TranslationResult]:
+                    cancel: Callable[[], bool] | None = None, glossary=None) -> list[TranslationResult]:
     """One TranslationResult per line, in order (module docstring).
 
     first_line: the input line number of lines[0] (sampling keys). line_numbers: each line's own
     number instead (lines gathered from several inputs, e.g. the requests `nmt serve` translates
     together); first_line is then not used. prefixes: per line a target prefix text the output
     must start with (may be empty). cancel: checked at every decoding step; True stops the call
-    (nmt.errors.Cancelled).
+    (nmt.errors.Cancelled). glossary: a `nmt.glossary.Glossary` whose terms the outputs must hold.
     """
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
+    if glossary is not None and not engine.guarantees_terms:
+        raise UserError(f"a glossary needs constrained search, which the {engine.name} engine does not have: "
+                        "translate with the checkpoint (PyTorch engine)")
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
+    seqs = ends = None
+    if glossary is not None and len(glossary):
+        lines, seqs, ends = _glossary_terms(engine, lines, glossary, keys)
     src_ids, truncated = encode_sources(engine, lines)
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # [] or [the language token]
     prefix_ids, prefix_cut = _prefix_ids(engine, prefixes, lang, len(lines))
+    if seqs is not None:
+        if decode.sampling != "none" and any(seqs):
+            raise UserError("a glossary is not guaranteed with sampling: use greedy or beam search")
+        _check_room(engine, seqs, prefix_ids, spans, keys)
     hyps: list[tuple[Translation, ...]] = [(EMPTY,) * decode.nbest for _ in lines]
     todo = [i for i, ids in enumerate(src_ids) if ids]  # lines without tokens give "" (or their prefix)
     for i in set(range(len(lines))) - set(todo):
@@ -167,15 +217,23 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     if on_batch is not None and len(todo) < len(lines):
         on_batch(len(lines) - len(todo))
 
-    from nmt.search_options import SearchInputs, SearchOptions  # (torch: loaded with the model)
+    from nmt.search_options import SearchInputs, SearchOptions, Terms  # (torch: loaded with the model)
 
     options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
+    joins = None
+    if seqs is not None and any(seqs):
+        from nmt.glossary import joining_tokens
+
+        joins = joining_tokens(engine.tokenizer)
 
     def search(batch: list[int]) -> tuple[list[list], list | None]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
+        terms = None
+        if joins is not None and any(seqs[i] for i in rows):  # a batch without terms: the plain search
+            terms = Terms([seqs[i] for i in rows], [ends[i] for i in rows], joins)
         inputs = SearchInputs(prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None,
-                              keys=[keys[i] for i in rows])
+                              keys=[keys[i] for i in rows], constraints=terms)
         nbests = engine.search_batch([src_ids[i] for i in rows], options, inputs, cancel=cancel)
         if not decode.alignment:
             return nbests, None

@@ -30,6 +30,7 @@ from nmt.api import Translator
 from nmt.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, compare
 from nmt.degeneration import degeneration, format_report
 from nmt.errors import UserError
+from nmt.glossary import load_glossary
 from nmt.export_dir import read_langid, read_metadata
 from nmt.languages import TargetLanguages, stored_target_languages
 from nmt.metrics import METRICS, check_tokenize, corpus_metrics, language_tokenize
@@ -98,6 +99,28 @@ def _language(checkpoint: str | None, engine: str, langid: str | None, tgt_lang:
     return lang, tokenize, _identifier(info, lang, warn, langid)
 
 
+def term_report(hyps: Sequence[str], refs: Sequence[str], srcs: Sequence[str], glossary, names: Sequence[str], *,
+                tokenize: str | None = None, lowercase: bool = False) -> dict:
+    """How the hypotheses used the glossary (`nmt.glossary.term_use`: term_use, term_matches, terms_used,
+    term_lines) and each metric's score on the lines with a term (`term_lines_<metric>`; None without one)."""
+    from nmt.glossary import lines_with_terms, term_use
+
+    report = term_use(hyps, srcs, glossary)
+    rows = lines_with_terms(srcs, glossary)
+    scores = corpus_metrics([hyps[i] for i in rows], [refs[i] for i in rows], names, tokenize=tokenize,
+                            lowercase=lowercase) if rows else {}
+    return {**report, **{f"term_lines_{name}": scores[name]["score"] if rows else None for name in names}}
+
+
+def format_terms(report: dict, names: Sequence[str]) -> str:
+    """The text line of a `term_report`."""
+    if report["term_use"] is None:
+        return "terms: no glossary entry matches a source line"
+    scores = ", ".join(f"{n} {report[f'term_lines_{n}']:.2f}" for n in names)
+    return (f"terms: {report['term_use']:.2f}% used ({report['terms_used']} of {report['term_matches']} matched "
+            f"entries, {report['term_lines']} lines with a term; on those lines {scores})")
+
+
 def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid) -> None:
     """Everything `evaluate_command` can check before any work (UserError)."""
     for name in names:
@@ -127,20 +150,21 @@ def _translator(checkpoint: str, engine: str, device: str, overrides: dict):
     return translator
 
 
-def _translate(translator, lines: list[str], quiet: bool, stderr: IO[str]) -> tuple[list[str], list[bool]]:
-    """(hypotheses, finished flags) of `lines` translated by `translator`."""
+def _translate(translator, lines: list[str], quiet: bool, stderr: IO[str], glossary=None) -> tuple[list[str], list[bool]]:
+    """(hypotheses, finished flags) of `lines` translated by `translator` (with the glossary's terms)."""
     from tqdm import tqdm
 
     with tqdm(total=len(lines), disable=quiet, unit="sent", file=stderr, dynamic_ncols=True) as bar:
-        results = translator.translate(lines, on_batch=bar.update)
+        results = translator.translate(lines, on_batch=bar.update, glossary=glossary)
     n_truncated = sum(r.truncated for r in results)
     if n_truncated and not quiet:
         print(truncation_warning(n_truncated, translator.max_positions), file=stderr)
     return [r.text for r in results], [r.finished for r in results]
 
 
-def _write_report(results: dict, report: dict, json_out: bool, header: dict, stdout: IO[str]) -> None:
-    """sacreBLEU's lines and the degeneration line, or one JSON object (`evaluate_command`)."""
+def _write_report(results: dict, report: dict, json_out: bool, header: dict, stdout: IO[str],
+                  terms: dict | None = None) -> None:
+    """sacreBLEU's lines, the degeneration line (and the terms line), or one JSON object (`evaluate_command`)."""
     if json_out:
         obj = dict(header)
         for name, entry in results.items():
@@ -148,11 +172,15 @@ def _write_report(results: dict, report: dict, json_out: bool, header: dict, std
         obj["degeneration"] = report
         off = report.get("off_target")
         obj["off_target"] = {k: v for k, v in off.items() if k != "lines"} if off else None
+        if terms is not None:
+            obj["term_use"], obj["terms"] = terms["term_use"], terms
         stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
     else:
         for entry in results.values():
             stdout.write(entry["text"] + "\n")
         stdout.write(format_report(report) + "\n")
+        if terms is not None:
+            stdout.write(format_terms(terms, list(results)) + "\n")
     stdout.flush()
 
 
@@ -161,7 +189,8 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
                      metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None, lowercase: bool = False,
                      json_out: bool = False, device: str = "auto", overrides: dict[str, Any] | None = None,
                      quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
-                     stderr: IO[str] | None = None, langid: str | None = None) -> int:
+                     stderr: IO[str] | None = None, langid: str | None = None, glossary: str | None = None,
+                     glossary_ignore_case: bool = False) -> int:
     """`nmt evaluate`: score `hyp` (None or "-" = standard input) against `ref`, or translate
     `src` with `checkpoint` (a checkpoint file or a CTranslate2 export; `engine` auto, torch or
     ctranslate2; `overrides`: decode settings, default the model's) and score the result.
@@ -175,7 +204,10 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     also counts copied sources. The target language L (`overrides["tgt_lang"]`, else the model's)
     picks the BLEU tokenizer when `tokenize` is None (`language_tokenize`); `langid`: a checkpoint or
     export whose language identifier counts off-target outputs (default: the translating model's; a
-    UserError when it has none, or does not know the language L).
+    UserError when it has none, or does not know the language L). `glossary`: a TSV glossary (needs
+    `src`): the checkpoint translates with its terms, and the report adds `term_report`'s line (JSON:
+    `term_use`, the percent of matched entries whose target term appears in the hypothesis, and `terms`,
+    its counts and the scores on the lines with a term).
     Everything is checked before any work. Returns 0.
     """
     stdout = stdout if stdout is not None else sys.stdout
@@ -183,7 +215,14 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     overrides = dict(overrides or {})
     names = [m.lower() for m in metrics]
     _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid)
+    if glossary is not None:
+        if src is None:
+            raise UserError("--glossary needs --src: the source lines its terms are matched in")
+        textio.check_paths({"--glossary": glossary}, {}, stdin=stdin)
+    terms = load_glossary(glossary, glossary_ignore_case)
     translator = _translator(checkpoint, engine, device, overrides) if checkpoint is not None else None
+    if translator is not None and terms is not None:
+        translator.translate([], glossary=terms)  # an engine that cannot guarantee terms fails before any work
     lang, tokenize, identifier = _language(checkpoint, engine, langid, overrides.get("tgt_lang"), tokenize,
                                            lambda msg: print(f"nmt evaluate: warning: {msg}", file=stderr, flush=True))
     refs = textio.read_lines(ref)
@@ -192,7 +231,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
         raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
     finished = None
     if checkpoint is not None:
-        hyps, finished = _translate(translator, lines, quiet, stderr)
+        hyps, finished = _translate(translator, lines, quiet, stderr, terms)
         hyp_name = f"{src} (translated by {checkpoint})"
     else:
         hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
@@ -204,7 +243,11 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
         textio.write_lines(save_hyps, hyps)
     header = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs), "tgt_lang": lang,
               **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {})}
-    _write_report(results, report, json_out, header, stdout)
+    term_use = None
+    if terms is not None:
+        term_use = term_report(hyps, refs, lines, terms, names, tokenize=tokenize, lowercase=lowercase)
+        header["glossary"] = glossary
+    _write_report(results, report, json_out, header, stdout, term_use)
     return 0
 
 

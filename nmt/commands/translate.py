@@ -16,6 +16,7 @@ from nmt import textio
 from nmt.api import Translator
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
+from nmt.glossary import load_glossary
 from nmt.translate import Translation, TranslationResult, truncation_warning
 
 CHUNK_LINES = 10_000  # lines sorted and translated together by translate_command
@@ -59,21 +60,27 @@ def _prefix_chunks(prefix: str | None, input: str | None):
 def translate_command(path: str, input: str | None, output: str | None, *, engine: str = "auto",
                       device: str = "auto", overrides: dict[str, Any] | None = None, prefix: str | None = None,
                       quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
-                      stderr: IO[str] | None = None, chunk_lines: int = CHUNK_LINES) -> int:
+                      stderr: IO[str] | None = None, chunk_lines: int = CHUNK_LINES, glossary: str | None = None,
+                      glossary_ignore_case: bool = False) -> int:
     """`nmt translate`: input file or stdin -> output file or stdout, with the checkpoint (or
     CTranslate2 export) at `path`. `overrides` {decode key: value} replace the model's `decode`
     settings; `prefix`: a file with one target prefix per input line. A progress bar (stderr) is
     shown when reading a file, unless quiet; quiet also silences the truncation warning and the
-    protect report. Returns 0."""
+    protect report. glossary: a TSV glossary file whose terms every output holds (nmt/glossary.py),
+    matched ignoring case with glossary_ignore_case. Returns 0."""
     from tqdm import tqdm
 
     stderr = stderr if stderr is not None else sys.stderr
-    inputs = {"--input": input, "--checkpoint": path, **({"--prefix": prefix} if prefix is not None else {})}
+    inputs = {"--input": input, "--checkpoint": path, **({"--prefix": prefix} if prefix is not None else {}),
+              **({"--glossary": glossary} if glossary is not None else {})}
     textio.check_paths(inputs, {"--output": output}, stdin=stdin, stdout=stdout, input_dirs=("--checkpoint",))
     from_file = not textio.is_stdin(input)
+    terms = load_glossary(glossary, glossary_ignore_case)
     prefix_lines = _prefix_chunks(prefix, input)
     translator = Translator(path, engine=engine, device=device, **(overrides or {}))
     translator.check_language()  # before any output
+    if terms is not None:
+        translator.translate([], glossary=terms)  # an engine that cannot guarantee terms fails before any output
     decode = translator.decode
     total = textio.count_lines(input) if textio.rereadable(input) and not quiet else None  # (a pipe: no total)
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
@@ -87,7 +94,8 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
                 prefixes = [line for _, line in zip(chunk, prefix_lines)]
                 if len(prefixes) < len(chunk):
                     raise UserError(f"{prefix} has fewer lines ({index + len(prefixes)}) than the input")
-            results = translator.translate(chunk, prefixes=prefixes, first_line=index, on_batch=bar.update)
+            results = translator.translate(chunk, prefixes=prefixes, first_line=index, on_batch=bar.update,
+                                           glossary=terms)
             n_truncated += sum(r.truncated for r in results)
             n_prefix_cut += sum(r.prefix_truncated for r in results)
             protected += sum(r.protected is not None for r in results)
