@@ -63,6 +63,11 @@ class Translator:
         return protect.known_by(self._engine.tokenizer)
 
     @property
+    def guarantees_terms(self) -> bool:
+        """Whether `translate(glossary=...)` can guarantee terms (the PyTorch engine's constrained search)."""
+        return self._engine.guarantees_terms
+
+    @property
     def max_positions(self) -> int:
         """The longest sequence (in subword tokens) the model accepts."""
         return self._engine.max_positions

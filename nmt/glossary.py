@@ -207,6 +207,11 @@ class Glossary:
     def __len__(self) -> int:
         return len(self.entries)
 
+    @property
+    def key(self) -> tuple:
+        """What makes two glossaries match alike (hashable): the entries and ignore_case."""
+        return tuple(self.entries), self.ignore_case
+
     def match(self, line: str) -> list[Match]:
         """The matches in `line`, by position (module docstring: whole words, longest first)."""
         if not self._index:

@@ -1,7 +1,7 @@
 """Cross-request batching for `nmt serve`: a bounded queue of requests and one task that
 translates them in groups.
 
-    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, decode, cancel)
+    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, decode, cancel[, glossary])
     batcher.submit(job)                        # asyncio.QueueFull when max_queue requests wait (503)
     task = asyncio.create_task(batcher.run())  # until cancelled
 
@@ -73,6 +73,7 @@ class Job:
     decode: DecodeConfig
     future: asyncio.Future
     arrived: float
+    glossary: Any = None  # its nmt.glossary.Glossary (requests with other glossaries are other calls)
 
 
 @dataclass
@@ -95,10 +96,10 @@ def gather_wait(settings: "Settings", last_call: float) -> float:
 
 
 def groups(jobs: Sequence[Job]) -> list[list[Job]]:
-    """Jobs grouped by equal decode settings, in order of first appearance."""
+    """Jobs grouped by equal decode settings and glossary, in order of first appearance."""
     by_key: dict[Any, list[Job]] = {}
     for job in jobs:
-        by_key.setdefault(job.decode, []).append(job)
+        by_key.setdefault((job.decode, None if job.glossary is None else job.glossary.key), []).append(job)
     return list(by_key.values())
 
 
@@ -245,8 +246,9 @@ class Batcher:
         self._running, self._stop = jobs, threading.Event()
         start = loop.time()
         try:
+            glossary = () if jobs[0].glossary is None else (jobs[0].glossary,)  # (the same in the whole group)
             return await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
-                                              jobs[0].decode, self._stop.is_set)
+                                              jobs[0].decode, self._stop.is_set, *glossary)
         finally:
             self._running = []
             s.translating = 0

@@ -10,7 +10,8 @@ import json
 from urllib.parse import urlsplit
 
 from nmt.commands.batcher import Batcher, Job, Settings
-from nmt.commands.serve_request import REQUEST_KEYS, RequestError, check_options, parse_request, result_json
+from nmt.commands.serve_request import (REQUEST_KEYS, RequestError, check_options, parse_glossary, parse_request,
+                                        result_json)
 from nmt.errors import UserError
 
 RETRY_AFTER = "1"  # seconds, with 503 for a full queue
@@ -35,11 +36,11 @@ class Service:
         self.stopping = asyncio.Event()
         self.in_flight = 0
 
-    def translate(self, lines, prefixes, line_numbers, decode, cancel):
-        """One call of the translator with a request's validated settings (the batcher runs it in its
-        worker thread)."""
+    def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None):
+        """One call of the translator with a request's validated settings and glossary (the batcher runs
+        it in its worker thread)."""
         return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
-                                         settings=decode)
+                                         settings=decode, glossary=glossary)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -87,8 +88,14 @@ class Service:
         or whose client went away is abandoned: the batcher frees its slot, or stops its call."""
         lines, prefixes, options = parse_request(body, self.settings)
         decode = check_options(self.translator, options, self.settings)
+        glossary = parse_glossary(body)
+        if glossary is not None and not self.translator.guarantees_terms:
+            raise RequestError(400, "this server's model cannot guarantee glossary terms (a CTranslate2 export: "
+                                    "serve the checkpoint)")
+        if glossary is not None and decode.sampling != "none":
+            raise RequestError(400, "a glossary is not guaranteed with sampling: use greedy or beam search")
         loop = asyncio.get_running_loop()
-        job = Job(lines, prefixes, decode, loop.create_future(), loop.time())
+        job = Job(lines, prefixes, decode, loop.create_future(), loop.time(), glossary)
         try:
             self.batcher.submit(job)
         except asyncio.QueueFull:

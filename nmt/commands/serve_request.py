@@ -19,7 +19,7 @@ SERVER_KEYS = {
     "protect_pattern": "a regular expression run on every line (a slow one would stall every request)",
 }
 REQUEST_KEYS = tuple(k for k in DecodeConfig.__dataclass_fields__ if k not in SERVER_KEYS)
-FIELDS = ("text", "options", "prefix")  # of a POST /translate body
+FIELDS = ("text", "options", "prefix", "glossary", "glossary_ignore_case")  # of a POST /translate body
 SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate (from JSON's \ud800 escape): not Unicode text
 
 
@@ -53,6 +53,28 @@ def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str]
         raise RequestError(400, "options must be a JSON object of decode keys, e.g. {\"beam_size\": 4}")
     _check_size(lines, prefixes, settings)
     return lines, prefixes, options
+
+
+def parse_glossary(body: bytes):
+    """The request's glossary (`"glossary": [["source", "target"], ...]`, `"glossary_ignore_case"`) as a
+    compiled nmt.glossary.Glossary, or None: RequestError 400 for a malformed one, 413 beyond
+    nmt.glossary.MAX_ENTRIES entries. (The body was checked by `parse_request`.)"""
+    from nmt.glossary import MAX_ENTRIES, Glossary, GlossaryTooLarge, check_entries
+
+    data = json.loads(body)
+    ignore_case = data.get("glossary_ignore_case", False)
+    if not isinstance(ignore_case, bool):
+        raise RequestError(400, "glossary_ignore_case must be true or false")
+    if data.get("glossary") is None:
+        if ignore_case:
+            raise RequestError(400, "glossary_ignore_case needs a glossary")
+        return None
+    try:
+        return Glossary(check_entries(data["glossary"], MAX_ENTRIES), ignore_case)
+    except GlossaryTooLarge as e:
+        raise RequestError(413, f"{e} in one request") from None
+    except UserError as e:
+        raise RequestError(400, str(e)) from None
 
 
 def _string_list(value: Any, name: str) -> list[str]:

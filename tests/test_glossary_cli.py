@@ -1,0 +1,181 @@
+"""Glossaries end to end (issue 37) on a tiny checkpoint: `Translator.translate(glossary=)`,
+`nmt translate --glossary`, `nmt evaluate --glossary`, `POST /translate` with "glossary".
+
+The reference for "every output holds every matched term" is nmt.glossary's own matching rule
+(`Glossary.targets` on the source line, `appears` on the output); lines no entry matches must be
+what a run without the glossary gives (text and score); the untrained model writes the terms by
+itself on too few lines for the checks to pass without the constrained search.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from nmt import cli
+from nmt.api import Translator
+from nmt.errors import UserError
+from nmt.glossary import Glossary, appears, check_entries
+
+from helpers import make_pairs, make_tiny_checkpoint
+
+LINES = [s for s, _ in make_pairs(14, 5)] + ["", "y el perro"]
+GLOSSARY = [("perro", "moon"), ("gato grande", "big river"), ("mesa", "sun")]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("glossary") / "tiny.pt"))
+
+
+@pytest.fixture(scope="module")
+def translator(ckpt) -> Translator:
+    return Translator(ckpt, device="cpu")
+
+
+def _targets(line: str) -> list[str]:
+    return Glossary(check_entries(GLOSSARY)).targets(line)
+
+
+def test_lines_split_between_matched_and_not():
+    assert 0 < sum(bool(_targets(line)) for line in LINES) < len(LINES) - 2
+
+
+@pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 2}, {"beam_size": 3, "nbest": 2},
+                                     {"beam_size": 2, "no_repeat_ngram": 1}])
+def test_every_output_holds_every_matched_term(translator, options):
+    with_terms = translator.translate(LINES, glossary=GLOSSARY, **options)
+    plain = translator.translate(LINES, **options)
+    missed_without = 0
+    for line, got, base in zip(LINES, with_terms, plain):
+        targets = _targets(line)
+        for h in got.hypotheses:
+            assert all(appears(t, h.text) for t in targets), (line, h.text, targets)
+        if not targets:
+            assert [(h.text, h.score) for h in got.hypotheses] == [(h.text, h.score) for h in base.hypotheses]
+        missed_without += any(not appears(t, base.text) for t in targets)
+    assert missed_without >= 3  # without the glossary the model misses terms: the check can fail
+
+
+def test_prefixes_and_ignore_case(translator):
+    lines = ["el Perro come la mesa", "la casa ve el gato grande"]
+    prefixes = ["the", ""]
+    got = translator.translate(lines, prefixes=prefixes, glossary=GLOSSARY, glossary_ignore_case=True)
+    assert got[0].text.startswith("the") and appears("moon", got[0].text) and appears("sun", got[0].text)
+    assert appears("big river", got[1].text)
+    line = ["el Perro come la casa"]  # "Perro" is not "perro": no match, the plain output
+    assert translator.translate(line, glossary=GLOSSARY)[0].text == translator.translate(line)[0].text
+    assert appears("moon", translator.translate(line, glossary=GLOSSARY, glossary_ignore_case=True)[0].text)
+
+
+def test_api_errors_are_one_line(translator):
+    with pytest.raises(UserError, match=r"glossary\[1\]"):
+        translator.translate(LINES, glossary=[("perro", "moon"), ("gato",)])
+    with pytest.raises(UserError, match="sampling"):
+        translator.translate(LINES, glossary=GLOSSARY, sampling="topk")
+    with pytest.raises(UserError, match="cannot be written"):
+        translator.translate(["el perro"], glossary=[("perro", "zebra ✓")])
+    with pytest.raises(TypeError, match="glossary_ignore_case"):
+        translator.translate(LINES, glossary=GLOSSARY, glossary_ignore_case="yes")
+
+
+def _write(path, lines) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_translate_command_equals_the_api(translator, ckpt, tmp_path, capsys):
+    src = _write(tmp_path / "in.txt", LINES)
+    tsv = _write(tmp_path / "terms.tsv", ["# a comment", ""] + [f"{s}\t{t}" for s, t in GLOSSARY])
+    out = str(tmp_path / "out.txt")
+    assert cli.main(["translate", "-c", ckpt, "-i", src, "-o", out, "--glossary", tsv, "--beam", "2", "-q"]) == 0
+    with open(out, encoding="utf-8") as f:
+        assert f.read().splitlines() == [r.text for r in translator.translate(LINES, glossary=GLOSSARY, beam_size=2)]
+
+
+def test_translate_command_errors(ckpt, tmp_path, capsys):
+    src = _write(tmp_path / "in.txt", LINES)
+    bad = _write(tmp_path / "bad.tsv", ["perro\tmoon", "gato grande big river"])
+    for args, message in ((["--glossary", bad], r"bad\.tsv line 2: expected 'source term<TAB>target term'"),
+                          (["--glossary-ignore-case"], "needs --glossary"),
+                          (["--glossary", str(tmp_path / "none.tsv")], "none.tsv")):
+        out = tmp_path / "out.txt"
+        code = cli.main(["translate", "-c", ckpt, "-i", src, "-o", str(out), "-q", *args])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and re.search(message, err) and "\n" not in err and not out.exists(), (code, err)
+
+
+def test_evaluate_reports_term_use(ckpt, translator, tmp_path, capsys):
+    src = _write(tmp_path / "src.txt", LINES)
+    ref = _write(tmp_path / "ref.txt", [t for _, t in make_pairs(14, 5)] + ["", "and the dog"])
+    tsv = _write(tmp_path / "terms.tsv", [f"{s}\t{t}" for s, t in GLOSSARY])
+    hyp = _write(tmp_path / "hyp.txt", [r.text for r in translator.translate(LINES)])
+    assert cli.main(["evaluate", "--hyp", hyp, "--src", src, "--ref", ref, "--glossary", tsv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    pairs = [(t, h) for line, h in zip(LINES, open(hyp, encoding="utf-8").read().splitlines())
+             for t in _targets(line)]
+    used = sum(appears(t, h) for t, h in pairs)
+    assert report["terms"]["term_matches"] == len(pairs) and report["terms"]["terms_used"] == used
+    assert report["term_use"] == pytest.approx(100.0 * used / len(pairs)) and used < len(pairs)
+    assert cli.main(["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--glossary", tsv, "--json", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["term_use"] == 100.0 and report["terms"]["term_lines"] == sum(bool(_targets(x)) for x in LINES)
+    assert report["terms"]["term_lines_bleu"] is not None
+    assert cli.main(["evaluate", "--hyp", hyp, "--ref", ref, "--glossary", tsv]) == 2
+    assert "needs --src" in capsys.readouterr().err
+
+
+def test_ctranslate2_refuses_a_glossary(ckpt, tmp_path, capsys):
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
+    out = str(tmp_path / "ct2")
+    assert cli.main(["export", "-c", ckpt, "-o", out]) == 0
+    src = _write(tmp_path / "in.txt", LINES)
+    tsv = _write(tmp_path / "terms.tsv", [f"{s}\t{t}" for s, t in GLOSSARY])
+    assert cli.main(["translate", "--model", out, "-i", src, "--glossary", tsv, "-q"]) == 2
+    assert "constrained search" in capsys.readouterr().err
+    with pytest.raises(UserError, match="constrained search"):
+        Translator(out).translate(LINES, glossary=GLOSSARY)
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url + "/translate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+@pytest.mark.slow
+def test_server_glossary_equals_the_api(ckpt, translator):
+    pytest.importorskip("uvicorn", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", ckpt, "--port", "0"], text=True,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"))
+    try:
+        url = re.search(r"http://[^/ ]+", proc.stderr.readline()).group(0)
+        status, data = _post(url, {"text": LINES, "glossary": [list(e) for e in GLOSSARY], "options": {"beam_size": 2}})
+        assert status == 200, data
+        want = translator.translate(LINES, glossary=GLOSSARY, beam_size=2)
+        assert [t["text"] for t in data["translations"]] == [r.text for r in want]
+        status, data = _post(url, {"text": LINES, "glossary": [[f"w{i}", "moon"] for i in range(1001)]})
+        assert status == 413 and "1001 glossary entries" in data["error"]
+        for glossary, message in (([["perro"]], r"glossary\[0\]"), ({"perro": "moon"}, "list of"),
+                                  ([["perro", "moon"], ["perro", "sun"]], "already has the target")):
+            status, data = _post(url, {"text": LINES, "glossary": glossary})
+            assert status == 400 and re.search(message, data["error"]), data
+        status, data = _post(url, {"text": LINES, "glossary": [["perro", "moon"]], "options": {"sampling": "topk"}})
+        assert status == 400 and "sampling" in data["error"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
