@@ -179,3 +179,31 @@ def test_server_glossary_equals_the_api(ckpt, translator):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_bench_glossary_quick(ckpt, tmp_path):
+    """scripts/bench_glossary.py end to end on the tiny model (as plain and as terms model): the
+    constrained systems use every term, the report's counts are the glossary's own."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("bench_glossary", os.path.join(root, "scripts", "bench_glossary.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    pairs = make_pairs(300, 1)
+    files = {name: _write(tmp_path / f"{name}.txt", lines) for name, lines in (
+        ("train-src", [s for s, _ in pairs]), ("train-tgt", [t for _, t in pairs]),
+        ("test-src", LINES), ("test-tgt", [t for _, t in make_pairs(14, 5)] + ["", "and the dog"]))}
+    out = tmp_path / "out"
+    args = [x for name, path in files.items() for x in (f"--{name}", path)]
+    assert bench.main(args + ["--plain", ckpt, "--terms", ckpt, "--out", str(out), "--quick", "--beam", "2"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    entries = [line.split("\t") for line in (out / "glossary.tsv").read_text().splitlines()[1:]]
+    assert entries and ["perro", "dog"] in entries  # the corpus' own translation of "perro"
+    glossary = Glossary(check_entries(entries))
+    term_lines = [line for line in LINES if glossary.targets(line)]
+    assert result["glossary"]["term_lines"] == len(term_lines) > 0
+    for name in ("plain+glossary", "terms+glossary"):
+        assert result["systems"][name]["term_use"] == 100.0
+    assert result["systems"]["plain"]["term_use"] < 100.0
+    assert set(result["speed"]) == {"all", "no_term_lines"} and (out / "results.md").exists()
