@@ -11,7 +11,7 @@ share of the pairs a dictionary entry applies to, an entry applying to a pair wh
 matches in the source and its target term appears in the target (nmt/glossary.py's whole-word rule),
 so the model learns to copy the annotated target term to where it belongs; at translation time the
 same annotation of a glossary's matches (`known_by`: the model has the symbols) is to tell the model
-the terms the search will then guarantee (issue 37: not wired into translation yet). With
+the terms the search then guarantees (nmt/translate.py, `nmt translate --glossary`). With
 data.protect the pair is masked first, then annotated (the markers look like markup, which
 protection would otherwise take for a span).
 
