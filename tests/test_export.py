@@ -23,9 +23,9 @@ from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 from helpers import make_pairs, tiny_config_dict
+from helpers import ROOT
 
 CT2_REASON = 'ctranslate2 is an optional extra: pip install -e ".[ct2]"'
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -624,3 +624,16 @@ def test_ctranslate2_protect_takes_the_best_hypothesis_with_every_placeholder():
     assert engine._rank(result, unprotected, 0.0, 0.0, ["▁x"])[0].tokens == [4]
     none_exact = engine._rank(result, decode, 0.0, 0.0, ["<ph_0>", "<ph_1>", "<ph_2>"])
     assert none_exact[0].tokens == [4]  # no hypothesis has them all: the best one (the report counts it)
+
+
+def test_read_langid_reads_what_an_export_holds_and_none_without(tmp_path):
+    """export_dir.read_langid (nmt evaluate --langid on an export) read the file with an unimported json."""
+    from nmt.export_dir import LANGID_FILE, read_langid
+
+    assert read_langid(str(tmp_path)) is None
+    stored = {"languages": ["en", "xx"], "n": 3, "profiles": {"en": {"the": 0.5}, "xx": {"eht": 0.5}}}
+    (tmp_path / LANGID_FILE).write_text(json.dumps(stored), encoding="utf-8")
+    assert read_langid(str(tmp_path)) == stored
+    (tmp_path / LANGID_FILE).write_text("{not json", encoding="utf-8")
+    with pytest.raises(UserError, match="cannot read"):
+        read_langid(str(tmp_path))
