@@ -22,11 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("api") / "tiny.pt"))
-
-
-@pytest.fixture(scope="module")
 def lines() -> list[str]:
     return [p[0] for p in make_pairs(12, 5)] + ["", "  "]
 

@@ -17,8 +17,8 @@ from nmt.translate import translate_lines
 from nmt.train import train
 
 from helpers import NOUNS, make_pairs, tiny_config_dict
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -20,8 +20,8 @@ import yaml
 
 from helpers import tiny_config_dict
 from helpers import make_tiny_checkpoint
+from helpers import ROOT
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCRIPTS = os.path.join(ROOT, "scripts")
 
 

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT, run_nmt, write_yaml
 
-
-def run_nmt(*args, stdin=None, cwd=None):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=300)
 
 
 def test_help_lists_commands():
@@ -69,12 +63,6 @@ def test_no_command_prints_help_and_fails():
     assert r.returncode == 2 and "train" in r.stdout
 
 
-def _write_cfg(tmp_path, raw):
-    p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return str(p)
-
-
 def _cfg(tmp_path):
     for n in ("a.src", "a.tgt"):
         (tmp_path / n).write_text("x\n", encoding="utf-8")
@@ -93,19 +81,19 @@ def _cfg(tmp_path):
 def test_bad_config_one_line_exit_2(tmp_path, mutate, message):
     raw = _cfg(tmp_path)
     mutate(raw)
-    r = run_nmt("train", "--config", _write_cfg(tmp_path, raw))
+    r = run_nmt("train", "--config", write_yaml(tmp_path / "c.yaml", raw))
     assert r.returncode == 2
     assert r.stderr.strip() == message
     assert "Traceback" not in r.stderr
 
 
 def test_check_prints_resolved_config_with_overrides(tmp_path):
-    r = run_nmt("train", "--config", _write_cfg(tmp_path, _cfg(tmp_path)), "--set", "train.lr=5e-4",
+    r = run_nmt("train", "--config", write_yaml(tmp_path / "c.yaml", _cfg(tmp_path)), "--set", "train.lr=5e-4",
                 "--set", "model.layers=4", "--check")
     assert r.returncode == 0, r.stderr
     resolved = yaml.safe_load(r.stdout)
     assert resolved["train"]["lr"] == 5e-4 and resolved["model"]["layers"] == 4
-    r = run_nmt("train", "--config", _write_cfg(tmp_path, _cfg(tmp_path)), "--set", "model.layers=four")
+    r = run_nmt("train", "--config", write_yaml(tmp_path / "c.yaml", _cfg(tmp_path)), "--set", "model.layers=four")
     assert r.returncode == 2 and r.stderr.strip() == "nmt train: error: invalid value for 'model.layers': 'four' (expected an integer)"
 
 

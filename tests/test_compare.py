@@ -17,7 +17,8 @@ from nmt.commands.evaluate import compare_command
 from nmt.compare import compare
 from nmt.errors import UserError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 WORDS = "the cat sat on mat a dog ran in park house big red and of".split()
 
 

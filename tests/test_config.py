@@ -12,7 +12,8 @@ import yaml
 from nmt.config import (Config, ConfigError, DecodeConfig, ModelConfig, TrainConfig, apply_overrides,
                         dump_config, load_config)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
-import sys
 
 import pytest
 import torch
@@ -182,31 +180,19 @@ def test_uniform_noise_is_uniform_and_independent():
 # --------------------------------------------------------------------------- through the pipeline and the CLI
 
 import re
-import subprocess
 
 from nmt.config import decode_config
 from nmt.torch_engine import TorchEngine
 from nmt.commands.translate import translate_command
 from nmt.translate import translate_nbest
 from helpers import make_pairs
-from helpers import make_tiny_checkpoint
+from helpers import run_nmt as cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("controls") / "tiny.pt"))
 
 
 @pytest.fixture(scope="module")
 def engine(ckpt):
     return TorchEngine.load(ckpt, "cpu")
-
-
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, timeout=300)
 
 
 def test_sampled_translations_are_reproducible_and_independent_of_batching(engine):

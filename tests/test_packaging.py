@@ -12,7 +12,8 @@ import re
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 
 NEWEST_APIS = {  # what nmt calls -> (torch release that added it, where nmt calls it)
     "torch.nn.utils.get_total_norm": ((2, 6), "nmt/step.py"),

@@ -76,8 +76,8 @@ import subprocess
 import sys
 
 from helpers import NOUNS, VERBS, make_pairs, tiny_config_dict
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def with_spans(pairs: list[tuple[str, str]], seed: int) -> list[tuple[str, str]]:

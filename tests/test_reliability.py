@@ -30,8 +30,8 @@ from nmt.train import SignalStop, train
 
 from helpers import make_pairs, tiny_config_dict
 from helpers import make_tiny_checkpoint
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
 
 pytestmark = pytest.mark.usefixtures("one_thread")

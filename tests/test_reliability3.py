@@ -20,8 +20,8 @@ import yaml
 from nmt.config import ConfigError, config_from_dict, load_config
 
 from helpers import make_pairs, make_tiny_checkpoint, tiny_config_dict
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -20,8 +20,8 @@ from nmt.translate import translate_nbest
 
 from helpers import make_pairs
 from helpers import make_tiny_checkpoint
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -19,20 +19,15 @@ from nmt.layout import source_tensors, target_tensors
 from nmt.torch_engine import TorchEngine
 
 from helpers import MAX_POSITIONS, make_pairs, make_tiny_checkpoint
+from helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def ph_ckpt(tmp_path_factory) -> str:
     """A tiny model whose vocabulary has the placeholders (as one trained with data.protect)."""
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("ph") / "ph.pt"), symbols=tuple(protect.PLACEHOLDERS))
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("plain") / "tiny.pt"))
 
 
 def forced_log_prob(engine, src: str, tgt: str) -> float:

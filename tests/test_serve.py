@@ -34,11 +34,11 @@ from nmt.errors import Cancelled
 from nmt.commands.serve_app import allowed_hosts
 
 from helpers import make_pairs, make_tiny_checkpoint
+from helpers import ROOT
 
 pytest.importorskip("starlette", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
 pytest.importorskip("uvicorn", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
 
 
@@ -113,11 +113,6 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("serve") / "tiny.pt"))
 
 
 PAGE_ORIGIN = "http://page.example"  # a web site allowed to call the module's server (--allow-origin)

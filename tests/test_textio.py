@@ -16,8 +16,8 @@ from nmt import textio
 from nmt.errors import UserError
 
 from helpers import make_pairs, make_tiny_checkpoint
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = ["uno", "dos dos", "", "tres \u00e9"]
 TEXT = "".join(line + "\n" for line in LINES).encode("utf-8")
 

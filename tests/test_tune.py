@@ -21,8 +21,8 @@ from nmt.textio import read_lines
 from nmt.train import train
 
 from helpers import tiny_config_dict
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
