@@ -6,7 +6,7 @@
 - Corpus helpers for the data tests: `corpus`, `write`, `corpus_cfg`, `make_cfg`, `from_lists`,
   `dirty_corpus`, `prepare_data`.
 - The CLI as a user meets it: `run_nmt` (`python -m nmt` in a subprocess), `one_line_error` (exit code,
-  one line on stderr, no traceback), `write_yaml`; `ROOT` (the repository) and `ENV` (what subprocesses get).
+  one line on stderr, no traceback), `write_yaml`, `config_errors`; `ROOT` (the repository) and `ENV` (what subprocesses get).
 
 Fixtures shared by several test files are in conftest.py (`one_thread`, `ckpt`).
 
@@ -336,6 +336,17 @@ def one_line_error(proc: subprocess.CompletedProcess, code: int, *patterns: str)
     for pattern in patterns:
         assert pattern in err, err
     return err.strip()
+
+
+def config_errors(raw: dict, **kw) -> list[str]:
+    """The errors `config_from_dict(raw, **kw)` reports (it must raise ConfigError)."""
+    import pytest
+
+    from nmt.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw, **kw)
+    return e.value.errors
 
 
 def write_yaml(path, raw: dict) -> str:

@@ -14,6 +14,7 @@ from nmt.errors import UserError
 from nmt.commands.evaluate import evaluate_command
 from nmt.metrics import corpus_metrics
 from nmt.textio import read_lines
+from helpers import make_pairs, one_line_error, run_nmt, write
 
 # Hand-made pairs: punctuation, casing, Unicode, an empty line, trailing spaces, a CRLF line.
 REF = ("The cat sat on the mat.\n"
@@ -228,3 +229,27 @@ def test_compare_with_langid_is_an_error(tmp_path):
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=300)
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr == "nmt evaluate: error: --compare does not count off-target outputs: give it without --langid\n"
+
+
+# --------------------------------------------------------------------------- nmt evaluate: output paths and options
+
+def test_save_hyps_into_a_missing_directory_fails_before_translating(ckpt, tmp_path):
+    src = write(tmp_path / "src.es", ["el sol"])
+    proc = run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--save-hyps", str(tmp_path / "no" / "h.txt"))
+    one_line_error(proc, 2, "does not exist")
+
+
+def test_evaluate_rejects_nbest_and_uses_batch_size(ckpt, tmp_path, monkeypatch):
+    from nmt.commands.evaluate import evaluate_command
+
+    src = write(tmp_path / "src.es", [p[0] for p in make_pairs(9, 4)])
+    one_line_error(run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--nbest", "2", "--beam", "2"),
+                   2, "--nbest must be 1")
+    import nmt.batching as batching
+
+    seen = []
+    real = batching.make_batches
+    monkeypatch.setattr(batching, "make_batches", lambda lengths, bt, mbs: seen.append(mbs) or real(lengths, bt, mbs))
+    evaluate_command(None, src, checkpoint=ckpt, src=src, overrides={"max_batch_size": "2"}, quiet=True,
+                     stdout=io.StringIO())
+    assert seen == [2]
