@@ -145,28 +145,25 @@ def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):
 
 
 def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
-    """scripts/length_report.py (teacher-forced EOS statistics, BENCHMARKS.md "Quality per
-    CPU-minute"), batched and padded, against each pair scored alone: log p(EOS) at the
+    """nmt.benchmarking.eos_statistics, what scripts/length_report.py reports (teacher-forced EOS
+    statistics, BENCHMARKS.md "Quality per CPU-minute"), batched and padded, against each pair scored
+    alone: log p(EOS) at the
     reference's end equals the engine's forced-decoding score of that EOS (nmt score's path), and
     the early-EOS figures equal a per-pair recount of the same model's forward pass."""
-    import importlib.util
-
     import torch
 
-    from nmt.torch_engine import TorchEngine
+    from nmt.benchmarking import eos_statistics  # what scripts/length_report.py prints
     from nmt.layout import source_tensors
     from nmt.tokenizer import BOS_ID, EOS_ID
+    from nmt.torch_engine import TorchEngine
     from helpers import make_pairs
 
-    spec = importlib.util.spec_from_file_location("length_report", os.path.join(SCRIPTS, "length_report.py"))
-    length_report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(length_report)
     # the position table seed 3 was chosen with (an EOS argmax before the end of a reference)
     tiny = make_tiny_checkpoint(str(tmp_path / "tiny.pt"), seed=3, positions="sinusoidal", position_offset=0)
     engine = TorchEngine.load(tiny, "cpu", fast=False)
     pairs = make_pairs(23, 5)
     src, ref = [p[0] for p in pairs], [p[1] for p in pairs]
-    stats = length_report.eos_statistics(engine, src, ref, batch=4)  # several padded batches
+    stats = eos_statistics(engine, src, ref, batch=4)  # several padded batches
     xs, ys = engine.tokenizer.encode_src(src), engine.tokenizer.encode_tgt(ref)
     final, early, positions, sentences = [], 0, 0, 0
     with torch.inference_mode():
