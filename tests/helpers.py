@@ -34,6 +34,7 @@ import gzip
 import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import zlib
@@ -325,6 +326,14 @@ def run_nmt(*args: str, stdin: str | None = None, cwd: str = ROOT, env: dict | N
     limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))) if limit_bytes else None
     return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, text=True, cwd=cwd,
                           env=ENV if env is None else env, timeout=timeout, preexec_fn=limit)
+
+
+def default_sigint() -> None:
+    """A subprocess's preexec_fn: SIGINT back to its default. A suite started in the background (`pytest &`, a CI
+    job without a terminal) runs with SIGINT ignored, which its children inherit, and Python then installs no
+    KeyboardInterrupt handler: a test that sends SIGINT to a command sets it back first (as a terminal's Ctrl-C
+    finds it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int, *patterns: str) -> str:

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from helpers import (ENV, ROOT, make_pairs, one_line_error, run_nmt, tiny_config_dict, write,
+from helpers import (ENV, ROOT, default_sigint, make_pairs, one_line_error, run_nmt, tiny_config_dict, write,
                      write_yaml)
 
 
@@ -170,7 +170,7 @@ def _signal_mid_output(args: list[str], out_dir: str, signum: int, wait_for_outp
     command runs (it handles SIGTERM: the CLI installs that handler around the command; 5 s at
     most, for a CLI without one), send `signum`; return the finished process."""
     proc = subprocess.Popen([sys.executable, "-m", "nmt", *args], cwd=out_dir, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         start = time.time()
         while proc.poll() is None and time.time() < start + 60:
@@ -222,7 +222,7 @@ def test_ctrl_c_inside_exec_code_still_exits_130(tmp_path):
         "nmt.cli.COMMANDS['evaluate'] = interrupted\n", encoding="utf-8")
     env = {**ENV, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     proc = subprocess.run([sys.executable, "-m", "nmt", "evaluate", "--hyp", "h", "--ref", "r"], capture_output=True,
-                          cwd=str(tmp_path), env=env, timeout=120, text=True)
+                          cwd=str(tmp_path), env=env, timeout=120, text=True, preexec_fn=default_sigint)
     assert proc.stderr.strip() == "nmt evaluate: interrupted"
     assert proc.returncode == 130, proc.returncode
 

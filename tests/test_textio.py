@@ -244,7 +244,7 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(ckpt, tmp_path):
     raw = tiny_config_dict(str(tmp_path / "t"), max_steps=3, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
     path = write_yaml(tmp_path / "c.yaml", raw)
     proc = run_nmt("train", "--config", path, "--quiet", limit_bytes=400_000)  # data fits, a checkpoint does not
-    err = proc.stderr.decode()
+    err = proc.stderr
     assert proc.returncode == 1 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "nmt train: error: File too large", err
     assert os.listdir(os.path.join(raw["output_dir"], raw["name"], "checkpoints")) == []  # no half checkpoint
