@@ -183,6 +183,26 @@ def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = ()
     return path
 
 
+# --------------------------------------------------------------------------- a tiny model for training steps
+
+def tiny_transformer(seed: int = 0, dropout: float = 0.0) -> Transformer:
+    """A seeded 2-layer d_model 16 Transformer over 20 ids a side (`random_corpus`'s vocabulary)."""
+    from nmt.config import ModelConfig
+
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=dropout, max_positions=32),
+                       20, 20)
+
+
+class NoSchedule:
+    """A learning-rate schedule that leaves the rate alone and counts its steps."""
+
+    steps = 0
+
+    def step(self):
+        self.steps += 1
+
+
 # --------------------------------------------------------------------------- scripted fake model
 
 V = 8  # the fake model's vocabulary: 4 specials + 4 real tokens

@@ -16,16 +16,9 @@ from nmt.torch_engine import TorchEngine
 from nmt.translate import translate_lines
 from nmt.train import train
 
-from helpers import NOUNS, make_pairs, tiny_config_dict
-from helpers import ROOT
+from helpers import NOUNS, ROOT, make_pairs, tiny_config_dict, write
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def write(path, lines):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(x + "\n" for x in lines))
-    return str(path)
 
 
 def test_back_translation_in_two_commands(tmp_path):

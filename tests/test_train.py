@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config, replace
+from nmt.config import Config, ConfigError, config_from_dict, load_config, replace
 from nmt.layout import collate
 from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.model import Transformer
 from nmt.optim import lr_at
 import nmt.step as step_mod
 import nmt.trainer as train_mod
@@ -27,7 +26,8 @@ from nmt.step import setup_precision, train_step
 from nmt.train import SignalStop, train
 from nmt import rundir
 
-from helpers import ENV, ROOT, one_line_error, random_corpus, run_nmt, tiny_config, tiny_config_dict, write_yaml
+from helpers import (ENV, ROOT, NoSchedule, one_line_error, random_corpus, run_nmt, tiny_config, tiny_config_dict,
+                     tiny_transformer, write_yaml)
 
 CPU = torch.device("cpu")
 FP32 = setup_precision("fp32", CPU)
@@ -38,23 +38,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # --------------------------------------------------------------------------- train_step
 
-def _model(seed: int = 0, dropout: float = 0.0) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=dropout, max_positions=32)
-    return Transformer(cfg, 20, 20)
-
-
-class _NoSchedule:
-    steps = 0
-
-    def step(self):
-        self.steps += 1
-
-
 def _sgd_step(batches, clip_norm=0.0):
-    model = _model()
+    model = tiny_transformer()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    sched = _NoSchedule()
+    sched = NoSchedule()
     before = {k: v.detach().clone() for k, v in model.named_parameters()}  # tied weights once
     res = train_step(model, batches, opt, sched, FP32, label_smoothing=0.1, clip_norm=clip_norm)
     delta = {k: before[k] - v.detach() for k, v in model.named_parameters()}  # = lr * (clipped) gradient
@@ -99,9 +86,9 @@ def test_precision_choices_on_cpu():
     assert auto.name == "fp32" and auto.dtype is None and auto.scaler is None
     bf16 = setup_precision("bf16", CPU)
     assert bf16.dtype is torch.bfloat16 and bf16.scaler is None
-    model = _model()
+    model = tiny_transformer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    res = train_step(model, [collate(random_corpus(12), np.arange(12))], opt, _NoSchedule(), bf16,
+    res = train_step(model, [collate(random_corpus(12), np.arange(12))], opt, NoSchedule(), bf16,
                      label_smoothing=0.1, clip_norm=1.0)
     assert res.updated and math.isfinite(res.loss_sum.item())
 
