@@ -21,6 +21,7 @@ from helpers import NOUNS, ROOT, make_pairs, tiny_config_dict, write
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.slow
 def test_back_translation_in_two_commands(tmp_path):
     d = str(tmp_path)
     # Robust by design (not by a margin that depends on the CPU's float sums): the few real pairs use

@@ -31,6 +31,7 @@ def run_script(name: str, *args: str) -> None:
                    text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_bench_decode_forces_equal_work_on_every_path(tmp_path, workers):
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
@@ -73,6 +74,7 @@ def test_bench_decode_forces_equal_work_on_every_path(tmp_path, workers):
     assert set(res["whole_command"]) == ({"beam1", "beam3"} if workers > 1 else set())
 
 
+@pytest.mark.slow
 def test_bench_train_counts_the_real_target_tokens(tmp_path):
     raw = tiny_config_dict(tmp_path)
     cfg_path = tmp_path / "tiny.yaml"
@@ -99,6 +101,7 @@ def test_bench_train_counts_the_real_target_tokens(tmp_path):
     assert timed_tokens == pytest.approx(real_tgt, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
     pytest.importorskip("ctranslate2", reason="bench_ct2 needs the [ct2] extra")
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
@@ -121,6 +124,7 @@ def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
     assert res["force_len"] == 4
 
 
+@pytest.mark.slow
 def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):
     import gzip
 
@@ -180,6 +184,7 @@ def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
     assert abs(stats["sentences_early_argmax"] - sentences / len(pairs)) < 1e-9
 
 
+@pytest.mark.slow
 def test_bench_cache_runs_every_variant_through_the_cache_api(tmp_path):
     """Each variant (including fairseq's torch.cat cache, as a DecoderCache subclass) decodes through
     the cache's own append/advance/reorder."""
@@ -191,6 +196,7 @@ def test_bench_cache_runs_every_variant_through_the_cache_api(tmp_path):
     assert all(results[v]["total_s"] > 0 for v in ("cached", "cached-rows", "cat"))
 
 
+@pytest.mark.slow
 def test_bench_int8_times_every_shape_on_every_path(tmp_path):
     """scripts/bench_int8.py (BENCHMARKS.md "Lean inference": why int8 does not pay on a small model)."""
     out = tmp_path / "int8.json"
@@ -202,6 +208,7 @@ def test_bench_int8_times_every_shape_on_every_path(tmp_path):
     assert all(r[k] > 0 for r in rows for k in ("fp32", "int_mm", "int8_linear"))
 
 
+@pytest.mark.slow
 def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
     """The whole pipeline of bench_add_language --quick on a tiny gettext-layout corpus made from the
     shipped Bible text (the first 8 words of each verse; en and es as they are, de, fr, it letter

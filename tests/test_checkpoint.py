@@ -170,6 +170,7 @@ def docstring_keys() -> list[str]:
     return re.findall(r"^    (\w+) {2,}\S", ckpt.__doc__, re.M)
 
 
+@pytest.mark.slow
 def test_the_docstring_lists_the_keys_every_writer_writes(tmp_path, capsys):
     """Issue 35: the record had four writers that built the dict by hand (the Trainer, hf_io, tune, average),
     and the docstring's key list was wrong for the third time. Now nmt/checkpoint.py builds every record
@@ -211,6 +212,7 @@ def test_the_docstring_lists_the_keys_every_writer_writes(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- nmt average: one-line errors on bad checkpoints and outputs
 
+@pytest.mark.slow
 def test_average_into_a_directory_or_bad_checkpoints(ckpt, tmp_path):
     one_line_error(run_nmt("average", ckpt, "-o", str(tmp_path) + "/"), 2, "is a directory")
     text = write(tmp_path / "notes.txt", ["not a checkpoint"])
@@ -227,6 +229,7 @@ def test_average_into_a_directory_or_bad_checkpoints(ckpt, tmp_path):
 
 # --------------------------------------------------------------------------- the checkpoint writer: a path the user gave, the umask
 
+@pytest.mark.slow
 def test_average_into_a_missing_directory_names_what_the_user_gave(ckpt, tmp_path):
     """`-o nodir/` said "Not a directory: /.../.tmp-bwyvw8y8.pt.tmp"."""
     one_line_error(run_nmt("average", ckpt, "-o", "nodir/", cwd=str(tmp_path)), 2,

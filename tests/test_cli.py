@@ -17,6 +17,7 @@ from helpers import (ENV, ROOT, default_sigint, make_pairs, one_line_error, run_
 
 
 
+@pytest.mark.slow
 def test_help_lists_commands():
     r = run_nmt("--help")
     assert r.returncode == 0
@@ -56,6 +57,7 @@ def test_export_choices_come_from_the_export_command_and_the_exporter():
     assert "int8_bfloat16" in choices["quantization"] and set(FORMATS) == {"ctranslate2", "hf"}
 
 
+@pytest.mark.slow
 def test_help_does_not_import_torch():
     code = ("import sys; from nmt.cli import build_parser; build_parser().format_help(); "
             "import nmt.config; print('torch' in sys.modules)")
@@ -63,6 +65,7 @@ def test_help_does_not_import_torch():
     assert r.stdout.strip() == "False", r.stderr
 
 
+@pytest.mark.slow
 def test_no_command_prints_help_and_fails():
     r = run_nmt()
     assert r.returncode == 2 and "train" in r.stdout
@@ -75,6 +78,7 @@ def _cfg(tmp_path):
     return {"data": {"src_lang": "x", "tgt_lang": "y", "train": corpus, "valid": dict(corpus)}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutate,message", [
     (lambda c: c.setdefault("train", {}).update(warmup=10),
      "nmt train: error: unknown key 'train.warmup' - did you mean 'train.warmup_steps'?"),
@@ -92,6 +96,7 @@ def test_bad_config_one_line_exit_2(tmp_path, mutate, message):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_check_prints_resolved_config_with_overrides(tmp_path):
     r = run_nmt("train", "--config", write_yaml(tmp_path / "c.yaml", _cfg(tmp_path)), "--set", "train.lr=5e-4",
                 "--set", "model.layers=4", "--check")
@@ -102,6 +107,7 @@ def test_check_prints_resolved_config_with_overrides(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == "nmt train: error: invalid value for 'model.layers': 'four' (expected an integer)"
 
 
+@pytest.mark.slow
 def test_missing_files_are_one_line_errors(tmp_path):
     r = run_nmt("train", "--config", str(tmp_path / "none.yaml"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "config file not found" in r.stderr
@@ -113,6 +119,7 @@ def test_missing_files_are_one_line_errors(tmp_path):
 
 # --------------------------------------------------------------------------- outputs never overwrite inputs (every command)
 
+@pytest.mark.slow
 def test_outputs_never_overwrite_inputs(ckpt, tmp_path):
     src = write(tmp_path / "src.es", [p[0] for p in make_pairs(3, 1)])
     ref = write(tmp_path / "ref.en", [p[1] for p in make_pairs(3, 1)])
@@ -192,6 +199,7 @@ def _signal_mid_output(args: list[str], out_dir: str, signum: int, wait_for_outp
 FAST = ["--batch-size", "64", "--batch-tokens", "2000", "--quiet"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("command", ["translate", "score", "evaluate"])
 def test_sigterm_is_as_clean_as_ctrl_c(big, tmp_path, command, signum):
@@ -209,6 +217,7 @@ def test_sigterm_is_as_clean_as_ctrl_c(big, tmp_path, command, signum):
     assert sorted(os.listdir(tmp_path)) == [], "no output, no temporary file"
 
 
+@pytest.mark.slow
 def test_ctrl_c_inside_exec_code_still_exits_130(tmp_path):
     """test_sigterm_is_as_clean_as_ctrl_c[evaluate-2] failed 1 run in 6 (2 in 10 in a loop): `nmt evaluate`
     printed "interrupted" but died by SIGINT (-2). Its Ctrl-C lands while the command imports torch, and
@@ -227,6 +236,7 @@ def test_ctrl_c_inside_exec_code_still_exits_130(tmp_path):
     assert proc.returncode == 130, proc.returncode
 
 
+@pytest.mark.slow
 def test_train_takes_q_and_unknown_arguments_name_the_command(tmp_path):
     path = write_yaml(tmp_path / "c.yaml", tiny_config_dict(str(tmp_path)))
     assert run_nmt("train", "--config", path, "-q", "--check").returncode == 0
@@ -248,6 +258,7 @@ def _openmp_spincount(ckpt, **env) -> str | None:
     return found[0] if found else None
 
 
+@pytest.mark.slow
 def test_openmp_threads_sleep_instead_of_spinning(ckpt):
     """torch's OpenMP threads busy-waited: with another busy process on a 2-core machine training ran
     5.5x and a one-batch decode 25x slower. The CLI now makes them wait passively, unless the user

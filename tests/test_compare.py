@@ -44,6 +44,7 @@ def _sacrebleu(ref, hyps, test, fmt):
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.slow
 def test_p_values_and_intervals_are_the_sacrebleu_commands(files):
     out = io.StringIO()
     compare_command([files["a"], files["b"], files["c"]], files["ref"], json_out=True, stdout=out)
@@ -92,6 +93,7 @@ def test_degeneration_deltas():
     assert delta["loops"] == 1 and delta["short"] == 1 and delta["long"] == 0
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(files, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("only one line\n", encoding="utf-8")

@@ -239,6 +239,7 @@ def test_bad_yaml_and_missing_config(tmp_path):
     assert e.value.errors == [f"config file not found: {tmp_path / 'none.yaml'}"]
 
 
+@pytest.mark.slow
 def test_config_docs_are_current():
     """configs/README.md's key table is generated from the dataclasses; it must not drift."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_config_docs.py"), "--check"],
@@ -291,6 +292,7 @@ def test_exact_stop_is_the_default_for_nmts_own_models(files):
 
 # --------------------------------------------------------------------------- values and YAML the loader refuses
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", ".nan", "1e999"])
 def test_non_finite_floats_are_rejected(tmp_path, value):
     raw = tiny_config_dict(str(tmp_path))
@@ -302,6 +304,7 @@ def test_non_finite_floats_are_rejected(tmp_path, value):
     one_line_error(run_nmt("train", "--config", path, "--check", "--set", f"model.dropout={value}"), 2, "finite")
 
 
+@pytest.mark.slow
 def test_yaml_aliases_are_refused(tmp_path):
     bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
@@ -321,6 +324,7 @@ def test_yaml_aliases_are_refused(tmp_path):
 
 # --------------------------------------------------------------------------- the schedule against the budget, reserved tags, the generated docs
 
+@pytest.mark.slow
 def test_a_warmup_as_long_as_the_step_budget_is_one_line_error(tmp_path):
     """warmup_steps 4000 with max_steps 30 reached 0.8% of the peak lr and exited 0."""
     raw = tiny_config_dict(str(tmp_path), warmup_steps=4000, max_steps=30)
@@ -337,6 +341,7 @@ def test_a_warmup_as_long_as_the_step_budget_is_one_line_error(tmp_path):
                    "train.max_steps")
 
 
+@pytest.mark.slow
 def test_a_time_clock_takes_its_warmup_as_a_fraction(tmp_path):
     """With schedule_clock: time, warmup_steps counted seconds: its default 4000 swallowed an 8-second
     budget (peak 6e-6 for lr 3e-3). warmup_steps now always counts steps, so a time clock needs

@@ -196,6 +196,7 @@ def _same_size_edit(path: str) -> None:
     os.utime(path + ".edited", ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["cp -p", "tar x", "os.utime"])
 def test_an_edit_of_the_same_size_and_mtime_is_not_served_from_the_cache(tmp_path, tool):
     """The cache trusted (path, size, mtime): `cp -p`, `rsync -a`, `tar x` of an edited file of the same
@@ -275,6 +276,7 @@ def test_small_entries_are_read_large_ones_mapped_both_read_only(tmp_path, monke
     assert isinstance(C.EncodedCorpus.load(prefix).tgt_tokens.base, np.memmap)
 
 
+@pytest.mark.slow
 def test_truncating_the_cache_during_a_run_does_not_kill_it(tmp_path):
     """Truncating a mapped cache file during a run ended it with SIGBUS (exit 135) and no checkpoint."""
     raw = tiny_config_dict(str(tmp_path), max_steps=400, valid_every=10_000, valid_bleu=False, metric="loss")
@@ -298,6 +300,7 @@ def test_truncating_the_cache_during_a_run_does_not_kill_it(tmp_path):
     assert "stopped at step 400" in err
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_writing_the_cache_names_the_cause_and_the_file(tmp_path):
     """numpy said "5117176 requested and 448512 written" (no cause, no file)."""
     import resource
@@ -323,6 +326,7 @@ def test_a_full_disk_while_writing_the_cache_names_the_cause_and_the_file(tmp_pa
     assert glob.glob(os.path.join(raw["output_dir"], raw["name"], "cache", "*")) == []  # nothing half-written
 
 
+@pytest.mark.slow
 def test_resuming_after_the_corpus_changed_says_it_is_not_exact(tmp_path):
     """Resuming after the corpus changed re-encoded without a word that the resume is no longer exact."""
     raw = tiny_config_dict(str(tmp_path), max_steps=4, warmup_steps=2, valid_every=10_000, valid_bleu=False,

@@ -154,6 +154,7 @@ STEP_WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ddp_step_equals_one_process_step_and_ranks_agree(tmp_path):
     script = tmp_path / "step_worker.py"
     script.write_text(STEP_WORKER.format(tests=TESTS, out=str(tmp_path)))
@@ -228,6 +229,7 @@ def ddp_run(tmp_path_factory):
     return cfg, proc, seconds
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_with_the_union_of_batches(ddp_run):
     cfg, proc, seconds = ddp_run
     saved = ckpt.load_checkpoint(os.path.join(cfg.run_dir, "checkpoints", "latest.pt"))
@@ -244,6 +246,7 @@ def test_two_processes_equal_one_process_with_the_union_of_batches(ddp_run):
     print(f"torchrun 2 x gloo, 10 steps + 2 validations: {seconds:.1f}s")
 
 
+@pytest.mark.slow
 def test_one_run_directory_one_event_file_one_log(ddp_run):
     cfg, proc, _ = ddp_run
     run = cfg.run_dir
@@ -263,6 +266,7 @@ def test_one_run_directory_one_event_file_one_log(ddp_run):
     assert not torch.equal(rngs[0]["torch"], rngs[1]["torch"])  # each rank its own generator
 
 
+@pytest.mark.slow
 def test_resume_under_two_processes_continues_exactly(tmp_path):
     straight, cfg_s = _write_config(tmp_path, "straight")  # dropout 0.1: per-rank RNG states matter
     split, cfg_p = _write_config(tmp_path, "split", max_steps=5)
@@ -286,6 +290,7 @@ def test_resume_under_two_processes_continues_exactly(tmp_path):
 
 # --------------------------------------------------------------------------- failures
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_message(tmp_path):
     path, _ = _write_config(tmp_path, "fail", max_steps=1000)
     port = _free_port()
@@ -300,6 +305,7 @@ def test_a_failing_rank_ends_the_job_with_its_message(tmp_path):
     print(f"failing rank: job ended after {seconds:.1f}s")
 
 
+@pytest.mark.slow
 def test_user_error_is_printed_once(tmp_path):
     path, _ = _write_config(tmp_path, "never_ran")
     proc = _nmt_train(path, "--resume")

@@ -48,6 +48,7 @@ def _sacrebleu_json(ref: str, hyp: str, metrics: list[str]) -> list[dict]:
     return result if isinstance(result, list) else [result]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hyp_text", [HYP, HYP2], ids=["close", "far"])
 def test_scores_match_sacrebleu_command(tmp_path, hyp_text):
     ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", hyp_text)
@@ -72,6 +73,7 @@ def test_default_metrics_and_text(tmp_path):
     assert ours["bleu"]["hyp_len"] == ours["bleu"]["ref_len"] == 7  # 13a splits off the period
 
 
+@pytest.mark.slow
 def test_evaluate_command_text_and_json(tmp_path):
     ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", HYP)
     expected = {e["name"]: e for e in _sacrebleu_json(ref, hyp, ["bleu", "chrf"])}
@@ -141,6 +143,7 @@ def test_missing_file_and_bad_input(tmp_path):
 
 # --------------------------------------------------------------------------- tokenize / lowercase
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenize", ["13a", "intl", "zh", "char", "none"])
 @pytest.mark.parametrize("lowercase", [False, True])
 def test_tokenize_and_lowercase_match_the_sacrebleu_command(tmp_path, tokenize, lowercase):
@@ -219,6 +222,7 @@ def test_an_explicit_langid_that_cannot_count_off_target_is_an_error(tmp_path):
     assert run(None) is None  # none asked for, none counted
 
 
+@pytest.mark.slow
 def test_compare_with_langid_is_an_error(tmp_path):
     """--compare does not count off-target outputs: a --langid with it was ignored without a word."""
     import os
@@ -233,12 +237,14 @@ def test_compare_with_langid_is_an_error(tmp_path):
 
 # --------------------------------------------------------------------------- nmt evaluate: output paths and options
 
+@pytest.mark.slow
 def test_save_hyps_into_a_missing_directory_fails_before_translating(ckpt, tmp_path):
     src = write(tmp_path / "src.es", ["el sol"])
     proc = run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--save-hyps", str(tmp_path / "no" / "h.txt"))
     one_line_error(proc, 2, "does not exist")
 
 
+@pytest.mark.slow
 def test_evaluate_rejects_nbest_and_uses_batch_size(ckpt, tmp_path, monkeypatch):
     from nmt.commands.evaluate import evaluate_command
 

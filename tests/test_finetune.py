@@ -66,6 +66,7 @@ def bleu(checkpoint: str, src: str, tgt: str) -> float:
     return sacrebleu.corpus_bleu(hyps, [open(tgt).read().splitlines()]).score
 
 
+@pytest.mark.slow
 def test_finetuning_learns_the_shifted_task_and_starts_exactly_from_the_source(base, tmp_path, monkeypatch):
     base_raw, source = base
     raw = finetune_raw(base_raw, source, str(tmp_path))
@@ -98,6 +99,7 @@ def test_finetuning_learns_the_shifted_task_and_starts_exactly_from_the_source(b
     assert state["best"] is not None and state["epoch"] >= 1
 
 
+@pytest.mark.slow
 def test_init_reset_carries_over_what_is_left_out(base, tmp_path):
     base_raw, source = base
     src_state = ckpt.load_checkpoint(source)["train_state"]
@@ -110,6 +112,7 @@ def test_init_reset_carries_over_what_is_left_out(base, tmp_path):
     assert saved["optimizer"]["state"][0]["step"] == src_state["optimizer"]["state"][0]["step"] + 10
 
 
+@pytest.mark.slow
 def test_averaged_checkpoints_are_sources_and_errors_are_one_line(base, tmp_path):
     base_raw, source = base
     avg = str(tmp_path / "avg.pt")
@@ -176,6 +179,7 @@ def finetune_config(tmp_path, source: tuple[dict, str], init_from: str, **train)
     return write_yaml(tmp_path / "ft.yaml", raw)
 
 
+@pytest.mark.slow
 def test_resuming_a_finetune_does_not_need_its_source(source, tmp_path):
     """The docs say init_from is ignored on resume; once the source file was gone, --resume failed
     with "checkpoint not found: 'train.init_from'"."""
@@ -194,6 +198,7 @@ def test_resuming_a_finetune_does_not_need_its_source(source, tmp_path):
                    "nmt train: error: 'train.init_from': checkpoint not found: " + copy)
 
 
+@pytest.mark.slow
 def test_carrying_the_counter_to_max_steps_or_beyond_is_one_line_error(source, tmp_path):
     """The source is at step 20: with the counters carried over, max_steps 20 trained 0 steps and
     exited 0; now a one-line error before anything is written."""
@@ -205,6 +210,7 @@ def test_carrying_the_counter_to_max_steps_or_beyond_is_one_line_error(source, t
     assert proc.returncode == 0 and "stopped at step 22" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_init_from_a_directory_says_what_it_is(source, tmp_path):
     """init_from a CTranslate2 export said "checkpoint not found"."""
     export = tmp_path / "ct2-model"

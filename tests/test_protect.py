@@ -103,6 +103,7 @@ def with_spans(pairs: list[tuple[str, str]], seed: int) -> list[tuple[str, str]]
     return out
 
 
+@pytest.mark.slow
 def test_training_with_data_protect_restores_the_spans(tmp_path):
     """A model trained with data.protect copies the placeholders: translating held-out software strings
     with --protect gives back every span exactly once on >= 99% of the lines that have spans."""
@@ -201,6 +202,7 @@ def test_the_search_restores_every_span_even_untrained(tmp_path, beam):
 
 # --------------------------------------------------------------------------- protect_pattern needs protect
 
+@pytest.mark.slow
 def test_protect_pattern_without_protect_is_refused(ckpt, tmp_path):
     """--protect-pattern without --protect was silently unused, and so was the config key."""
     proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "--protect-pattern", "casa"],

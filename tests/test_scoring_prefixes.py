@@ -41,6 +41,7 @@ def forced_log_prob(engine, src: str, tgt: str) -> float:
     return float(logp.gather(1, tgt_out[0][:, None]).sum())
 
 
+@pytest.mark.slow
 def test_a_protect_trained_model_scores_the_pair_as_translation_sees_it(ph_ckpt, tmp_path):
     engine = TorchEngine.load(ph_ckpt, "cpu", fast=False)
     src, tgt = "el gato %s ve la casa {0}", "the cat %s sees the house {0}"
@@ -84,6 +85,7 @@ def test_score_and_log_prob_differ_by_the_eos_a_cut_hypothesis_never_generated(c
         assert score == pytest.approx(r.log_prob + eos, abs=1e-4) and eos < 0
 
 
+@pytest.mark.slow
 def test_an_over_long_prefix_is_reported_not_cut_silently(ckpt, tmp_path):
     words = " ".join(["the cat"] * MAX_POSITIONS)
     (inp := tmp_path / "in.es").write_text("el gato\nel perro\n", encoding="utf-8")

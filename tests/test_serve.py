@@ -192,6 +192,7 @@ OPTION_SETS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
 def test_answers_equal_nmt_translate(server, ckpt, options):
     status, data = server.translate(LINES, options)
@@ -204,6 +205,7 @@ def test_answers_equal_nmt_translate(server, ckpt, options):
     assert all(t["text"] == t.get("nbest", [t])[0]["text"] for t in got)
 
 
+@pytest.mark.slow
 def test_prefixes_equal_nmt_translate(server, ckpt):
     prefix = ["the", "", "the red", "", "the cat", "", "", "", "", "", "", "the"]
     status, data = server.translate(LINES, {"beam_size": 2}, prefix=prefix)
@@ -214,6 +216,7 @@ def test_prefixes_equal_nmt_translate(server, ckpt):
     assert texts[2].startswith("the red") and texts[4].startswith("the cat")
 
 
+@pytest.mark.slow
 def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     """Requests sent at once by 12 threads: several share one translate call (the server's
     counters), and each answer equals `nmt translate` on that request's lines alone (with sampling,
@@ -245,6 +248,7 @@ def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     assert after["shared_calls"] > before["shared_calls"] and after["largest_call"] >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, message", [
     (b"{not json", "the body is not JSON"),
     (b'["a"]', "must be a JSON object"),
@@ -278,6 +282,7 @@ def test_bad_requests_get_400_with_one_line(server, body, message):
     assert headers["content-type"] == "application/json"
 
 
+@pytest.mark.slow
 def test_unknown_paths_and_methods_get_json(server):
     status, _, data = server.request("/translations", b'{"text": ["el sol"]}')
     assert status == 404 and data["error"].startswith("Not Found: POST /translations (this server has POST ")
@@ -285,6 +290,7 @@ def test_unknown_paths_and_methods_get_json(server):
     assert status == 405 and data["error"].startswith("Method Not Allowed: GET /translate") and headers["allow"] == "POST"
 
 
+@pytest.mark.slow
 def test_host_and_origin_policy(server):
     """Only this machine's names in the Host header (the server listens on 127.0.0.1: no DNS
     rebinding); POSTs from web pages of other sites refused (403) unless --allow-origin names
@@ -318,6 +324,7 @@ def test_allowed_hosts():
     assert allowed_hosts("10.1.2.3", ("*",)) is None
 
 
+@pytest.mark.slow
 def test_access_log_is_on_stdout_as_its_help_says(server, capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
@@ -330,6 +337,7 @@ def test_access_log_is_on_stdout_as_its_help_says(server, capsys):
     assert "access-log-test" not in "".join(server.log)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, flags", [
     ({"beam_size": 0}, ["--beam", "0"]),
     ({"nbest": 3, "beam_size": 2}, ["--nbest", "3", "--beam", "2"]),
@@ -342,6 +350,7 @@ def test_option_errors_are_the_command_line_errors(server, ckpt, capsys, options
     assert status == 400 and command_error == f"nmt translate: error: {data['error']}"
 
 
+@pytest.mark.slow
 def test_too_large_requests_get_413(server):
     status, data = server.translate(["el sol"] * 41)
     assert status == 413 and "41 lines in one request (this server takes at most 40" in data["error"]
@@ -352,6 +361,7 @@ def test_too_large_requests_get_413(server):
     assert server.translate(["el sol"] * 40)[0] == 200  # at the limits
 
 
+@pytest.mark.slow
 def test_health_and_page(server):
     status, _, health = server.request("/health")
     assert status == 200 and health["status"] == "ok" and health["engine"] == "torch"
@@ -374,6 +384,7 @@ def long_search(steps: int) -> dict:
     return {"min_len": steps, "max_len_a": 0, "max_len_b": steps, "beam_size": 4}
 
 
+@pytest.mark.slow
 def test_full_queue_503_and_time_limit_504(slow_ckpt):
     """A long search (4,000 forced steps, seconds here) keeps the model busy; two more fill a queue
     of 2; the next request gets 503 with Retry-After. The time limit (0.5 s) passes for all three:
@@ -403,6 +414,7 @@ def test_full_queue_503_and_time_limit_504(slow_ckpt):
         server.proc.wait()
 
 
+@pytest.mark.slow
 def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
     """SIGTERM while a long search runs: new requests and /health get 503, and so does a request
     still sending its body (a slow upload does not hold the shutdown); the running request is
@@ -433,6 +445,7 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
     assert "nmt serve: stopped" in "".join(server.log)
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once(slow_ckpt):
     server = Server(slow_ckpt)
     t = threading.Thread(target=lambda: _ignore_errors(server.translate, ["el sol"], long_search(4000)))
@@ -446,6 +459,7 @@ def test_a_second_signal_stops_at_once(slow_ckpt):
     assert "nmt serve: stopped (SIGTERM twice)" in "".join(server.log)
 
 
+@pytest.mark.slow
 def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
     """With a queue of one: a long search runs, a second request waits, a third gets 503. The
     waiting client goes away: its slot is free at once (a new request may queue). The running
@@ -471,6 +485,7 @@ def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
     assert "Traceback" not in "".join(server.log)
 
 
+@pytest.mark.slow
 def test_the_time_limit_stops_the_work_and_covers_the_upload(slow_ckpt):
     """--timeout 2: a long search gets 504 and its call stops (the next request is answered, equal
     to nmt translate, within its own time limit); a body that does not arrive in time gets 408."""
@@ -517,6 +532,7 @@ def _wait_for_log(server: Server, text: str, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_ctranslate2_model(ckpt, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
     out = str(tmp_path / "ct2")
@@ -574,6 +590,7 @@ def test_settings_out_of_range_are_one_line_errors(ckpt, capsys, monkeypatch, fl
     assert capsys.readouterr().err.splitlines() == [f"nmt serve: error: {message}"]
 
 
+@pytest.mark.slow
 def test_missing_extra_is_a_one_line_error(ckpt):
     code = ("import sys; sys.modules['uvicorn'] = None; from nmt.cli import main; "
             f"raise SystemExit(main(['serve', '-c', {ckpt!r}]))")
@@ -808,6 +825,7 @@ def _browser(profile: str):
     return webdriver, webdriver.Chrome(options=opts, service=DriverService(executable_path=driver))
 
 
+@pytest.mark.slow
 def test_page_translates_in_a_headless_browser(server, ckpt, tmp_path):
     webdriver, browser = _browser(str(tmp_path / "profile"))
     from selenium.webdriver.common.by import By

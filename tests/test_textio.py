@@ -88,6 +88,7 @@ def _bash(command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for its <(...) process substitution")
 def test_commands_read_process_substitutions(files):
     """`nmt translate -i <(cat f)` failed ("not a valid gzip file"), and so did `nmt score --src <(...)`; they
@@ -128,6 +129,7 @@ def _fifo_reader(path: str) -> tuple[threading.Thread, list[bytes]]:
     return t, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["average", "tune"])
 def test_a_device_or_pipe_output_is_written_never_replaced(tmp_path, command):
     """`nmt average ck.pt -o /dev/null` (and tune -o) renamed a temporary file over the device: run as root,
@@ -227,6 +229,7 @@ def test_write_file_and_link_file_are_atomic(tmp_path):
 
 # --------------------------------------------------------------------------- a full disk and corrupt gzip: one line, nothing half-written
 
+@pytest.mark.slow
 def test_disk_full_is_one_line_and_leaves_no_partial_file(ckpt, tmp_path):
     lines = [p[0] for p in make_pairs(300, 2)]
     src = write(tmp_path / "src.es", lines)
@@ -250,6 +253,7 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(ckpt, tmp_path):
     assert os.listdir(os.path.join(raw["output_dir"], raw["name"], "checkpoints")) == []  # no half checkpoint
 
 
+@pytest.mark.slow
 def test_corrupt_gzip_input(ckpt, tmp_path):
     lines = [p[0] for p in make_pairs(2000, 3)]
     good = gzip.compress("".join(x + "\n" for x in lines).encode())
@@ -268,6 +272,7 @@ def test_corrupt_gzip_input(ckpt, tmp_path):
 
 # --------------------------------------------------------------------------- /dev/null is not an input's twin
 
+@pytest.mark.slow
 def test_dev_null_is_not_the_same_file_as_an_input(ckpt, tmp_path):
     """`-i /dev/null -o /dev/null` was refused as the same file."""
     proc = run_nmt("translate", "-c", ckpt, "-i", "/dev/null", "-o", "/dev/null", "--quiet")

@@ -117,6 +117,7 @@ def trained(tmp_path_factory):
     return cfg, result
 
 
+@pytest.mark.slow
 def test_reaches_high_bleu_and_writes_the_run_dir(trained):
     cfg, result = trained
     assert result["step"] == 300 and result["reason"] == "max_steps 300"
@@ -132,6 +133,7 @@ def test_reaches_high_bleu_and_writes_the_run_dir(trained):
     assert latest["step"] == 300 and latest["train_state"]["best"] == pytest.approx(result["best"])
 
 
+@pytest.mark.slow
 def test_best_checkpoint_alone_translates_the_test_set(trained):
     import sacrebleu
 
@@ -146,6 +148,7 @@ def test_best_checkpoint_alone_translates_the_test_set(trained):
     assert sacrebleu.corpus_bleu(hyps, [ref]).score >= 90
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars_and_samples(trained):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -165,6 +168,7 @@ def test_tensorboard_scalars_and_samples(trained):
     assert any(t.startswith("valid/sample_1") for t in acc.Tags()["tensors"])
 
 
+@pytest.mark.slow
 def test_existing_run_needs_resume_and_finished_run_resumes_to_nothing(trained):
     cfg, result = trained
     with pytest.raises(UserError, match="--resume"):
@@ -173,6 +177,7 @@ def test_existing_run_needs_resume_and_finished_run_resumes_to_nothing(trained):
     assert again["step"] == 300 and again["best"] == pytest.approx(result["best"])
 
 
+@pytest.mark.slow
 def test_resume_with_another_model_config_names_both_values(trained):
     """A model key that differs from the run's checkpoint (e.g. a default that changed since the run
     started: model.positions) is named with both values, so it can be set back in the config."""
@@ -254,6 +259,7 @@ print("RESULT", result["step"], result["signal"], flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigint_finishes_step_saves_and_resumes(tmp_path):
     import json
 
@@ -369,6 +375,7 @@ def test_signal_handler_never_writes(tmp_path):
     assert len(writes) == 2 and "received SIGTERM" in writes[1]
 
 
+@pytest.mark.slow
 def test_signals_during_logging_always_leave_a_checkpoint(tmp_path):
     """SIGTERM while every step logs (log_every 1): the run ends with exit 143 and latest.pt, every time."""
     raw = tiny_config_dict(str(tmp_path), valid_bleu=False, metric="loss", valid_every=10_000, log_every=1,
@@ -408,6 +415,7 @@ def test_a_killed_first_save_does_not_leave_the_run_stuck(tmp_path):
     assert sorted(os.listdir(d)) == ["best.pt", "latest.pt", "step_2.pt"]
 
 
+@pytest.mark.slow
 def test_a_second_train_on_the_same_run_directory_is_refused(tmp_path):
     raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
     path = write_yaml(tmp_path / "c.yaml", raw)
@@ -419,6 +427,7 @@ def test_a_second_train_on_the_same_run_directory_is_refused(tmp_path):
     assert train(cfg, quiet=True)["step"] == 2  # released: the run goes ahead
 
 
+@pytest.mark.slow
 def test_output_dir_that_is_a_file(tmp_path):
     raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1)
     open(tmp_path / "afile", "w").write("x")
@@ -438,6 +447,7 @@ def test_resume_from_an_averaged_checkpoint_says_what_to_do(tmp_path):
         train(cfg, resume=True, quiet=True)
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
     """SIGKILL a tiny training run at random moments (saves every step, so some kills land in a
     save), restart it (--resume once latest.pt exists) until it finishes: the final weights (the
@@ -484,6 +494,7 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_pa
 
 # --------------------------------------------------------------------------- a run stopped before validating
 
+@pytest.mark.slow
 def test_a_run_stopped_before_validating_says_so_not_nan(tmp_path):
     """A run stopped by a signal before its first validation ended with `best bleu nan`."""
     raw = tiny_config_dict(str(tmp_path), max_steps=100_000, valid_every=100_000, log_every=5)

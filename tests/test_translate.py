@@ -374,6 +374,7 @@ def test_command_errors(ckpt, tmp_path):
         tc.translate_command(ckpt, str(bad), None, overrides={"beam_size": "many"})
 
 
+@pytest.mark.slow
 def test_cli_pipe_mode(ckpt, loaded):
     engine = loaded
     lines = [p[0] for p in make_pairs(6, 11)] + ["", "el sol ve la luna"]
