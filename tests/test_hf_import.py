@@ -743,6 +743,7 @@ def nmt_trained(tmp_path, layout: str, steps: int = 80) -> str:
     return os.path.join(result["run_dir"], "checkpoints", "latest.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["marian", "m2m100"])
 def test_export_of_an_nmt_trained_model(tmp_path, capsys, layout):
     """nmt's SentencePiece model as MarianTokenizer files (ids equal to nmt's); post-norm -> MarianMT,
@@ -780,6 +781,7 @@ def test_hf_export_without_safetensors_is_one_line(imported, tmp_path, capsys, m
     assert not os.path.exists(tmp_path / "hf")
 
 
+@pytest.mark.slow
 def test_quickstart_model_exports_to_hf(tmp_path, capsys):
     """The README quickstart's model (configs/quickstart.yaml's model section: pre-norm, the positions
     left to nmt's defaults), trained a few steps: `nmt export --format hf` writes an M2M100 directory

@@ -321,6 +321,7 @@ def test_max_epochs_and_max_time(tmp_path):
     assert timed["step"] == 0 and timed["reason"].startswith("max_time")
 
 
+@pytest.mark.slow
 def test_time_keyed_schedule_and_validation_every_minutes(tmp_path):
     """schedule_clock time: the lr warms up over 20% of max_time then decays to min_lr as the budget
     runs out; valid_every_minutes validates on the clock, not on the step count."""

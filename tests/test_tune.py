@@ -124,6 +124,7 @@ def test_errors_are_one_line(trained, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
 def test_train_tune_decode_tunes_best_pt(tmp_path):
     raw = tiny_config_dict(str(tmp_path), max_steps=40, warmup_steps=20, valid_every=1000, valid_bleu=False,
                            metric="loss", tune_decode=True, tune_max_time=20)
