@@ -277,3 +277,18 @@ def test_openmp_threads_sleep_instead_of_spinning(ckpt):
     env = {"KMP_BLOCKTIME": "1"}
     openmp_defaults(env)
     assert env == {"KMP_BLOCKTIME": "1"}
+
+
+def test_python_m_nmt_runs_the_cli(monkeypatch, capsys):
+    """`python -m nmt` (nmt/__main__.py), in this process: the CLI's exit code as the process's."""
+    import runpy
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))  # main() may set it
+    monkeypatch.setattr(sys, "argv", ["nmt", "average", "--help"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module("nmt", run_name="__main__", alter_sys=True)
+    assert e.value.code == 0 and "usage: nmt average" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["nmt"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module("nmt", run_name="__main__", alter_sys=True)
+    assert e.value.code == 2 and "train" in capsys.readouterr().out

@@ -68,7 +68,7 @@ def test_streamed_encoding_equals_in_memory(tmp_path, monkeypatch, chunk):
     assert {k: enc.stats[k] for k in counts} == counts
     assert enc.stats["src_tokens"] == sum(map(len, ref_src)) and enc.parts == (len(ref_src),)
     for arr in (enc.src_tokens, enc.src_offsets, enc.src_lens, enc.tgt_tokens, enc.tgt_offsets, enc.tgt_lens):
-        assert not arr.flags.writeable  # read from the cache files (small: into memory, test_reliability3.py)
+        assert not arr.flags.writeable  # read from the cache files (small: into memory; see test_small_entries_are_read_large_ones_mapped_both_read_only)
     v_src, v_tgt, v_counts = reference_encode(tok, src, tgt, 30, None)  # valid: only the max_len rule
     assert as_lists(data.valid) == (v_src, v_tgt) and data.valid.stats["too_long"] == v_counts["too_long"]
 

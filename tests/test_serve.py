@@ -846,3 +846,41 @@ def test_page_translates_in_a_headless_browser(server, ckpt, tmp_path):
         assert browser.find_element(By.ID, "error").text == ""
     finally:
         browser.quit()
+
+
+def _asgi_get(app, path: str) -> tuple[int, dict, bytes]:
+    """One GET through the ASGI app in this process: (status, headers, body)."""
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
+
+
+def test_the_page_is_served_and_calls_only_routes_the_server_has():
+    """GET / answers the page (nmt/commands/serve_page.py), and every path the page fetches is a route of the
+    app with the method it uses (the browser test drives the page itself)."""
+    pytest.importorskip("starlette", reason="nmt serve's stack is the serve extra")
+    from types import SimpleNamespace
+
+    from nmt.commands.serve_app import build_app
+    from nmt.commands.serve_page import PAGE
+
+    app = build_app(SimpleNamespace(lifespan=None), hosts=None)
+    status, headers, body = _asgi_get(app, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html") and body.decode() == PAGE
+    fetched = re.findall(r'fetch\("([^"]+)"(?:, \{ method: "([A-Z]+)")?', PAGE)
+    routes = {route.path: route.methods for route in app.routes}
+    assert {path for path, _ in fetched} == {"/health", "/translate"}
+    for path, method in fetched:
+        assert path in routes and (method or "GET") in routes[path], (path, method, routes)
