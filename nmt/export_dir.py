@@ -71,8 +71,7 @@ def read_langid(model_dir: str) -> dict | None:
     path = os.path.join(model_dir, LANGID_FILE)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return textio.read_json(path)
 
 
 def check_finite(state: dict, what: str) -> None:

@@ -50,7 +50,6 @@ import sys
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, ROOT)
 
 CODES = {"en": "eng_Latn", "es": "spa_Latn", "de": "deu_Latn", "fr": "fra_Latn", "it": "ita_Latn",
          "pt_BR": "por_Latn", "ru": "rus_Cyrl", "ja": "jpn_Jpan", "zh_CN": "zho_Hans"}

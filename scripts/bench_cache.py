@@ -25,21 +25,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from nmt.cache import DecoderCache  # noqa: E402
-from nmt.config import ModelConfig  # noqa: E402
-from nmt.fast import ReusingDecoderCache  # noqa: E402
-from nmt.masks import padding_mask  # noqa: E402
-from nmt.model import Transformer  # noqa: E402
+from nmt.cache import DecoderCache
+from nmt.config import ModelConfig
+from nmt.fast import ReusingDecoderCache
+from nmt.masks import padding_mask
+from nmt.model import Transformer
 
 VOCAB = 8000
 

@@ -38,7 +38,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 BIBLE = os.path.join(ROOT, "data", "bible-es-en")

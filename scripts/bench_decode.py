@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
 def read_lines(path: str, n: int) -> list[str]:

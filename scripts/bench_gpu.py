@@ -76,7 +76,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from bench_train import forward_flops  # the MFU formula (scripts/ is on sys.path when a script runs)
+from nmt.benchmarking import forward_flops  # the MFU formula (shared with bench_train.py)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 BIBLE = os.path.join(ROOT, "data", "bible-es-en")

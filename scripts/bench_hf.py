@@ -161,7 +161,7 @@ def main() -> None:
     if not os.path.isfile(os.path.join(model_dir, "config.json")):  # in a child: this process stays small, and a
         subprocess.run([sys.executable, os.path.abspath(__file__), "--build", model_dir], check=True)  # child's
         # ru_maxrss counts its parent's memory at fork
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": os.path.abspath(ROOT)}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     ckpt = os.path.join(work, "imported.pt")
     subprocess.run([sys.executable, "-m", "nmt", "import", model_dir, "-o", ckpt, "-q"], env=env, check=True)
     src = os.path.join(work, "in.es")

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 SHAPES = ((256, 768), (256, 256), (256, 1024), (1024, 256), (256, 8000))  # (in, out): qkv, out, FFN in/out, vocabulary
 

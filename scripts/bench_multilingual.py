@@ -42,10 +42,8 @@ import time
 
 import yaml
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, ROOT)
+from nmt.config import config_from_dict
 
-from nmt.config import config_from_dict  # noqa: E402
 
 
 def _nmt(*args: str) -> list[str]:
@@ -53,9 +51,7 @@ def _nmt(*args: str) -> list[str]:
 
 
 def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    return dict(os.environ)  # the children run the nmt this process imports (the installed package)
 
 
 def _langs(d: dict, corpus: dict) -> tuple[str, str]:

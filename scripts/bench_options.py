@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 VARIANTS = {
     "plain": [],

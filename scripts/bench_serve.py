@@ -35,10 +35,9 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from nmt.textio import read_lines
 
-from nmt.textio import read_lines  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --------------------------------------------------------------------------- servers and the reference
@@ -48,8 +47,7 @@ class ServerProcess:
 
     def __init__(self, checkpoint: str, *args: str):
         cmd = [sys.executable, "-m", "nmt", "serve", "-c", checkpoint, "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env=dict(os.environ, PYTHONPATH=ROOT))
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         first = self.proc.stderr.readline()
         match = re.search(r"http://([^/: ]+):(\d+)", first)
         if not match:
@@ -88,7 +86,7 @@ def reference(checkpoint: str, lines: list[str], options: dict, workdir: str) ->
         f.write("".join(line + "\n" for line in lines))
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", checkpoint, "-i", src, "-o", out, "--quiet",
-                    *decode_flags(options)], check=True, env=dict(os.environ, PYTHONPATH=ROOT))
+                    *decode_flags(options)], check=True)
     seconds = time.perf_counter() - start
     with open(out, encoding="utf-8") as f:
         return f.read().split("\n")[:-1], seconds

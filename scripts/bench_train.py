@@ -34,20 +34,10 @@ import argparse
 import json
 import os
 import resource
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-
-def forward_flops(src_len, tgt_len, d: int, f: int, V: int, Le: int, Ld: int) -> float:
-    """Matmul FLOPs of one forward pass over pairs with these real lengths (numpy arrays)."""
-    s = src_len.astype("float64")
-    t = tgt_len.astype("float64")
-    return float((s * Le * (8 * d * d + 4 * d * f) + Le * 4 * s * s * d + s * Ld * 4 * d * d
-                  + t * Ld * (12 * d * d + 4 * d * f) + Ld * (2 * t * t * d + 4 * t * s * d)
-                  + t * 2 * d * V).sum())
+from nmt.benchmarking import forward_flops
 
 
 def measure_peak(torch, device) -> float:

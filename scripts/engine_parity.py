@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 CONTROLS = {
     "checkpoint": {},

@@ -25,9 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from nmt.langid import LanguageIdentifier, ngrams, off_target  # noqa: E402
+from nmt.langid import LanguageIdentifier, ngrams, off_target
 
 BUCKETS = ("<10", "10-19", "20+")
 

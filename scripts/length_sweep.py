@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 SETTINGS = [("greedy", 1, "none", 0.0), ("beam 5 none", 5, "none", 0.0), ("beam 5 gnmt 1.0", 5, "gnmt", 1.0),
             ("beam 5 average 1.0", 5, "average", 1.0), ("beam 5 average 1.2", 5, "average", 1.2)]
 
 
 def sweep(path: str, src: list[str], ref: list[str]) -> dict:
-    from length_report import eos_statistics
-
+    from nmt.benchmarking import eos_statistics
     from nmt.torch_engine import TorchEngine
     from nmt.tune import Decoder, Scorer, Setting, pick
 
@@ -53,7 +49,6 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(__file__))
     from nmt.checkpoint import load_record
     from nmt.textio import read_lines
 

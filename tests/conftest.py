@@ -1,7 +1,9 @@
-"""Shared fixtures."""
+"""Shared fixtures (shared helper functions are in helpers.py)."""
 
 import pytest
 import torch
+
+from helpers import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -12,3 +14,9 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    """An untrained tiny checkpoint (`helpers.make_tiny_checkpoint`'s defaults), one per test module."""
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "tiny.pt"))

@@ -5,6 +5,10 @@
 - `FakeModel` / `FakeCache` / `fake_batch`: a scripted decoder for exact search tests.
 - Corpus helpers for the data tests: `corpus`, `write`, `corpus_cfg`, `make_cfg`, `from_lists`,
   `dirty_corpus`, `prepare_data`.
+- The CLI as a user meets it: `run_nmt` (`python -m nmt` in a subprocess), `one_line_error` (exit code,
+  one line on stderr, no traceback), `write_yaml`, `config_errors`; `ROOT` (the repository) and `ENV` (what subprocesses get).
+
+Fixtures shared by several test files are in conftest.py (`one_thread`, `ckpt`).
 
 The synthetic task:
 
@@ -29,17 +33,26 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import resource
+import signal
+import subprocess
+import sys
 import zlib
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 
 from nmt.checkpoint import record, save_checkpoint
 from nmt.config import Config, TokenizerConfig, config_from_dict
 from nmt.data import EncodedCorpus
 from nmt.model import Transformer
 from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+# what a CLI subprocess gets: one OpenMP thread (2 shared cores), this tree's nmt first on the path
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 NOUNS = {"casa": "house", "perro": "dog", "gato": "cat", "libro": "book", "mesa": "table",
          "arbol": "tree", "rio": "river", "sol": "sun", "luna": "moon", "flor": "flower"}
@@ -168,6 +181,26 @@ def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = ()
         model.output_proj.weight.normal_(0.0, 0.3)
     save_checkpoint(record(model.state_dict(), tokenizer, cfg, step=seed), path)
     return path
+
+
+# --------------------------------------------------------------------------- a tiny model for training steps
+
+def tiny_transformer(seed: int = 0, dropout: float = 0.0) -> Transformer:
+    """A seeded 2-layer d_model 16 Transformer over 20 ids a side (`random_corpus`'s vocabulary)."""
+    from nmt.config import ModelConfig
+
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=dropout, max_positions=32),
+                       20, 20)
+
+
+class NoSchedule:
+    """A learning-rate schedule that leaves the rate alone and counts its steps."""
+
+    steps = 0
+
+    def step(self):
+        self.steps += 1
 
 
 # --------------------------------------------------------------------------- scripted fake model
@@ -302,3 +335,50 @@ def dirty_corpus(tmp_path):
     src += ["", "gato", long_es, "sol", "perro perro perro perro perro perro perro perro perro perro"]
     tgt += ["cat", "", "sun", long_en, "dog"]
     return corpus_cfg(write(tmp_path / "t.es", src), write(tmp_path / "t.en", tgt)), src, tgt
+
+
+# --------------------------------------------------------------------------- the CLI in a subprocess
+
+def run_nmt(*args: str, stdin: str | None = None, cwd: str = ROOT, env: dict | None = None, timeout: float = 300,
+            limit_bytes: int | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m nmt ARGS` (text mode); limit_bytes caps the size of files it writes (RLIMIT_FSIZE: a
+    write past it fails with EFBIG, as a full disk fails with ENOSPC; Python ignores SIGXFSZ)."""
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))) if limit_bytes else None
+    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, text=True, cwd=cwd,
+                          env=ENV if env is None else env, timeout=timeout, preexec_fn=limit)
+
+
+def default_sigint() -> None:
+    """A subprocess's preexec_fn: SIGINT back to its default. A suite started in the background (`pytest &`, a CI
+    job without a terminal) runs with SIGINT ignored, which its children inherit, and Python then installs no
+    KeyboardInterrupt handler: a test that sends SIGINT to a command sets it back first (as a terminal's Ctrl-C
+    finds it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int, *patterns: str) -> str:
+    """Assert that `proc` failed with exit `code` and one line on stderr (no traceback) containing every pattern;
+    returns that line."""
+    err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode()
+    assert proc.returncode == code, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for pattern in patterns:
+        assert pattern in err, err
+    return err.strip()
+
+
+def config_errors(raw: dict, **kw) -> list[str]:
+    """The errors `config_from_dict(raw, **kw)` reports (it must raise ConfigError)."""
+    import pytest
+
+    from nmt.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw, **kw)
+    return e.value.errors
+
+
+def write_yaml(path, raw: dict) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(raw, f)
+    return str(path)

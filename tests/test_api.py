@@ -22,11 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("api") / "tiny.pt"))
-
-
-@pytest.fixture(scope="module")
 def lines() -> list[str]:
     return [p[0] for p in make_pairs(12, 5)] + ["", "  "]
 
@@ -169,6 +164,7 @@ def test_score_equals_score_pairs(ckpt):
     assert [s.log_prob for s in got] == pytest.approx([s.log_prob for s in want])
 
 
+@pytest.mark.slow
 def test_a_ctranslate2_directory_gives_the_same_greedy_outputs(ckpt, lines, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
     from nmt import Translator
@@ -184,6 +180,7 @@ def test_a_ctranslate2_directory_gives_the_same_greedy_outputs(ckpt, lines, tmp_
         ct2.translate(lines, alignment=True)
 
 
+@pytest.mark.slow
 def test_a_ctranslate2_directory_refuses_sampling_as_the_readme_says(ckpt, tmp_path):
     """The README said sampling with --engine ctranslate2 works (reproducible with --workers 1); the engine
     refuses it. The README's sampling paragraph now says so."""
@@ -208,6 +205,7 @@ def test_a_ctranslate2_directory_refuses_sampling_as_the_readme_says(ckpt, tmp_p
     assert "reproducible with" not in paragraph, paragraph
 
 
+@pytest.mark.slow
 def test_import_nmt_does_not_import_torch():
     """`import nmt` and `from nmt import Translator` stay light: torch loads with the first model."""
     code = "import sys; from nmt import Translator; assert 'torch' not in sys.modules, 'torch imported'"

@@ -14,7 +14,8 @@ import collections
 import os
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 FACE = {"nmt", "nmt.__main__"}  # what users start from: `from nmt import Translator`, `python -m nmt`
 FACADES = {"nmt.api", "nmt.train"}
 LAYERS = ("library", "facade", "commands", "face")  # bottom to top

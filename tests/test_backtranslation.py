@@ -16,18 +16,12 @@ from nmt.torch_engine import TorchEngine
 from nmt.translate import translate_lines
 from nmt.train import train
 
-from helpers import NOUNS, make_pairs, tiny_config_dict
+from helpers import NOUNS, ROOT, make_pairs, tiny_config_dict, write
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def write(path, lines):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(x + "\n" for x in lines))
-    return str(path)
-
-
+@pytest.mark.slow
 def test_back_translation_in_two_commands(tmp_path):
     d = str(tmp_path)
     # Robust by design (not by a margin that depends on the CPU's float sums): the few real pairs use

@@ -18,6 +18,7 @@ import torch
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "bench_gpu.py")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (none on CI)"))])
 def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path, device):

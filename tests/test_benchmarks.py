@@ -20,8 +20,8 @@ import yaml
 
 from helpers import tiny_config_dict
 from helpers import make_tiny_checkpoint
+from helpers import ROOT
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCRIPTS = os.path.join(ROOT, "scripts")
 
 
@@ -31,6 +31,7 @@ def run_script(name: str, *args: str) -> None:
                    text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_bench_decode_forces_equal_work_on_every_path(tmp_path, workers):
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
@@ -73,6 +74,7 @@ def test_bench_decode_forces_equal_work_on_every_path(tmp_path, workers):
     assert set(res["whole_command"]) == ({"beam1", "beam3"} if workers > 1 else set())
 
 
+@pytest.mark.slow
 def test_bench_train_counts_the_real_target_tokens(tmp_path):
     raw = tiny_config_dict(tmp_path)
     cfg_path = tmp_path / "tiny.yaml"
@@ -99,6 +101,7 @@ def test_bench_train_counts_the_real_target_tokens(tmp_path):
     assert timed_tokens == pytest.approx(real_tgt, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
     pytest.importorskip("ctranslate2", reason="bench_ct2 needs the [ct2] extra")
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
@@ -121,6 +124,7 @@ def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
     assert res["force_len"] == 4
 
 
+@pytest.mark.slow
 def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):
     import gzip
 
@@ -145,28 +149,25 @@ def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):
 
 
 def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
-    """scripts/length_report.py (teacher-forced EOS statistics, BENCHMARKS.md "Quality per
-    CPU-minute"), batched and padded, against each pair scored alone: log p(EOS) at the
+    """nmt.benchmarking.eos_statistics, what scripts/length_report.py reports (teacher-forced EOS
+    statistics, BENCHMARKS.md "Quality per CPU-minute"), batched and padded, against each pair scored
+    alone: log p(EOS) at the
     reference's end equals the engine's forced-decoding score of that EOS (nmt score's path), and
     the early-EOS figures equal a per-pair recount of the same model's forward pass."""
-    import importlib.util
-
     import torch
 
-    from nmt.torch_engine import TorchEngine
+    from nmt.benchmarking import eos_statistics  # what scripts/length_report.py prints
     from nmt.layout import source_tensors
     from nmt.tokenizer import BOS_ID, EOS_ID
+    from nmt.torch_engine import TorchEngine
     from helpers import make_pairs
 
-    spec = importlib.util.spec_from_file_location("length_report", os.path.join(SCRIPTS, "length_report.py"))
-    length_report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(length_report)
     # the position table seed 3 was chosen with (an EOS argmax before the end of a reference)
     tiny = make_tiny_checkpoint(str(tmp_path / "tiny.pt"), seed=3, positions="sinusoidal", position_offset=0)
     engine = TorchEngine.load(tiny, "cpu", fast=False)
     pairs = make_pairs(23, 5)
     src, ref = [p[0] for p in pairs], [p[1] for p in pairs]
-    stats = length_report.eos_statistics(engine, src, ref, batch=4)  # several padded batches
+    stats = eos_statistics(engine, src, ref, batch=4)  # several padded batches
     xs, ys = engine.tokenizer.encode_src(src), engine.tokenizer.encode_tgt(ref)
     final, early, positions, sentences = [], 0, 0, 0
     with torch.inference_mode():
@@ -183,6 +184,7 @@ def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
     assert abs(stats["sentences_early_argmax"] - sentences / len(pairs)) < 1e-9
 
 
+@pytest.mark.slow
 def test_bench_cache_runs_every_variant_through_the_cache_api(tmp_path):
     """Each variant (including fairseq's torch.cat cache, as a DecoderCache subclass) decodes through
     the cache's own append/advance/reorder."""
@@ -194,6 +196,7 @@ def test_bench_cache_runs_every_variant_through_the_cache_api(tmp_path):
     assert all(results[v]["total_s"] > 0 for v in ("cached", "cached-rows", "cat"))
 
 
+@pytest.mark.slow
 def test_bench_int8_times_every_shape_on_every_path(tmp_path):
     """scripts/bench_int8.py (BENCHMARKS.md "Lean inference": why int8 does not pay on a small model)."""
     out = tmp_path / "int8.json"
@@ -205,6 +208,7 @@ def test_bench_int8_times_every_shape_on_every_path(tmp_path):
     assert all(r[k] > 0 for r in rows for k in ("fp32", "int_mm", "int8_linear"))
 
 
+@pytest.mark.slow
 def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
     """The whole pipeline of bench_add_language --quick on a tiny gettext-layout corpus made from the
     shipped Bible text (the first 8 words of each verse; en and es as they are, de, fr, it letter

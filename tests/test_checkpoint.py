@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from nmt import checkpoint as ckpt
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import UserError
 from nmt.model import Transformer
+from helpers import one_line_error, run_nmt, write
 
 TINY = ModelConfig(d_model=16, n_heads=2, layers=1, ffn_dim=32, max_positions=32)
 
@@ -168,6 +170,7 @@ def docstring_keys() -> list[str]:
     return re.findall(r"^    (\w+) {2,}\S", ckpt.__doc__, re.M)
 
 
+@pytest.mark.slow
 def test_the_docstring_lists_the_keys_every_writer_writes(tmp_path, capsys):
     """Issue 35: the record had four writers that built the dict by hand (the Trainer, hf_io, tune, average),
     and the docstring's key list was wrong for the third time. Now nmt/checkpoint.py builds every record
@@ -205,3 +208,45 @@ def test_the_docstring_lists_the_keys_every_writer_writes(tmp_path, capsys):
         assert keys == [k for k in ckpt.KEYS if k in keys], what  # only listed keys, in the listed order
         seen.update(keys)
     assert seen == set(ckpt.KEYS)
+
+
+# --------------------------------------------------------------------------- nmt average: one-line errors on bad checkpoints and outputs
+
+@pytest.mark.slow
+def test_average_into_a_directory_or_bad_checkpoints(ckpt, tmp_path):
+    one_line_error(run_nmt("average", ckpt, "-o", str(tmp_path) + "/"), 2, "is a directory")
+    text = write(tmp_path / "notes.txt", ["not a checkpoint"])
+    one_line_error(run_nmt("average", text, "-o", str(tmp_path / "a.pt")), 2, "not a PyTorch checkpoint file")
+    one_line_error(run_nmt("translate", "-c", text, "-i", text), 2, "not a PyTorch checkpoint file")
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    one_line_error(run_nmt("translate", "-c", str(empty), "-i", text), 2, "an empty file")
+    state = load_checkpoint(ckpt)
+    del state["model"]
+    torch.save(state, tmp_path / "nomodel.pt")
+    one_line_error(run_nmt("average", str(tmp_path / "nomodel.pt"), "-o", str(tmp_path / "a.pt")), 2, "no model")
+
+
+# --------------------------------------------------------------------------- the checkpoint writer: a path the user gave, the umask
+
+@pytest.mark.slow
+def test_average_into_a_missing_directory_names_what_the_user_gave(ckpt, tmp_path):
+    """`-o nodir/` said "Not a directory: /.../.tmp-bwyvw8y8.pt.tmp"."""
+    one_line_error(run_nmt("average", ckpt, "-o", "nodir/", cwd=str(tmp_path)), 2,
+                   "nmt average: error: --output nodir/ names a directory")
+    with pytest.raises(OSError) as e:  # the writer too: an OSError names the path it was given
+        save_checkpoint({"x": 1}, str(tmp_path / "nodir") + "/")
+    assert e.value.filename == str(tmp_path / "nodir") + "/" and os.listdir(tmp_path) == []
+
+
+def test_checkpoints_follow_the_umask(tmp_path):
+    """Checkpoints were written 0600 whatever the umask (mkstemp's mode)."""
+    old = os.umask(0o022)
+    try:
+        ckpt.save_checkpoint({"x": 1}, str(tmp_path / "a.pt"))
+        os.umask(0o077)
+        ckpt.save_checkpoint({"x": 1}, str(tmp_path / "b.pt"))
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / "a.pt").st_mode & 0o777) == oct(0o644)
+    assert oct(os.stat(tmp_path / "b.pt").st_mode & 0o777) == oct(0o600)

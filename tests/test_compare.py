@@ -17,7 +17,8 @@ from nmt.commands.evaluate import compare_command
 from nmt.compare import compare
 from nmt.errors import UserError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 WORDS = "the cat sat on mat a dog ran in park house big red and of".split()
 
 
@@ -43,6 +44,7 @@ def _sacrebleu(ref, hyps, test, fmt):
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.slow
 def test_p_values_and_intervals_are_the_sacrebleu_commands(files):
     out = io.StringIO()
     compare_command([files["a"], files["b"], files["c"]], files["ref"], json_out=True, stdout=out)
@@ -91,6 +93,7 @@ def test_degeneration_deltas():
     assert delta["loops"] == 1 and delta["short"] == 1 and delta["long"] == 0
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(files, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("only one line\n", encoding="utf-8")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
 
 from nmt.config import (Config, ConfigError, DecodeConfig, ModelConfig, TrainConfig, apply_overrides,
-                        dump_config, load_config)
+                        config_from_dict, dump_config, load_config)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT, config_errors, one_line_error, run_nmt, tiny_config_dict, write_yaml
 
 
 @pytest.fixture
@@ -238,6 +239,7 @@ def test_bad_yaml_and_missing_config(tmp_path):
     assert e.value.errors == [f"config file not found: {tmp_path / 'none.yaml'}"]
 
 
+@pytest.mark.slow
 def test_config_docs_are_current():
     """configs/README.md's key table is generated from the dataclasses; it must not drift."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_config_docs.py"), "--check"],
@@ -286,3 +288,116 @@ def test_exact_stop_is_the_default_for_nmts_own_models(files):
     assert load_config(write(files, {**minimal(files), "decode": {"stopping": "hf"}})).decode.stopping == "hf"
     assert errors_of(files, {**minimal(files), "decode": {"stopping": "never"}}) == [
         "invalid value for 'decode.stopping': 'never' (choose from exact, hf)"]
+
+
+# --------------------------------------------------------------------------- values and YAML the loader refuses
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", ".nan", "1e999"])
+def test_non_finite_floats_are_rejected(tmp_path, value):
+    raw = tiny_config_dict(str(tmp_path))
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    with pytest.raises(ConfigError, match="train.lr.*finite"):
+        load_config(path, [f"train.lr={value}"])
+    with pytest.raises(ConfigError, match="decode.length_penalty.*finite"):
+        load_config(path, [f"decode.length_penalty={value}"])
+    one_line_error(run_nmt("train", "--config", path, "--check", "--set", f"model.dropout={value}"), 2, "finite")
+
+
+@pytest.mark.slow
+def test_yaml_aliases_are_refused(tmp_path):
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi"))
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb)
+    t0 = time.perf_counter()
+    proc = run_nmt("train", "--config", str(path), "--check")
+    assert time.perf_counter() - t0 < 60
+    one_line_error(proc, 2, "alias")
+    merge = tmp_path / "merge.yaml"
+    raw = tiny_config_dict(str(tmp_path))
+    merge.write_text("base: &base {lr: 0.1}\n" + yaml.safe_dump(raw) + "extra: *base\n")
+    with pytest.raises(ConfigError, match="alias"):
+        load_config(str(merge))
+
+
+# --------------------------------------------------------------------------- the schedule against the budget, reserved tags, the generated docs
+
+@pytest.mark.slow
+def test_a_warmup_as_long_as_the_step_budget_is_one_line_error(tmp_path):
+    """warmup_steps 4000 with max_steps 30 reached 0.8% of the peak lr and exited 0."""
+    raw = tiny_config_dict(str(tmp_path), warmup_steps=4000, max_steps=30)
+    (err,) = config_errors(raw)
+    assert "'train.warmup_steps: 4000'" in err and "'train.max_steps: 30'" in err
+    for warmup, ok in ((30, False), (29, True), (0, True)):
+        raw["train"].update(warmup_steps=warmup)
+        if ok:
+            config_from_dict(raw)
+        else:
+            config_errors(raw)
+    path = write_yaml(tmp_path / "c.yaml", tiny_config_dict(str(tmp_path), warmup_steps=4000, max_steps=30))
+    one_line_error(run_nmt("train", "--config", path, "--check"), 2, "nmt train: error: 'train.warmup_steps: 4000'",
+                   "train.max_steps")
+
+
+@pytest.mark.slow
+def test_a_time_clock_takes_its_warmup_as_a_fraction(tmp_path):
+    """With schedule_clock: time, warmup_steps counted seconds: its default 4000 swallowed an 8-second
+    budget (peak 6e-6 for lr 3e-3). warmup_steps now always counts steps, so a time clock needs
+    warmup_fraction (or no warmup)."""
+    timed = dict(schedule="cosine", schedule_clock="time", max_time=8.0, max_steps=0, lr=3e-3)
+    raw = tiny_config_dict(str(tmp_path), **timed, warmup_steps=4000)
+    (err,) = config_errors(raw)
+    assert "'train.warmup_steps: 4000'" in err and "'train.warmup_fraction'" in err and "schedule_clock: time" in err
+    del raw["train"]["warmup_steps"]  # the default (4000) too
+    assert config_errors(raw) == [err]
+    config_from_dict(tiny_config_dict(str(tmp_path), **timed, warmup_fraction=0.1))
+    config_from_dict(tiny_config_dict(str(tmp_path), **timed, warmup_steps=0))
+    with open(os.path.join(ROOT, "configs", "quickstart-30min.yaml"), encoding="utf-8") as f:
+        recipe = yaml.safe_load(f)
+    del recipe["train"]["warmup_fraction"]  # the issue's case: the lr ended at 0.45x its peak, no decay
+    path = write_yaml(tmp_path / "q.yaml", recipe)
+    one_line_error(run_nmt("train", "--config", path, "--check"), 2, "'train.warmup_fraction'")
+
+
+def test_warmup_fraction_needs_a_budget_it_is_a_share_of(tmp_path):
+    """warmup_fraction with an epochs-only budget gave no warmup at all."""
+    raw = tiny_config_dict(str(tmp_path), warmup_fraction=0.1, max_steps=0, max_epochs=3)
+    (err,) = config_errors(raw)
+    assert "'train.warmup_fraction: 0.1'" in err and "train.max_steps" in err and "train.warmup_steps" in err
+    raw["train"].update(max_time=60.0)  # a time budget with the step clock: still no step budget
+    assert config_errors(raw) == [err]
+    config_from_dict(tiny_config_dict(str(tmp_path), warmup_fraction=0.1, max_steps=100))
+
+
+@pytest.mark.parametrize("value", [1.0, 1.5])
+def test_warmup_fraction_has_one_range(tmp_path, value):
+    """1.5 said "must be <= 1" and 1.0 "must be < 1"."""
+    raw = tiny_config_dict(str(tmp_path), warmup_fraction=value)
+    assert config_errors(raw) == [f"invalid value for 'train.warmup_fraction': {value} (must be < 1)"]
+
+
+def test_a_checkpoint_stays_loadable_when_the_schedule_rules_grow(tmp_path):
+    """Rules about starting training (the schedule against the budget, init_from) are not applied to
+    the config of a trained model: checkpoints of older runs still translate."""
+    raw = tiny_config_dict(str(tmp_path), warmup_steps=4000, max_steps=30, init_from=str(tmp_path / "gone.pt"))
+    assert len(config_errors(raw)) == 2
+    cfg = config_from_dict(raw, training=False, check_files=False)
+    assert cfg.train.warmup_steps == 4000
+
+
+def test_a_tag_that_is_a_placeholder_is_refused(tmp_path):
+    raw = tiny_config_dict(str(tmp_path))
+    raw["data"]["train"]["src_tag"] = "<ph_0>"
+    (err,) = config_errors(raw)
+    assert err.startswith("invalid value for 'data.train.src_tag': '<ph_0>' (reserved for the placeholders")
+    raw["data"]["train"]["src_tag"] = "<ph>"
+    config_from_dict(raw)
+
+
+def test_config_docs_show_the_alignment_separator():
+    """configs/README.md showed ` /// ` (the generator replaced pipes instead of escaping them)."""
+    with open(os.path.join(ROOT, "configs", "README.md"), encoding="utf-8") as f:
+        row = next(line for line in f if line.startswith("| `decode.alignment`"))
+    assert "after ` ||| `" in row.replace("\\|", "|") and "///" not in row

@@ -9,7 +9,8 @@ import pytest
 
 from nmt.config import Config, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 RECIPES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
 

@@ -2,6 +2,9 @@
 
 import glob
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,8 +15,10 @@ from nmt import sources
 from nmt.errors import UserError
 from nmt.layout import collate
 from nmt.tokenizer import build_tokenizer
+from nmt.config import config_from_dict
 
-from helpers import corpus, corpus_cfg, dirty_corpus, make_cfg, quiet, write
+from helpers import (ENV, ROOT, corpus, corpus_cfg, dirty_corpus, make_cfg, make_pairs, quiet, run_nmt,
+                     tiny_config_dict, write, write_yaml)
 
 
 def reference_encode(tok, src, tgt, max_len, max_ratio, tag=None):
@@ -63,7 +68,7 @@ def test_streamed_encoding_equals_in_memory(tmp_path, monkeypatch, chunk):
     assert {k: enc.stats[k] for k in counts} == counts
     assert enc.stats["src_tokens"] == sum(map(len, ref_src)) and enc.parts == (len(ref_src),)
     for arr in (enc.src_tokens, enc.src_offsets, enc.src_lens, enc.tgt_tokens, enc.tgt_offsets, enc.tgt_lens):
-        assert not arr.flags.writeable  # read from the cache files (small: into memory, test_reliability3.py)
+        assert not arr.flags.writeable  # read from the cache files (small: into memory; see test_small_entries_are_read_large_ones_mapped_both_read_only)
     v_src, v_tgt, v_counts = reference_encode(tok, src, tgt, 30, None)  # valid: only the max_len rule
     assert as_lists(data.valid) == (v_src, v_tgt) and data.valid.stats["too_long"] == v_counts["too_long"]
 
@@ -155,3 +160,183 @@ def test_empty_side_arrays_map(tmp_path):
     assert len(valid) == 3 and valid.tgt_lens.tolist() == [0, 0, 0] and valid.tgt_tokens.size == 0
     batch = collate(valid, np.arange(3))
     assert batch.tgt_out[:, 0].tolist() == [3, 3, 3]  # EOS only
+
+
+# --------------------------------------------------------------------------- the encoded-corpus cache cannot be fooled (edits, corruption, truncation, a full disk)
+
+def _prepared(tmp_path, n: int = 400) -> tuple["Config", "Tokenizer", str]:  # noqa: F821
+    """A config of the tiny task on a copy of its training files, with its run directory's tokenizer."""
+    from nmt.tokenizer import build_tokenizer
+
+    raw = tiny_config_dict(str(tmp_path))
+    raw["data"]["train"]["max_sentences"] = n
+    cfg = config_from_dict(raw)
+    return cfg, build_tokenizer(cfg, cfg.run_dir, log=lambda m: None), cfg.run_dir
+
+
+def _load(cfg, tok, logs: list | None = None):
+    from nmt.data import load_data
+
+    return load_data(cfg, tok, cfg.run_dir, log=(logs if logs is not None else []).append)
+
+
+def _pairs(enc) -> list:
+    return [(enc.src(i).tolist(), enc.tgt(i).tolist()) for i in range(len(enc))]
+
+
+def _same_size_edit(path: str) -> None:
+    """dog <-> cat in a file: the same size; a copy with the old mtime (what `cp -p` keeps) is prepared."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    edited = text.replace("dog", "@@@").replace("cat", "dog").replace("@@@", "cat")
+    assert edited != text and len(edited) == len(text)
+    with open(path + ".edited", "w", encoding="utf-8") as f:
+        f.write(edited)
+    st = os.stat(path)
+    os.utime(path + ".edited", ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["cp -p", "tar x", "os.utime"])
+def test_an_edit_of_the_same_size_and_mtime_is_not_served_from_the_cache(tmp_path, tool):
+    """The cache trusted (path, size, mtime): `cp -p`, `rsync -a`, `tar x` of an edited file of the same
+    size with its mtime kept reused the stale encoded corpus."""
+    cfg, tok, run = _prepared(tmp_path)
+    before = _pairs(_load(cfg, tok).train)
+    path = cfg.data.train.tgt
+    _same_size_edit(path)
+    time.sleep(0.02)  # ctime granularity: a new tick
+    if tool == "cp -p":
+        subprocess.run(["cp", "-p", path + ".edited", path], check=True)
+    elif tool == "tar x":
+        os.makedirs(tmp_path / "t")
+        os.replace(path + ".edited", tmp_path / "t" / os.path.basename(path))
+        subprocess.run(["tar", "cf", str(tmp_path / "x.tar"), "-C", str(tmp_path / "t"), os.path.basename(path)],
+                       check=True)
+        subprocess.run(["tar", "xf", str(tmp_path / "x.tar"), "-C", os.path.dirname(path)], check=True)
+    else:  # an editor, or a script, that restores the mtime
+        with open(path + ".edited", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as g:
+            g.write(f.read())
+        st = os.stat(path + ".edited")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    logs: list[str] = []
+    after = _pairs(_load(cfg, tok, logs).train)
+    assert after != before
+    fresh = _pairs(_load(cfg, tok, []).train)  # the entry now in the cache is the edited file's
+    assert after == fresh
+    assert any("a resumed run does not continue exactly" in m for m in logs), logs
+
+
+def test_a_touched_file_is_encoded_again_without_a_false_warning(tmp_path):
+    """A changed ctime with the same content (chmod, a copy, a checkout) costs one encoding; the
+    arrays' digest then shows the data are the same, so nothing claims the resume is inexact."""
+    cfg, tok, run = _prepared(tmp_path)
+    before = _pairs(_load(cfg, tok).train)
+    os.chmod(cfg.data.train.src, 0o640)
+    logs: list[str] = []
+    assert _pairs(_load(cfg, tok, logs).train) == before
+    assert not any("loaded encoded corpus" in m for m in logs if m.startswith("data train"))  # encoded again
+    assert not any("differ" in m for m in logs), logs
+
+
+@pytest.mark.parametrize("damage", ["token id", "offset"])
+def test_a_cache_corrupted_in_place_is_encoded_again(tmp_path, damage):
+    """An id outside the vocabulary ended in an IndexError traceback deep in the embedding; corrupt
+    offsets trained on garbage pairs without a word."""
+    import numpy as np
+
+    cfg, tok, run = _prepared(tmp_path)
+    before = _pairs(_load(cfg, tok).train)
+    name = "src_tokens" if damage == "token id" else "tgt_offsets"
+    (path,) = glob.glob(os.path.join(run, "cache", f"train-*.{name}.bin"))
+    value = np.array([32000], np.int16) if damage == "token id" else np.array([10**9], np.int64)
+    with open(path, "r+b") as f:
+        f.seek(value.itemsize * 7)
+        f.write(value.tobytes())
+    logs: list[str] = []
+    assert _pairs(_load(cfg, tok, logs).train) == before
+    (line,) = [m for m in logs if "unreadable cache" in m]
+    assert ("outside the vocabulary" if damage == "token id" else "tgt_offsets") in line
+
+
+def test_small_entries_are_read_large_ones_mapped_both_read_only(tmp_path, monkeypatch):
+    import numpy as np
+
+    from nmt import corpus as C
+
+    cfg, tok, run = _prepared(tmp_path)
+    _load(cfg, tok)
+    (marker,) = glob.glob(os.path.join(run, "cache", "train-*.json"))
+    prefix = marker[:-len(".json")]
+    read, mapped = C.EncodedCorpus.load(prefix), C.EncodedCorpus.load(prefix, in_memory=False)
+    assert _pairs(read) == _pairs(mapped)
+    assert not isinstance(read.src_tokens.base, np.memmap) and isinstance(mapped.src_tokens.base, np.memmap)
+    assert not read.src_tokens.flags.writeable and not mapped.src_tokens.flags.writeable
+    monkeypatch.setattr(C, "in_memory_limit", lambda: 100)  # too large for memory: mapped
+    assert isinstance(C.EncodedCorpus.load(prefix).tgt_tokens.base, np.memmap)
+
+
+@pytest.mark.slow
+def test_truncating_the_cache_during_a_run_does_not_kill_it(tmp_path):
+    """Truncating a mapped cache file during a run ended it with SIGBUS (exit 135) and no checkpoint."""
+    raw = tiny_config_dict(str(tmp_path), max_steps=400, valid_every=10_000, valid_bleu=False, metric="loss")
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    log = os.path.join(raw["output_dir"], raw["name"], "train.log")
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(log) and "step 40 |" in open(log, encoding="utf-8").read():
+                break
+            time.sleep(0.05)
+        for cache_file in glob.glob(os.path.join(raw["output_dir"], raw["name"], "cache", "*.bin")):
+            os.truncate(cache_file, 0)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped at step 400" in err
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_writing_the_cache_names_the_cause_and_the_file(tmp_path):
+    """numpy said "5117176 requested and 448512 written" (no cause, no file)."""
+    import resource
+
+    raw = tiny_config_dict(str(tmp_path))
+    pairs = make_pairs(60_000, 3)  # ~1 MB of token ids a side: past the limit below
+    for side, col in (("src", 0), ("tgt", 1)):
+        with open(raw["data"]["train"][side], "w", encoding="utf-8") as f:
+            f.write("".join(p[col] + "\n" for p in pairs))
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    limit = 300_000  # bytes per file: the tokenizer, config and log fit, the cache does not
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300, preexec_fn=cap)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert last.startswith("nmt train: error: File too large: ") and "/cache/train-" in last and \
+        last.endswith(".bin"), last
+    assert "requested" not in proc.stderr and "Traceback" not in proc.stderr
+    assert glob.glob(os.path.join(raw["output_dir"], raw["name"], "cache", "*")) == []  # nothing half-written
+
+
+@pytest.mark.slow
+def test_resuming_after_the_corpus_changed_says_it_is_not_exact(tmp_path):
+    """Resuming after the corpus changed re-encoded without a word that the resume is no longer exact."""
+    raw = tiny_config_dict(str(tmp_path), max_steps=4, warmup_steps=2, valid_every=10_000, valid_bleu=False,
+                           metric="loss")
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    assert run_nmt("train", "--config", path, "--quiet").returncode == 0
+    _same_size_edit(raw["data"]["train"]["tgt"])
+    time.sleep(0.02)
+    subprocess.run(["cp", "-p", raw["data"]["train"]["tgt"] + ".edited", raw["data"]["train"]["tgt"]], check=True)
+    proc = run_nmt("train", "--config", path, "--quiet", "--resume", "--set", "train.max_steps=6")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [m for m in proc.stderr.splitlines() if "differ" in m]
+    assert line.startswith("data train: the encoded train data differ") and "does not continue exactly" in line

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
-import sys
 
 import pytest
 import torch
@@ -182,31 +180,19 @@ def test_uniform_noise_is_uniform_and_independent():
 # --------------------------------------------------------------------------- through the pipeline and the CLI
 
 import re
-import subprocess
 
 from nmt.config import decode_config
 from nmt.torch_engine import TorchEngine
 from nmt.commands.translate import translate_command
 from nmt.translate import translate_nbest
 from helpers import make_pairs
-from helpers import make_tiny_checkpoint
+from helpers import run_nmt as cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("controls") / "tiny.pt"))
 
 
 @pytest.fixture(scope="module")
 def engine(ckpt):
     return TorchEngine.load(ckpt, "cpu")
-
-
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], input=stdin, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}, timeout=300)
 
 
 def test_sampled_translations_are_reproducible_and_independent_of_batching(engine):
@@ -222,6 +208,7 @@ def test_sampled_translations_are_reproducible_and_independent_of_batching(engin
     assert all(hyps[0].score >= hyps[-1].score for hyps in a)
 
 
+@pytest.mark.slow
 def test_prefixes_are_kept_verbatim(engine, ckpt, tmp_path):
     lines = [p[0] for p in make_pairs(6, 13)]
     prefixes = ["the red cat", "", "the", "the big river eats", "sees", "the moon"]
@@ -244,6 +231,7 @@ def test_prefixes_are_kept_verbatim(engine, ckpt, tmp_path):
     assert r.returncode == 2 and "line counts differ" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_no_repeat_ngram_through_the_command(ckpt, tmp_path):
     """The tiny word-level model loops when untrained; with --no-repeat-ngram 2 no word bigram repeats."""
     lines = [p[0] for p in make_pairs(20, 14)]
@@ -257,6 +245,7 @@ def test_no_repeat_ngram_through_the_command(ckpt, tmp_path):
         assert len(set(grams)) == len(grams), line
 
 
+@pytest.mark.slow
 def test_alignment_output(engine, ckpt, tmp_path):
     lines = [p[0] for p in make_pairs(5, 15)] + [""]
     decode = decode_config(engine.decode, dict(alignment=True, beam_size=2))
@@ -308,6 +297,7 @@ def test_alignment_weights_are_the_attention_sdpa_computes():
         torch.testing.assert_close(a.sum(-1), torch.ones(2, 5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,message", [
     (["--sampling", "beam"], "decode.sampling"), (["--topp", "0"], "decode.topp"), (["--topp", "1.5"], "decode.topp"),
     (["--topk", "0"], "decode.topk"), (["--temperature", "0"], "decode.temperature"),

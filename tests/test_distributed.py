@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, ModelConfig, config_from_dict
+from nmt.config import Config, config_from_dict
 from nmt.data import epoch_batches, load_data
 from nmt.distributed import DistEnv, main_first, simulate_failure, timeout_seconds
 from nmt.errors import UserError
@@ -34,7 +34,7 @@ from nmt.optim import build_optimizer, build_scheduler
 from nmt.step import setup_precision, train_step
 from nmt.tokenizer import Tokenizer
 
-from helpers import random_corpus, tiny_config_dict
+from helpers import NoSchedule, random_corpus, tiny_config_dict, tiny_transformer
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -118,19 +118,9 @@ def _write_config(tmp_path, name: str, dropout: float = 0.1, **train) -> tuple[s
 # --------------------------------------------------------------------------- one DDP step
 
 
-def _model() -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=0.0, max_positions=32), 20, 20)
-
-
 # rank r's two micro-batches (different sizes and token counts on the two ranks)
 MICRO = {0: [np.arange(0, 5), np.arange(5, 12)], 1: [np.arange(12, 15), np.arange(15, 24)]}
 CLIP = 0.5
-
-
-class _NoSchedule:
-    def step(self):
-        pass
 
 
 STEP_WORKER = textwrap.dedent("""
@@ -139,8 +129,8 @@ STEP_WORKER = textwrap.dedent("""
     import nmt.step as train_mod
     from nmt.layout import collate
     from nmt.distributed import DistEnv, process_group, wrap_model
-    from helpers import random_corpus
-    from test_distributed import MICRO, CLIP, FP32, _NoSchedule, _model
+    from helpers import NoSchedule, random_corpus, tiny_transformer
+    from test_distributed import MICRO, CLIP, FP32
 
     env = DistEnv.from_env()
     cpu = torch.device("cpu")
@@ -152,10 +142,10 @@ STEP_WORKER = textwrap.dedent("""
         for case in ("plain", "inf_on_rank1", "inf_on_rank1_no_reduce"):
             if case != "plain" and env.rank == 1:  # infinite loss, finite gradient, on rank 1 only
                 train_mod.label_smoothed_nll = lambda *a: (lambda l, n: (l + float("inf"), n))(*real(*a))
-            model = _model()
+            model = tiny_transformer()
             opt = torch.optim.SGD(model.parameters(), lr=1.0)
             reduce = None if case.endswith("no_reduce") else env.all_reduce_sum
-            res = train_mod.train_step(wrap_model(env, model, cpu), batches, opt, _NoSchedule(), FP32,
+            res = train_mod.train_step(wrap_model(env, model, cpu), batches, opt, NoSchedule(), FP32,
                                        label_smoothing=0.1, clip_norm=CLIP, grad_denominator=n_tokens / 2,
                                        reduce=reduce)
             out[case] = dict(updated=res.updated, grad_norm=res.grad_norm, loss=res.loss_sum, n_tokens=n_tokens,
@@ -164,6 +154,7 @@ STEP_WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ddp_step_equals_one_process_step_and_ranks_agree(tmp_path):
     script = tmp_path / "step_worker.py"
     script.write_text(STEP_WORKER.format(tests=TESTS, out=str(tmp_path)))
@@ -174,10 +165,10 @@ def test_ddp_step_equals_one_process_step_and_ranks_agree(tmp_path):
 
     # reference: one process, one step over all four micro-batches
     corpus = random_corpus(24)
-    model = _model()
+    model = tiny_transformer()
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
     ref_batches = [collate(corpus, i) for r in (0, 1) for i in MICRO[r]]
-    ref = train_step(model, ref_batches, torch.optim.SGD(model.parameters(), lr=1.0), _NoSchedule(), FP32,
+    ref = train_step(model, ref_batches, torch.optim.SGD(model.parameters(), lr=1.0), NoSchedule(), FP32,
                      label_smoothing=0.1, clip_norm=CLIP)
     assert r0["plain"]["n_tokens"] == r1["plain"]["n_tokens"] == ref.n_tokens
     assert ref.grad_norm.item() > CLIP  # clipping is exercised
@@ -238,6 +229,7 @@ def ddp_run(tmp_path_factory):
     return cfg, proc, seconds
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_with_the_union_of_batches(ddp_run):
     cfg, proc, seconds = ddp_run
     saved = ckpt.load_checkpoint(os.path.join(cfg.run_dir, "checkpoints", "latest.pt"))
@@ -254,6 +246,7 @@ def test_two_processes_equal_one_process_with_the_union_of_batches(ddp_run):
     print(f"torchrun 2 x gloo, 10 steps + 2 validations: {seconds:.1f}s")
 
 
+@pytest.mark.slow
 def test_one_run_directory_one_event_file_one_log(ddp_run):
     cfg, proc, _ = ddp_run
     run = cfg.run_dir
@@ -273,6 +266,7 @@ def test_one_run_directory_one_event_file_one_log(ddp_run):
     assert not torch.equal(rngs[0]["torch"], rngs[1]["torch"])  # each rank its own generator
 
 
+@pytest.mark.slow
 def test_resume_under_two_processes_continues_exactly(tmp_path):
     straight, cfg_s = _write_config(tmp_path, "straight")  # dropout 0.1: per-rank RNG states matter
     split, cfg_p = _write_config(tmp_path, "split", max_steps=5)
@@ -296,6 +290,7 @@ def test_resume_under_two_processes_continues_exactly(tmp_path):
 
 # --------------------------------------------------------------------------- failures
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_message(tmp_path):
     path, _ = _write_config(tmp_path, "fail", max_steps=1000)
     port = _free_port()
@@ -310,6 +305,7 @@ def test_a_failing_rank_ends_the_job_with_its_message(tmp_path):
     print(f"failing rank: job ended after {seconds:.1f}s")
 
 
+@pytest.mark.slow
 def test_user_error_is_printed_once(tmp_path):
     path, _ = _write_config(tmp_path, "never_ran")
     proc = _nmt_train(path, "--resume")

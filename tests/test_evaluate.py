@@ -14,6 +14,7 @@ from nmt.errors import UserError
 from nmt.commands.evaluate import evaluate_command
 from nmt.metrics import corpus_metrics
 from nmt.textio import read_lines
+from helpers import make_pairs, one_line_error, run_nmt, write
 
 # Hand-made pairs: punctuation, casing, Unicode, an empty line, trailing spaces, a CRLF line.
 REF = ("The cat sat on the mat.\n"
@@ -47,6 +48,7 @@ def _sacrebleu_json(ref: str, hyp: str, metrics: list[str]) -> list[dict]:
     return result if isinstance(result, list) else [result]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hyp_text", [HYP, HYP2], ids=["close", "far"])
 def test_scores_match_sacrebleu_command(tmp_path, hyp_text):
     ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", hyp_text)
@@ -71,6 +73,7 @@ def test_default_metrics_and_text(tmp_path):
     assert ours["bleu"]["hyp_len"] == ours["bleu"]["ref_len"] == 7  # 13a splits off the period
 
 
+@pytest.mark.slow
 def test_evaluate_command_text_and_json(tmp_path):
     ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", HYP)
     expected = {e["name"]: e for e in _sacrebleu_json(ref, hyp, ["bleu", "chrf"])}
@@ -140,6 +143,7 @@ def test_missing_file_and_bad_input(tmp_path):
 
 # --------------------------------------------------------------------------- tokenize / lowercase
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenize", ["13a", "intl", "zh", "char", "none"])
 @pytest.mark.parametrize("lowercase", [False, True])
 def test_tokenize_and_lowercase_match_the_sacrebleu_command(tmp_path, tokenize, lowercase):
@@ -218,6 +222,7 @@ def test_an_explicit_langid_that_cannot_count_off_target_is_an_error(tmp_path):
     assert run(None) is None  # none asked for, none counted
 
 
+@pytest.mark.slow
 def test_compare_with_langid_is_an_error(tmp_path):
     """--compare does not count off-target outputs: a --langid with it was ignored without a word."""
     import os
@@ -228,3 +233,29 @@ def test_compare_with_langid_is_an_error(tmp_path):
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=300)
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert r.stderr == "nmt evaluate: error: --compare does not count off-target outputs: give it without --langid\n"
+
+
+# --------------------------------------------------------------------------- nmt evaluate: output paths and options
+
+@pytest.mark.slow
+def test_save_hyps_into_a_missing_directory_fails_before_translating(ckpt, tmp_path):
+    src = write(tmp_path / "src.es", ["el sol"])
+    proc = run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--save-hyps", str(tmp_path / "no" / "h.txt"))
+    one_line_error(proc, 2, "does not exist")
+
+
+@pytest.mark.slow
+def test_evaluate_rejects_nbest_and_uses_batch_size(ckpt, tmp_path, monkeypatch):
+    from nmt.commands.evaluate import evaluate_command
+
+    src = write(tmp_path / "src.es", [p[0] for p in make_pairs(9, 4)])
+    one_line_error(run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--nbest", "2", "--beam", "2"),
+                   2, "--nbest must be 1")
+    import nmt.batching as batching
+
+    seen = []
+    real = batching.make_batches
+    monkeypatch.setattr(batching, "make_batches", lambda lengths, bt, mbs: seen.append(mbs) or real(lengths, bt, mbs))
+    evaluate_command(None, src, checkpoint=ckpt, src=src, overrides={"max_batch_size": "2"}, quiet=True,
+                     stdout=io.StringIO())
+    assert seen == [2]

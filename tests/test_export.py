@@ -23,9 +23,9 @@ from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 from helpers import make_pairs, tiny_config_dict
+from helpers import ROOT
 
 CT2_REASON = 'ctranslate2 is an optional extra: pip install -e ".[ct2]"'
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -332,6 +332,7 @@ def trained(request, tmp_path_factory):
     return checkpoint, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam,penalty,min_agree", [(1, "gnmt", 1.0), (4, "gnmt", 1.0), (4, "average", 1.0)])
 def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty, min_agree):
     """Same hypotheses as nmt.search on all 300 sentences (greedy, beam 4 with the gnmt and average
@@ -388,6 +389,7 @@ CONTROLS = {  # issue 25: every control the CTranslate2 engine accepts gives the
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("control", list(CONTROLS))
 def test_every_control_gives_the_pytorch_engines_outputs(trained, pairs, control):
     """Fails before issue 25 (n-gram blocking and min_len masked after the softmax in nmt, before it in
@@ -417,6 +419,7 @@ def test_every_control_gives_the_pytorch_engines_outputs(trained, pairs, control
         pytest.approx([x for n in ours for h in n for x in (h.log_prob, h.score)], abs=2e-4)
 
 
+@pytest.mark.slow
 def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
     from nmt import Translator
 
@@ -442,6 +445,7 @@ def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--engine torch" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_forced_length_as_benchmarks_use_it(trained, pairs):
     """min_len >= max_len forces every output to exactly max_len tokens, in both engines."""
     from nmt.ct2 import Ct2Engine
@@ -460,6 +464,7 @@ def test_forced_length_as_benchmarks_use_it(trained, pairs):
     assert [h[0].tokens for h in theirs] == [h[0].tokens for h in ours]
 
 
+@pytest.mark.slow
 def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
     """Same output file as `nmt translate` (PyTorch): order, empty lines, n-best format."""
     from nmt.commands.translate import translate_command
@@ -484,6 +489,7 @@ def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
             assert sum(g == w for g, w in zip(got, want)) >= len(got) - 2
 
 
+@pytest.mark.slow
 def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     """--workers 2 with the CTranslate2 engine (inter_threads 2, batches run by a thread pool):
     the same file as one worker, and as the PyTorch path with --workers 2."""
@@ -514,6 +520,7 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     assert not os.path.exists(tmp_path / "x.txt")
 
 
+@pytest.mark.slow
 def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
     """stdin -> stdout; the checkpoint's decode section is the default; an over-long line is
     truncated (max_positions - 1 = 63 tokens) and counted in one warning; not-an-export refused."""
@@ -534,6 +541,7 @@ def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
                           stdout=io.BytesIO())
 
 
+@pytest.mark.slow
 def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
     """int8 weights: a much smaller model.bin and about the same BLEU against the references
     (the briefly trained model is not peaked enough for int8 to reproduce every line)."""
@@ -554,6 +562,7 @@ def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
     assert bleu[0] > 30 and bleu[1] > bleu[0] - 3
 
 
+@pytest.mark.slow
 def test_cli_export_and_translate(trained, tmp_path, capsys):
     from nmt.cli import main
 
@@ -573,6 +582,7 @@ def test_cli_export_and_translate(trained, tmp_path, capsys):
     assert len(capsys.readouterr().out.splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path):
     """nmt evaluate --engine ctranslate2 --model DIR scores what nmt translate with that engine
     writes; nmt score with CTranslate2 equals the PyTorch scores (the same model, exported)."""
@@ -624,3 +634,16 @@ def test_ctranslate2_protect_takes_the_best_hypothesis_with_every_placeholder():
     assert engine._rank(result, unprotected, 0.0, 0.0, ["▁x"])[0].tokens == [4]
     none_exact = engine._rank(result, decode, 0.0, 0.0, ["<ph_0>", "<ph_1>", "<ph_2>"])
     assert none_exact[0].tokens == [4]  # no hypothesis has them all: the best one (the report counts it)
+
+
+def test_read_langid_reads_what_an_export_holds_and_none_without(tmp_path):
+    """export_dir.read_langid (nmt evaluate --langid on an export) read the file with an unimported json."""
+    from nmt.export_dir import LANGID_FILE, read_langid
+
+    assert read_langid(str(tmp_path)) is None
+    stored = {"languages": ["en", "xx"], "n": 3, "profiles": {"en": {"the": 0.5}, "xx": {"eht": 0.5}}}
+    (tmp_path / LANGID_FILE).write_text(json.dumps(stored), encoding="utf-8")
+    assert read_langid(str(tmp_path)) == stored
+    (tmp_path / LANGID_FILE).write_text("{not json", encoding="utf-8")
+    with pytest.raises(UserError, match="cannot read"):
+        read_langid(str(tmp_path))

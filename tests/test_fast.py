@@ -135,6 +135,7 @@ def test_switched_off_by_the_environment(monkeypatch):
     assert n == 0 and not any(hasattr(m, "_packed_weight") for m in packed.modules())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's (Linux)")
 @pytest.mark.parametrize("inference", [False, True])
 def test_tune_malloc_applies_on_glibc_and_not_when_switched_off(inference):

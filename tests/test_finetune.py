@@ -17,8 +17,9 @@ from nmt.errors import UserError
 from nmt.translate import translate_lines
 import nmt.trainer as train_mod
 from nmt.train import train
+from nmt.config import load_config
 
-from helpers import make_pairs, tiny_config_dict
+from helpers import make_pairs, one_line_error, run_nmt, tiny_config_dict, write_yaml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -65,6 +66,7 @@ def bleu(checkpoint: str, src: str, tgt: str) -> float:
     return sacrebleu.corpus_bleu(hyps, [open(tgt).read().splitlines()]).score
 
 
+@pytest.mark.slow
 def test_finetuning_learns_the_shifted_task_and_starts_exactly_from_the_source(base, tmp_path, monkeypatch):
     base_raw, source = base
     raw = finetune_raw(base_raw, source, str(tmp_path))
@@ -97,6 +99,7 @@ def test_finetuning_learns_the_shifted_task_and_starts_exactly_from_the_source(b
     assert state["best"] is not None and state["epoch"] >= 1
 
 
+@pytest.mark.slow
 def test_init_reset_carries_over_what_is_left_out(base, tmp_path):
     base_raw, source = base
     src_state = ckpt.load_checkpoint(source)["train_state"]
@@ -109,6 +112,7 @@ def test_init_reset_carries_over_what_is_left_out(base, tmp_path):
     assert saved["optimizer"]["state"][0]["step"] == src_state["optimizer"]["state"][0]["step"] + 10
 
 
+@pytest.mark.slow
 def test_averaged_checkpoints_are_sources_and_errors_are_one_line(base, tmp_path):
     base_raw, source = base
     avg = str(tmp_path / "avg.pt")
@@ -153,3 +157,73 @@ def test_keep_best_keeps_the_best_step_checkpoints(tmp_path, monkeypatch):
     names = sorted(os.listdir(os.path.join(result["run_dir"], "checkpoints")))
     assert names == ["best.pt", "latest.pt", "step_12.pt", "step_4.pt", "step_8.pt"]
     assert ckpt.load_checkpoint(os.path.join(result["run_dir"], "checkpoints", "best.pt"))["step"] == 4
+
+
+# --------------------------------------------------------------------------- the fine-tuning lifecycle: init_from, resume, the step counter
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> tuple[dict, str]:
+    """(raw config, a training checkpoint at step 20) of the tiny task."""
+    from nmt.train import train
+
+    d = str(tmp_path_factory.mktemp("source"))
+    raw = tiny_config_dict(d, max_steps=20, warmup_steps=5, valid_every=1000, valid_bleu=False, metric="loss")
+    raw["name"] = "source"
+    result = train(config_from_dict(raw), quiet=True)
+    return raw, os.path.join(result["run_dir"], "checkpoints", "latest.pt")
+
+
+def finetune_config(tmp_path, source: tuple[dict, str], init_from: str, **train) -> str:
+    raw = dict(source[0], name="ft", output_dir=str(tmp_path / "runs"))
+    raw["train"] = {**raw["train"], "init_from": init_from, **train}
+    return write_yaml(tmp_path / "ft.yaml", raw)
+
+
+@pytest.mark.slow
+def test_resuming_a_finetune_does_not_need_its_source(source, tmp_path):
+    """The docs say init_from is ignored on resume; once the source file was gone, --resume failed
+    with "checkpoint not found: 'train.init_from'"."""
+    import shutil
+
+    copy = str(tmp_path / "source.pt")
+    shutil.copy(source[1], copy)
+    path = finetune_config(tmp_path, source, copy, max_steps=6, warmup_steps=2)
+    assert run_nmt("train", "--config", path, "--quiet").returncode == 0
+    os.remove(copy)
+    proc = run_nmt("train", "--config", path, "--quiet", "--resume", "--set", "train.max_steps=9")
+    assert proc.returncode == 0, proc.stderr
+    latest = ckpt.load_checkpoint(str(tmp_path / "runs" / "ft" / "checkpoints" / "latest.pt"))
+    assert latest["step"] == 9
+    one_line_error(run_nmt("train", "--config", path, "--quiet", "--set", "name=ft2"), 2,  # a new run still needs it
+                   "nmt train: error: 'train.init_from': checkpoint not found: " + copy)
+
+
+@pytest.mark.slow
+def test_carrying_the_counter_to_max_steps_or_beyond_is_one_line_error(source, tmp_path):
+    """The source is at step 20: with the counters carried over, max_steps 20 trained 0 steps and
+    exited 0; now a one-line error before anything is written."""
+    path = finetune_config(tmp_path, source, source[1], init_reset=["optimizer"], max_steps=20, warmup_steps=2)
+    one_line_error(run_nmt("train", "--config", path, "--quiet"), 2, "is at step 20", "train.max_steps=20",
+                   "leaves no step to train")
+    assert not os.path.exists(tmp_path / "runs" / "ft" / "checkpoints" / "latest.pt")
+    proc = run_nmt("train", "--config", path, "--quiet", "--set", "train.max_steps=22")
+    assert proc.returncode == 0 and "stopped at step 22" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_init_from_a_directory_says_what_it_is(source, tmp_path):
+    """init_from a CTranslate2 export said "checkpoint not found"."""
+    export = tmp_path / "ct2-model"
+    export.mkdir()
+    (export / "model.bin").write_bytes(b"\0")
+    (export / "config.json").write_text("{}")
+    path = finetune_config(tmp_path, source, str(export))
+    one_line_error(run_nmt("train", "--config", path, "--check"), 2,
+                   f"'train.init_from': {export} is a CTranslate2 model directory (written by nmt export)")
+    path = finetune_config(tmp_path, source, str(tmp_path))
+    one_line_error(run_nmt("train", "--config", path, "--check"), 2, f"{tmp_path} is a directory, not a checkpoint file")
+    from nmt import finetune
+
+    with pytest.raises(Exception, match="is a CTranslate2 model directory"):  # the loader says the same
+        finetune.load_source(load_config(finetune_config(tmp_path, source, str(export)), check_files=False),
+                             str(tmp_path / "runs" / "ft"))

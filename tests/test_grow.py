@@ -217,6 +217,7 @@ def add_yy(base, tmp_path, add_languages=None, add_pieces: int = 20, **train) ->
     return raw
 
 
+@pytest.mark.slow
 def test_the_grown_source_translates_the_old_directions_as_before(base, tmp_path):
     """Before any training: the new token copies xx's rows, old ids keep their rows, and every old
     direction's greedy output is the source model's for each line whose source ids did not change."""
@@ -251,6 +252,7 @@ def test_the_grown_source_translates_the_old_directions_as_before(base, tmp_path
         assert [after[i].text for i in same] == [before[i].text for i in same]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
     """nmt train with data.add_languages: per-direction validation of old and new directions, the run's
@@ -309,6 +311,7 @@ def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
         assert tok.batch_decode(out, skip_special_tokens=True) == [text.strip() for text in ours[lang]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, message", [
     (lambda raw: raw["data"].update(add_languages={}, tokenizer={**raw["data"]["tokenizer"], "add_pieces": 0}),
      "data.train[2].tgt_lang: 'yy' is not a language of the model in train.init_from"),
@@ -369,6 +372,7 @@ def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsy
     assert not tok.languages and tok.src_vocab_size == Tokenizer.from_bytes(source["tokenizer"]).src_vocab_size + 5
 
 
+@pytest.mark.slow
 def test_separate_vocabularies_grow_the_side_the_new_text_is_on(base, tmp_path):
     """joint: false: a new target language grows the target model (token and pieces) and leaves the
     source model as it is; the grown checkpoint loads and translates into the new language."""

@@ -84,6 +84,7 @@ def generate(directory: str, lines: list[str], token: str) -> list[str]:
     return tok.batch_decode(out, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_old_ids_and_rows_are_kept(grown):
     """The grown tokenizer encodes and numbers every old language as before; the new pieces shorten the
     new language's lines; the new code is a target language (nmt translate --tgt-lang)."""
@@ -103,6 +104,7 @@ def test_old_ids_and_rows_are_kept(grown):
     assert len(out.read_text(encoding="utf-8").splitlines()) == 5
 
 
+@pytest.mark.slow
 def test_exported_directory_gives_nmt_outputs_in_every_language(grown, tmp_path):
     """nmt export --format hf -> AutoTokenizer + AutoModelForSeq2SeqLM: greedy generate() with the new
     token forced equals nmt's greedy output on every line (and for an old language); NLLB's tokenizer
@@ -141,6 +143,7 @@ def test_exported_directory_gives_nmt_outputs_in_every_language(grown, tmp_path)
     assert [r.text for r in Translator(str(tmp_path / "ct2"), device="cpu").translate(lines, tgt_lang=code)] == ours
 
 
+@pytest.mark.slow
 def test_a_new_source_language_is_refused_for_imported_models(grown, tmp_path, capsys):
     """An imported M2M100/NLLB model puts its one source-language token before every source."""
     import yaml

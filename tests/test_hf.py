@@ -291,6 +291,7 @@ def test_old_marian_files_with_position_tables_and_aliases_are_read(marian_dir, 
         import_weights(path)
 
 
+@pytest.mark.slow
 def test_nmt_does_not_import_transformers(marian_dir):
     code = ("import sys; from nmt.hf import import_weights; import_weights(sys.argv[1]); "
             "assert 'transformers' not in sys.modules, 'transformers imported'")

@@ -248,6 +248,7 @@ def nmt_outputs(ckpt: str, lines: list[str], family: str, **decode) -> list[list
     return [h[0].tokens[len(lang):] for h in hyps]
 
 
+@pytest.mark.slow
 def test_imported_checkpoint_is_an_ordinary_one(imported):
     from nmt.checkpoint import load_checkpoint
 
@@ -266,6 +267,7 @@ def test_imported_checkpoint_is_an_ordinary_one(imported):
     assert (c["decode"]["beam_size"], c["decode"]["max_len_b"]) == (4, 58)  # forced EOS takes the 59th token
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_through_the_tokenizers(imported, family):
     import torch
@@ -294,6 +296,7 @@ def test_logits_through_the_tokenizers(imported, family):
     assert (logits - theirs)[real].abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_equals_generate(imported, family):
     """generate() with the model's generation_config (max_length 60: Marian's last token a forced EOS;
@@ -314,6 +317,7 @@ def test_greedy_equals_generate(imported, family):
     assert texts_ == tokenizer.batch_decode(seqs, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("penalty", ["none", "average", "average, early_stopping"])
 def test_beam_equals_generate(imported, family, penalty):
@@ -372,6 +376,7 @@ def trained(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["marian", "m2m100"])
 def test_imported_model_searches_as_generate_by_default(trained, family):
     """nmt's beam search with the imported decode section (stopping hf: transformers' default
@@ -434,6 +439,7 @@ def test_export_writes_the_stopping_rule():
         assert gen["early_stopping"] == stop and any("patience" in n for n in notes) == noted
 
 
+@pytest.mark.slow
 def test_stopping_travels_through_export_and_import(trained, tmp_path):
     """An imported model with transformers' stopping rule, exported to Hugging Face, writes it back
     (early_stopping false), and imports again with it."""
@@ -453,6 +459,7 @@ def test_stopping_travels_through_export_and_import(trained, tmp_path):
     assert load_checkpoint(again)["config"]["decode"]["stopping"] == "hf"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_score_equals_teacher_forced_log_prob(imported, family):
     """nmt score = transformers' log p(labels | source): labels = the tokenizer's text_target ids
@@ -529,6 +536,7 @@ def _nan_weight(d: str) -> None:
     save_file(state, path, metadata={"format": "pt"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, edit, flags, message", [
     ("not-a-model", lambda d: os.remove(os.path.join(d, "config.json")), [], "is not a Hugging Face model directory"),
     ("num-beams-string", _generation(num_beams="4"), [],
@@ -562,6 +570,7 @@ def test_bad_input_is_one_line(imported, tmp_path, capsys, case, edit, flags, me
     assert not os.path.exists(tmp_path / "out.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, check", [
     (_generation(max_length=None), lambda d: (d["max_len_a"], d["max_len_b"]) == (1.2, 10)),  # null = unset: nmt's
     (_generation(early_stopping="never"), lambda d: (d["stopping"], d["patience"]) == ("exact", 0.0)),
@@ -579,6 +588,7 @@ def test_generation_values_that_mean_a_default(imported, tmp_path, capsys, edit,
     assert check(load_checkpoint(str(tmp_path / "out.pt"))["config"]["decode"])
 
 
+@pytest.mark.slow
 def test_marian_languages_are_the_models(imported, tmp_path, capsys):
     """A MarianMT model is bilingual: --src-lang / --tgt-lang may only name what tokenizer_config.json says
     (or, when it says nothing, must be language codes)."""
@@ -610,6 +620,7 @@ def test_marian_languages_are_the_models(imported, tmp_path, capsys):
     assert code == 2 and "--tgt-lang 'e/n' is not a language code" in err
 
 
+@pytest.mark.slow
 def test_no_output_replaces_an_input_or_another_output(imported, tmp_path, capsys):
     """Every output is compared with every input (the model directory's files, also through a symlink)
     and with the other output; an existing --config is not overwritten. Exit 2, one line, nothing written."""
@@ -656,6 +667,7 @@ def test_missing_source_and_offline_hub_are_one_line(tmp_path, capsys, monkeypat
     assert "a local model directory works too" in err
 
 
+@pytest.mark.slow
 def test_translate_with_an_unknown_language_is_one_line(imported, tmp_path, capsys):
     _, _, _, ckpt = imported["m2m100"]
     src = tmp_path / "in.es"
@@ -680,6 +692,7 @@ def hf_generate_texts(directory: str, lines: list[str], **generate) -> list[str]
     return tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_import_export_round_trip(imported, family, tmp_path, capsys):
     """import -> export --format hf -> transformers: the same outputs as nmt translate, and as the
@@ -730,6 +743,7 @@ def nmt_trained(tmp_path, layout: str, steps: int = 80) -> str:
     return os.path.join(result["run_dir"], "checkpoints", "latest.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["marian", "m2m100"])
 def test_export_of_an_nmt_trained_model(tmp_path, capsys, layout):
     """nmt's SentencePiece model as MarianTokenizer files (ids equal to nmt's); post-norm -> MarianMT,
@@ -754,6 +768,7 @@ def test_export_of_an_nmt_trained_model(tmp_path, capsys, layout):
         [r.text for r in translator.translate(lines, beam_size=3, length_penalty_type="none")]
 
 
+@pytest.mark.slow
 def test_hf_export_without_safetensors_is_one_line(imported, tmp_path, capsys, monkeypatch):
     import sys
 
@@ -766,6 +781,7 @@ def test_hf_export_without_safetensors_is_one_line(imported, tmp_path, capsys, m
     assert not os.path.exists(tmp_path / "hf")
 
 
+@pytest.mark.slow
 def test_quickstart_model_exports_to_hf(tmp_path, capsys):
     """The README quickstart's model (configs/quickstart.yaml's model section: pre-norm, the positions
     left to nmt's defaults), trained a few steps: `nmt export --format hf` writes an M2M100 directory
@@ -813,6 +829,7 @@ def test_export_refuses_what_no_family_represents(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- CTranslate2, fine-tuning
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ctranslate2_export_of_an_imported_model(imported, family, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is optional: pip install -e '.[ct2]'")
@@ -867,6 +884,7 @@ def finetune_config(tmp_path, imported, family: str, capsys, **edits) -> str:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["marian", "m2m100"])
 def test_fine_tuning_an_imported_model(imported, family, tmp_path, capsys):
     """train.init_from an imported checkpoint: the imported tokenizer as it is (no SentencePiece
@@ -900,6 +918,7 @@ def test_fine_tuning_an_imported_model(imported, family, tmp_path, capsys):
         [r.text for r in Translator(avg, device="cpu").translate(lines, beam_size=1)]
 
 
+@pytest.mark.slow
 def test_fine_tuning_config_rules_for_imported_tokenizers(imported, tmp_path, capsys):
     config = finetune_config(tmp_path, imported, "m2m100", capsys, data__tokenizer={"vocab_size": 4000})
     code, err = run_cli(["train", "--config", config, "-q"], capsys)
@@ -924,6 +943,7 @@ def test_nmt_tokenizer_saved_over_an_imported_one_wins(tokenizer_dirs, tmp_path)
     assert type(Tokenizer.load(str(tmp_path))) is Tokenizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["evaluate", "score"])
 def test_evaluate_and_score_take_an_imported_checkpoint(imported, tmp_path, capsys, command):
     _, _, _, ckpt = imported["nllb"]

@@ -77,6 +77,7 @@ def test_the_language_token_is_forced_first_and_never_shown(ckpt, lines):
         [r.text for r in Translator(ckpt, tgt_lang="fr").translate(lines)]
 
 
+@pytest.mark.slow
 def test_missing_unknown_and_needless_languages_are_one_line_errors(ckpt, lines, tmp_path):
     with pytest.raises(UserError, match=r"translates into 2 languages: choose one with --tgt-lang \(de, fr\)"):
         Translator(ckpt).translate(lines)
@@ -116,6 +117,7 @@ def test_score_counts_the_language_token_like_hugging_face_labels(ckpt):
         assert s.n_tokens == len(labels) and s.log_prob == pytest.approx(want, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_languages_survive_the_checkpoint_and_a_ctranslate2_export(ckpt, lines, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
     tok = TorchEngine.load(ckpt).tokenizer

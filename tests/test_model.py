@@ -288,6 +288,7 @@ def test_initialisation_is_reproducible():
 
 # ----------------------------------------------------------------------------- training
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_trains_on_a_repeated_batch(precision):
     torch.manual_seed(0)

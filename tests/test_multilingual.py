@@ -266,6 +266,7 @@ def trained(tmp_path_factory):
     return cfg, result, os.path.join(cfg.run_dir, "checkpoints", "best.pt")
 
 
+@pytest.mark.slow
 def test_per_direction_validation_and_the_mean_as_metric(trained):
     cfg, result, _ = trained
     v = result["valid"]
@@ -287,6 +288,7 @@ def test_per_direction_validation_and_the_mean_as_metric(trained):
         set(events.Tags()["scalars"])
 
 
+@pytest.mark.slow
 def test_the_checkpoint_translates_into_each_language_and_counts_off_target(trained, tmp_path):
     cfg, _, best = trained
     src = [p[0] for p in make_pairs(30, 11)]
@@ -314,6 +316,7 @@ def test_the_checkpoint_translates_into_each_language_and_counts_off_target(trai
     assert res["degeneration"]["off_target"]["lines"][:3] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_validation_counts_outputs_in_the_wrong_language(trained):
     """The es-xx set decoded by a tokenizer whose xx token is the English one: off target."""
     import torch
@@ -354,6 +357,7 @@ class _Log:
         pass
 
 
+@pytest.mark.slow
 def test_target_language_errors_of_a_trained_checkpoint(trained):
     _, _, best = trained
 
@@ -433,6 +437,7 @@ def test_the_degeneration_report_counts_off_target_lines_and_the_references_floo
     assert "off target" not in format_report(degeneration(hyps, refs))
 
 
+@pytest.mark.slow
 def test_a_ctranslate2_export_keeps_the_languages_and_the_identifier(trained, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
     from nmt.commands.export import export_command

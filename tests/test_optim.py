@@ -1,6 +1,7 @@
 """Learning-rate schedules (against the formulas, at chosen steps) and parameter groups."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -8,6 +9,8 @@ from torch import nn
 
 from nmt.config import TrainConfig
 from nmt.optim import build_optimizer, build_scheduler, lr_at, param_groups
+from nmt.config import load_config
+from helpers import ROOT
 
 
 def _lrs(cfg: TrainConfig, d_model: int, n: int) -> list[float]:
@@ -128,3 +131,19 @@ def test_decay_fraction_holds_the_peak_then_decays():
     assert lr_at(91.0, cos, 512) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5) and lr_at(100.0, cos, 512) == pytest.approx(1e-5)
     assert lr_at(60, TrainConfig(lr=1e-3, schedule="linear", max_steps=100, warmup_steps=10), 512) == \
         pytest.approx(1e-3 * (1 - 50 / 90))  # decay_fraction 1 (the default): decay over the whole span
+
+
+# --------------------------------------------------------------------------- the shipped recipes' schedules
+
+@pytest.mark.parametrize("path", ["quickstart.yaml", "quickstart-30min.yaml", "bible-es-en.yaml"])
+def test_shipped_schedules_are_unchanged(path, monkeypatch):
+    """The recipes' learning rates at a few points of their budget (values of the landed main)."""
+    from nmt.optim import lr_at
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(os.path.join("configs", path))
+    want = {"quickstart.yaml": [6.6667e-06, 0.002, 0.00069282, 0.0002],
+            "quickstart-30min.yaml": [1.1111e-05, 0.002, 0.0014444, 0.0],
+            "bible-es-en.yaml": [3.5e-07, 0.000105, 0.0006261, 0.00018074]}[path]
+    clock = [1, 300, 2500, 30000] if cfg.train.schedule_clock == "steps" else [1, 180, 630, 1800]
+    assert [lr_at(t, cfg.train, cfg.model.d_model) for t in clock] == pytest.approx(want, rel=1e-4)

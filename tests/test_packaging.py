@@ -12,7 +12,8 @@ import re
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 
 NEWEST_APIS = {  # what nmt calls -> (torch release that added it, where nmt calls it)
     "torch.nn.utils.get_total_norm": ((2, 6), "nmt/step.py"),
@@ -80,3 +81,22 @@ def test_constraints_pin_every_dev_tool_and_leave_torch_to_the_user():
     names = {name.lower().replace("_", "-") for name in pins}
     assert {"pytest", "ruff", "transformers", "selenium", "ctranslate2", "sacrebleu", "sentencepiece"} <= names
     assert not {"torch", "triton"} & names, "torch is installed first, CPU or CUDA build: not pinned here"
+
+
+def test_the_fast_lane_is_registered_documented_and_ci_runs_everything(pytestconfig):
+    """`slow` is a registered marker (with --strict-markers a misspelt one fails); README.md "Test" gives the
+    fast lane `python3 -m pytest -m "not slow"` for the edit-test loop outside the block CI runs, and CI's
+    pytest runs the whole suite (no -m, -k or --deselect)."""
+    assert pytestconfig.inipath.name == "pyproject.toml"
+    assert "--strict-markers" in pytestconfig.getini("addopts")
+    assert any(m.startswith("slow:") for m in pytestconfig.getini("markers"))
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    section = readme[readme.index("## Test"):]
+    section = section[:section.index("\n## ")]
+    assert 'python3 -m pytest -m "not slow"' in section
+    ci_block = _block_after(readme, "## Test")
+    assert "python3 -m pytest" in ci_block and not any("not slow" in line for line in ci_block)
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        (pytest_line,) = [line.strip() for line in f if line.strip().startswith("python3 -m pytest")]
+    assert not {"-m", "-k", "--deselect"} & set(pytest_line.split()[3:]), pytest_line  # after `python3 -m pytest`

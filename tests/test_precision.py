@@ -105,6 +105,7 @@ def trained(tmp_path_factory):
     return os.path.join(cfg.run_dir, "checkpoints", "latest.pt"), src, ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beam", [1, 4])
 def test_int8_and_bf16_translate_about_as_well_as_fp32(trained, beam):
     """Reduced precision changes some outputs of a briefly trained model, not its quality: BLEU against

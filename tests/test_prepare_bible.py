@@ -364,6 +364,7 @@ def test_missing_diatheke_exits_2_with_install_hint(monkeypatch, capsys):
     assert "apt-get install diatheke sword-text-sparv sword-text-web" in err
 
 
+@pytest.mark.slow
 def test_missing_module_is_reported(monkeypatch):
     monkeypatch.setattr(pb.shutil, "which", lambda name: "/usr/bin/diatheke")
     listing = "Biblical Texts:\nspaRV1909eb : Reina Valera 1909\nCommentaries:\n"

@@ -244,6 +244,7 @@ def test_fewer_languages_remove_stale_files(locale_dir, tmp_path):
     assert (tmp_path / "test.multi.es").read_bytes() == (tmp_path / "test.en-es.es").read_bytes()
 
 
+@pytest.mark.slow
 def test_command_line_errors(locale_dir, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for args in (["--langs", "en,es"], ["--langs", "es,es"], ["--locale-dir", str(tmp_path / "none")],
@@ -262,6 +263,7 @@ def test_install_needs_root(monkeypatch, capsys):
     assert "\n" not in problem
 
 
+@pytest.mark.slow
 def test_install_runs_apt_get_for_missing_only(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(pg, "installed_versions", lambda pkgs: {p: None if p != "bash" else "5.2" for p in pkgs})
@@ -296,6 +298,7 @@ def test_has_path(text, path):
     assert pg.has_path(text) is path
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (SYSTEM_LOCALE / "es" / "LC_MESSAGES").is_dir(),
                     reason="no system catalogs under /usr/share/locale/es (not a Debian-like system with locales)")
 def test_system_catalogs_invariants(tmp_path):

@@ -7,6 +7,8 @@ import pytest
 import re
 
 from nmt.protect import MAX_SPANS, PLACEHOLDERS, mask, mask_pair, restore
+from nmt.config import config_from_dict
+from helpers import ENV, config_errors, one_line_error
 
 
 @pytest.mark.parametrize("text,spans", [
@@ -76,8 +78,8 @@ import subprocess
 import sys
 
 from helpers import NOUNS, VERBS, make_pairs, tiny_config_dict
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def with_spans(pairs: list[tuple[str, str]], seed: int) -> list[tuple[str, str]]:
@@ -101,6 +103,7 @@ def with_spans(pairs: list[tuple[str, str]], seed: int) -> list[tuple[str, str]]
     return out
 
 
+@pytest.mark.slow
 def test_training_with_data_protect_restores_the_spans(tmp_path):
     """A model trained with data.protect copies the placeholders: translating held-out software strings
     with --protect gives back every span exactly once on >= 99% of the lines that have spans."""
@@ -195,3 +198,20 @@ def test_the_search_restores_every_span_even_untrained(tmp_path, beam):
     for line, r in zip(lines, results):
         if r.finished:
             assert sorted(mask(r.text)[1]) == sorted(mask(line)[1])
+
+
+# --------------------------------------------------------------------------- protect_pattern needs protect
+
+@pytest.mark.slow
+def test_protect_pattern_without_protect_is_refused(ckpt, tmp_path):
+    """--protect-pattern without --protect was silently unused, and so was the config key."""
+    proc = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "--protect-pattern", "casa"],
+                          input="la casa\n", capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+    one_line_error(proc, 2, "nmt translate: error: 'decode.protect_pattern' (--protect-pattern) is set but "
+                   "'decode.protect' (--protect) is false")
+    raw = tiny_config_dict(str(tmp_path))
+    raw["decode"]["protect_pattern"] = "casa"
+    (err,) = config_errors(raw)
+    assert "'decode.protect_pattern'" in err
+    raw["decode"]["protect"] = True
+    config_from_dict(raw)

@@ -20,8 +20,8 @@ from nmt.translate import translate_nbest
 
 from helpers import make_pairs
 from helpers import make_tiny_checkpoint
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -71,6 +71,7 @@ def test_scores_equal_beam_search_log_probs_of_its_own_hypotheses(engine):
     assert sum(close) >= 0.95 * len(want), list(zip([s.log_prob for s in scores], want))
 
 
+@pytest.mark.slow
 def test_command_output_errors_and_truncation(engine, tmp_path):
     pairs = make_pairs(6, 9)
     src, tgt = tmp_path / "s.es", tmp_path / "t.en"

@@ -19,20 +19,15 @@ from nmt.layout import source_tensors, target_tensors
 from nmt.torch_engine import TorchEngine
 
 from helpers import MAX_POSITIONS, make_pairs, make_tiny_checkpoint
+from helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def ph_ckpt(tmp_path_factory) -> str:
     """A tiny model whose vocabulary has the placeholders (as one trained with data.protect)."""
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("ph") / "ph.pt"), symbols=tuple(protect.PLACEHOLDERS))
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("plain") / "tiny.pt"))
 
 
 def forced_log_prob(engine, src: str, tgt: str) -> float:
@@ -46,6 +41,7 @@ def forced_log_prob(engine, src: str, tgt: str) -> float:
     return float(logp.gather(1, tgt_out[0][:, None]).sum())
 
 
+@pytest.mark.slow
 def test_a_protect_trained_model_scores_the_pair_as_translation_sees_it(ph_ckpt, tmp_path):
     engine = TorchEngine.load(ph_ckpt, "cpu", fast=False)
     src, tgt = "el gato %s ve la casa {0}", "the cat %s sees the house {0}"
@@ -89,6 +85,7 @@ def test_score_and_log_prob_differ_by_the_eos_a_cut_hypothesis_never_generated(c
         assert score == pytest.approx(r.log_prob + eos, abs=1e-4) and eos < 0
 
 
+@pytest.mark.slow
 def test_an_over_long_prefix_is_reported_not_cut_silently(ckpt, tmp_path):
     words = " ".join(["the cat"] * MAX_POSITIONS)
     (inp := tmp_path / "in.es").write_text("el gato\nel perro\n", encoding="utf-8")

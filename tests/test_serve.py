@@ -34,11 +34,11 @@ from nmt.errors import Cancelled
 from nmt.commands.serve_app import allowed_hosts
 
 from helpers import make_pairs, make_tiny_checkpoint
+from helpers import ROOT
 
 pytest.importorskip("starlette", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
 pytest.importorskip("uvicorn", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
 
 
@@ -113,11 +113,6 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("serve") / "tiny.pt"))
 
 
 PAGE_ORIGIN = "http://page.example"  # a web site allowed to call the module's server (--allow-origin)
@@ -197,6 +192,7 @@ OPTION_SETS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
 def test_answers_equal_nmt_translate(server, ckpt, options):
     status, data = server.translate(LINES, options)
@@ -209,6 +205,7 @@ def test_answers_equal_nmt_translate(server, ckpt, options):
     assert all(t["text"] == t.get("nbest", [t])[0]["text"] for t in got)
 
 
+@pytest.mark.slow
 def test_prefixes_equal_nmt_translate(server, ckpt):
     prefix = ["the", "", "the red", "", "the cat", "", "", "", "", "", "", "the"]
     status, data = server.translate(LINES, {"beam_size": 2}, prefix=prefix)
@@ -219,6 +216,7 @@ def test_prefixes_equal_nmt_translate(server, ckpt):
     assert texts[2].startswith("the red") and texts[4].startswith("the cat")
 
 
+@pytest.mark.slow
 def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     """Requests sent at once by 12 threads: several share one translate call (the server's
     counters), and each answer equals `nmt translate` on that request's lines alone (with sampling,
@@ -250,6 +248,7 @@ def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     assert after["shared_calls"] > before["shared_calls"] and after["largest_call"] >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, message", [
     (b"{not json", "the body is not JSON"),
     (b'["a"]', "must be a JSON object"),
@@ -283,6 +282,7 @@ def test_bad_requests_get_400_with_one_line(server, body, message):
     assert headers["content-type"] == "application/json"
 
 
+@pytest.mark.slow
 def test_unknown_paths_and_methods_get_json(server):
     status, _, data = server.request("/translations", b'{"text": ["el sol"]}')
     assert status == 404 and data["error"].startswith("Not Found: POST /translations (this server has POST ")
@@ -290,6 +290,7 @@ def test_unknown_paths_and_methods_get_json(server):
     assert status == 405 and data["error"].startswith("Method Not Allowed: GET /translate") and headers["allow"] == "POST"
 
 
+@pytest.mark.slow
 def test_host_and_origin_policy(server):
     """Only this machine's names in the Host header (the server listens on 127.0.0.1: no DNS
     rebinding); POSTs from web pages of other sites refused (403) unless --allow-origin names
@@ -323,6 +324,7 @@ def test_allowed_hosts():
     assert allowed_hosts("10.1.2.3", ("*",)) is None
 
 
+@pytest.mark.slow
 def test_access_log_is_on_stdout_as_its_help_says(server, capsys):
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
@@ -335,6 +337,7 @@ def test_access_log_is_on_stdout_as_its_help_says(server, capsys):
     assert "access-log-test" not in "".join(server.log)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options, flags", [
     ({"beam_size": 0}, ["--beam", "0"]),
     ({"nbest": 3, "beam_size": 2}, ["--nbest", "3", "--beam", "2"]),
@@ -347,6 +350,7 @@ def test_option_errors_are_the_command_line_errors(server, ckpt, capsys, options
     assert status == 400 and command_error == f"nmt translate: error: {data['error']}"
 
 
+@pytest.mark.slow
 def test_too_large_requests_get_413(server):
     status, data = server.translate(["el sol"] * 41)
     assert status == 413 and "41 lines in one request (this server takes at most 40" in data["error"]
@@ -357,6 +361,7 @@ def test_too_large_requests_get_413(server):
     assert server.translate(["el sol"] * 40)[0] == 200  # at the limits
 
 
+@pytest.mark.slow
 def test_health_and_page(server):
     status, _, health = server.request("/health")
     assert status == 200 and health["status"] == "ok" and health["engine"] == "torch"
@@ -379,6 +384,7 @@ def long_search(steps: int) -> dict:
     return {"min_len": steps, "max_len_a": 0, "max_len_b": steps, "beam_size": 4}
 
 
+@pytest.mark.slow
 def test_full_queue_503_and_time_limit_504(slow_ckpt):
     """A long search (4,000 forced steps, seconds here) keeps the model busy; two more fill a queue
     of 2; the next request gets 503 with Retry-After. The time limit (0.5 s) passes for all three:
@@ -408,6 +414,7 @@ def test_full_queue_503_and_time_limit_504(slow_ckpt):
         server.proc.wait()
 
 
+@pytest.mark.slow
 def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
     """SIGTERM while a long search runs: new requests and /health get 503, and so does a request
     still sending its body (a slow upload does not hold the shutdown); the running request is
@@ -438,6 +445,7 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
     assert "nmt serve: stopped" in "".join(server.log)
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once(slow_ckpt):
     server = Server(slow_ckpt)
     t = threading.Thread(target=lambda: _ignore_errors(server.translate, ["el sol"], long_search(4000)))
@@ -451,6 +459,7 @@ def test_a_second_signal_stops_at_once(slow_ckpt):
     assert "nmt serve: stopped (SIGTERM twice)" in "".join(server.log)
 
 
+@pytest.mark.slow
 def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
     """With a queue of one: a long search runs, a second request waits, a third gets 503. The
     waiting client goes away: its slot is free at once (a new request may queue). The running
@@ -476,6 +485,7 @@ def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
     assert "Traceback" not in "".join(server.log)
 
 
+@pytest.mark.slow
 def test_the_time_limit_stops_the_work_and_covers_the_upload(slow_ckpt):
     """--timeout 2: a long search gets 504 and its call stops (the next request is answered, equal
     to nmt translate, within its own time limit); a body that does not arrive in time gets 408."""
@@ -522,6 +532,7 @@ def _wait_for_log(server: Server, text: str, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_ctranslate2_model(ckpt, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
     out = str(tmp_path / "ct2")
@@ -579,6 +590,7 @@ def test_settings_out_of_range_are_one_line_errors(ckpt, capsys, monkeypatch, fl
     assert capsys.readouterr().err.splitlines() == [f"nmt serve: error: {message}"]
 
 
+@pytest.mark.slow
 def test_missing_extra_is_a_one_line_error(ckpt):
     code = ("import sys; sys.modules['uvicorn'] = None; from nmt.cli import main; "
             f"raise SystemExit(main(['serve', '-c', {ckpt!r}]))")
@@ -813,6 +825,7 @@ def _browser(profile: str):
     return webdriver, webdriver.Chrome(options=opts, service=DriverService(executable_path=driver))
 
 
+@pytest.mark.slow
 def test_page_translates_in_a_headless_browser(server, ckpt, tmp_path):
     webdriver, browser = _browser(str(tmp_path / "profile"))
     from selenium.webdriver.common.by import By
@@ -833,3 +846,41 @@ def test_page_translates_in_a_headless_browser(server, ckpt, tmp_path):
         assert browser.find_element(By.ID, "error").text == ""
     finally:
         browser.quit()
+
+
+def _asgi_get(app, path: str) -> tuple[int, dict, bytes]:
+    """One GET through the ASGI app in this process: (status, headers, body)."""
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1")], "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
+
+
+def test_the_page_is_served_and_calls_only_routes_the_server_has():
+    """GET / answers the page (nmt/commands/serve_page.py), and every path the page fetches is a route of the
+    app with the method it uses (the browser test drives the page itself)."""
+    pytest.importorskip("starlette", reason="nmt serve's stack is the serve extra")
+    from types import SimpleNamespace
+
+    from nmt.commands.serve_app import build_app
+    from nmt.commands.serve_page import PAGE
+
+    app = build_app(SimpleNamespace(lifespan=None), hosts=None)
+    status, headers, body = _asgi_get(app, "/")
+    assert status == 200 and headers["content-type"].startswith("text/html") and body.decode() == PAGE
+    fetched = re.findall(r'fetch\("([^"]+)"(?:, \{ method: "([A-Z]+)")?', PAGE)
+    routes = {route.path: route.methods for route in app.routes}
+    assert {path for path, _ in fetched} == {"/health", "/translate"}
+    for path, method in fetched:
+        assert path in routes and (method or "GET") in routes[path], (path, method, routes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -15,9 +16,8 @@ import pytest
 from nmt import textio
 from nmt.errors import UserError
 
-from helpers import make_pairs, make_tiny_checkpoint
+from helpers import ROOT, make_pairs, make_tiny_checkpoint, one_line_error, run_nmt, tiny_config_dict, write, write_yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = ["uno", "dos dos", "", "tres \u00e9"]
 TEXT = "".join(line + "\n" for line in LINES).encode("utf-8")
 
@@ -88,6 +88,7 @@ def _bash(command: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for its <(...) process substitution")
 def test_commands_read_process_substitutions(files):
     """`nmt translate -i <(cat f)` failed ("not a valid gzip file"), and so did `nmt score --src <(...)`; they
@@ -128,6 +129,7 @@ def _fifo_reader(path: str) -> tuple[threading.Thread, list[bytes]]:
     return t, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["average", "tune"])
 def test_a_device_or_pipe_output_is_written_never_replaced(tmp_path, command):
     """`nmt average ck.pt -o /dev/null` (and tune -o) renamed a temporary file over the device: run as root,
@@ -223,3 +225,59 @@ def test_write_file_and_link_file_are_atomic(tmp_path):
     textio.write_file(path, b"newer")
     assert open(dst, "rb").read() == b"new" and open(path, "rb").read() == b"newer"
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+# --------------------------------------------------------------------------- a full disk and corrupt gzip: one line, nothing half-written
+
+@pytest.mark.slow
+def test_disk_full_is_one_line_and_leaves_no_partial_file(ckpt, tmp_path):
+    lines = [p[0] for p in make_pairs(300, 2)]
+    src = write(tmp_path / "src.es", lines)
+    out = tmp_path / "out.en"
+    proc = run_nmt("translate", "-c", ckpt, "-i", src, "-o", str(out), "--beam", "1", "-q", limit_bytes=300)
+    one_line_error(proc, 1, "File too large")
+    assert sorted(os.listdir(tmp_path)) == ["src.es"]  # neither out.en nor its temporary
+    proc = run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--save-hyps", str(out), "-q",
+               "--beam", "1", limit_bytes=300)
+    one_line_error(proc, 1, "File too large")
+    assert sorted(os.listdir(tmp_path)) == ["src.es"]
+    proc = run_nmt("average", ckpt, ckpt, "-o", str(tmp_path / "avg.pt"), limit_bytes=20_000)
+    one_line_error(proc, 1, "File too large")
+    assert sorted(os.listdir(tmp_path)) == ["src.es"]
+    raw = tiny_config_dict(str(tmp_path / "t"), max_steps=3, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    proc = run_nmt("train", "--config", path, "--quiet", limit_bytes=400_000)  # data fits, a checkpoint does not
+    err = proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "nmt train: error: File too large", err
+    assert os.listdir(os.path.join(raw["output_dir"], raw["name"], "checkpoints")) == []  # no half checkpoint
+
+
+@pytest.mark.slow
+def test_corrupt_gzip_input(ckpt, tmp_path):
+    lines = [p[0] for p in make_pairs(2000, 3)]
+    good = gzip.compress("".join(x + "\n" for x in lines).encode())
+    (tmp_path / "trunc.gz").write_bytes(good[: len(good) // 2])
+    (tmp_path / "fake.gz").write_bytes(b"\x1f\x8b" + b"not really gzip at all")
+    (tmp_path / "gz_named_otherwise.txt").write_bytes(good)  # gzip by content, whatever the name
+    ref = write(tmp_path / "ref.en", lines)
+    for name, pattern in (("trunc.gz", "corrupt or truncated gzip"), ("fake.gz", "gzip")):
+        one_line_error(run_nmt("translate", "-c", ckpt, "-i", str(tmp_path / name), "-o", str(tmp_path / "o"),
+                           "--beam", "1", "-q"), 2, pattern)
+        one_line_error(run_nmt("evaluate", "--hyp", str(tmp_path / name), "--ref", ref), 2, pattern)
+        assert not os.path.exists(tmp_path / "o")
+    proc = run_nmt("evaluate", "--hyp", str(tmp_path / "gz_named_otherwise.txt"), "--ref", ref, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["bleu"]["score"] == pytest.approx(100.0)
+
+
+# --------------------------------------------------------------------------- /dev/null is not an input's twin
+
+@pytest.mark.slow
+def test_dev_null_is_not_the_same_file_as_an_input(ckpt, tmp_path):
+    """`-i /dev/null -o /dev/null` was refused as the same file."""
+    proc = run_nmt("translate", "-c", ckpt, "-i", "/dev/null", "-o", "/dev/null", "--quiet")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    text = tmp_path / "in.txt"
+    text.write_text("la casa\n")
+    one_line_error(run_nmt("translate", "-c", ckpt, "-i", str(text), "-o", str(text)), 2,
+                   "is the same file as the input")  # a regular file still is

@@ -16,6 +16,8 @@ from nmt.errors import UserError
 from nmt.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, iter_sample,
                            read_model_file, sample_indices)
 
+from helpers import quiet
+
 ES = "casa perro gato árbol niño libro agua sol luna mar cielo tierra fuego viento año señor".split()
 EN = "house dog cat tree child book water sun moon sea sky earth fire wind year lord".split()
 
@@ -53,10 +55,6 @@ def no_reading(monkeypatch):
         raise AssertionError("the training corpus must not be read")
     monkeypatch.setattr(sources, "iter_pairs", boom)
     monkeypatch.setattr(sources, "iter_side", boom)
-
-
-def quiet(msg):
-    pass
 
 
 def test_reserved_ids_and_round_trip(tmp_path, capfd):

@@ -2,8 +2,9 @@
 synthetic task, resume equivalence, signals, TensorBoard output."""
 
 import math
-import re
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
@@ -14,18 +15,19 @@ import pytest
 import torch
 
 from nmt import checkpoint as ckpt
-from nmt.config import Config, ConfigError, ModelConfig, config_from_dict, load_config, replace
+from nmt.config import Config, ConfigError, config_from_dict, load_config, replace
 from nmt.layout import collate
 from nmt.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.model import Transformer
 from nmt.optim import lr_at
 import nmt.step as step_mod
 import nmt.trainer as train_mod
 from nmt.step import setup_precision, train_step
 from nmt.train import SignalStop, train
+from nmt import rundir
 
-from helpers import random_corpus, tiny_config, tiny_config_dict
+from helpers import (ENV, ROOT, NoSchedule, one_line_error, random_corpus, run_nmt, tiny_config, tiny_config_dict,
+                     tiny_transformer, write_yaml)
 
 CPU = torch.device("cpu")
 FP32 = setup_precision("fp32", CPU)
@@ -36,23 +38,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # --------------------------------------------------------------------------- train_step
 
-def _model(seed: int = 0, dropout: float = 0.0) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=dropout, max_positions=32)
-    return Transformer(cfg, 20, 20)
-
-
-class _NoSchedule:
-    steps = 0
-
-    def step(self):
-        self.steps += 1
-
-
 def _sgd_step(batches, clip_norm=0.0):
-    model = _model()
+    model = tiny_transformer()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    sched = _NoSchedule()
+    sched = NoSchedule()
     before = {k: v.detach().clone() for k, v in model.named_parameters()}  # tied weights once
     res = train_step(model, batches, opt, sched, FP32, label_smoothing=0.1, clip_norm=clip_norm)
     delta = {k: before[k] - v.detach() for k, v in model.named_parameters()}  # = lr * (clipped) gradient
@@ -97,9 +86,9 @@ def test_precision_choices_on_cpu():
     assert auto.name == "fp32" and auto.dtype is None and auto.scaler is None
     bf16 = setup_precision("bf16", CPU)
     assert bf16.dtype is torch.bfloat16 and bf16.scaler is None
-    model = _model()
+    model = tiny_transformer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    res = train_step(model, [collate(random_corpus(12), np.arange(12))], opt, _NoSchedule(), bf16,
+    res = train_step(model, [collate(random_corpus(12), np.arange(12))], opt, NoSchedule(), bf16,
                      label_smoothing=0.1, clip_norm=1.0)
     assert res.updated and math.isfinite(res.loss_sum.item())
 
@@ -128,6 +117,7 @@ def trained(tmp_path_factory):
     return cfg, result
 
 
+@pytest.mark.slow
 def test_reaches_high_bleu_and_writes_the_run_dir(trained):
     cfg, result = trained
     assert result["step"] == 300 and result["reason"] == "max_steps 300"
@@ -143,6 +133,7 @@ def test_reaches_high_bleu_and_writes_the_run_dir(trained):
     assert latest["step"] == 300 and latest["train_state"]["best"] == pytest.approx(result["best"])
 
 
+@pytest.mark.slow
 def test_best_checkpoint_alone_translates_the_test_set(trained):
     import sacrebleu
 
@@ -157,6 +148,7 @@ def test_best_checkpoint_alone_translates_the_test_set(trained):
     assert sacrebleu.corpus_bleu(hyps, [ref]).score >= 90
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars_and_samples(trained):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -176,6 +168,7 @@ def test_tensorboard_scalars_and_samples(trained):
     assert any(t.startswith("valid/sample_1") for t in acc.Tags()["tensors"])
 
 
+@pytest.mark.slow
 def test_existing_run_needs_resume_and_finished_run_resumes_to_nothing(trained):
     cfg, result = trained
     with pytest.raises(UserError, match="--resume"):
@@ -184,6 +177,7 @@ def test_existing_run_needs_resume_and_finished_run_resumes_to_nothing(trained):
     assert again["step"] == 300 and again["best"] == pytest.approx(result["best"])
 
 
+@pytest.mark.slow
 def test_resume_with_another_model_config_names_both_values(trained):
     """A model key that differs from the run's checkpoint (e.g. a default that changed since the run
     started: model.positions) is named with both values, so it can be set back in the config."""
@@ -265,6 +259,7 @@ print("RESULT", result["step"], result["signal"], flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigint_finishes_step_saves_and_resumes(tmp_path):
     import json
 
@@ -326,6 +321,7 @@ def test_max_epochs_and_max_time(tmp_path):
     assert timed["step"] == 0 and timed["reason"].startswith("max_time")
 
 
+@pytest.mark.slow
 def test_time_keyed_schedule_and_validation_every_minutes(tmp_path):
     """schedule_clock time: the lr warms up over 20% of max_time then decays to min_lr as the budget
     runs out; valid_every_minutes validates on the clock, not on the step count."""
@@ -350,3 +346,175 @@ def test_valid_every_zero_validates_only_at_the_end(tmp_path):
     result = train(_small(tmp_path, "end_only", max_steps=7, valid_every=0, log_every=1), quiet=True)
     log = open(os.path.join(result["run_dir"], "train.log")).read()
     assert re.findall(r"valid step (\d+) \|", log) == ["7"]
+
+
+# --------------------------------------------------------------------------- signals, stale temporaries, the run lock, resume, kill -9
+
+def test_signal_handler_never_writes(tmp_path):
+    """A signal that arrives while train.log is being written must not write to it again (a
+    reentrant write into a BufferedWriter raises RuntimeError mid-training): the handler only
+    records the signal, and the loop reports it afterwards."""
+    writes: list[str] = []
+    busy = {"in_write": False}
+
+    def log(msg: str) -> None:
+        assert not busy["in_write"], "reentrant write from the signal handler"
+        busy["in_write"] = True
+        try:
+            if not writes:
+                os.kill(os.getpid(), signal.SIGTERM)  # the signal lands in the middle of this write
+            time.sleep(0.01)
+            writes.append(msg)
+        finally:
+            busy["in_write"] = False
+
+    with SignalStop() as stop:
+        log("step 1 | loss 3.0")
+        assert stop.requested == signal.SIGTERM and writes == ["step 1 | loss 3.0"]
+        stop.announce(log)
+        stop.announce(log)  # once only
+    assert len(writes) == 2 and "received SIGTERM" in writes[1]
+
+
+@pytest.mark.slow
+def test_signals_during_logging_always_leave_a_checkpoint(tmp_path):
+    """SIGTERM while every step logs (log_every 1): the run ends with exit 143 and latest.pt, every time."""
+    raw = tiny_config_dict(str(tmp_path), valid_bleu=False, metric="loss", valid_every=10_000, log_every=1,
+                           max_steps=100_000)
+    for trial in range(3):
+        raw["name"] = f"sig{trial}"
+        path = write_yaml(tmp_path / f"c{trial}.yaml", raw)
+        proc = subprocess.Popen([sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"], cwd=ROOT,
+                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        log_path = os.path.join(raw["output_dir"], raw["name"], "train.log")
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(log_path) and "step 3 |" in open(log_path).read()):
+            time.sleep(0.05)
+        time.sleep(0.05 * random.random())  # some moment while steps are being logged
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert b"reentrant" not in err and b"Traceback" not in err, err.decode()
+        assert proc.returncode == 143, err.decode()
+        assert b"received SIGTERM" in err
+        saved = ckpt.load_checkpoint(os.path.join(raw["output_dir"], raw["name"], "checkpoints", "latest.pt"))
+        assert saved["step"] >= 3
+
+
+def test_a_killed_first_save_does_not_leave_the_run_stuck(tmp_path):
+    """kill -9 while the first checkpoint is written leaves checkpoints/.tmp-*: it is not a
+    checkpoint, a fresh start works and removes it."""
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
+    cfg = config_from_dict(raw)
+    d = os.path.join(cfg.run_dir, "checkpoints")
+    os.makedirs(d)
+    for name in (".tmp-abc123.pt.tmp", ".tmp-xyz.pt", ".tmp-link-77-best.pt.tmp"):  # old and new temp names
+        open(os.path.join(d, name), "wb").write(b"partial")
+    with pytest.raises(UserError, match="latest.pt does not exist.*start without --resume"):
+        train(cfg, resume=True, quiet=True)
+    result = train(cfg, quiet=True)
+    assert result["step"] == 2
+    assert sorted(os.listdir(d)) == ["best.pt", "latest.pt", "step_2.pt"]
+
+
+@pytest.mark.slow
+def test_a_second_train_on_the_same_run_directory_is_refused(tmp_path):
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    cfg = config_from_dict(raw)
+    with rundir.RunLock(rundir.create(cfg.run_dir)):  # another nmt train holds the directory
+        proc = run_nmt("train", "--config", path, "--quiet")
+        one_line_error(proc, 2, f"in use by another nmt train (PID {os.getpid()})")
+    assert rundir.checkpoint_files(cfg.run_dir) == []
+    assert train(cfg, quiet=True)["step"] == 2  # released: the run goes ahead
+
+
+@pytest.mark.slow
+def test_output_dir_that_is_a_file(tmp_path):
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1)
+    open(tmp_path / "afile", "w").write("x")
+    raw["output_dir"] = str(tmp_path / "afile")
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    one_line_error(run_nmt("train", "--config", path, "--quiet"), 2, "is a file")
+
+
+def test_resume_from_an_averaged_checkpoint_says_what_to_do(tmp_path):
+    raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
+    cfg = config_from_dict(raw)
+    train(cfg, quiet=True)
+    latest = os.path.join(cfg.run_dir, "checkpoints", "latest.pt")
+    ckpt.average_checkpoints([latest], str(tmp_path / "avg.pt"))
+    os.replace(tmp_path / "avg.pt", latest)
+    with pytest.raises(UserError, match="no training state.*train.init_from"):
+        train(cfg, resume=True, quiet=True)
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
+    """SIGKILL a tiny training run at random moments (saves every step, so some kills land in a
+    save), restart it (--resume once latest.pt exists) until it finishes: the final weights (the
+    trained ones and their moving average, train.ema_decay) equal an uninterrupted run's, bit for
+    bit, and no restart is ever refused."""
+    raw = tiny_config_dict(str(tmp_path), max_steps=300, valid_every=100, valid_bleu=False, metric="loss",
+                           save_every=1, log_every=50, keep_last=2, ema_decay=0.99)  # the average resumes too
+    raw["name"] = "killed"
+    path = write_yaml(tmp_path / "killed.yaml", raw)
+    run = os.path.join(raw["output_dir"], "killed")
+    latest = os.path.join(run, "checkpoints", "latest.pt")
+    rng = random.Random(0)
+    kills, mid_run, finished, scale = 0, 0, False, 1.0
+    deadline = time.time() + 300
+    while not finished and time.time() < deadline:
+        resume = os.path.exists(latest)
+        cmd = [sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"] + (["--resume"] if resume else [])
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        killing = mid_run < 3 and kills < 20  # then let it finish
+        try:
+            proc.wait(timeout=rng.uniform(1.5, 6.0) * scale if killing else 300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            kills += 1
+            if not os.path.exists(latest):
+                scale *= 1.5  # a loaded machine: the run had not reached its first save yet
+        _, err = proc.communicate()
+        if proc.returncode not in (0, -signal.SIGKILL):
+            pytest.fail(f"restart failed ({proc.returncode}): {err.decode()}")
+        finished = proc.returncode == 0
+        mid_run += not finished and os.path.exists(latest)  # killed while training and saving every step
+    assert finished and mid_run >= 2, (kills, mid_run)
+    reference = dict(raw, name="reference")
+    train(config_from_dict(reference), quiet=True)
+    got = ckpt.load_checkpoint(os.path.join(run, "checkpoints", "latest.pt"))
+    want = ckpt.load_checkpoint(os.path.join(reference["output_dir"], "reference", "checkpoints", "latest.pt"))
+    assert got["step"] == want["step"] == 300
+    assert got["train_state"]["ema"] == want["train_state"]["ema"] == {"updates": 300}
+    for k, v in want["model"].items():  # the average
+        assert torch.equal(got["model"][k], v), k
+    for k, v in want["train_state"]["raw_model"].items():  # the trained weights
+        assert torch.equal(got["train_state"]["raw_model"][k], v), k
+
+
+# --------------------------------------------------------------------------- a run stopped before validating
+
+@pytest.mark.slow
+def test_a_run_stopped_before_validating_says_so_not_nan(tmp_path):
+    """A run stopped by a signal before its first validation ended with `best bleu nan`."""
+    raw = tiny_config_dict(str(tmp_path), max_steps=100_000, valid_every=100_000, log_every=5)
+    path = write_yaml(tmp_path / "c.yaml", raw)
+    log = os.path.join(raw["output_dir"], raw["name"], "train.log")
+    proc = subprocess.Popen([sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(log) and "step 10 |" in open(log, encoding="utf-8").read():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("stopped at step") and "signal SIGINT" in last
+    assert "nan" not in last, last

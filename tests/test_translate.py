@@ -35,18 +35,13 @@ from nmt.metrics import corpus_metrics
 from nmt.textio import read_lines
 from nmt.search import SearchOptions, beam_search, greedy_search
 from helpers import make_pairs, make_tiny_checkpoint
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_POSITIONS = 24  # sources longer than 23 tokens are truncated
 NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("ckpt") / "tiny.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -379,6 +374,7 @@ def test_command_errors(ckpt, tmp_path):
         tc.translate_command(ckpt, str(bad), None, overrides={"beam_size": "many"})
 
 
+@pytest.mark.slow
 def test_cli_pipe_mode(ckpt, loaded):
     engine = loaded
     lines = [p[0] for p in make_pairs(6, 11)] + ["", "el sol ve la luna"]

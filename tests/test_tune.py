@@ -21,8 +21,8 @@ from nmt.textio import read_lines
 from nmt.train import train
 
 from helpers import tiny_config_dict
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -37,6 +37,7 @@ def trained(tmp_path_factory):
     return os.path.join(cfg.run_dir, "checkpoints", "latest.pt"), raw["data"]["valid"]["src"], raw["data"]["valid"]["tgt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("patience", [0.0, 1.0])
 def test_every_scored_setting_is_what_the_search_gives(trained, patience):
     """The race scores each penalty from one keep_all search per arm: the score of a setting must
@@ -70,6 +71,7 @@ def test_every_scored_setting_is_what_the_search_gives(trained, patience):
     assert result.row.score == max(r.score for r in final if r.loops <= 0.02)
 
 
+@pytest.mark.slow
 def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
     from nmt.commands.tune import tune_command
 
@@ -102,6 +104,7 @@ def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(trained, tmp_path):
     from nmt.commands.tune import tune_command
 
@@ -121,6 +124,7 @@ def test_errors_are_one_line(trained, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
 def test_train_tune_decode_tunes_best_pt(tmp_path):
     raw = tiny_config_dict(str(tmp_path), max_steps=40, warmup_steps=20, valid_every=1000, valid_bleu=False,
                            metric="loss", tune_decode=True, tune_max_time=20)
@@ -135,6 +139,7 @@ def test_train_tune_decode_tunes_best_pt(tmp_path):
     assert "tuning the decode settings of best.pt" in log and "tune: chose" in log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_training_tunes_best_pt_stops_the_tuning(tmp_path, signum):
     """Ctrl-C or SIGTERM while train.tune_decode tuned best.pt was ignored: the tuning ran to its end (up to
@@ -222,6 +227,7 @@ def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_pat
     assert ckpt.load_checkpoint(out)["tuned"]["settings"] == {"beam_size": 1, "no_repeat_ngram": 0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag, value, message", [
     ("--max-time", "nan", "--max-time must be a number of seconds > 0, got nan"),
     ("--max-time", "inf", "--max-time must be a number of seconds > 0, got inf"),
@@ -238,6 +244,7 @@ def test_budgets_that_are_not_numbers_are_one_line_errors(trained, flag, value, 
     assert r.returncode == 2 and r.stderr.strip() == f"nmt tune: error: {message}", r.stderr
 
 
+@pytest.mark.slow
 def test_a_multilingual_checkpoint_is_tuned_in_the_language_of_tgt_lang(tmp_path):
     """On a multilingual checkpoint `nmt tune` said "choose one with --tgt-lang", a flag it did not have. Now
     it has it: the dev set is decoded into that language (the chosen row's BLEU on the whole dev set is what

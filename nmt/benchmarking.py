@@ -1,0 +1,54 @@
+"""Measurements that scripts/ share (benchmarks and reports; no command or test depends on them).
+
+- `forward_flops(src_len, tgt_len, d, f, V, Le, Ld)`: the matmul FLOPs of one forward pass of the
+  Transformer over pairs of these lengths: the MFU formula of scripts/bench_train.py and scripts/bench_gpu.py.
+- `eos_statistics(engine, src_lines, ref_lines, batch=)`: where a model puts EOS along the references,
+  teacher-forced (scripts/length_report.py, scripts/length_sweep.py; the keys are described there).
+"""
+
+from __future__ import annotations
+
+
+def forward_flops(src_len, tgt_len, d: int, f: int, V: int, Le: int, Ld: int) -> float:
+    """Matmul FLOPs of one forward pass over pairs with these real lengths (numpy arrays)."""
+    s = src_len.astype("float64")
+    t = tgt_len.astype("float64")
+    return float((s * Le * (8 * d * d + 4 * d * f) + Le * 4 * s * s * d + s * Ld * 4 * d * d
+                  + t * Ld * (12 * d * d + 4 * d * f) + Ld * (2 * t * t * d + 4 * t * s * d)
+                  + t * 2 * d * V).sum())
+
+
+def eos_statistics(engine, src_lines: list[str], ref_lines: list[str], batch: int = 64) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from nmt.layout import source_tensors, target_tensors
+
+    model, tok = engine.model, engine.tokenizer
+    PAD, START, EOS = tok.specials.pad, tok.specials.start, tok.specials.eos
+    limit = engine.max_positions - 1
+    pairs = [(x[:limit], y[:limit - 1]) for x, y in zip(tok.encode_src(src_lines), tok.encode_tgt(ref_lines))
+             if x and y]
+    early_mass = early_argmax = early_positions = sentences_early = final_logp = final_argmax = 0.0
+    with torch.inference_mode():
+        for i in range(0, len(pairs), batch):
+            chunk = pairs[i:i + batch]
+            src, mask = source_tensors([x for x, _ in chunk], tok.specials)
+            tgt_in, _ = target_tensors([y for _, y in chunk], tok.specials)
+            logp = F.log_softmax(model(src, mask, tgt_in).float(), dim=-1)  # [B,T,V]
+            logp[:, :, PAD] = float("-inf")  # as the search sees them
+            logp[:, :, START] = float("-inf")
+            p_eos, best = logp[:, :, EOS].exp(), logp.argmax(dim=-1)  # [B,T]
+            for b, (_, y) in enumerate(chunk):
+                n = len(y)  # positions 0..n-1 predict y, position n predicts EOS
+                early_mass += float(p_eos[b, :n].sum())
+                argmax_early = int((best[b, :n] == EOS).sum())
+                early_argmax += argmax_early
+                early_positions += n
+                sentences_early += argmax_early > 0
+                final_logp += float(logp[b, n, EOS])
+                final_argmax += int(best[b, n]) == EOS
+    n = len(pairs)
+    return {"sentences": n, "early_eos_mass": early_mass / early_positions, "early_eos_argmax": early_argmax / early_positions,
+            "sentences_early_argmax": sentences_early / n, "final_eos_logp": final_logp / n,
+            "final_eos_argmax": final_argmax / n}
