@@ -24,15 +24,10 @@ from nmt.api import Translator
 from nmt.errors import UserError
 from nmt.glossary import Glossary, appears, check_entries
 
-from helpers import make_pairs, make_tiny_checkpoint
+from helpers import ROOT, make_pairs
 
 LINES = [s for s, _ in make_pairs(14, 5)] + ["", "y el perro"]
 GLOSSARY = [("perro", "moon"), ("gato grande", "big river"), ("mesa", "sun")]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("glossary") / "tiny.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +153,9 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 @pytest.mark.slow
 def test_server_glossary_equals_the_api(ckpt, translator):
     pytest.importorskip("uvicorn", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen([sys.executable, "-m", "nmt", "serve", "-c", ckpt, "--port", "0"], text=True,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"))
     try:
         url = re.search(r"http://[^/ ]+", proc.stderr.readline()).group(0)
         status, data = _post(url, {"text": LINES, "glossary": [list(e) for e in GLOSSARY], "options": {"beam_size": 2}})
@@ -186,8 +180,7 @@ def test_bench_glossary_quick(ckpt, tmp_path):
     constrained systems use every term, the report's counts are the glossary's own."""
     import importlib.util
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("bench_glossary", os.path.join(root, "scripts", "bench_glossary.py"))
+    spec = importlib.util.spec_from_file_location("bench_glossary", os.path.join(ROOT, "scripts", "bench_glossary.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     pairs = make_pairs(300, 1)
