@@ -145,12 +145,33 @@ def _translation(text: str, h, spans: list[str], alignment) -> Translation:
                        tuple(alignment) if alignment is not None else None, exact)
 
 
-def _glossary_terms(engine, lines: list[str], glossary, keys: list[int]):
-    """(lines, annotated where they match for a model trained with data.terms; per line the token ids of
-    the target terms its output must hold; per line whether each ends inside a word). A term the
-    model cannot write is a UserError naming the line."""
+class _LineTerms:
+    """The glossary terms of a call's lines: per line the token ids of the target terms its output must
+    hold (`seqs`) and whether each ends inside a word (`ends`); `batch(rows)` is the search's
+    `Terms` for a batch of those lines, None when none of them has a term (the plain search)."""
+
+    def __init__(self, seqs: list[list[list[int]]], ends: list[list[bool]], joins: list[bool]):
+        self.seqs, self.ends, self.joins = seqs, ends, joins
+
+    def batch(self, rows: Sequence[int]):
+        if not any(self.seqs[i] for i in rows):
+            return None
+        from nmt.search_options import Terms
+
+        return Terms([self.seqs[i] for i in rows], [self.ends[i] for i in rows], self.joins)
+
+
+def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode: DecodeConfig):
+    """(lines, annotated where they match for a model trained with data.terms; their `_LineTerms`, None
+    when no entry matches). UserError for an engine without constrained search, sampling with terms, a
+    term the model cannot write (naming the line)."""
+    if glossary is None:
+        return lines, None
+    if not engine.guarantees_terms:
+        raise UserError(f"a glossary needs constrained search, which the {engine.name} engine does not have: "
+                        "translate with the checkpoint (PyTorch engine)")
     from nmt import terms
-    from nmt.glossary import term_tokens
+    from nmt.glossary import joining_tokens, term_tokens
 
     annotate = terms.known_by(engine.tokenizer)
     out, seqs, ends = [], [], []
@@ -165,7 +186,11 @@ def _glossary_terms(engine, lines: list[str], glossary, keys: list[int]):
         out.append(terms.annotate(line, matches) if matches and annotate else line)
         seqs.append(ids)
         ends.append(end)
-    return out, seqs, ends
+    if not any(seqs):
+        return out, None
+    if decode.sampling != "none":
+        raise UserError("a glossary is not guaranteed with sampling: use greedy or beam search")
+    return out, _LineTerms(seqs, ends, joining_tokens(engine.tokenizer))
 
 
 def _check_room(engine, seqs, prefix_ids, spans, keys) -> None:
@@ -177,6 +202,16 @@ def _check_room(engine, seqs, prefix_ids, spans, keys) -> None:
         if ids and need > cap:
             raise UserError(f"line {keys[i] + 1}: its glossary terms need {need} output tokens, more than the "
                             f"model's {cap}")
+
+
+def _without_tokens(src_ids, prefixes, spans, nbest: int) -> list[tuple[Translation, ...]]:
+    """Per line its results so far: a line without tokens gives "" (or its prefix), nbest times; the
+    others are filled by the search."""
+    hyps: list[tuple[Translation, ...]] = [(EMPTY,) * nbest for _ in src_ids]
+    for i, ids in enumerate(src_ids):
+        if not ids and prefixes is not None and prefixes[i]:
+            hyps[i] = (Translation(textio.one_line(protect.restore(prefixes[i], spans[i]).text), 0.0, 0.0),) * nbest
+    return hyps
 
 
 # --------------------------------------------------------------------------- the core
@@ -194,46 +229,27 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     (nmt.errors.Cancelled). glossary: a `nmt.glossary.Glossary` whose terms the outputs must hold.
     """
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
-    if glossary is not None and not engine.guarantees_terms:
-        raise UserError(f"a glossary needs constrained search, which the {engine.name} engine does not have: "
-                        "translate with the checkpoint (PyTorch engine)")
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
-    seqs = ends = None
-    if glossary is not None and len(glossary):
-        lines, seqs, ends = _glossary_terms(engine, lines, glossary, keys)
+    lines, terms = _glossary_terms(engine, lines, glossary, keys, decode)
     src_ids, truncated = encode_sources(engine, lines)
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # [] or [the language token]
     prefix_ids, prefix_cut = _prefix_ids(engine, prefixes, lang, len(lines))
-    if seqs is not None:
-        if decode.sampling != "none" and any(seqs):
-            raise UserError("a glossary is not guaranteed with sampling: use greedy or beam search")
-        _check_room(engine, seqs, prefix_ids, spans, keys)
-    hyps: list[tuple[Translation, ...]] = [(EMPTY,) * decode.nbest for _ in lines]
+    if terms is not None:
+        _check_room(engine, terms.seqs, prefix_ids, spans, keys)
     todo = [i for i, ids in enumerate(src_ids) if ids]  # lines without tokens give "" (or their prefix)
-    for i in set(range(len(lines))) - set(todo):
-        if prefixes is not None and prefixes[i]:
-            text = textio.one_line(protect.restore(prefixes[i], spans[i]).text)
-            hyps[i] = (Translation(text, 0.0, 0.0),) * decode.nbest
+    hyps = _without_tokens(src_ids, prefixes, spans, decode.nbest)
     if on_batch is not None and len(todo) < len(lines):
         on_batch(len(lines) - len(todo))
 
-    from nmt.search_options import SearchInputs, SearchOptions, Terms  # (torch: loaded with the model)
+    from nmt.search_options import SearchInputs, SearchOptions  # (torch: loaded with the model)
 
     options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
-    joins = None
-    if seqs is not None and any(seqs):
-        from nmt.glossary import joining_tokens
-
-        joins = joining_tokens(engine.tokenizer)
 
     def search(batch: list[int]) -> tuple[list[list], list | None]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
-        terms = None
-        if joins is not None and any(seqs[i] for i in rows):  # a batch without terms: the plain search
-            terms = Terms([seqs[i] for i in rows], [ends[i] for i in rows], joins)
         inputs = SearchInputs(prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None,
-                              keys=[keys[i] for i in rows], constraints=terms)
+                              keys=[keys[i] for i in rows], constraints=terms.batch(rows) if terms else None)
         nbests = engine.search_batch([src_ids[i] for i in rows], options, inputs, cancel=cancel)
         if not decode.alignment:
             return nbests, None

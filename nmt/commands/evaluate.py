@@ -99,6 +99,15 @@ def _language(checkpoint: str | None, engine: str, langid: str | None, tgt_lang:
     return lang, tokenize, _identifier(info, lang, warn, langid)
 
 
+def _glossary(path: str | None, ignore_case: bool, src: str | None, stdin) -> Any:
+    """The --glossary's compiled Glossary (None without one); it needs --src (UserError)."""
+    if path is not None:
+        if src is None:
+            raise UserError("--glossary needs --src: the source lines its terms are matched in")
+        textio.check_paths({"--glossary": path}, {}, stdin=stdin)
+    return load_glossary(path, ignore_case)
+
+
 def term_report(hyps: Sequence[str], refs: Sequence[str], srcs: Sequence[str], glossary, names: Sequence[str], *,
                 tokenize: str | None = None, lowercase: bool = False) -> dict:
     """How the hypotheses used the glossary (`nmt.glossary.term_use`: term_use, term_matches, terms_used,
@@ -215,11 +224,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     overrides = dict(overrides or {})
     names = [m.lower() for m in metrics]
     _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid)
-    if glossary is not None:
-        if src is None:
-            raise UserError("--glossary needs --src: the source lines its terms are matched in")
-        textio.check_paths({"--glossary": glossary}, {}, stdin=stdin)
-    terms = load_glossary(glossary, glossary_ignore_case)
+    terms = _glossary(glossary, glossary_ignore_case, src, stdin)
     translator = _translator(checkpoint, engine, device, overrides) if checkpoint is not None else None
     if translator is not None and terms is not None:
         translator.translate([], glossary=terms)  # an engine that cannot guarantee terms fails before any work
@@ -242,11 +247,9 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     if save_hyps:
         textio.write_lines(save_hyps, hyps)
     header = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs), "tgt_lang": lang,
-              **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {})}
-    term_use = None
-    if terms is not None:
-        term_use = term_report(hyps, refs, lines, terms, names, tokenize=tokenize, lowercase=lowercase)
-        header["glossary"] = glossary
+              **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {}),
+              **({"glossary": glossary} if terms is not None else {})}
+    term_use = term_report(hyps, refs, lines, terms, names, tokenize=tokenize, lowercase=lowercase) if terms else None
     _write_report(results, report, json_out, header, stdout, term_use)
     return 0
 
