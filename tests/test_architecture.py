@@ -166,3 +166,30 @@ def test_an_import_up_a_layer_is_found():
         "nmt.api (facade) imports nmt.commands.translate (commands)",
         "nmt.search (library) imports nmt.api (facade)",
         "nmt.validation (library) imports nmt (face)"]
+
+
+MAX_FUNCTION_LINES = 60  # issue 35: a function reads top to bottom on one screen
+
+
+def long_functions(root: str) -> list[str]:
+    """`path:name (lines)` of every function or method of nmt/ longer than MAX_FUNCTION_LINES (its
+    decorators and docstring included)."""
+    out = []
+    for name, path in sorted(modules(root).items()):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    out.append(f"{os.path.relpath(path, root)}:{node.name} ({lines})")
+    return out
+
+
+def test_no_function_over_sixty_lines(tmp_path):
+    assert long_functions(ROOT) == []
+    pkg = tmp_path / "nmt"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "long.py").write_text("def f():\n" + "    x = 1\n" * 60)  # 61 lines: the check can fail
+    assert long_functions(str(tmp_path)) == [os.path.join("nmt", "long.py") + ":f (61)"]
