@@ -200,3 +200,24 @@ def test_bench_glossary_quick(ckpt, tmp_path):
         assert result["systems"][name]["term_use"] == 100.0
     assert result["systems"]["plain"]["term_use"] < 100.0
     assert set(result["speed"]) == {"all", "no_term_lines"} and (out / "results.md").exists()
+
+
+def test_a_terms_model_reads_the_terms_inline(tmp_path):
+    """A model trained with data.terms (its vocabulary has the markers) gets `term <term> target </term>`
+    in its source where an entry matches, and only there; its outputs hold the terms."""
+    from helpers import make_tiny_checkpoint
+    from nmt.terms import TERM_SYMBOLS
+    from nmt.tokenizer import tag_symbol
+
+    path = make_tiny_checkpoint(str(tmp_path / "terms.pt"), symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))
+    translator = Translator(path, device="cpu")
+    tokenizer = translator._engine.tokenizer
+    seen: list[str] = []
+    encode = tokenizer.encode_src
+    tokenizer.encode_src = lambda texts: (seen.extend(texts), encode(texts))[1]
+    try:
+        result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY)
+    finally:
+        del tokenizer.encode_src
+    assert seen == ["el perro <term> moon </term> come", "la casa"]
+    assert appears("moon", result[0].text)
