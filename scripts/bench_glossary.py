@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--parts", default="systems,speed", help="systems (term use and quality; load does not change "
                    "them) and/or speed (needs a quiet machine); results.json keeps the other part of an earlier run")
+    p.add_argument("--systems", default=",".join(name for name, _, _ in SYSTEMS),
+                   help="the systems to run (comma-separated); results.json keeps the others of an earlier run")
     p.add_argument("--quick", action="store_true", help="20 test lines, one repeat")
     args = p.parse_args(argv)
     if args.quick:
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = lines_with_terms(srcs, glossary)
     options = {"beam_size": args.beam, "max_batch_size": args.batch, "batch_tokens": 1_000_000, "nbest": 1}
     models = {"plain": args.plain, "terms": args.terms}
-    translators = {k: Translator(v, device=args.device, **options) for k, v in models.items() if v}
+    wanted = {model for name, model, _ in SYSTEMS if name in args.systems.split(",")} | {"plain"}
+    translators = {k: Translator(v, device=args.device, **options) for k, v in models.items() if v and k in wanted}
     path = os.path.join(args.out, "results.json")
     result: dict = {"beam": args.beam, "batch": args.batch, "systems": {}, "speed": {}}
     if os.path.exists(path):  # (the part not run this time stays)
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     result["command"] = " ".join(sys.argv)
     parts = args.parts.split(",")
     for name, model, constrained in SYSTEMS:
-        if model not in translators or "systems" not in parts:
+        if model not in translators or "systems" not in parts or name not in args.systems.split(","):
             continue
         start = time.perf_counter()
         out = translators[model].translate(srcs, glossary=glossary if constrained else None)
