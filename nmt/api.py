@@ -28,7 +28,7 @@ from nmt.config import DecodeConfig, decode_config
 from nmt.engine import load_engine
 from nmt.errors import UserError
 from nmt.languages import target_prefix
-from nmt.translate import TranslationResult, check_protect, translate_chunk
+from nmt.translate import TranslationResult, check_glossary, check_protect, translate_chunk
 
 _CALLS = threading.Lock()  # one call at a time in the process (module docstring)
 
@@ -62,10 +62,10 @@ class Translator:
 
         return protect.known_by(self._engine.tokenizer)
 
-    @property
-    def guarantees_terms(self) -> bool:
-        """Whether `translate(glossary=...)` can guarantee terms (the PyTorch engine's constrained search)."""
-        return self._engine.guarantees_terms
+    def check_glossary(self, settings: DecodeConfig | None = None) -> None:
+        """UserError unless `translate(glossary=...)` can guarantee terms: this engine has constrained
+        search (PyTorch; not CTranslate2) and, with `settings`, they search greedily or by beam (not sampling)."""
+        check_glossary(self._engine, settings)
 
     @property
     def max_positions(self) -> int:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.constraints import Constraints, ConstraintState
-from nmt.search_options import SearchInputs, SearchOptions, Terms
+from nmt.search_options import SearchInputs, SearchOptions, Terms, room_needed
 
 NEG_INF = float("-inf")
 
@@ -67,8 +67,8 @@ class StepRules:
             c = inputs.constraints
             self.terms = c if isinstance(c, Terms) else Terms(c)
             prefixes, placeholders = inputs.prefixes or [[]] * B, inputs.placeholders or [[]] * B
-            self.needed = [len(p) + sum(len(q) for q in cs) + (len(ph) if self.ph_ids is not None else 0) + 1
-                           if cs else 0 for p, cs, ph in zip(prefixes, seqs, placeholders)]
+            self.needed = [room_needed(len(p), cs, len(ph) if self.ph_ids is not None else 0)
+                           for p, cs, ph in zip(prefixes, seqs, placeholders)]
 
     def constraint_state(self, sent: Tensor, V: int) -> ConstraintState | None:
         """The constraints' state of rows of sentences sent [R] before their first token (None

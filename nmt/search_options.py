@@ -237,6 +237,12 @@ def max_output_lengths(src_lengths: Sequence[int] | Tensor, max_len_a: float, ma
     return limits
 
 
+def room_needed(prefix_len: int, terms: Sequence[Sequence[int]], placeholders: int) -> int:
+    """Output tokens a sentence with these terms needs at least: its prefix, every term's tokens, its
+    placeholders and an EOS (0 without terms: nothing to raise)."""
+    return prefix_len + sum(len(t) for t in terms) + placeholders + 1 if terms else 0
+
+
 def room_for_terms(limits: Sequence[int], needed: Sequence[int], max_positions: int) -> list[int]:
     """The limits raised to the room each sentence's terms need (`needed`: its prefix, its terms'
     tokens, its placeholders and an EOS), as a prefix raises them; ValueError where the model's

@@ -161,45 +161,61 @@ class _LineTerms:
         return Terms([self.seqs[i] for i in rows], [self.ends[i] for i in rows], self.joins)
 
 
-def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode: DecodeConfig):
-    """(lines, annotated where they match for a model trained with data.terms; their `_LineTerms`, None
-    when no entry matches). UserError for an engine without constrained search, sampling with terms, a
-    term the model cannot write (naming the line)."""
-    if glossary is None:
-        return lines, None
+def check_glossary(engine, decode: DecodeConfig | None = None) -> None:
+    """UserError unless glossary terms can be guaranteed: an engine with constrained search (the PyTorch
+    one) and, with `decode`, a search that takes constraints (greedy or beam, not sampling)."""
     if not engine.guarantees_terms:
         raise UserError(f"a glossary needs constrained search, which the {engine.name} engine does not have: "
                         "translate with the checkpoint (PyTorch engine)")
+    if decode is not None and decode.sampling != "none":
+        raise UserError("a glossary is not guaranteed with sampling: use greedy or beam search")
+
+
+def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode: DecodeConfig):
+    """(lines, annotated where they match for a model trained with data.terms; their `_LineTerms`, None
+    when no entry matches). UserError for an engine without constrained search, sampling with terms, a
+    term the model cannot write (naming the line). Each distinct target term is encoded once."""
+    if glossary is None:
+        return lines, None
+    check_glossary(engine)
     from nmt import terms
     from nmt.glossary import joining_tokens, term_tokens
 
     annotate = terms.known_by(engine.tokenizer)
+    encoded: dict[str, tuple[list[int], bool]] = {}  # target term -> (its ids, whether it ends inside a word)
     out, seqs, ends = [], [], []
     for line, key in zip(lines, keys):
         matches = glossary.match(line)
-        ids, end = [], []
-        if matches:
-            try:
-                ids, end = term_tokens(list(dict.fromkeys(m.entry.target for m in matches)), engine.tokenizer)
-            except UserError as e:
-                raise UserError(f"line {key + 1}: {e}") from None
+        ids: list[list[int]] = []
+        end: list[bool] = []
+        for target in dict.fromkeys(m.entry.target for m in matches):
+            if target not in encoded:
+                try:
+                    (term_ids,), (term_end,) = term_tokens([target], engine.tokenizer)
+                except UserError as e:
+                    raise UserError(f"line {key + 1}: {e}") from None
+                encoded[target] = term_ids, term_end
+            if encoded[target][0] not in ids:  # two targets with the same ids count once
+                ids.append(encoded[target][0])
+                end.append(encoded[target][1])
         out.append(terms.annotate(line, matches) if matches and annotate else line)
         seqs.append(ids)
         ends.append(end)
     if not any(seqs):
         return out, None
-    if decode.sampling != "none":
-        raise UserError("a glossary is not guaranteed with sampling: use greedy or beam search")
+    check_glossary(engine, decode)
     return out, _LineTerms(seqs, ends, joining_tokens(engine.tokenizer))
 
 
 def _check_room(engine, seqs, prefix_ids, spans, keys) -> None:
     """UserError naming the first line whose terms (with its prefix, placeholders and an EOS) do not fit
     in the model's positions."""
+    from nmt.search_options import room_needed
+
     cap = engine.max_positions - 1
     for i, ids in enumerate(seqs):
-        need = (len(prefix_ids[i]) if prefix_ids is not None else 0) + sum(map(len, ids)) + len(spans[i]) + 1
-        if ids and need > cap:
+        need = room_needed(len(prefix_ids[i]) if prefix_ids is not None else 0, ids, len(spans[i]))
+        if need > cap:
             raise UserError(f"line {keys[i] + 1}: its glossary terms need {need} output tokens, more than the "
                             f"model's {cap}")
 

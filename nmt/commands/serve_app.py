@@ -10,8 +10,7 @@ import json
 from urllib.parse import urlsplit
 
 from nmt.commands.batcher import Batcher, Job, Settings
-from nmt.commands.serve_request import (REQUEST_KEYS, RequestError, check_options, parse_glossary, parse_request,
-                                        result_json)
+from nmt.commands.serve_request import REQUEST_KEYS, RequestError, check_options, parse_request, result_json
 from nmt.errors import UserError
 
 RETRY_AFTER = "1"  # seconds, with 503 for a full queue
@@ -86,14 +85,13 @@ class Service:
         """The response body for a POST /translate body, or RequestError; ClientGone when `gone`
         (the client's disconnection) comes first. A request not answered by `deadline` (loop time)
         or whose client went away is abandoned: the batcher frees its slot, or stops its call."""
-        lines, prefixes, options = parse_request(body, self.settings)
+        lines, prefixes, options, glossary = parse_request(body, self.settings)
         decode = check_options(self.translator, options, self.settings)
-        glossary = parse_glossary(body)
-        if glossary is not None and not self.translator.guarantees_terms:
-            raise RequestError(400, "this server's model cannot guarantee glossary terms (a CTranslate2 export: "
-                                    "serve the checkpoint)")
-        if glossary is not None and decode.sampling != "none":
-            raise RequestError(400, "a glossary is not guaranteed with sampling: use greedy or beam search")
+        if glossary is not None:
+            try:
+                self.translator.check_glossary(decode)
+            except UserError as e:
+                raise RequestError(400, str(e)) from None
         loop = asyncio.get_running_loop()
         job = Job(lines, prefixes, decode, loop.create_future(), loop.time(), glossary)
         try:

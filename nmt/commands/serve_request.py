@@ -31,8 +31,9 @@ class RequestError(Exception):
         self.status, self.headers = status, headers
 
 
-def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str] | None, dict]:
-    """(lines, prefixes or None, decode options) of a POST /translate body, or RequestError."""
+def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str] | None, dict, Any]:
+    """(lines, prefixes or None, decode options, glossary or None: `parse_glossary`) of a POST /translate
+    body, or RequestError."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -52,16 +53,15 @@ def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str]
     if not isinstance(options, dict):
         raise RequestError(400, "options must be a JSON object of decode keys, e.g. {\"beam_size\": 4}")
     _check_size(lines, prefixes, settings)
-    return lines, prefixes, options
+    return lines, prefixes, options, parse_glossary(data)
 
 
-def parse_glossary(body: bytes):
+def parse_glossary(data: dict):
     """The request's glossary (`"glossary": [["source", "target"], ...]`, `"glossary_ignore_case"`) as a
     compiled nmt.glossary.Glossary, or None: RequestError 400 for a malformed one, 413 beyond
-    nmt.glossary.MAX_ENTRIES entries. (The body was checked by `parse_request`.)"""
+    nmt.glossary.MAX_ENTRIES entries. `data`: the parsed body."""
     from nmt.glossary import MAX_ENTRIES, Glossary, GlossaryTooLarge, check_entries
 
-    data = json.loads(body)
     ignore_case = data.get("glossary_ignore_case", False)
     if not isinstance(ignore_case, bool):
         raise RequestError(400, "glossary_ignore_case must be true or false")
