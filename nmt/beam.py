@@ -55,6 +55,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     (patience 1) and CTranslate2's `patience` (Kasai et al., 2022). Faster with a length penalty,
     where the exact stop waits for a bound that is loose; a longer hypothesis that would have won
     can then be missed. With keep_all the count still applies (it does not depend on the penalty).
+    A sentence with terms (`inputs.constraints`) stops so with patience 1 when `patience` is 0
+    (`stop_counts`): fairseq's constrained search's rule.
 
     stopping "hf": transformers' rule (`generate()` with `early_stopping=False`, its default) instead of
     the exact stop: each sentence keeps its K best finished hypotheses (not only nbest), and stops once
@@ -69,7 +71,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     if src.shape[0] == 0:
         return []
     decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes, rules.needed)
-    beams = _Beams.start(options, max_lens)
+    beams = _Beams.start(options, max_lens, stop_counts(options, inputs, src.shape[0], src.device))
     for t in range(1, int(max_lens.max()) + 1):
         check_cancel(cancel)
         logits = decoder.step(beams.tokens)
@@ -96,12 +98,12 @@ class _Beams:
     scores: Tensor  # [N, k] summed log-prob of each live beam; -inf = empty
     tokens: Tensor  # [N*k] input of the next step
     history: Tensor  # [N*k, t-1] generated tokens
-    most: int  # max_finished(K, patience): 0 = the stopping rule alone
+    most: Tensor  # [N] endings after which the sentence stops (`stop_counts`): 0 = the stopping rule alone
     finished: list[list[Hypothesis]]  # per original sentence, in the order they ended
     terms: ConstraintState | None = None  # [N*k rows] the live beams' constraints (None: no terms)
 
     @classmethod
-    def start(cls, options: SearchOptions, max_lens: Tensor) -> _Beams:
+    def start(cls, options: SearchOptions, max_lens: Tensor, most: Tensor) -> _Beams:
         B, device = max_lens.shape[0], max_lens.device
         pool = options.beam_size if options.stopping == "hf" else options.nbest  # what the stopping rule compares with
         return cls(sent=torch.arange(B, device=device), max_lens=max_lens,
@@ -112,7 +114,7 @@ class _Beams:
                    scores=torch.zeros(B, 1, device=device),
                    tokens=torch.full((B,), options.specials.start, dtype=torch.long, device=device),
                    history=torch.empty(B, 0, dtype=torch.long, device=device),
-                   most=max_finished(options.beam_size, options.patience), finished=[[] for _ in range(B)])
+                   most=most, finished=[[] for _ in range(B)])
 
     def advance(self, keep: Tensor, scores: Tensor, rows: Tensor, word: Tensor, decoder) -> bool:
         """Continue the sentences `keep` [N] with live beams scores, rows (their parent rows), word
@@ -120,9 +122,9 @@ class _Beams:
         if not bool(keep.all()):
             if not bool(keep.any()):
                 return False
-            self.sent, self.max_lens, self.best_possible_lp, self.kth_best, scores, rows, word, self.n_done = (
-                x[keep] for x in (self.sent, self.max_lens, self.best_possible_lp, self.kth_best, scores, rows, word,
-                                  self.n_done))
+            self.sent, self.max_lens, self.best_possible_lp, self.kth_best, scores, rows, word, self.n_done, \
+                self.most = (x[keep] for x in (self.sent, self.max_lens, self.best_possible_lp, self.kth_best, scores,
+                                               rows, word, self.n_done, self.most))
         flat = rows.reshape(-1)  # [N'*K] parent rows of the next step's beams
         decoder.reorder(flat)
         if self.terms is not None:
@@ -178,8 +180,7 @@ def _finish(beams: _Beams, c: _Candidates, t: int, options: SearchOptions) -> No
         if not options.keep_all:
             new = score.masked_fill(~ended, NEG_INF)
             beams.kth_best = torch.cat([beams.kth_best, new], dim=1).topk(beams.kth_best.shape[1], dim=1).values
-    if beams.most:
-        beams.n_done = beams.n_done + ended.sum(dim=1)
+    beams.n_done = beams.n_done + ended.sum(dim=1)
 
 
 def _select(c: _Candidates, K: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -198,9 +199,24 @@ def _keep(beams: _Beams, scores: Tensor, t: int, options: SearchOptions) -> Tens
                          length_penalty_factor(t, options.length_penalty, options.length_penalty_type))
     else:
         keep = ~_stopped(scores, beams.kth_best, beams.best_possible_lp)  # keep_all: stops only with no live beam
-    if beams.most:
-        keep &= beams.n_done < beams.most
-    return keep
+    return keep & ((beams.most == 0) | (beams.n_done < beams.most))
+
+
+def stop_counts(options: SearchOptions, inputs: SearchInputs, B: int, device) -> Tensor:
+    """[B] the endings after which each sentence stops (0: the stopping rule alone):
+    `max_finished(K, patience)`, and for a sentence with terms K (patience 1) when patience is 0.
+
+    Why the terms change the default: their search cannot end a hypothesis before it holds every term,
+    and with a length penalty the exact stop's bound stays loose, so it searches on to the length
+    limit, where the length rule forces the missing terms in at the end, and such rambling
+    hypotheses, long enough to be favoured by the penalty, beat the ones that took the terms in early
+    and ended (BENCHMARKS.md, "Glossaries": 108 of 500 Bible outputs reached the limit, 12 with
+    this rule). fairseq's constrained search and Sockeye's stop at K finished hypotheses too."""
+    counts = [max_finished(options.beam_size, options.patience)] * B
+    if options.patience == 0:
+        counts = [max_finished(options.beam_size, 1.0) if cs else n for cs, n in
+                  zip(inputs.constraints_of() or [[]] * B, counts)]
+    return torch.tensor(counts, dtype=torch.long, device=device)
 
 
 def _after_prefix(rules: StepRules, sent: Tensor, t: int, word: Tensor, K: int, eos: int) -> Tensor | None:

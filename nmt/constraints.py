@@ -1,8 +1,8 @@
 """Lexical constraints for the search: token sequences every output must contain (glossary terms, issue 37).
 
-Tensor code apart from the search loop, which is to call it (greedy: `ConstraintState.apply` at each step;
-beam: also `allocate` in place of its top-k); nmt.search does not call it yet: the reference searches of
-tests/constrained_ref.py do. Shapes: B sentences, R rows (hypotheses; row r belongs
+Tensor code apart from the search loop, which calls it (greedy: `ConstraintState.apply` at each step, through
+nmt.rules.StepRules; beam, nmt/beam.py: also `allocate` in place of its top-k, and it stops a sentence with
+terms after K endings, `beam.stop_counts`); tests/constrained_ref.py's reference searches call it too. Shapes: B sentences, R rows (hypotheses; row r belongs
 to sentence `sent[r]`), C constraints per sentence, L tokens per constraint (both padded), V vocabulary,
 N sentences in a beam step with k live beams each (candidates [N, k*V]), K beam size, M candidates.
 

@@ -5,7 +5,9 @@ decode_step, cache.reorder) built on nmt.constraints, with nmt.search's conventi
 order: rules before the softmax, PAD/start removed after it, a forced prefix keeps the model's own
 log-probability; the endings among the first K candidates finish, the first K live ones continue; at
 the first step after a prefix only the best candidate may end) but no early stop: they run until no
-beam is left. They are the reference the real search must equal once it takes constraints.
+beam is left, or (`reference_beam`'s `stop_after`) until a sentence has had that many endings among its
+first K candidates (patience's count, which the real search applies to sentences with terms). They are
+the reference the real search must equal once it takes constraints.
 
 `brute_force` enumerates every output in plain Python with its own implementation of the rules
 (constraint status by scanning the output, not by nmt.constraints' automaton).
@@ -133,8 +135,11 @@ def reference_greedy(model, src, src_mask, cons: Constraints, rules: Rules) -> l
     return out
 
 
-def reference_beam(model, src, src_mask, cons: Constraints, rules: Rules, K: int, nbest: int) -> list[list[Hyp]]:
+def reference_beam(model, src, src_mask, cons: Constraints, rules: Rules, K: int, nbest: int,
+                   stop_after: Sequence[int] | None = None) -> list[list[Hyp]]:
+    """stop_after[b]: sentence b stops after that many endings among its first K candidates (0: never)."""
     B = src.shape[0]
+    ends = [0] * B
     cache = _start(model, src, src_mask, rules)
     sent = torch.arange(B)
     state = cons.state(sent)
@@ -158,8 +163,11 @@ def reference_beam(model, src, src_mask, cons: Constraints, rules: Rules, K: int
                     if j < K and not (w == EOS_ID and plen and t == plen + 1 and j >= 1):
                         toks = hist[r] + ([] if w == EOS_ID else [w])
                         finished[b].append(Hyp(toks, s / penalty(t, rules), s, w == EOS_ID))
+                        ends[b] += 1
                 elif len(live) < K:
                     live.append((r, w, s))
+            if stop_after and stop_after[b] and ends[b] >= stop_after[b]:
+                live = []
             beams.append(live + [(n * k, PAD_ID, float("-inf"))] * (K - len(live)))
         alive = [n for n, live in enumerate(beams) if live[0][2] > float("-inf")]
         if not alive:

@@ -30,6 +30,16 @@ class Rambling(FakeModel):
         return row
 
 
+class Reluctant(FakeModel):
+    """Writes 5 and 6 less readily than the fake model does: the exact search's best output with terms
+    made of them often runs to the length limit, where the terms are forced in."""
+
+    def logits(self, src, prefix):
+        row = super().logits(src, prefix).clone()
+        row[[5, 6]] -= 2.0
+        return row
+
+
 class Plural(FakeModel):
     """Likes to continue token 6 with 5 (a term's word with a suffix: "perro" "s")."""
 
@@ -157,11 +167,16 @@ def test_allocation_without_constraints_is_the_top_k():
 
 # --------------------------------------------------------------------------- searches against brute force
 
-def _run(model, src, mask, seqs, rules, K, nbest=1, open_end=None, joins=None):
+def _run(model, src, mask, seqs, rules, K, nbest=1, open_end=None, joins=None, stop_after=None):
     cons = Constraints.build(seqs, joins=joins, open_end=open_end)
     if K is None:
         return [[h] for h in reference_greedy(model, src, mask, cons, rules)]
-    return reference_beam(model, src, mask, cons, rules, K, nbest)
+    return reference_beam(model, src, mask, cons, rules, K, nbest, stop_after)
+
+
+def _term_stops(seqs, K):
+    """The real search's stop counts at patience 0: K endings for a sentence with terms, else none."""
+    return [K if cs else 0 for cs in seqs] if K else None
 
 
 CASES = {  # name: (constraints per sentence, rules besides the limits)
@@ -263,7 +278,8 @@ def test_fake_specials():
 
 # --------------------------------------------------------------------------- the real search against the reference
 
-def _real(model, src, mask, seqs, K, nbest=1, extra=None, alpha=0.0, kind="none", open_end=None, joins=None):
+def _real(model, src, mask, seqs, K, nbest=1, extra=None, alpha=0.0, kind="none", open_end=None, joins=None,
+          patience=0.0):
     """nmt.search.search with these constraints (Terms) and rules -> (its hypotheses, the limits it used)."""
     from nmt.search import SearchInputs, SearchOptions, search
     from nmt.search_options import Terms
@@ -271,7 +287,7 @@ def _real(model, src, mask, seqs, K, nbest=1, extra=None, alpha=0.0, kind="none"
     extra = extra or {}
     ph = bool(extra.get("ph_tokens"))
     options = SearchOptions(beam_size=K or 1, nbest=nbest, max_len_a=1.0, max_len_b=0, length_penalty=alpha,
-                            length_penalty_type=kind, no_repeat_ngram=extra.get("no_repeat_ngram", 0),
+                            length_penalty_type=kind, no_repeat_ngram=extra.get("no_repeat_ngram", 0), patience=patience,
                             placeholder_tokens=((7,),) if ph else None)
     inputs = SearchInputs(prefixes=extra.get("prefixes"),
                           placeholders=[[0] if 7 in r else [] for r in extra["ph_required"]] if ph else None,
@@ -294,20 +310,45 @@ def _limits(mask, seqs, extra):
 @pytest.mark.parametrize("K", [None, 2, 3])  # None: greedy (the search's beam_size 1)
 def test_search_equals_the_reference(case, K):
     """Greedy and beam search with terms give the reference searches' outputs, scores and log-probs
-    (the reference runs without an early stop: the exact stop loses nothing), with n-gram blocking,
-    placeholders and prefixes, and every output holds its sentence's terms."""
+    (the reference runs without the exact stop, which loses nothing, but with the count of endings that
+    stops a sentence with terms), with n-gram blocking, placeholders and prefixes, and every output
+    holds its sentence's terms."""
     seqs, extra = CASES[case]
     model = FakeModel(seed=3)
     src, mask = fake_batch([3, 4, 2], seed=3)
     rules = Rules(limits=_limits(mask, seqs, extra), alpha=1.0 if K else 0.0, kind="gnmt" if K else "none", **extra)
     nbest = min(K or 1, 2)
-    want = _run(model, src, mask, seqs, rules, K, nbest=nbest)
+    want = _run(model, src, mask, seqs, rules, K, nbest=nbest, stop_after=_term_stops(seqs, K))
     got = _real(model, src, mask, seqs, K, nbest=nbest, extra=extra, alpha=rules.alpha, kind=rules.kind)
     for b in range(3):
         assert [h.tokens for h in got[b]] == [h.tokens for h in want[b]], (b, got[b], want[b])
         assert [h.score for h in got[b]] == pytest.approx([h.score for h in want[b]], abs=1e-5)
         assert [h.log_prob for h in got[b]] == pytest.approx([h.log_prob for h in want[b]], abs=1e-5)
         assert all(contains(h.tokens, s) for h in got[b] for s in seqs[b])
+
+
+@pytest.mark.parametrize("kind,alpha", [("average", 1.1), ("gnmt", 1.0)])
+def test_sentences_with_terms_stop_after_k_endings(kind, alpha):
+    """At patience 0 a sentence with terms stops after K endings (fairseq's constrained search), one
+    without terms by the exact rule alone: the search equals the reference with those counts, and on
+    this model the count changes some outputs (the exact search keeps outputs forced at the limit). An
+    explicit patience applies as given: one large enough gives the exact search's outputs."""
+    K, seqs, changed = 3, [[[5, 6]], [[6], [5, 5]], []], 0
+    for seed in range(3):
+        model = Reluctant(seed=seed)
+        src, mask = fake_batch([8, 9, 7], seed=seed)
+        rules = Rules(limits=_limits(mask, seqs, {}), alpha=alpha, kind=kind)
+        want = _run(model, src, mask, seqs, rules, K, nbest=2, stop_after=_term_stops(seqs, K))
+        exact = _run(model, src, mask, seqs, rules, K, nbest=2)
+        got = _real(model, src, mask, seqs, K, nbest=2, alpha=alpha, kind=kind)
+        slow = _real(model, src, mask, seqs, K, nbest=2, alpha=alpha, kind=kind, patience=100.0)
+        for b in range(3):
+            assert [h.tokens for h in got[b]] == [h.tokens for h in want[b]], (seed, b)
+            assert [h.score for h in got[b]] == pytest.approx([h.score for h in want[b]], abs=1e-5)
+            assert [h.tokens for h in slow[b]] == [h.tokens for h in exact[b]], (seed, b)
+            changed += [h.tokens for h in want[b]] != [h.tokens for h in exact[b]]
+        assert [h.tokens for h in exact[2]] == [h.tokens for h in want[2]]  # no terms: the exact stop
+    assert changed >= 2
 
 
 @pytest.mark.parametrize("K", [None, 2])
