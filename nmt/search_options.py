@@ -70,7 +70,8 @@ class SearchOptions:
 
     Beam search: beam_size K, nbest (hypotheses per sentence, <= K), the length penalty
     (`length_penalty` alpha, `length_penalty_type`), `patience` (> 0: a sentence also stops after
-    `max_finished(K, patience)` finished candidates), `stopping` ("exact" or transformers' "hf"),
+    `max_finished(K, patience)` finished candidates; 0: a sentence with terms stops after K,
+    `beam.stop_counts`), `stopping` ("exact" or transformers' "hf"),
     `keep_all` (every finished hypothesis, no pruning by the penalty: nmt/tune.py; needs "exact").
     Sampling: `sampling` "topk" | "topp", nbest samples per sentence, topk, topp, temperature, seed.
     Every search: the length limit `max_len_a` * source length + `max_len_b`, `min_len`,
