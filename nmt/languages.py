@@ -79,7 +79,9 @@ def target_languages(tokenizer, cfg: Any = None) -> TargetLanguages:
 
 def stored_target_languages(entry: Mapping[str, Any], config: Mapping[str, Any]) -> TargetLanguages:
     """The same from what a file stores: `entry` holds the tokenizer's `languages` and `default_tgt_lang`
-    (a checkpoint's `tokenizer` entry, an export's nmt_export.json), `config` the model's config dict."""
+    (a checkpoint's `tokenizer` entry, an export's nmt_export.json), `config` the model's config dict.
+    `free` (the language token's log-probability counts 0) is not stored: False here; `target_languages`
+    of the loaded tokenizer knows it."""
     return _languages(entry.get("languages"), entry.get("default_tgt_lang"), (config.get("data") or {}).get("tgt_lang"))
 
 

@@ -77,7 +77,7 @@ def open_bytes(path: str | None, stdin: IO[bytes] | None = None) -> Iterator[IO[
 
 @contextlib.contextmanager
 def _decompressed(stream: IO[bytes]) -> Iterator[IO[bytes]]:
-    head, stream = _peek(stream, len(GZIP_MAGIC))
+    head, stream = _peek(stream, GZIP_MAGIC)
     if head == GZIP_MAGIC:
         with gzip.GzipFile(fileobj=stream, mode="rb") as f:
             yield f
@@ -85,13 +85,16 @@ def _decompressed(stream: IO[bytes]) -> Iterator[IO[bytes]]:
         yield stream
 
 
-def _peek(stream: IO[bytes], n: int) -> tuple[bytes, IO[bytes]]:
-    """(the first n bytes of `stream`, fewer at its end; a stream that still starts with them). A pipe
-    cannot seek back: its buffered reader's peek() shows them, and where that is not enough (a pipe that
-    delivered fewer bytes so far, an unbuffered stream) they are read and put in front of the rest."""
+def _peek(stream: IO[bytes], magic: bytes) -> tuple[bytes, IO[bytes]]:
+    """(the first len(magic) bytes of `stream`, fewer at its end or once those seen already differ from
+    `magic`'s start, so that an interactive first line shorter than `magic` is not waited on; a stream
+    that still starts with them). A pipe cannot seek back: its buffered reader's peek() shows them, and
+    where that is not enough (a pipe that delivered fewer bytes so far, an unbuffered stream) they are
+    read and put in front of the rest."""
+    n = len(magic)
     if hasattr(stream, "peek"):
         head = stream.peek(n)[:n]
-        if len(head) == n:
+        if len(head) == n or (head and not magic.startswith(head)):
             return head, stream
     if stream.seekable():
         start = stream.tell()
@@ -99,7 +102,7 @@ def _peek(stream: IO[bytes], n: int) -> tuple[bytes, IO[bytes]]:
         stream.seek(start)
         return head, stream
     head = b""
-    while len(head) < n and (more := stream.read(n - len(head))):  # (a raw read may return fewer bytes)
+    while len(head) < n and magic.startswith(head) and (more := stream.read(n - len(head))):  # (may be fewer)
         head += more
     return head, io.BufferedReader(_Prepended(head, stream))
 
@@ -248,8 +251,10 @@ def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
     truncated one); on an error the temporary file is removed and `path` is untouched. fsync: the
     data and the directory entry are flushed to disk too (checkpoints). An existing device or named
     pipe (/dev/null, /dev/stdout, a FIFO) is written directly: there is nothing to replace, and
-    renaming over it would destroy it. A directory is a UserError. OSErrors name `path`."""
-    if os.path.exists(path) and not os.path.isfile(path):
+    renaming over it would destroy it; so is any existing path under /dev or /proc, or a link into
+    them (`/dev/stdout` of a shell that sent standard output to a file is a link to that file).
+    A directory is a UserError. OSErrors name `path`."""
+    if os.path.exists(path) and (not os.path.isfile(path) or _special(path)):
         if os.path.isdir(path):
             raise UserError(f"output {path} is a directory")
         with open(path, "wb") as f:  # a device or a named pipe: nothing to replace atomically
@@ -279,6 +284,12 @@ def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
         fsync_dir(directory)
 
 
+def _special(path: str) -> bool:
+    """Whether `path` is under /dev or /proc, or a link into them (written directly, never replaced)."""
+    places = ("/dev/", "/proc/")
+    return os.path.abspath(path).startswith(places) or (os.path.islink(path) and os.readlink(path).startswith(places))
+
+
 def write_file(path: str, data: bytes) -> None:
     """Write `data` to `path` through `atomic_file` (a file written whole, never half)."""
     with atomic_file(path) as f:
@@ -295,10 +306,15 @@ def link_file(src: str, dst: str, *, temp: str) -> None:
     if os.path.exists(tmp):
         os.unlink(tmp)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:  # (a copy cut short by a full disk: no partial file is left)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(directory)
 
 
@@ -307,24 +323,32 @@ def atomic_dir(path: str, *, what: str = "dir") -> Iterator[str]:
     """The one way nmt writes a directory (`nmt export`): a new temporary directory next to `path`
     (`.tmp-WHAT-*`) to fill in the block, renamed to `path` only when the block ends without an error.
     An existing `path` is renamed away first (`.tmp-old-WHAT-*`) and removed after the swap; on an error
-    the temporary directory is removed and `path` is untouched. Whether `path` may be replaced is the
-    caller's check."""
+    the temporary directory is removed and `path` is as it was (the old one is put back if the swap was
+    cut between its two renames). A `path` that is a link is replaced by the directory (the link's
+    target is left alone). The directory gets 0o777 & ~umask (mkdtemp alone makes 0o700). Whether
+    `path` may be replaced is the caller's check."""
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=parent)
+    old = None
     try:
         yield tmp
-        old = None
-        if os.path.exists(path):
+        os.chmod(tmp, 0o777 & ~umask())
+        if os.path.lexists(path):
             old = tempfile.mkdtemp(prefix=f".tmp-old-{what}-", dir=parent)
             os.rmdir(old)
             os.replace(path, old)
         os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not os.path.lexists(path):
+            os.replace(old, path)
         raise
+    if old is not None:
+        if os.path.islink(old):
+            os.unlink(old)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def fsync_dir(directory: str) -> None:
@@ -440,7 +464,7 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
             where = path
             real = os.path.realpath(path)
             for what, other_real, other_ident in written:
-                if real == other_real or (ident is not None and ident == other_ident):
+                if (ident is not None and ident == other_ident) or (real == other_real and not os.path.exists(path)):
                     raise UserError(f"{option} {where} is the same file as the output {what}: give two files")
             written.append((f"{option} {path}", real, ident))
         if ident is None:

@@ -281,3 +281,93 @@ def test_dev_null_is_not_the_same_file_as_an_input(ckpt, tmp_path):
     text.write_text("la casa\n")
     one_line_error(run_nmt("translate", "-c", ckpt, "-i", str(text), "-o", str(text)), 2,
                    "is the same file as the input")  # a regular file still is
+
+
+# --------------------------------------------------------------------------- the writers' edge cases (a review's findings)
+
+def test_a_link_into_proc_is_written_not_replaced(tmp_path):
+    """`-o /dev/stdout` of a shell that sent standard output to a file: /dev/stdout is a link to
+    /proc/self/fd/1, which os.path.isfile follows to the file, so the writer renamed a temporary file
+    over the link (as root: the output went nowhere). A link into /proc (or /dev) is written through."""
+    out = tmp_path / "out.txt"
+    link = tmp_path / "stdout"
+    code = ("import os, sys; from nmt import textio; os.symlink('/proc/self/fd/1', sys.argv[1]); "
+            "f = textio.atomic_file(sys.argv[1]); s = f.__enter__(); s.write(b'hello\\n'); f.__exit__(None, None, None)")
+    with open(out, "wb") as f:
+        subprocess.run([sys.executable, "-c", code, str(link)], stdout=f, check=True, cwd=ROOT)
+    assert out.read_bytes() == b"hello\n"
+    assert os.path.islink(link)  # still the link, not a file put in its place
+    assert sorted(os.listdir(tmp_path)) == ["out.txt", "stdout"]
+
+
+def test_an_interactive_first_line_shorter_than_gzip_magic_is_not_waited_on():
+    """A pipe whose first line is empty ("\\n", one byte that cannot start gzip's magic) is read at once,
+    not after the next write."""
+    r, w = os.pipe()
+    os.write(w, b"\n")
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(next(iter(textio.iter_lines(f"/dev/fd/{r}"))) for _ in [0]),
+                              daemon=True)
+    reader.start()
+    reader.join(timeout=10)  # the next write never comes while the reader waits
+    alive = reader.is_alive()
+    os.write(w, b"more\n")
+    os.close(w)
+    reader.join(timeout=10)
+    os.close(r)
+    assert not alive and got == [""]
+
+
+def test_link_file_leaves_no_partial_copy(tmp_path, monkeypatch):
+    """A copy cut short (a full disk, where hard links are not possible) leaves neither the temporary file
+    nor a changed dst."""
+    src, dst = tmp_path / "a.bin", tmp_path / "b.bin"
+    src.write_bytes(b"x" * 100)
+    dst.write_bytes(b"old")
+
+    def no_link(a, b):
+        raise OSError(18, "Invalid cross-device link")
+
+    def short_copy(a, b):
+        with open(b, "wb") as f:
+            f.write(b"xx")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "link", no_link)
+    monkeypatch.setattr(shutil, "copyfile", short_copy)
+    with pytest.raises(OSError, match="No space"):
+        textio.link_file(str(src), str(dst), temp=".tmp-link-b")
+    assert dst.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+def test_atomic_dir_puts_the_old_directory_back_and_replaces_a_link(tmp_path, monkeypatch):
+    """A swap cut between its two renames puts the old directory back; a link to an old export is
+    replaced by the new directory without touching the link's target or leaving the link behind; the
+    new directory is readable by others as the umask allows (mkdtemp alone: 0o700)."""
+    path = tmp_path / "exp"
+    path.mkdir()
+    (path / "old.txt").write_text("old")
+    real_replace = os.replace
+
+    def cut(a, b):
+        if os.path.basename(str(a)).startswith(".tmp-dir-"):
+            raise KeyboardInterrupt
+        real_replace(a, b)
+    monkeypatch.setattr(os, "replace", cut)
+    with pytest.raises(KeyboardInterrupt), textio.atomic_dir(str(path)) as tmp:
+        (tmp_path / tmp / "new.txt").write_text("new")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert sorted(os.listdir(path)) == ["old.txt"] and sorted(os.listdir(tmp_path)) == ["exp"]
+    link = tmp_path / "current"
+    link.symlink_to(path)
+    with textio.atomic_dir(str(link)) as tmp:
+        (tmp_path / tmp / "new.txt").write_text("new")
+    assert not link.is_symlink() and sorted(os.listdir(link)) == ["new.txt"]
+    assert sorted(os.listdir(path)) == ["old.txt"] and sorted(os.listdir(tmp_path)) == ["current", "exp"]
+    assert os.stat(link).st_mode & 0o777 == 0o777 & ~textio.umask()
+
+
+def test_two_outputs_may_both_be_dev_null(tmp_path):
+    inp = write(tmp_path / "in.txt", ["a"])
+    textio.check_paths({"--input": inp}, {"--output": os.devnull, "--config": os.devnull})
+    with pytest.raises(UserError, match="same file"):
+        textio.check_paths({"--input": inp}, {"--output": str(tmp_path / "o"), "--config": str(tmp_path / "o")})
