@@ -89,6 +89,18 @@ def test_wrong_type_or_range_names_key_and_value(files, key, value, expect):
     assert errors_of(files, raw) == [expect]
 
 
+@pytest.mark.parametrize("key,value,expect", [
+    ("length_penalty", 1e300, "invalid value for 'decode.length_penalty': 1e+300 (must be <= 10)"),
+    ("patience", 1e300, "invalid value for 'decode.patience': 1e+300 (must be <= 1000)"),
+])
+def test_decode_values_that_would_overflow_the_search_are_refused(files, key, value, expect):
+    """A length penalty or patience of 1e300 passed the check and ended in an OverflowError traceback in
+    the search (lp = ((5 + len) / 6) ** alpha, round(beam * patience))."""
+    raw = minimal(files)
+    raw["decode"] = {key: value}
+    assert errors_of(files, raw) == [expect]
+
+
 def test_missing_required_keys(files):
     raw = minimal(files)
     del raw["data"]["src_lang"]
