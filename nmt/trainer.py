@@ -156,6 +156,9 @@ class Trainer:
             self.validate()
         if signalled is None and t.tune_decode:
             signalled = self.tune_decode()
+        elif signalled is None:  # a signal during the final validation: it had saved, the exit code says so
+            signalled = self.env.broadcast(self.stop.requested)
+            self.stop.announce(self.log.info, "stopping (the final validation had ended and saved)")
         best = f"{state.best:.4g}" if state.best is not None else "none (not validated)"
         self.log.info(f"stopped at step {state.step}, epoch {state.epoch}: {reason}; best {t.metric} {best}")
         return {"step": state.step, "epoch": state.epoch, "best": state.best, "metric": t.metric, "reason": reason,

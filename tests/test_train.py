@@ -307,6 +307,28 @@ def test_early_stopping_keeps_the_best_checkpoint(tmp_path, monkeypatch):
     assert best["step"] == 6 and best["train_state"]["bad_validations"] == 0
 
 
+def test_a_signal_during_the_final_validation_sets_the_exit_code(tmp_path, monkeypatch):
+    """Ctrl-C while the final validation ran (train.tune_decode off) was ignored: the run ended with no
+    signal and `nmt train` exited 0. Now the validation finishes and saves, and the result carries the
+    signal (exit 130) with one log line. (The validation is scripted and signals the process itself.)"""
+    real = train_mod.validate
+    calls = []
+
+    def signalled(model, cfg, *args, **kwargs):
+        calls.append(1)
+        metrics = real(model, cfg, *args, **kwargs)
+        if len(calls) == 2:  # the final one (the first is at valid_every)
+            os.kill(os.getpid(), signal.SIGINT)
+        return metrics
+    monkeypatch.setattr(train_mod, "validate", signalled)
+    result = train(_small(tmp_path, "final", max_steps=6, valid_every=4, tune_decode=False), quiet=True)
+    assert len(calls) == 2 and result["step"] == 6 and result["signal"] == signal.SIGINT
+    saved = ckpt.load_checkpoint(os.path.join(result["run_dir"], "checkpoints", "latest.pt"))
+    assert saved["step"] == 6 and saved["train_state"]["last_valid_step"] == 6
+    log = open(os.path.join(result["run_dir"], "train.log"), encoding="utf-8").read()
+    assert "received SIGINT: stopping (the final validation had ended and saved)" in log
+
+
 def test_max_epochs_and_max_time(tmp_path):
     from nmt.data import epoch_batches, load_data
     from nmt.tokenizer import Tokenizer
