@@ -200,6 +200,19 @@ def test_bench_glossary_quick(ckpt, tmp_path):
         assert result["systems"][name]["term_use"] == 100.0
     assert result["systems"]["plain"]["term_use"] < 100.0
     assert set(result["speed"]) == {"all", "no_term_lines"} and (out / "results.md").exists()
+    # --consistent: per line only the entries whose target the reference holds (Dinu et al.'s test glossaries)
+    out2 = tmp_path / "consistent"
+    refs = [""] * 4 + [t for _, t in make_pairs(14, 5)][4:] + ["", "and the dog"]  # 4 lines whose reference has no term
+    args[args.index("--test-tgt") + 1] = _write(tmp_path / "test-tgt2.txt", refs)
+    assert bench.main(args + ["--plain", ckpt, "--out", str(out2), "--quick", "--beam", "2", "--consistent",
+                              "--parts", "systems", "--glossary", str(out / "glossary.tsv")]) == 0
+    kept = json.loads((out2 / "results.json").read_text())
+    per_line = [[t for t in glossary.targets(src) if appears(t, ref)] for src, ref in zip(LINES, refs)]
+    assert kept["glossary"]["consistent"] and kept["glossary"]["term_lines"] == sum(map(bool, per_line))
+    assert kept["glossary"]["term_matches"] == sum(map(len, per_line)) < result["glossary"]["term_matches"]
+    assert kept["systems"]["plain+glossary"]["term_use"] == 100.0
+    hyps = (out2 / "plain+glossary.txt").read_text(encoding="utf-8").splitlines()
+    assert all(appears(t, h) for h, ts in zip(hyps, per_line) for t in ts)
 
 
 def test_a_terms_model_reads_the_terms_inline(tmp_path):
