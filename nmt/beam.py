@@ -71,7 +71,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     if src.shape[0] == 0:
         return []
     decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes, rules.needed)
-    beams = _Beams.start(options, max_lens, stop_counts(options, inputs, src.shape[0], src.device))
+    beams = _Beams.start(options, max_lens, stop_counts(options, rules.needed, src.shape[0], src.device))
     for t in range(1, int(max_lens.max()) + 1):
         check_cancel(cancel)
         logits = decoder.step(beams.tokens)
@@ -202,9 +202,10 @@ def _keep(beams: _Beams, scores: Tensor, t: int, options: SearchOptions) -> Tens
     return keep & ((beams.most == 0) | (beams.n_done < beams.most))
 
 
-def stop_counts(options: SearchOptions, inputs: SearchInputs, B: int, device) -> Tensor:
+def stop_counts(options: SearchOptions, needed: list[int] | None, B: int, device) -> Tensor:
     """[B] the endings after which each sentence stops (0: the stopping rule alone):
     `max_finished(K, patience)`, and for a sentence with terms K (patience 1) when patience is 0.
+    needed: `StepRules.needed` (per sentence the room its terms need, 0 without terms; None: no terms).
 
     Why the terms change the default: their search cannot end a hypothesis before it holds every term,
     and with a length penalty the exact stop's bound stays loose, so it searches on to the length
@@ -212,11 +213,9 @@ def stop_counts(options: SearchOptions, inputs: SearchInputs, B: int, device) ->
     hypotheses, long enough to be favoured by the penalty, beat the ones that took the terms in early
     and ended (BENCHMARKS.md, "Glossaries": 108 of 500 Bible outputs reached the limit, 12 with
     this rule). fairseq's constrained search and Sockeye's stop at K finished hypotheses too."""
-    counts = [max_finished(options.beam_size, options.patience)] * B
-    if options.patience == 0:
-        counts = [max_finished(options.beam_size, 1.0) if cs else n for cs, n in
-                  zip(inputs.constraints_of() or [[]] * B, counts)]
-    return torch.tensor(counts, dtype=torch.long, device=device)
+    plain = max_finished(options.beam_size, options.patience)
+    with_terms = max_finished(options.beam_size, 1.0) if options.patience == 0 else plain
+    return torch.tensor([with_terms if n else plain for n in needed or [0] * B], dtype=torch.long, device=device)
 
 
 def _after_prefix(rules: StepRules, sent: Tensor, t: int, word: Tensor, K: int, eos: int) -> Tensor | None:
