@@ -23,6 +23,12 @@ cross-attention keys/values with `cross(layer)`; after the last layer the model 
 beams, dropping finished sentences). nmt/fast.py's `ReusingDecoderCache` reorders with
 fewer copies and without allocating (one spare buffer; fewer rows reuse the same memory);
 same contents.
+
+`StaticDecoderCache` is the form a CUDA graph can replay (nmt/cuda_graphs.py): every buffer is
+allocated once at its full size and never moves, the position is a device tensor that the step
+itself advances, and a step attends to all Tmax positions under a mask (`self_mask`) instead of
+to a growing slice. Rows that leave the batch are compacted into the first rows in place; the
+rows after them are padding whose results nobody reads.
 """
 
 from __future__ import annotations
@@ -117,6 +123,14 @@ class DecoderCache:
         """The step is complete in every layer: the next one writes the following position."""
         self.length += 1
 
+    def self_mask(self) -> Tensor | None:
+        """The mask of the keys `append` returns (None: all of them are filled positions)."""
+        return None
+
+    def position_vectors(self, table: Tensor) -> Tensor:
+        """The rows [1,D] of a position table for the position the next step writes."""
+        return table[self.length : self.length + 1]
+
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         """Cross-attention keys, values [N,H,S,Dh] of `layer` and their mask [N,1,1,S]; the
         `group` rows of a source sentence share its entry."""
@@ -168,3 +182,80 @@ def _source_groups(row_sources: list[int]) -> tuple[list[int], int]:
     if all(start == i * group for i, start in enumerate(starts)) and group * len(starts) == len(row_sources):
         return [row_sources[i] for i in starts], group
     return row_sources, 1
+
+
+class StaticDecoderCache(DecoderCache):
+    """A DecoderCache whose buffers never move, for CUDA graphs (see the module docstring).
+
+    All layers' self-attention K/V live in one buffer `kv` [2,layers,Bcap,H,Tmax,Dh] (zeros at
+    first), the cross-attention K/V in `ckv` [2,layers,Ncap,H,S,Dh], and `pos` [1] (long, on the
+    device) is the position the next step writes. A step runs on all Bcap rows: `rows` (B) of them
+    are the batch, the rest padding. `reorder` compacts the kept rows into the first ones in place
+    while the group stays the same and more than half of the rows stay; otherwise it allocates new
+    buffers of exactly the new size and `generation` changes (a graph of the old ones is stale).
+    """
+
+    kv: Tensor
+    ckv: Tensor
+    pos: Tensor
+    rows: int
+    generation: int = 0
+
+    @classmethod
+    def create(cls, cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor, max_len: int,
+               chunk: int = 0) -> StaticDecoderCache:
+        """An empty cache of B = N rows holding max_len positions (`chunk` is ignored: it never grows)."""
+        ckv = torch.stack([torch.stack(cross_k), torch.stack(cross_v)])  # [2,layers,N,H,S,Dh]
+        N, H, _, Dh = cross_k[0].shape
+        kv = ckv.new_zeros((2, len(cross_k), N, H, max_len, Dh))
+        return cls._over(kv, ckv, src_mask.clone(), group=1, length=0, pos=None, generation=0)  # (compacted in place)
+
+    @classmethod
+    def _over(cls, kv: Tensor, ckv: Tensor, src_mask: Tensor, *, group: int, length: int, pos: Tensor | None,
+              generation: int) -> StaticDecoderCache:
+        layers = range(kv.shape[1])
+        cache = cls([kv[0, i] for i in layers], [kv[1, i] for i in layers], [ckv[0, i] for i in layers],
+                    [ckv[1, i] for i in layers], src_mask, length=length, group=group, limit=kv.shape[4], chunk=0)
+        cache.kv, cache.ckv, cache.rows, cache.generation = kv, ckv, kv.shape[2], generation
+        cache.pos = pos if pos is not None else torch.full((1,), length, dtype=torch.long, device=kv.device)
+        cache.key_positions = torch.arange(kv.shape[4], device=kv.device)  # [Tmax]
+        return cache
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v [Bcap,H,Dh] at position `pos`; returns all Tmax positions (mask: `self_mask`)."""
+        self.self_k[layer].index_copy_(2, self.pos, k[:, :, None])
+        self.self_v[layer].index_copy_(2, self.pos, v[:, :, None])
+        return self.self_k[layer], self.self_v[layer]
+
+    def self_mask(self) -> Tensor:
+        """[1,1,1,Tmax] True at the filled positions 0 .. pos."""
+        return (self.key_positions <= self.pos).view(1, 1, 1, -1)
+
+    def position_vectors(self, table: Tensor) -> Tensor:
+        return table.index_select(0, self.pos)
+
+    def advance(self) -> None:
+        self.pos.add_(1)
+        self.length += 1
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row i becomes row indices[i] of the batch's rows (see the class docstring for where)."""
+        indices = indices.to(device=self.src_mask.device, dtype=torch.long)
+        sources, group = _source_groups((indices // self.group).tolist())
+        rows, n_src, capacity, L = indices.shape[0], len(sources), self.kv.shape[2], self.length
+        if group == self.group and rows <= capacity and 2 * rows > capacity:  # in place
+            if L:
+                self.kv[:, :, :rows, :, :L] = self.kv[:, :, :, :, :L].index_select(2, indices)
+            if sources != list(range(n_src)):
+                idx = torch.tensor(sources, dtype=torch.long, device=indices.device)
+                self.ckv[:, :, :n_src] = self.ckv.index_select(2, idx)
+                self.src_mask[:n_src] = self.src_mask.index_select(0, idx)  # (cross_mask is a view of it)
+            self.rows = rows
+            return
+        kv = self.kv.new_zeros(self.kv.shape[:2] + (rows,) + self.kv.shape[3:])
+        if L:
+            kv[:, :, :, :, :L] = self.kv[:, :, :, :, :L].index_select(2, indices)
+        idx = torch.tensor(sources, dtype=torch.long, device=indices.device)
+        new = StaticDecoderCache._over(kv, self.ckv.index_select(2, idx), self.src_mask.index_select(0, idx),
+                                       group=group, length=L, pos=self.pos, generation=self.generation + 1)
+        self.__dict__.update(new.__dict__)

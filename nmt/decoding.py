@@ -69,7 +69,7 @@ def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: Sea
         limits = room_for_terms(limits, needed, model.max_positions)
     max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
     memory = model.encode(src, src_mask)  # [B,S,D]
-    cls = _CachedDecoder if options.use_cache else _UncachedDecoder
+    cls = (ops.decoder_cls or _CachedDecoder) if options.use_cache else _UncachedDecoder
     return cls(model, memory, src_mask, max(limits), ops), max_lens
 
 

@@ -105,11 +105,11 @@ class SelfAttention(nn.Module):
 
     def step(self, x: Tensor, cache: DecoderCache, layer: int) -> Tensor:
         """One new position per row. x [B,D]; its K/V go into `cache` (layer `layer`), and it
-        attends to every filled position (all earlier positions are real: no mask). -> [B,D]."""
+        attends to every filled position (the cache returns only those, or all with a mask). -> [B,D]."""
         B, D = x.shape
         q, k, v = self.qkv_proj(x).view(B, 3, self.n_heads, self.head_dim).unbind(1)  # 3 x [B,H,Dh]
-        keys, values = cache.append(layer, k, v)  # [B,H,t,Dh]
-        y = F.scaled_dot_product_attention(q[:, :, None], keys, values)  # [B,H,1,Dh]
+        keys, values = cache.append(layer, k, v)  # [B,H,t,Dh] (StaticDecoderCache: [B,H,Tmax,Dh])
+        y = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=cache.self_mask())  # [B,H,1,Dh]
         return self.out_proj(y.view(B, D))
 
 
@@ -349,11 +349,13 @@ class Transformer(nn.Module):
         """Position vectors [length, D] for positions start .. start+length-1."""
         if start + length > self.max_positions:
             raise ValueError(f"sequence of {start + length} positions exceeds model.max_positions={self.max_positions}")
+        return self._position_table(side)[start : start + length]
+
+    def _position_table(self, side: str) -> Tensor:
+        """[max_positions, D]: the learned table of `side` or the fixed sinusoids."""
         if self.cfg.positions == "learned":
-            table = (self.src_positions if side == "src" else self.tgt_positions).weight
-        else:
-            table = self.sinusoids
-        return table[start : start + length]
+            return (self.src_positions if side == "src" else self.tgt_positions).weight
+        return self.sinusoids
 
     def _embed(self, tokens: Tensor, side: str) -> Tensor:
         """tokens [B,L] -> dropout(embed * embed_scale + positions) [B,L,D] (embed_scale: sqrt(D) or 1)."""
@@ -409,7 +411,9 @@ class Transformer(nn.Module):
         projection's dtype: float32, or bfloat16/float16 under autocast (callers apply .float()).
         """
         pos = cache.next_position()  # raises if the cache is full
-        x = self.tgt_embed(tokens) * self.embed_scale + self._positions("tgt", pos, 1)  # [B,D]
+        if pos >= self.max_positions:
+            raise ValueError(f"sequence of {pos + 1} positions exceeds model.max_positions={self.max_positions}")
+        x = self.tgt_embed(tokens) * self.embed_scale + cache.position_vectors(self._position_table("tgt"))  # [B,D]
         h = self.decoder.step(self.dropout(x) if self.training else x, cache)
         cache.advance()
         return self.output_proj(h)

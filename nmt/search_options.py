@@ -52,12 +52,14 @@ class SearchOps:
     nmt/fast.py provides faster CPU versions that compute the same results.
 
     topk(x [N,C], K) -> (values, indices) [N,K] (K <= C), best first; argmax(x [N,C]) ->
-    (values, indices) [N]; cache_cls: the DecoderCache class to decode with.
+    (values, indices) [N]; cache_cls: the DecoderCache class to decode with; decoder_cls: the cached
+    decoder itself (None: nmt/decoding.py's plain one; nmt/cuda_graphs.py's `GraphedDecoder` on CUDA).
     """
 
     topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] = lambda x, k: x.topk(k, dim=1)
     argmax: Callable[[Tensor], tuple[Tensor, Tensor]] = lambda x: x.max(dim=1)
     cache_cls: type = DecoderCache
+    decoder_cls: type | None = None
 
 
 PLAIN_OPS = SearchOps()

@@ -54,8 +54,8 @@ class TorchEngine:
              precision: str | None = None) -> "TorchEngine":
         """The checkpoint's model in eval mode on `device`, its tokenizer and decode settings.
         precision: decode.precision (None: the checkpoint's own), checked against the device, then
-        applied (int8: weights quantized now). On CPU (and with fast=True) nmt/fast.py's inference
-        fast paths are installed."""
+        applied (int8: weights quantized now). With fast=True, nmt/fast.py's inference fast paths are
+        installed on CPU, and on CUDA decoding steps are replayed as CUDA graphs (nmt/cuda_graphs.py)."""
         from nmt import precision as reduced
 
         torch_device = resolve_torch_device(device)
@@ -70,6 +70,10 @@ class TorchEngine:
             from nmt import fast as fast_paths
 
             ops = fast_paths.install_for_inference(model)
+        elif fast and torch_device.type == "cuda":
+            from nmt import cuda_graphs
+
+            ops = SearchOps(decoder_cls=cuda_graphs.GraphedDecoder) if cuda_graphs.enabled() else None
         engine = cls(model, tokenizer, cfg.decode, ops, autocast=autocast)
         engine.precision = precision
         return engine

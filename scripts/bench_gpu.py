@@ -2,6 +2,7 @@
 
     python3 scripts/bench_gpu.py --json OUT                         # one CUDA GPU, about 4-6 minutes
     python3 scripts/bench_gpu.py --device cpu --quick --json OUT    # every part on tiny shapes, < 1 minute
+    python3 scripts/bench_gpu.py --parts decode --json OUT          # only some parts (train, nmt_train, decode)
 
 Progress goes to stderr, one table to stdout, everything to --json OUT. Data: the shipped Bible
 corpus (data/bible-es-en, es->en), a joint SentencePiece model trained on its training split by nmt
@@ -50,6 +51,9 @@ embeddings. Randomly initialised (speed only). Parts, in order:
    point near-ties. Beam search may differ: while EOS is forbidden nmt renormalises the other
    tokens' probabilities (CTranslate2's semantics), transformers does not (its processors run on
    the log-probabilities), which moves beams of different EOS probability against each other.
+   On CUDA a third system, "nmt eager" (the JSON's `decode_eager` rows), is nmt with its decoding
+   steps run eagerly instead of replayed as CUDA graphs (`NMT_CUDA_GRAPHS=0`, nmt/cuda_graphs.py):
+   the before/after of that change in one run; its `same_lines` compares it with nmt's lines.
 
 transformers is optional: without it its rows are skipped, with a note. cuDNN's attention is off
 for both systems (nmt turns it off process-wide on CUDA: nmt/device.py). Each part runs in its own
@@ -57,8 +61,8 @@ try/except: a failure is printed, recorded (an `error` row and the JSON's `error
 status is 1; the other parts still run.
 
 JSON: {device, torch, transformers, quick, peak_flops_per_s, peak_dtype, part_seconds, notes,
-errors, train: [{model, batch_tokens, system, tgt_tok_per_s, tflops, mfu, ...}], decode:
-[{precision, beam, batch, system, sent_per_s, tok_per_s, same_lines, ...}]}.
+errors, parts, train: [{model, batch_tokens, system, tgt_tok_per_s, tflops, mfu, ...}], decode:
+[{precision, beam, batch, system, sent_per_s, tok_per_s, same_lines, ...}], decode_eager: [the same]}.
 """
 
 from __future__ import annotations
@@ -524,6 +528,7 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
         dtype = {"fp32": None, "bf16": torch.bfloat16}[precision]
         try:
             translator = Translator(checkpoint, device=str(device), precision=precision)
+            eager = eager_translator(checkpoint, device, precision) if device.type == "cuda" else None
         except Exception as e:  # noqa: BLE001
             rows.append(fail(errors, "decode", precision, e, precision=precision, beam=None, batch=None, system="nmt"))
             continue
@@ -534,10 +539,12 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
                             max_len_b=L, length_penalty=1.0, length_penalty_type="average", patience=0.0,
                             no_repeat_ngram=0, nbest=1)
                 systems = {"nmt": lambda part: translator.translate(part, **opts)}
+                if eager is not None:
+                    systems[EAGER] = lambda part: eager.translate(part, **opts)
                 if have_hf:
                     systems["transformers"] = lambda part: hf_translate(hf_model, hf_tokenizer, part, beam, batch, L,
                                                                         dtype, device)
-                names = list(systems) if k % 2 == 0 else list(systems)[::-1]
+                names = list(systems)[k % len(systems):] + list(systems)[:k % len(systems)]  # who goes first rotates
                 for name in names:  # warm-up: one batch each, untimed
                     systems[name](lines[:batch])
                 seconds, outputs = {}, {}
@@ -548,33 +555,55 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
                     sync(device)
                     seconds[name] = time.perf_counter() - t0
                 rows += decode_rows(precision, beam, batch, lines, L, seconds, outputs, nmt_tokenizer)
-                same = rows[-1]["same_lines"]
+                same = next(r["same_lines"] for r in rows[-len(systems):] if r["system"] == "nmt")
                 speeds = ", ".join(f"{r['system']} {r['sent_per_s']:,.1f} sent/s" for r in rows[-len(systems):])
                 log(f"decode {what}: {speeds}" + (f", same lines {same:.1%}" if same is not None else ""))
             except Exception as e:  # noqa: BLE001
                 rows.append(fail(errors, "decode", what, e, precision=precision, beam=beam, batch=batch, system="nmt"))
-        translator = None
+        translator = eager = None
         free(device)
     return rows
+
+
+EAGER = "nmt eager"  # nmt with NMT_CUDA_GRAPHS=0 (the JSON's `decode_eager` rows)
+
+
+def eager_translator(checkpoint: str, device, precision: str):
+    """An nmt.Translator that decodes without CUDA graphs (nmt/cuda_graphs.py), for the A/B on CUDA."""
+    from nmt import Translator
+
+    old = os.environ.get("NMT_CUDA_GRAPHS")
+    os.environ["NMT_CUDA_GRAPHS"] = "0"  # read when the engine loads
+    try:
+        return Translator(checkpoint, device=str(device), precision=precision)
+    finally:
+        if old is None:
+            del os.environ["NMT_CUDA_GRAPHS"]
+        else:
+            os.environ["NMT_CUDA_GRAPHS"] = old
 
 
 def decode_rows(precision, beam, batch, lines, L, seconds, outputs, nmt_tokenizer) -> list[dict]:
     """One row per system; the forced length is checked (equal work), `same_lines` compares the searches."""
     n = len(lines)
     nmt_texts = [r.text for r in outputs["nmt"]]
-    if any(r.finished for r in outputs["nmt"]):  # an output that ended with EOS was not forced to L tokens
-        raise RuntimeError("nmt: an output ended before the forced length")
-    tokens = {"nmt": n * L}
-    same = None  # nothing to compare with
+    for name in ("nmt", EAGER):  # an output that ended with EOS was not forced to L tokens
+        if any(r.finished for r in outputs.get(name, ())):
+            raise RuntimeError(f"{name}: an output ended before the forced length")
+    tokens = {"nmt": n * L, EAGER: n * L}
+    same = {}  # system -> its share of lines equal to the other's
+    if EAGER in outputs:
+        same[EAGER] = sum(a.text == b for a, b in zip(outputs[EAGER], nmt_texts)) / n
     if "transformers" in outputs:
         _, ids = outputs["transformers"]
         ends = {nmt_tokenizer.specials.eos, nmt_tokenizer.specials.pad}  # (the export keeps nmt's ids)
         tokens["transformers"] = sum(t not in ends for row in ids for t in row)
         if tokens["transformers"] != n * L:
             raise RuntimeError(f"transformers: {tokens['transformers']} output tokens, {n * L} forced")
-        same = sum(a == b for a, b in zip(nmt_tokenizer.decode_tgt(ids), nmt_texts)) / n
+        same["nmt"] = same["transformers"] = sum(a == b for a, b in zip(nmt_tokenizer.decode_tgt(ids), nmt_texts)) / n
     return [dict(precision=precision, beam=beam, batch=batch, system=name, sentences=n, length=L, seconds=secs,
-                 sent_per_s=n / secs, tok_per_s=tokens[name] / secs, same_lines=same) for name, secs in seconds.items()]
+                 sent_per_s=n / secs, tok_per_s=tokens[name] / secs, same_lines=same.get(name))
+            for name, secs in seconds.items()]
 
 
 # --------------------------------------------------------------------------- the run
@@ -603,7 +632,7 @@ def print_table(out: dict) -> None:
               f"{cell(r.get('peak_mem_mb'), ',.0f'):>8} {cell(r.get('nmt_speedup'), '.2f'):>6} "
               f"{cell(r.get('vs_step'), '.2f'):>7}")
     print(f"{'precision':>9} {'beam':>4} {'batch':>5} {'system':>12} {'sent/s':>9} {'tok/s':>10} {'same lines':>10}")
-    for r in out["decode"]:
+    for r in out["decode"] + out["decode_eager"]:
         head = f"{cell(r['precision']):>9} {cell(r['beam']):>4} {cell(r['batch']):>5} {r['system']:>12}"
         if "error" in r:
             print(f"{head}  ERROR {r['error']}")
@@ -619,7 +648,13 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="every part on tiny shapes (a test runs it on CPU)")
     ap.add_argument("--json", metavar="OUT", help="write the results here")
     ap.add_argument("--workdir", help="keep the run's files here (default: a temporary directory, removed)")
+    ap.add_argument("--parts", default="train,nmt_train,decode",
+                    help="comma-separated parts to run: train (the A/B), nmt_train, decode (runs nmt_train for its "
+                         "model); default all. The matmul peak is always measured")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"train", "nmt_train", "decode"}:
+        ap.error(f"--parts: unknown part(s) {', '.join(sorted(parts - {'train', 'nmt_train', 'decode'}))}")
     from nmt.fast import tune_malloc
 
     tune_malloc()  # as `nmt train` does (CPU only; before torch allocates)
@@ -640,7 +675,8 @@ def main() -> int:
     errors: list[dict] = []
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     out = dict(device=f"{device} ({name})", torch=torch.__version__, transformers=hf_version, quick=args.quick,
-               peak_flops_per_s=None, peak_dtype=None, part_seconds={}, notes=notes, errors=errors, train=[], decode=[])
+               peak_flops_per_s=None, peak_dtype=None, part_seconds={}, notes=notes, errors=errors, train=[], decode=[],
+               decode_eager=[], parts=sorted(parts))
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         work = args.workdir or tmp
         os.makedirs(work, exist_ok=True)
@@ -661,11 +697,17 @@ def main() -> int:
             out["peak_flops_per_s"], out["peak_dtype"] = peak
             log(f"matmul peak {peak[0] / 1e12:,.2f} TFLOP/s ({peak[1]})")
         peak_flops = out["peak_flops_per_s"]  # None: no MFU
-        train = part("train", lambda: train_ab(plan, work, device, peak_flops, bool(hf_version), errors))
-        out["train"] = train if train is not None else [dict(model=None, batch_tokens=None, system="nmt",
-                                                             error=errors[-1]["error"])]
-        e2e = part("nmt_train", lambda: train_e2e(plan, work, device, peak_flops, out["train"]))
-        if e2e is None:  # (its error is recorded); decoding needs its checkpoint
+        if "train" in parts:
+            train = part("train", lambda: train_ab(plan, work, device, peak_flops, bool(hf_version), errors))
+            out["train"] = train if train is not None else [dict(model=None, batch_tokens=None, system="nmt",
+                                                                 error=errors[-1]["error"])]
+        if not parts & {"nmt_train", "decode"}:
+            e2e = False
+        else:
+            e2e = part("nmt_train", lambda: train_e2e(plan, work, device, peak_flops, out["train"]))
+        if e2e is False:
+            pass
+        elif e2e is None:  # (its error is recorded); decoding needs its checkpoint
             out["train"].append(dict(model=plan.e2e[0], batch_tokens=plan.e2e[1], system="nmt train",
                                      error=errors[-1]["error"]))
             out["decode"] = [fail(errors, "decode", "decode", RuntimeError("needs the nmt train part's checkpoint"),
@@ -673,9 +715,12 @@ def main() -> int:
         else:
             out["train"].append(e2e[0])
             checkpoint = e2e[1]
-            decode = part("decode", lambda: decode_ab(plan, work, device, checkpoint, bool(hf_version), errors))
-            out["decode"] = decode if decode is not None else [dict(precision=None, beam=None, batch=None,
-                                                                    system="nmt", error=errors[-1]["error"])]
+            if "decode" in parts:
+                decode = part("decode", lambda: decode_ab(plan, work, device, checkpoint, bool(hf_version), errors))
+                decode = decode if decode is not None else [dict(precision=None, beam=None, batch=None,
+                                                                 system="nmt", error=errors[-1]["error"])]
+                out["decode"] = [r for r in decode if r["system"] != EAGER]
+                out["decode_eager"] = [r for r in decode if r["system"] == EAGER]
     out["elapsed_s"] = round(time.perf_counter() - T0, 1)
     if args.json:
         with open(args.json + ".tmp", "w", encoding="utf-8") as f:

@@ -99,3 +99,78 @@ def test_translate_command_on_cuda(tmp_path, capsys):
     assert main(["translate", "-c", ckpt, "-i", str(inp), "--device", "cuda", "--precision", "int8", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert "int8 runs on CPU only" in err and "\n" not in err
+
+
+# --------------------------------------------------------------------------- CUDA graphs (nmt/cuda_graphs.py)
+
+class _Counting:
+    """GraphedDecoder subclasses that count recordings and replays, with graphs on or off."""
+
+    @staticmethod
+    def make(graphs: bool, counts: dict):
+        from nmt.cuda_graphs import GraphedDecoder
+
+        class Counting(GraphedDecoder):
+            def __init__(self, *args):
+                super().__init__(*args)
+                self.use_graphs = self.use_graphs and graphs
+
+            def step(self, tokens):
+                fresh = self.graph is not None and self.graph_of == self.cache.generation
+                counts["replays" if fresh else "eager_or_record"] = counts.get(
+                    "replays" if fresh else "eager_or_record", 0) + 1
+                return super().step(tokens)
+
+            def _record(self, tokens):
+                counts["records"] = counts.get("records", 0) + 1
+                return super()._record(tokens)
+        return Counting
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+@torch.no_grad()
+def test_graph_replays_equal_eager_steps_bit_for_bit(dtype):
+    """Greedy, beam (n-best) and sampling through recorded graphs give exactly the tokens and scores of
+    the same steps run eagerly (graphs off), while sentences finish at different steps; and the tokens
+    of the plain cache (attention over the filled positions only)."""
+    from nmt.search import PLAIN_OPS, SearchOps, SearchOptions, search
+
+    model = tiny_model(max_positions=64).cuda()
+    src, src_mask = (t.cuda() for t in source([9, 3, 6, 8, 2, 5, 7]))
+    kw = dict(max_len_a=1.0, max_len_b=8)
+    cases = [SearchOptions(**kw), SearchOptions(beam_size=4, nbest=2, **kw),
+             SearchOptions(beam_size=3, length_penalty=1.0, **kw),
+             SearchOptions(sampling="topk", topk=5, nbest=3, seed=7, **kw)]
+    counts: dict = {}
+    with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+        for options in cases:
+            graphed = search(model, src, src_mask, options, ops=SearchOps(decoder_cls=_Counting.make(True, counts)))
+            eager = search(model, src, src_mask, options, ops=SearchOps(decoder_cls=_Counting.make(False, {})))
+            plain = search(model, src, src_mask, options, ops=PLAIN_OPS)
+            assert [[(h.tokens, h.score) for h in hs] for hs in graphed] == \
+                [[(h.tokens, h.score) for h in hs] for hs in eager]
+            if dtype is None:
+                assert [[h.tokens for h in hs] for hs in graphed] == [[h.tokens for h in hs] for hs in plain]
+    assert counts["records"] >= len(cases) and counts["replays"] > counts["eager_or_record"]
+
+
+def test_engine_decodes_with_graphs_on_cuda_and_equals_them_off(tmp_path, monkeypatch):
+    """TorchEngine.load on CUDA decodes through GraphedDecoder; NMT_CUDA_GRAPHS=0 gives the plain
+    decoder, and the same lines (fp32: the two differ only in which positions attention reads)."""
+    from nmt.config import decode_config
+    from nmt.cuda_graphs import GraphedDecoder
+    from nmt.torch_engine import TorchEngine
+    from nmt.translate import translate_lines
+    from tests.helpers import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
+    lines = [p[0] for p in make_pairs(60, 5)]
+    engine = TorchEngine.load(ckpt, "cuda", precision="fp32")
+    assert engine.ops.decoder_cls is GraphedDecoder
+    monkeypatch.setenv("NMT_CUDA_GRAPHS", "0")
+    plain = TorchEngine.load(ckpt, "cuda", precision="fp32")
+    assert plain.ops.decoder_cls is None
+    for beam in (1, 4):
+        decode = decode_config(engine.decode, {"beam_size": beam})
+        got, expected = translate_lines(engine, lines, decode), translate_lines(plain, lines, decode)
+        assert sum(a == b for a, b in zip(got, expected)) >= 0.98 * len(lines)
