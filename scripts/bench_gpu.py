@@ -3,6 +3,7 @@
     python3 scripts/bench_gpu.py --json OUT                         # one CUDA GPU, about 4-6 minutes
     python3 scripts/bench_gpu.py --device cpu --quick --json OUT    # every part on tiny shapes, < 1 minute
     python3 scripts/bench_gpu.py --parts decode --json OUT          # only some parts (train, nmt_train, decode)
+    python3 scripts/bench_gpu.py --parts train --models base --profile DIR   # where a training step's time goes
 
 Progress goes to stderr, one table to stdout, everything to --json OUT. Data: the shipped Bible
 corpus (data/bible-es-en, es->en), a joint SentencePiece model trained on its training split by nmt
@@ -78,6 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass
 
 from nmt.benchmarking import forward_flops  # the MFU formula (shared with bench_train.py)
@@ -401,6 +403,9 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
             log(f"train A/B: {name}, {bt} batch tokens, {len(sides)} systems x {need} steps")
             stats = time_sides(sides, batches, plan, device)
             rows += train_rows(name, bt, stats, peak, device, tr.model.num_parameters(), start)
+            if PROFILE_DIR:
+                profile_steps(sides[0], batches[:plan.round_steps], device,
+                              os.path.join(PROFILE_DIR, f"profile-{name}-{bt}.txt"))
             log("train A/B: " + ", ".join(f"{r['system']} {r['tgt_tok_per_s']:,.0f} tok/s" for r in rows[-len(sides):]))
         except Exception as e:  # noqa: BLE001 (recorded, reported, exit status 1)
             rows.append(fail(errors, "train", f"{name} {bt}", e, model=name, batch_tokens=bt, system="nmt"))
@@ -408,6 +413,38 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
             batches = None
             free(device)
     return rows
+
+
+PROFILE_DIR: str | None = None  # --profile
+
+
+def profile_steps(side, batches: list, device, path: str) -> None:
+    """torch.profiler over `side`'s steps on `batches` (after its timed rounds): per step the wall time,
+    the host's time in PyTorch ops and the device's kernel time (host-bound when the first two are
+    close and the third is well below), then the ops by device time and by host time; written to path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for batch, hf_mask, _ in batches:
+            side.step(batch, hf_mask)
+        sync(device)
+    wall = (time.perf_counter() - t0) / len(batches)
+    events = prof.key_averages()
+    host = sum(e.self_cpu_time_total for e in events) / 1e6 / len(batches)
+    kernels = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6 / len(batches)
+    head = (f"{side.name}: {len(batches)} steps profiled; per step: wall {wall * 1e3:.1f} ms, host time in ops "
+            f"{host * 1e3:.1f} ms, device kernel time {kernels * 1e3:.1f} ms")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + "\n\n")
+        for key in ("self_device_time_total", "self_cpu_time_total"):
+            try:
+                f.write(events.table(sort_by=key, row_limit=30) + "\n")
+            except Exception as e:  # noqa: BLE001 (a profiler without that column)
+                f.write(f"({key}: {e})\n")
+    log("profile: " + head)
 
 
 def free(device) -> None:
@@ -651,6 +688,9 @@ def main() -> int:
     ap.add_argument("--parts", default="train,nmt_train,decode",
                     help="comma-separated parts to run: train (the A/B), nmt_train, decode (runs nmt_train for its "
                          "model); default all. The matmul peak is always measured")
+    ap.add_argument("--models", help="comma-separated models of the training A/B (default all: base,big)")
+    ap.add_argument("--profile", metavar="DIR", help="after each training A/B shape, profile nmt's steps "
+                    "(torch.profiler) into DIR/profile-MODEL-TOKENS.txt: host-bound or device-bound")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if not parts <= {"train", "nmt_train", "decode"}:
@@ -664,6 +704,15 @@ def main() -> int:
 
     device = resolve_torch_device(args.device)
     plan = QUICK if args.quick else FULL
+    if args.models:
+        unknown = set(args.models.split(",")) - set(plan.models)
+        if unknown:
+            ap.error(f"--models: unknown model(s) {', '.join(sorted(unknown))} (this plan has {', '.join(plan.models)})")
+        plan = dataclasses.replace(plan, models={k: v for k, v in plan.models.items() if k in args.models.split(",")})
+    global PROFILE_DIR
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        PROFILE_DIR = args.profile
     try:
         import transformers
 

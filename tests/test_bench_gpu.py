@@ -25,11 +25,24 @@ def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path, device):
     pytest.importorskip("transformers", reason="the A/B rows compare against transformers")
     cuda = device == "cuda"
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, SCRIPT, "--device", device, "--quick", "--json", str(out)],
+    profiles = tmp_path / "profiles"
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", device, "--quick", "--json", str(out),
+                           "--profile", str(profiles)],
                           env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["errors"] == [] and res["quick"] is True and res["peak_flops_per_s"] > 0
+    assert res["parts"] == ["decode", "nmt_train", "train"]
+    # --profile: one file per training shape, the per-step split first, then the op tables
+    assert sorted(p.name for p in profiles.iterdir()) == sorted(
+        f"profile-{m}-{bt}.txt" for m in ("tiny", "tiny-wide") for bt in (512, 1024))
+    for p in profiles.iterdir():
+        head, _, tables = p.read_text().partition("\n")
+        assert head.startswith("nmt: ") and "host time in ops" in head and "aten::" in tables
+    # CUDA: the same decoding without CUDA graphs (NMT_CUDA_GRAPHS=0) in decode_eager, one row per nmt row
+    assert len(res["decode_eager"]) == (len([r for r in res["decode"] if r["system"] == "nmt"]) if cuda else 0)
+    for r in res["decode_eager"]:  # fp32: the same search up to rounding (bf16 near-ties flip more often)
+        assert r["system"] == "nmt eager" and r["same_lines"] >= (0.9 if r["precision"] == "fp32" else 0.0)
     assert "tgt tok/s" in proc.stdout and "same lines" in proc.stdout  # the table
 
     train = res["train"]
@@ -67,3 +80,10 @@ def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path, device):
             assert pair["transformers"]["same_lines"] == 1.0
         elif config[:2] == ("fp32", 1):  # other kernels: equal logits to rounding, near-ties aside
             assert pair["transformers"]["same_lines"] >= 0.9
+
+
+@pytest.mark.parametrize("args, message", [(["--parts", "train,nope"], "--parts: unknown part(s) nope"),
+                                           (["--quick", "--models", "base"], "--models: unknown model(s) base")])
+def test_bench_gpu_refuses_unknown_parts_and_models(args, message):
+    proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr
