@@ -156,7 +156,7 @@ def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int,
     if beams.terms is None:
         top, idx = _topk(cand, 2 * K, ops)  # [N, 2K]
     else:  # dynamic beam allocation: the top 2K in the order that keeps every bank of met terms
-        top, idx = allocate(beams.terms, cand, K, ops.topk)
+        top, idx = allocate(beams.terms, cand, K, ops.topk, ops.argmax)
     word = idx % V  # [N, 2K] token of each candidate
     rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
     alive = top > NEG_INF

@@ -249,17 +249,19 @@ def _advance(cons: Constraints, sent: Tensor, lengths: Tensor, progress: Tensor,
 
 
 def allocate(state: ConstraintState, cand: Tensor, K: int,
-             topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+             topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None,
+             argmax: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
     """Dynamic beam allocation (module docstring). cand [N, k*V]: each live beam's summed log-probs of
     its extensions (-inf = not allowed), beams sentence-major, the rows of `state` in that order
     (N*k). -> (scores, indices) [N, 2K] into k*V, in allocation order, as the search's top-k gives them
-    (-inf where there are fewer candidates)."""
+    (-inf where there are fewer candidates). topk, argmax: the search's (`SearchOps`; None: torch's)."""
     N, kV = cand.shape
     k = state.sent.shape[0] // N
     V = kV // k
     top, idx = _topk(cand, 2 * K, topk)  # [N, 2K]
     tokens, valid = state.next_tokens()  # [N*k, C]
-    best = cand.view(N * k, V).argmax(dim=1)  # [N*k] each beam's own best token
+    rows = cand.view(N * k, V)
+    best = (argmax(rows)[1] if argmax is not None else rows.argmax(dim=1))  # [N*k] each beam's own best token
     ok = torch.cat([valid, torch.ones_like(best[:, None], dtype=torch.bool)], dim=1).view(N, -1)
     beam = torch.arange(k, device=cand.device).repeat(N)[:, None]  # [N*k, 1]
     extra = (beam * V + torch.cat([tokens, best[:, None]], dim=1)).view(N, -1)  # [N, k*(C+1)]

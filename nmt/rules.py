@@ -140,13 +140,21 @@ class StepRules:
             state.apply(logits, limit - t + 1, EOS, extra, extra_tokens)
             forced_rows = True
         if forced_rows or most >= logits.shape[1] - self.banned.numel():  # else every row keeps some token
-            allowed = torch.isfinite(logits)
-            if self.banned.numel():
-                allowed.index_fill_(1, self.banned, False)
-            dead = ~allowed.any(dim=1)
+            dead = self._dead_rows(logits)
             if bool(dead.any()):
                 logits[dead, EOS] = eos[dead]
         return logits
+
+    def _dead_rows(self, logits: Tensor) -> Tensor:
+        """[R] bool: rows whose every token but the never-generated ones is at -inf. One reduction over
+        the row (the banned columns set to -inf for it, then put back: log_softmax still sees them)."""
+        if not self.banned.numel():
+            return logits.amax(dim=1) == NEG_INF
+        saved = logits.index_select(1, self.banned)
+        logits.index_fill_(1, self.banned, NEG_INF)
+        dead = logits.amax(dim=1) == NEG_INF
+        logits.index_copy_(1, self.banned, saved)
+        return dead
 
     def _placeholders(self, logits: Tensor, t: int, history: Tensor, sent: Tensor,
                       limit: Tensor | None) -> tuple[bool, tuple[Tensor, Tensor]]:
