@@ -193,6 +193,8 @@ class StaticDecoderCache(DecoderCache):
     are the batch, the rest padding. `reorder` compacts the kept rows into the first ones in place
     while the group stays the same and more than half of the rows stay; otherwise it allocates new
     buffers of exactly the new size and `generation` changes (a graph of the old ones is stale).
+    A step must run on all Bcap rows (nmt/cuda_graphs.py's GraphedDecoder pads its tokens), so this
+    cache is for that decoder, not for `SearchOps.cache_cls`.
     """
 
     kv: Tensor
@@ -256,6 +258,6 @@ class StaticDecoderCache(DecoderCache):
         if L:
             kv[:, :, :, :, :L] = self.kv[:, :, :, :, :L].index_select(2, indices)
         idx = torch.tensor(sources, dtype=torch.long, device=indices.device)
-        new = StaticDecoderCache._over(kv, self.ckv.index_select(2, idx), self.src_mask.index_select(0, idx),
+        new = type(self)._over(kv, self.ckv.index_select(2, idx), self.src_mask.index_select(0, idx),
                                        group=group, length=L, pos=self.pos, generation=self.generation + 1)
         self.__dict__.update(new.__dict__)

@@ -21,13 +21,19 @@ positions under a mask) as a CUDA graph and replays it: one launch per step inst
 - Under autocast the weight casts are recorded with the step (autocast's cast cache is off while
   recording: a graph must not read cached casts that the autocast region frees when it ends).
 
-`TorchEngine.load` uses it on CUDA devices; `NMT_CUDA_GRAPHS=0` turns it off (A/B: scripts/bench_gpu.py).
+- Recording runs in "thread_local" capture mode (CUDA calls of other threads, e.g. a distributed
+  run's watchdog, may go on meanwhile). A step that cannot be recorded is decoded eagerly, with a
+  warning, for the rest of its batch.
+
+`TorchEngine.load` uses it on CUDA devices; `NMT_CUDA_GRAPHS=0` (read when the engine loads) turns it
+off (A/B: scripts/bench_gpu.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 
 import torch
 from torch import Tensor
@@ -59,6 +65,7 @@ class GraphedDecoder:
         """tokens [B] (position t-1) -> logits [B,V] for token t. The result is overwritten by the next step."""
         cache, B = self.cache, tokens.shape[0]
         if self.graph is not None and self.graph_of == cache.generation:
+            cache.next_position()  # raises if the cache is full (the graph would write past it)
             self.tokens[:B].copy_(tokens)
             self.graph.replay()
             cache.length += 1  # (the graph advanced `pos` on the device)
@@ -89,14 +96,22 @@ class GraphedDecoder:
             self.stream = torch.cuda.Stream(device=tokens.device)
         graph, length = torch.cuda.CUDAGraph(), cache.length
         self.stream.wait_stream(torch.cuda.current_stream(tokens.device))
-        with torch.cuda.stream(self.stream), _uncached_autocast():
-            graph.capture_begin()
-            try:
-                logits = self.model.decode_step(self.tokens, cache)
-            finally:
-                graph.capture_end()
+        try:
+            with torch.cuda.stream(self.stream), _uncached_autocast():
+                graph.capture_begin(capture_error_mode="thread_local")  # other threads' CUDA calls may go on
+                try:
+                    logits = self.model.decode_step(self.tokens, cache)
+                finally:
+                    cache.length = length  # recording ran nothing: `pos` did not move
+                    graph.capture_end()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except RuntimeError as e:  # a step that cannot be recorded still decodes: eagerly, for this batch
+            torch.cuda.current_stream(tokens.device).wait_stream(self.stream)
+            self.use_graphs = False
+            warnings.warn(f"nmt: decoding without CUDA graphs (recording a step failed: {e})", RuntimeWarning)
+            return self._eager(tokens)
         torch.cuda.current_stream(tokens.device).wait_stream(self.stream)
-        cache.length = length  # recording ran nothing: `pos` did not move
         self.graph, self.graph_of, self.logits = graph, cache.generation, logits
         graph.replay()
         cache.length += 1

@@ -25,8 +25,9 @@ class TorchEngine:
     """A Transformer searched by nmt/search.py.
 
     `TorchEngine.load(checkpoint, device, precision=...)` for the commands (on CPU with nmt/fast.py's
-    fast paths installed; nmt/precision.py's int8 weights or autocast); `TorchEngine(model, tokenizer,
-    decode, ops, autocast=dtype)` wraps a live model (validation during training). Calls run inside
+    fast paths installed, on CUDA with nmt/cuda_graphs.py's decoder; nmt/precision.py's int8 weights or
+    autocast); `TorchEngine(model, tokenizer, decode, ops, autocast=dtype)` wraps a live model
+    (validation during training). Calls run inside
     `running()` (eval mode). `precision`: what the model runs ("fp32", "bf16", "fp16", "int8"), fixed
     when it loads.
 

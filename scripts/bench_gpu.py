@@ -110,6 +110,7 @@ class Plan:
     batches: tuple[int, ...]
     peak: tuple[int, int]  # matmul size and repetitions on CUDA (CPU: at most 2048, 10 repetitions)
     valid_sentences: int = 200  # validation pairs of the `nmt train` run (loss at the end only)
+    ab_models: tuple[str, ...] = ()  # the models of the training A/B (--models; empty: all of `models`)
 
 
 FULL = Plan(models={"base": dict(d_model=512, n_heads=8, layers=6, ffn_dim=2048),
@@ -368,7 +369,7 @@ def train_ab(plan: Plan, work: str, device, peak: float | None, have_hf: bool, e
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     rows = []
     try:
-        for name in plan.models:
+        for name in plan.ab_models or plan.models:
             try:
                 rows += train_model(plan, work, device, peak, have_hf, errors, name)
             except Exception as e:  # noqa: BLE001 (recorded, reported, exit status 1)
@@ -404,8 +405,11 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
             stats = time_sides(sides, batches, plan, device)
             rows += train_rows(name, bt, stats, peak, device, tr.model.num_parameters(), start)
             if PROFILE_DIR:
-                profile_steps(sides[0], batches[:plan.round_steps], device,
-                              os.path.join(PROFILE_DIR, f"profile-{name}-{bt}.txt"))
+                try:
+                    profile_steps(sides[0], batches[:plan.round_steps], device,
+                                  os.path.join(PROFILE_DIR, f"profile-{name}-{bt}.txt"))
+                except Exception as e:  # noqa: BLE001 (the timed rows stand; the profile's failure is recorded)
+                    fail(errors, "profile", f"{name} {bt}", e)
             log("train A/B: " + ", ".join(f"{r['system']} {r['tgt_tok_per_s']:,.0f} tok/s" for r in rows[-len(sides):]))
         except Exception as e:  # noqa: BLE001 (recorded, reported, exit status 1)
             rows.append(fail(errors, "train", f"{name} {bt}", e, model=name, batch_tokens=bt, system="nmt"))
@@ -565,10 +569,16 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
         dtype = {"fp32": None, "bf16": torch.bfloat16}[precision]
         try:
             translator = Translator(checkpoint, device=str(device), precision=precision)
-            eager = eager_translator(checkpoint, device, precision) if device.type == "cuda" else None
         except Exception as e:  # noqa: BLE001
             rows.append(fail(errors, "decode", precision, e, precision=precision, beam=None, batch=None, system="nmt"))
             continue
+        eager = None
+        if device.type == "cuda":
+            try:
+                eager = eager_translator(checkpoint, device, precision)
+            except Exception as e:  # noqa: BLE001 (the other systems still run)
+                rows.append(fail(errors, "decode", f"{precision} eager", e, precision=precision, beam=None,
+                                 batch=None, system=EAGER))
         for k, (beam, batch) in enumerate((b, n) for b in plan.beams for n in plan.batches):
             what = f"{precision} beam {beam} batch {batch}"
             try:
@@ -692,7 +702,7 @@ def main() -> int:
     ap.add_argument("--profile", metavar="DIR", help="after each training A/B shape, profile nmt's steps "
                     "(torch.profiler) into DIR/profile-MODEL-TOKENS.txt: host-bound or device-bound")
     args = ap.parse_args()
-    parts = set(args.parts.split(","))
+    parts = {p.strip() for p in args.parts.split(",")}
     if not parts <= {"train", "nmt_train", "decode"}:
         ap.error(f"--parts: unknown part(s) {', '.join(sorted(parts - {'train', 'nmt_train', 'decode'}))}")
     from nmt.fast import tune_malloc
@@ -704,11 +714,12 @@ def main() -> int:
 
     device = resolve_torch_device(args.device)
     plan = QUICK if args.quick else FULL
-    if args.models:
-        unknown = set(args.models.split(",")) - set(plan.models)
+    if args.models:  # the A/B's models; `nmt train` and decoding keep theirs (plan.e2e)
+        chosen = [m.strip() for m in args.models.split(",")]
+        unknown = set(chosen) - set(plan.models)
         if unknown:
             ap.error(f"--models: unknown model(s) {', '.join(sorted(unknown))} (this plan has {', '.join(plan.models)})")
-        plan = dataclasses.replace(plan, models={k: v for k, v in plan.models.items() if k in args.models.split(",")})
+        plan = dataclasses.replace(plan, ab_models=tuple(m for m in plan.models if m in chosen))
     global PROFILE_DIR
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -759,8 +770,9 @@ def main() -> int:
         elif e2e is None:  # (its error is recorded); decoding needs its checkpoint
             out["train"].append(dict(model=plan.e2e[0], batch_tokens=plan.e2e[1], system="nmt train",
                                      error=errors[-1]["error"]))
-            out["decode"] = [fail(errors, "decode", "decode", RuntimeError("needs the nmt train part's checkpoint"),
-                                  precision=None, beam=None, batch=None, system="nmt")]
+            if "decode" in parts:
+                out["decode"] = [fail(errors, "decode", "decode", RuntimeError("needs the nmt train part's checkpoint"),
+                                      precision=None, beam=None, batch=None, system="nmt")]
         else:
             out["train"].append(e2e[0])
             checkpoint = e2e[1]
