@@ -125,3 +125,51 @@ def test_greedy_and_beam_share_the_decoder_protocol():
     beam_search(model, src, src_mask, SearchOptions(beam_size=2, max_len_a=0, max_len_b=4), ops=ops)
     assert len(made) == 2 and all(isinstance(d.cache, StaticDecoderCache) for d in made)
     assert not made[0].use_graphs  # CPU: eager steps
+
+
+class _FakeStream:
+    """Stands in for torch.cuda streams on CPU (the recording path's control flow only)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class _UnrecordableGraph:
+    def capture_begin(self, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    def capture_end(self):
+        raise RuntimeError("capture invalidated")
+
+
+def test_a_step_that_cannot_be_recorded_is_decoded_eagerly_with_a_warning(monkeypatch):
+    """GraphedDecoder's fallback (exercised on CPU with stand-ins for torch.cuda's stream and graph):
+    recording fails, the step runs eagerly with a warning, the rest of the batch stays eager, and the
+    hypotheses equal the plain path's; the cache's position is not moved by the failed recording."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _UnrecordableGraph)
+    made = []
+
+    class Forced(GraphedDecoder):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.use_graphs = True  # as on CUDA
+            made.append(self)
+
+    model = tiny_model(max_positions=64)
+    src, src_mask = source([9, 3, 6, 8])
+    options = SearchOptions(beam_size=3, nbest=2, max_len_a=1.0, max_len_b=5)
+    with pytest.warns(RuntimeWarning, match="decoding without CUDA graphs"):
+        got = search(model, src, src_mask, options, ops=SearchOps(decoder_cls=Forced))
+    expected = search(model, src, src_mask, options, ops=PLAIN_OPS)
+    assert [[h.tokens for h in hs] for hs in got] == [[h.tokens for h in hs] for hs in expected]
+    (decoder,) = made
+    assert not decoder.use_graphs and decoder.graph is None
+    assert int(decoder.cache.pos) == decoder.cache.length
