@@ -230,8 +230,15 @@ def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
             text = lines["es"] if lang == "es" else [x.translate(fake[lang]) for x in lines["es"]]
             (data / f"{split}.en-{lang}.{lang}").write_text("\n".join(text) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    run_script("bench_add_language.py", "--data", str(data), "--out", str(out), "--quick", "--device", "cpu")
+    run_script("bench_add_language.py", "--data", str(data), "--out", str(out), "--quick", "--device", "cpu",
+               "--replay-weight", "0.5")
     res = json.loads((out / "results.json").read_text())
+    import yaml
+
+    weights = {name: [(c["tgt_lang"], c.get("weight", 1.0)) for c in yaml.safe_load(
+        (out / "runs" / name / "config.yaml").read_text())["data"]["train"]] for name in ("grow", "noreplay", "scratch")}
+    replayed = [("spa_Latn", 0.5), ("deu_Latn", 0.5), ("fra_Latn", 0.5), ("ita_Latn", 1.0)]  # --replay-weight
+    assert weights == {"grow": replayed, "noreplay": [("ita_Latn", 1.0)], "scratch": replayed}
     assert {name: r["steps"] for name, r in res["runs"].items()} == {"base": 30, "grow": 8, "nogrow": 8, "noreplay": 8,
                                                                      "scratch": 8}
     assert any(line.startswith("add_pieces:") for line in res["runs"]["grow"]["grown"])
