@@ -347,9 +347,13 @@ class Transformer(nn.Module):
 
     def _positions(self, side: str, start: int, length: int) -> Tensor:
         """Position vectors [length, D] for positions start .. start+length-1."""
-        if start + length > self.max_positions:
-            raise ValueError(f"sequence of {start + length} positions exceeds model.max_positions={self.max_positions}")
+        self._check_positions(start + length)
         return self._position_table(side)[start : start + length]
+
+    def _check_positions(self, n: int) -> None:
+        """ValueError unless a sequence of n positions fits the position table."""
+        if n > self.max_positions:
+            raise ValueError(f"sequence of {n} positions exceeds model.max_positions={self.max_positions}")
 
     def _position_table(self, side: str) -> Tensor:
         """[max_positions, D]: the learned table of `side` or the fixed sinusoids."""
@@ -410,9 +414,7 @@ class Transformer(nn.Module):
         advances (the cache changes in place; it owns its buffers). Logits come in the output
         projection's dtype: float32, or bfloat16/float16 under autocast (callers apply .float()).
         """
-        pos = cache.next_position()  # raises if the cache is full
-        if pos >= self.max_positions:
-            raise ValueError(f"sequence of {pos + 1} positions exceeds model.max_positions={self.max_positions}")
+        self._check_positions(cache.next_position() + 1)  # next_position raises if the cache is full
         x = self.tgt_embed(tokens) * self.embed_scale + cache.position_vectors(self._position_table("tgt"))  # [B,D]
         h = self.decoder.step(self.dropout(x) if self.training else x, cache)
         cache.advance()
