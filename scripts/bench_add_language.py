@@ -325,8 +325,10 @@ def parse_args(argv=None):
     p.add_argument("--batch-tokens", type=int, default=1536, help="data.batch_tokens of every variant")
     p.add_argument("--lr", type=float, default=5e-4, help="fine-tuning learning rate (grow, nogrow, noreplay)")
     p.add_argument("--scratch-lr", type=float, default=1e-3)
-    p.add_argument("--pieces", type=int, default=2000, help="data.tokenizer.add_pieces of grow and noreplay")
-    p.add_argument("--replay-weight", type=float, default=1.0,
+    p.add_argument("--pieces", type=int, default=250,
+                   help="data.tokenizer.add_pieces of grow and noreplay (the full-size run of BENCHMARKS.md: 250 of "
+                   "250 / 500 / 2000 did best)")
+    p.add_argument("--replay-weight", type=float, default=0.33,
                    help="data.train weight of each old direction's corpus (grow, nogrow, scratch; the new one has 1): "
                         "below 1 gives the new direction a larger share of the steps")
     p.add_argument("--train-lines", type=int, default=0, help="use the first N lines of each training corpus (0 = all)")
