@@ -261,7 +261,11 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
 
 
 def _check_terms(d: DataConfig, errors: list[str], check_files: bool) -> None:
-    """data.term_dictionary goes with data.terms > 0, and exists."""
+    """data.term_dictionary and data.term_identical go with data.terms > 0, the file exists, and
+    data.term_identical goes with an extracted dictionary."""
+    if d.term_identical and (d.terms == 0 or d.term_dictionary is not None):
+        errors.append("'data.term_identical' is for the dictionary extracted from the training data: it needs "
+                      "'data.terms' > 0 and no 'data.term_dictionary'")
     if d.term_dictionary is None:
         return
     if d.terms == 0:

@@ -118,7 +118,8 @@ def _load_train(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callab
 
 def _terms_key(d: DataConfig) -> list:
     """The term annotation's part of a cache key: the share and the dictionary (its file, or the extractor)."""
-    where = file_fingerprint(d.term_dictionary) if d.term_dictionary else ["extracted", terms.EXTRACT_VERSION]
+    where = (file_fingerprint(d.term_dictionary) if d.term_dictionary
+             else ["extracted", terms.EXTRACT_VERSION] + (["identical"] if d.term_identical else []))
     return ["terms", d.terms, where]
 
 
@@ -134,8 +135,8 @@ def _annotator(cfg: Config, corpus: CorpusConfig, log: Callable[[str], None]) ->
             found = read_glossary(d.term_dictionary)
             log(f"data train {corpus_name(corpus)}: {len(found)} term dictionary entries from {d.term_dictionary}")
             return found
-        found = terms.extract_dictionary(pair for src, tgt in iter_pairs(corpus, *d.langs(corpus))
-                                         for pair in zip(src, tgt))
+        found = terms.extract_dictionary((pair for src, tgt in iter_pairs(corpus, *d.langs(corpus))
+                                          for pair in zip(src, tgt)), identical=d.term_identical)
         log(f"data train {corpus_name(corpus)}: {len(found)} term dictionary entries extracted from the corpus")
         return found
     return terms.TermAnnotator(d.terms, entries)

@@ -114,6 +114,24 @@ def test_extracted_dictionary_when_none_is_given(tmp_path):
     assert pairs and all(EN[ES.index(s)] == t for s, t in pairs)  # terms of the corpus' own mapping
 
 
+def test_the_extracted_training_dictionary_leaves_out_words_translated_by_themselves(tmp_path):
+    """A name on both sides aligns as well as any term, but a model copies it anyway: annotating it
+    (half of the gettext annotations were such) cost that corpus' terms model 2 BLEU (issue 37).
+    data.term_identical keeps them."""
+    src, tgt = corpus(300)
+    src, tgt = ([line + " Madrid" if i % 3 == 0 else line for i, line in enumerate(side)] for side in (src, tgt))
+    assert ("Madrid", "Madrid") in {(e.source, e.target) for e in extract_dictionary(zip(src, tgt))}
+    train = corpus_cfg(write(tmp_path / "t.es", src), write(tmp_path / "t.en", tgt))
+    cfg = make_cfg(tmp_path, train, terms=1.0, term_dictionary=None)
+    tokenizer, data = prepare_data(cfg, cfg.run_dir, lambda msg: None)
+    pairs = re.findall(r"(\S+) <term> (\S+) </term>", " ".join(_decoded(tokenizer, data.train, "src")))
+    assert pairs and all(EN[ES.index(s)] == t for s, t in pairs)  # the real terms, and no Madrid
+    cfg = make_cfg(tmp_path / "kept", train, terms=1.0, term_dictionary=None, term_identical=True)
+    tokenizer, data = prepare_data(cfg, cfg.run_dir, lambda msg: None)  # (another cache key: not the one above)
+    pairs = re.findall(r"(\S+) <term> (\S+) </term>", " ".join(_decoded(tokenizer, data.train, "src")))
+    assert ("Madrid", "Madrid") in pairs and all(s == "Madrid" or EN[ES.index(s)] == t for s, t in pairs)
+
+
 def test_annotations_never_drop_or_keep_a_pair(tmp_path):
     """The filters judge the plain pair (an annotated short pair would exceed max_ratio), and a source
     whose annotated form would exceed max_len stays plain."""
@@ -137,6 +155,8 @@ def test_term_settings_in_config_and_tokenizer(tmp_path):
     for data, problem in [({"term_dictionary": "g.tsv"}, "'data.term_dictionary' is set but 'data.terms' is 0"),
                           ({"terms": 0.5, "term_dictionary": str(tmp_path / "none.tsv")}, "data file not found"),
                           ({"terms": 1.5}, "data.terms"),
+                          ({"term_identical": True}, "'data.term_identical' is for the dictionary extracted"),
+                          ({"terms": 0.5, "term_dictionary": "g.tsv", "term_identical": True}, "no 'data.term_dictionary'"),
                           ({"train": {**corpus_cfg(train.src, train.tgt), "src_tag": "<term>"}}, "reserved for the term")]:
         d = {"src_lang": "es", "tgt_lang": "en", "train": corpus_cfg(train.src, train.tgt),
              "valid": corpus_cfg(train.src, train.tgt), **data}
