@@ -26,7 +26,8 @@ a letter (case kept); scripts without spaces between words give no entries. The 
 extracts for training (`data.term_dictionary: null`) leaves out words translated by themselves
 (identical=False) unless `data.term_identical`: names and identifiers, which a model copies anyway.
 With them, half the annotations of the gettext corpus were `GNOME <term> GNOME </term>`, and the
-terms model lost 2.2 BLEU against the plain one; without them 0.3 (BENCHMARKS.md "Glossaries").
+terms model was 2.2 BLEU below the plain one; without them 0.3 and 1.5 (two seeds; BENCHMARKS.md
+"Glossaries").
 """
 
 from __future__ import annotations
