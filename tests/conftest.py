@@ -1,9 +1,14 @@
 """Shared fixtures (shared helper functions are in helpers.py)."""
 
+import os
+
 import pytest
 import torch
 
 from helpers import make_tiny_checkpoint
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2` (README "Test"): one torch thread per worker, 2 cores
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
