@@ -16,10 +16,13 @@ detokenizes, restores protected spans and the input order. Guarantees:
   depend on batching or workers (sampling with the CTranslate2 engine excepted: nmt/ct2.py);
 - every output text is one line (`textio.one_line`);
 - with a glossary (nmt/glossary.py; the PyTorch engine), every output of a line holds the target
-  term of every entry whose source term matches in the line (the search's constraints,
-  nmt/constraints.py), and a line no entry matches is searched exactly as without the glossary. For
-  a model trained with data.terms, a line's matches are also annotated in its source
-  (`nmt.terms.annotate`). With decode.protect, terms are matched in the masked line (protected
+  term of every entry whose source term matches in the line, and a line no entry matches is searched
+  exactly as without the glossary. With `decode.glossary_constrain: missing` (the default) every line
+  is first searched as without the glossary, and keeps those outputs when every one of them already
+  holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use); the other
+  lines are searched again with their terms as constraints (nmt/constraints.py), and for a model
+  trained with data.terms with their matches annotated in the source (`nmt.terms.annotate`).
+  `always`: every line with a term is searched that second way at once. With decode.protect, terms are matched in the masked line (protected
   spans are copied as they are).
 """
 
@@ -146,12 +149,20 @@ def _translation(text: str, h, spans: list[str], alignment) -> Translation:
 
 
 class _LineTerms:
-    """The glossary terms of a call's lines: per line the token ids of the target terms its output must
-    hold (`seqs`) and whether each ends inside a word (`ends`); `batch(rows)` is the search's
-    `Terms` for a batch of those lines, None when none of them has a term (the plain search)."""
+    """The glossary terms of a call's lines: per line the target terms its output must hold (`targets`),
+    their token ids (`seqs`) and whether each ends inside a word (`ends`); `batch(rows)` is the search's
+    `Terms` for a batch of those lines, None when none of them has a term (the plain search); `held`
+    says whether a text holds every target term of its line, as `nmt evaluate --glossary` counts term use."""
 
-    def __init__(self, seqs: list[list[list[int]]], ends: list[list[bool]], joins: list[bool]):
+    def __init__(self, seqs: list[list[list[int]]], ends: list[list[bool]], joins: list[bool],
+                 targets: list[list[str]], ignore_case: bool = False):
         self.seqs, self.ends, self.joins = seqs, ends, joins
+        self.targets, self.ignore_case = targets, ignore_case
+
+    def held(self, i: int, text: str) -> bool:
+        from nmt.glossary import appearing
+
+        return all(appearing(self.targets[i], text, self.ignore_case))
 
     def batch(self, rows: Sequence[int]):
         if not any(self.seqs[i] for i in rows):
@@ -183,12 +194,13 @@ def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode:
 
     annotate = terms.known_by(engine.tokenizer)
     encoded: dict[str, tuple[list[int], bool]] = {}  # target term -> (its ids, whether it ends inside a word)
-    out, seqs, ends = [], [], []
+    out, seqs, ends, targets = [], [], [], []
     for line, key in zip(lines, keys):
         matches = glossary.match(line)
         ids: list[list[int]] = []
         end: list[bool] = []
-        for target in dict.fromkeys(m.entry.target for m in matches):
+        targets.append(list(dict.fromkeys(m.entry.target for m in matches)))
+        for target in targets[-1]:
             if target not in encoded:
                 try:
                     (term_ids,), (term_end,) = term_tokens([target], engine.tokenizer)
@@ -204,7 +216,7 @@ def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode:
     if not any(seqs):
         return out, None
     check_glossary(engine, decode)
-    return out, _LineTerms(seqs, ends, joining_tokens(engine.tokenizer))
+    return out, _LineTerms(seqs, ends, joining_tokens(engine.tokenizer), targets, glossary.ignore_case)
 
 
 def _check_room(engine, seqs, prefix_ids, spans, keys) -> None:
@@ -232,6 +244,35 @@ def _without_tokens(src_ids, prefixes, spans, nbest: int) -> list[tuple[Translat
 
 # --------------------------------------------------------------------------- the core
 
+def _search_lines(engine, options, rows: list[int], src_ids, term_ids, prefix_ids, keys, terms: _LineTerms | None,
+                  constrain: str, cancel) -> tuple[list[list], list[bool]]:
+    """(the n-best hypotheses of lines `rows`, whether each was searched with its terms as constraints,
+    from `term_ids`, its source annotated for a data.terms model; else from `src_ids`). `constrain`
+    (decode.glossary_constrain): "always" searches lines with terms with constraints at once;
+    "missing" searches every line without them first, then again with them the lines whose outputs do
+    not all hold their terms (module docstring)."""
+    from nmt.search_options import SearchInputs
+
+    def search(part: list[int], constrained: bool) -> list[list]:
+        inputs = SearchInputs(prefixes=[prefix_ids[i] for i in part] if prefix_ids is not None else None,
+                              keys=[keys[i] for i in part], constraints=terms.batch(part) if constrained else None)
+        return engine.search_batch([(term_ids if constrained else src_ids)[i] for i in part], options, inputs,
+                                   cancel=cancel)
+
+    if terms is None or not any(terms.seqs[i] for i in rows):
+        return search(rows, False), [False] * len(rows)
+    if constrain == "always":
+        return search(rows, True), [bool(terms.seqs[i]) for i in rows]
+    nbests = search(rows, False)
+    texts = iter(engine.tokenizer.decode_tgt([h.tokens for nbest in nbests for h in nbest]))
+    held = [all([terms.held(i, next(texts)) for _ in nbest]) for i, nbest in zip(rows, nbests)]
+    again = [k for k, ok in enumerate(held) if not ok]  # (a line without terms holds them all)
+    if again:
+        for k, nbest in zip(again, search([rows[k] for k in again], True)):
+            nbests[k] = nbest
+    return nbests, [not ok for ok in held]
+
+
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
                     first_line: int = 0, prefixes: Sequence[str] | None = None,
                     line_numbers: Sequence[int] | None = None,
@@ -246,8 +287,9 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     """
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
-    lines, terms = _glossary_terms(engine, lines, glossary, keys, decode)
+    annotated, terms = _glossary_terms(engine, lines, glossary, keys, decode)
     src_ids, truncated = encode_sources(engine, lines)
+    term_ids, term_cut = (src_ids, truncated) if annotated == lines else encode_sources(engine, annotated)
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # [] or [the language token]
     prefix_ids, prefix_cut = _prefix_ids(engine, prefixes, lang, len(lines))
     if terms is not None:
@@ -257,19 +299,22 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     if on_batch is not None and len(todo) < len(lines):
         on_batch(len(lines) - len(todo))
 
-    from nmt.search_options import SearchInputs, SearchOptions  # (torch: loaded with the model)
+    from nmt.search_options import SearchOptions  # (torch: loaded with the model)
 
     options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
 
     def search(batch: list[int]) -> tuple[list[list], list | None]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
-        inputs = SearchInputs(prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None,
-                              keys=[keys[i] for i in rows], constraints=terms.batch(rows) if terms else None)
-        nbests = engine.search_batch([src_ids[i] for i in rows], options, inputs, cancel=cancel)
+        nbests, constrained = _search_lines(engine, options, rows, src_ids, term_ids, prefix_ids, keys, terms,
+                                            decode.glossary_constrain, cancel)
+        for i, c in zip(rows, constrained):
+            if c:  # its result says whether the source it was translated from was truncated
+                truncated[i] = term_cut[i]
         if not decode.alignment:
             return nbests, None
-        pairs = [(src_ids[i], h.tokens) for i, nbest in zip(rows, nbests) for h in nbest]
+        pairs = [((term_ids if c else src_ids)[i], h.tokens) for i, c, nbest in zip(rows, constrained, nbests)
+                 for h in nbest]
         aligned = engine.align_batch([x for x, _ in pairs], [y for _, y in pairs])
         return nbests, [[(i, j - len(lang)) for i, j in a if j >= len(lang)] for a in aligned]  # language token out
 

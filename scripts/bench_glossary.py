@@ -7,7 +7,8 @@
 
 The glossary is extracted from the training pairs by nmt.terms.extract_dictionary (scripts/extract_glossary.py's
 rule; words translated by themselves, mostly names, left out unless --identical) and written to OUT/glossary.tsv
-(or read from --glossary). The test split is translated with beam --beam, at most --batch sentences a batch, by:
+(or read from --glossary). The test split is translated with beam --beam, at most --batch sentences a batch
+(decode.glossary_constrain --constrain), by:
   plain            the plain model, no glossary;
   plain+glossary   the plain model with the glossary (constrained search);
   terms            the model trained with data.terms (annotations), no glossary;
@@ -53,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--identical", action="store_true", help="keep entries whose source and target are the same word")
     p.add_argument("--out", required=True)
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--constrain", choices=("missing", "always"), default="missing",
+                   help="decode.glossary_constrain: which lines with a term get the constrained search")
     p.add_argument("--batch", type=int, default=32, help="sentences per batch (decode.max_batch_size)")
     p.add_argument("--test-lines", type=int, default=0, help="the first N test lines (0 = all)")
     p.add_argument("--repeats", type=int, default=3)
@@ -161,7 +164,7 @@ def markdown(result: dict) -> str:
     kept = " whose target the reference holds (--consistent)" if g.get("consistent") else ""
     rows += ["", f"Glossary: {g['entries']} entries; {g['term_lines']} of {g['test_lines']} test lines hold a term{kept} "
                  f"({g['term_matches']} matched entries).", "",
-             "| speed (plain model, beam {beam}, batch {batch}) | lines | s | s with glossary | ratio |".format(**result),
+             "| speed (plain model, beam {beam}, batch {batch}, glossary_constrain {constrain}) | lines | s | s with glossary | ratio |".format(**result),
              "|---|---:|---:|---:|---:|"]
     for name, s in result["speed"].items():
         rows.append(f"| {name} | {s['lines']} | {s['seconds']:.2f} | {s['seconds_glossary']:.2f} | {s['ratio']:.3f} |")
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     refs = list(itertools.islice(textio.iter_lines(args.test_tgt), limit))
     per_line = consistent_entries(srcs, refs, glossary) if args.consistent else None
     rows = [i for i, e in enumerate(per_line) if e] if per_line is not None else lines_with_terms(srcs, glossary)
-    options = {"beam_size": args.beam, "max_batch_size": args.batch, "batch_tokens": 1_000_000, "nbest": 1}
+    options = {"beam_size": args.beam, "max_batch_size": args.batch, "batch_tokens": 1_000_000, "nbest": 1,
+               "glossary_constrain": args.constrain}
     models = {"plain": args.plain, "terms": args.terms}
     wanted = {model for name, model, _ in SYSTEMS if name in args.systems.split(",")} | {"plain"}
     translators = {k: Translator(v, device=args.device, **options) for k, v in models.items() if v and k in wanted}
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(path, encoding="utf-8") as f:
             result.update(json.load(f))
     result["command"] = " ".join(sys.argv)
+    result["constrain"] = args.constrain
     parts = args.parts.split(",")
     for name, model, constrained in SYSTEMS:
         if model not in translators or "systems" not in parts or name not in args.systems.split(","):

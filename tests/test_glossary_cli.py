@@ -44,7 +44,9 @@ def test_lines_split_between_matched_and_not():
 
 
 @pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 2}, {"beam_size": 3, "nbest": 2},
-                                     {"beam_size": 2, "no_repeat_ngram": 1}])
+                                     {"beam_size": 2, "no_repeat_ngram": 1},
+                                     {"beam_size": 2, "glossary_constrain": "always"},
+                                     {"beam_size": 3, "nbest": 2, "glossary_constrain": "always"}])
 def test_every_output_holds_every_matched_term(translator, options):
     with_terms = translator.translate(LINES, glossary=GLOSSARY, **options)
     plain = translator.translate(LINES, **options)
@@ -57,6 +59,31 @@ def test_every_output_holds_every_matched_term(translator, options):
             assert [(h.text, h.score) for h in got.hypotheses] == [(h.text, h.score) for h in base.hypotheses]
         missed_without += any(not appears(t, base.text) for t in targets)
     assert missed_without >= 3  # without the glossary the model misses terms: the check can fail
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_missing_searches_again_only_the_lines_whose_free_output_misses_a_term(translator, beam_size):
+    """decode.glossary_constrain: missing (the default): a line whose output without the glossary holds
+    its terms keeps that output (text and score); a line whose output misses one gets the constrained
+    search's output (`always`). Per line, with an entry made from its own free output."""
+    kept = searched = 0
+    for line in LINES[:14]:
+        free = translator.translate([line], beam_size=beam_size)[0]
+        word = re.search(r"\w+", free.text)
+        if word is None:
+            continue
+        source = line.split()[0]
+        got = translator.translate([line], glossary=[(source, word.group())], beam_size=beam_size)[0]
+        assert (got.text, got.score) == (free.text, free.score), line
+        kept += 1
+        if appears("moon", free.text):
+            continue
+        missing = translator.translate([line], glossary=[(source, "moon")], beam_size=beam_size)[0]
+        always = translator.translate([line], glossary=[(source, "moon")], beam_size=beam_size,
+                                      glossary_constrain="always")[0]
+        assert appears("moon", missing.text) and (missing.text, missing.score) == (always.text, always.score), line
+        searched += 1
+    assert kept >= 10 and searched >= 10
 
 
 def test_prefixes_and_ignore_case(translator):
@@ -215,22 +242,33 @@ def test_bench_glossary_quick(ckpt, tmp_path):
     assert all(appears(t, h) for h, ts in zip(hyps, per_line) for t in ts)
 
 
-def test_a_terms_model_reads_the_terms_inline(tmp_path):
+@pytest.mark.parametrize("constrain", ["missing", "always"])
+def test_a_terms_model_reads_the_terms_inline(tmp_path, constrain):
     """A model trained with data.terms (its vocabulary has the markers) gets `term <term> target </term>`
-    in its source where an entry matches, and only there; its outputs hold the terms."""
+    in its source where an entry matches, and only there, in the constrained search; with
+    glossary_constrain: missing the line is first searched as without the glossary (source as given,
+    no constraints). Its outputs hold the terms."""
     from helpers import make_tiny_checkpoint
     from nmt.terms import TERM_SYMBOLS
     from nmt.tokenizer import tag_symbol
 
     path = make_tiny_checkpoint(str(tmp_path / "terms.pt"), symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))
     translator = Translator(path, device="cpu")
-    tokenizer = translator._engine.tokenizer
-    seen: list[str] = []
-    encode = tokenizer.encode_src
-    tokenizer.encode_src = lambda texts: (seen.extend(texts), encode(texts))[1]
+    engine = translator._engine
+    *plain, annotated = engine.tokenizer.encode_src(["el perro come", "la casa", "el perro <term> moon </term> come"])
+    calls: list = []
+    search = engine.search_batch
+    engine.search_batch = lambda srcs, options, inputs, cancel=None: (
+        calls.append((sorted(srcs), inputs.constraints is not None)), search(srcs, options, inputs, cancel=cancel))[1]
     try:
-        result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY)
+        result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY, glossary_constrain=constrain)
+        free = translator.translate(["el perro come"])[0]
     finally:
-        del tokenizer.encode_src
-    assert seen == ["el perro <term> moon </term> come", "la casa"]
+        del engine.search_batch
+    assert not appears("moon", free.text)  # so the constrained search runs in both modes
+    first = sorted([plain[0], plain[1]]) if constrain == "missing" else sorted([annotated, plain[1]])
+    assert calls[0] == (first, constrain == "always")
+    if constrain == "missing":
+        assert calls[1] == ([annotated], True)
+    assert len(calls) == 2 + (constrain == "missing")  # (the last: `free`)
     assert appears("moon", result[0].text)
