@@ -17,12 +17,12 @@ detokenizes, restores protected spans and the input order. Guarantees:
 - every output text is one line (`textio.one_line`);
 - with a glossary (nmt/glossary.py; the PyTorch engine), every output of a line holds the target
   term of every entry whose source term matches in the line, and a line no entry matches is searched
-  exactly as without the glossary. With `decode.glossary_constrain: missing` (the default) every line
-  is first searched as without the glossary, and keeps those outputs when every one of them already
-  holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use); the other
-  lines are searched again with their terms as constraints (nmt/constraints.py), and for a model
-  trained with data.terms with their matches annotated in the source (`nmt.terms.annotate`).
-  `always`: every line with a term is searched that second way at once. With decode.protect, terms are matched in the masked line (protected
+  exactly as without the glossary. A line with a term is searched with its terms as constraints
+  (nmt/constraints.py), and for a model trained with data.terms with its matches annotated in the
+  source (`nmt.terms.annotate`). With `decode.glossary_constrain: missing` (default `always`) every
+  line is first searched as without the glossary, and keeps those outputs when every one of them
+  already holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use);
+  only the other lines get the constrained search. With decode.protect, terms are matched in the masked line (protected
   spans are copied as they are).
 """
 

@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--identical", action="store_true", help="keep entries whose source and target are the same word")
     p.add_argument("--out", required=True)
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--constrain", choices=("missing", "always"), default="missing",
+    p.add_argument("--constrain", choices=("always", "missing"), default="always",
                    help="decode.glossary_constrain: which lines with a term get the constrained search")
     p.add_argument("--batch", type=int, default=32, help="sentences per batch (decode.max_batch_size)")
     p.add_argument("--test-lines", type=int, default=0, help="the first N test lines (0 = all)")

@@ -45,8 +45,8 @@ def test_lines_split_between_matched_and_not():
 
 @pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 2}, {"beam_size": 3, "nbest": 2},
                                      {"beam_size": 2, "no_repeat_ngram": 1},
-                                     {"beam_size": 2, "glossary_constrain": "always"},
-                                     {"beam_size": 3, "nbest": 2, "glossary_constrain": "always"}])
+                                     {"beam_size": 2, "glossary_constrain": "missing"},
+                                     {"beam_size": 3, "nbest": 2, "glossary_constrain": "missing"}])
 def test_every_output_holds_every_matched_term(translator, options):
     with_terms = translator.translate(LINES, glossary=GLOSSARY, **options)
     plain = translator.translate(LINES, **options)
@@ -63,7 +63,7 @@ def test_every_output_holds_every_matched_term(translator, options):
 
 @pytest.mark.parametrize("beam_size", [1, 2])
 def test_missing_searches_again_only_the_lines_whose_free_output_misses_a_term(translator, beam_size):
-    """decode.glossary_constrain: missing (the default): a line whose output without the glossary holds
+    """decode.glossary_constrain: missing: a line whose output without the glossary holds
     its terms keeps that output (text and score); a line whose output misses one gets the constrained
     search's output (`always`). Per line, with an entry made from its own free output."""
     kept = searched = 0
@@ -73,12 +73,14 @@ def test_missing_searches_again_only_the_lines_whose_free_output_misses_a_term(t
         if word is None:
             continue
         source = line.split()[0]
-        got = translator.translate([line], glossary=[(source, word.group())], beam_size=beam_size)[0]
+        got = translator.translate([line], glossary=[(source, word.group())], beam_size=beam_size,
+                                   glossary_constrain="missing")[0]
         assert (got.text, got.score) == (free.text, free.score), line
         kept += 1
         if appears("moon", free.text):
             continue
-        missing = translator.translate([line], glossary=[(source, "moon")], beam_size=beam_size)[0]
+        missing = translator.translate([line], glossary=[(source, "moon")], beam_size=beam_size,
+                                       glossary_constrain="missing")[0]
         always = translator.translate([line], glossary=[(source, "moon")], beam_size=beam_size,
                                       glossary_constrain="always")[0]
         assert appears("moon", missing.text) and (missing.text, missing.score) == (always.text, always.score), line
