@@ -219,6 +219,18 @@ def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode:
     return out, _LineTerms(seqs, ends, joining_tokens(engine.tokenizer), targets, glossary.ignore_case)
 
 
+def _encode_annotated(engine, lines: list[str], annotated: list[str], src_ids, truncated):
+    """(ids, truncated) of the annotated lines: `encode_sources` of the lines the annotation changed,
+    the others' as they are."""
+    changed = [i for i, (a, line) in enumerate(zip(annotated, lines)) if a != line]
+    if not changed:
+        return src_ids, truncated
+    ids, cut = list(src_ids), list(truncated)
+    for i, x, c in zip(changed, *encode_sources(engine, [annotated[i] for i in changed])):
+        ids[i], cut[i] = x, c
+    return ids, cut
+
+
 def _check_room(engine, seqs, prefix_ids, spans, keys) -> None:
     """UserError naming the first line whose terms (with its prefix, placeholders and an EOS) do not fit
     in the model's positions."""
@@ -264,13 +276,13 @@ def _search_lines(engine, options, rows: list[int], src_ids, term_ids, prefix_id
     if constrain == "always":
         return search(rows, True), [bool(terms.seqs[i]) for i in rows]
     nbests = search(rows, False)
-    texts = iter(engine.tokenizer.decode_tgt([h.tokens for nbest in nbests for h in nbest]))
-    held = [all([terms.held(i, next(texts)) for _ in nbest]) for i, nbest in zip(rows, nbests)]
-    again = [k for k, ok in enumerate(held) if not ok]  # (a line without terms holds them all)
+    with_terms = [k for k, i in enumerate(rows) if terms.seqs[i]]
+    texts = iter(engine.tokenizer.decode_tgt([h.tokens for k in with_terms for h in nbests[k]]))
+    again = [k for k in with_terms if not all([terms.held(rows[k], next(texts)) for _ in nbests[k]])]
     if again:
         for k, nbest in zip(again, search([rows[k] for k in again], True)):
             nbests[k] = nbest
-    return nbests, [not ok for ok in held]
+    return nbests, [k in set(again) for k in range(len(rows))]
 
 
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
@@ -289,7 +301,7 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     annotated, terms = _glossary_terms(engine, lines, glossary, keys, decode)
     src_ids, truncated = encode_sources(engine, lines)
-    term_ids, term_cut = (src_ids, truncated) if annotated == lines else encode_sources(engine, annotated)
+    term_ids, term_cut = _encode_annotated(engine, lines, annotated, src_ids, truncated)
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # [] or [the language token]
     prefix_ids, prefix_cut = _prefix_ids(engine, prefixes, lang, len(lines))
     if terms is not None:
@@ -308,18 +320,18 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
         rows = [todo[j] for j in batch]
         nbests, constrained = _search_lines(engine, options, rows, src_ids, term_ids, prefix_ids, keys, terms,
                                             decode.glossary_constrain, cancel)
-        for i, c in zip(rows, constrained):
-            if c:  # its result says whether the source it was translated from was truncated
-                truncated[i] = term_cut[i]
         if not decode.alignment:
-            return nbests, None
+            return nbests, None, constrained
         pairs = [((term_ids if c else src_ids)[i], h.tokens) for i, c, nbest in zip(rows, constrained, nbests)
                  for h in nbest]
         aligned = engine.align_batch([x for x, _ in pairs], [y for _, y in pairs])
-        return nbests, [[(i, j - len(lang)) for i, j in a if j >= len(lang)] for a in aligned]  # language token out
+        return nbests, [[(i, j - len(lang)) for i, j in a if j >= len(lang)] for a in aligned], constrained  # (language token out)
 
-    for batch, (nbests, alignments) in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo], decode,
-                                                  on_batch):
+    for batch, (nbests, alignments, constrained) in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo],
+                                                               decode, on_batch):
+        for j, c in zip(batch, constrained):
+            if c:  # the result says whether the source it was translated from was truncated
+                truncated[todo[j]] = term_cut[todo[j]]
         flat = [h for nbest in nbests for h in nbest]
         texts = iter(engine.tokenizer.decode_tgt([h.tokens for h in flat]))
         aligned = iter(alignments or [None] * len(flat))
