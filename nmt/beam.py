@@ -56,7 +56,11 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     where the exact stop waits for a bound that is loose; a longer hypothesis that would have won
     can then be missed. With keep_all the count still applies (it does not depend on the penalty).
     A sentence with terms (`inputs.constraints`) stops so with patience 1 when `patience` is 0
-    (`stop_counts`): fairseq's constrained search's rule.
+    (`stop_counts`): fairseq's constrained search's rule. Its hypotheses that ended with EOS rank
+    before those the length limit ended (best score first within each): a hypothesis at the limit is
+    the length rule's fallback, which forced its missing terms into its last steps, and with a length
+    penalty one that rambled on to the limit and had a term appended there can outscore one that
+    placed every term and ended (BENCHMARKS.md, "Glossaries").
 
     stopping "hf": transformers' rule (`generate()` with `early_stopping=False`, its default) instead of
     the exact stop: each sentence keeps its K best finished hypotheses (not only nbest), and stops once
@@ -70,7 +74,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     rules = StepRules(options, inputs, src.shape[0], src.device)
     if src.shape[0] == 0:
         return []
-    decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes, rules.needed)
+    decoder, max_lens = start(model, src, src_mask, options, ops, inputs, rules.needed)
     beams = _Beams.start(options, max_lens, stop_counts(options, rules.needed, src.shape[0], src.device))
     for t in range(1, int(max_lens.max()) + 1):
         check_cancel(cancel)
@@ -82,8 +86,9 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
         scores, rows, word = _select(cand, options.beam_size)
         if not beams.advance(_keep(beams, scores, t, options), scores, rows, word, decoder):
             break
-    return [sorted(hyps, key=lambda h: -h.score)[: None if options.keep_all else options.nbest]
-            for hyps in beams.finished]
+    terms = rules.needed or [0] * len(beams.finished)
+    return [sorted(hyps, key=lambda h: (bool(n) and not h.finished, -h.score))[: None if options.keep_all else options.nbest]
+            for hyps, n in zip(beams.finished, terms)]
 
 
 @dataclass

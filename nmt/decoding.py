@@ -60,11 +60,13 @@ class _UncachedDecoder:
 
 
 def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: SearchOps,
-          prefixes: Sequence[list[int]] | None = None, needed: Sequence[int] | None = None):
-    """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long). needed: per
+          inputs: SearchInputs = NO_INPUTS, needed: Sequence[int] | None = None):
+    """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long). The limits
+    come from the sources' lengths (`inputs.source_lengths` where given) and prefixes; needed: per
     sentence the room its terms need (`StepRules.needed`), which raises its limit."""
-    limits = max_output_lengths(src_mask.sum(dim=1), options.max_len_a, options.max_len_b, model.max_positions,
-                                prefixes)
+    lengths = inputs.source_lengths if inputs.source_lengths is not None else src_mask.sum(dim=1)
+    limits = max_output_lengths(lengths, options.max_len_a, options.max_len_b, model.max_positions,
+                                inputs.prefixes)
     if needed is not None:
         limits = room_for_terms(limits, needed, model.max_positions)
     max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
@@ -97,7 +99,7 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions,
     B, device = src.shape[0], src.device
     if B == 0:
         return []
-    decoder, max_lens = start(model, src, src_mask, options, ops, inputs.prefixes, rules.needed)
+    decoder, max_lens = start(model, src, src_mask, options, ops, inputs, rules.needed)
     R = B * per_sentence
     rows = torch.arange(R, device=device)  # [N] original row of each active row (sentence * per_sentence + k)
     if per_sentence > 1:

@@ -159,22 +159,26 @@ class SearchInputs:
     TorchEngine fills them from the sources). keys: one integer per sentence that, with the seed,
     fixes its samples (default 0..B-1). constraints: the terms each output must contain (glossary
     terms: a `Terms`, or per sentence its list of target id sequences; greedy and beam search, not
-    sampling). A batch without constraints is searched exactly as before.
+    sampling). A batch without constraints is searched exactly as before. source_lengths: the source
+    length (tokens, EOS counted) the length limit is computed from, in place of the source's own: a
+    line searched from its annotated form (a data.terms model's glossary terms, nmt.terms.annotate)
+    keeps the limit of the line as written (the annotation is no text to translate).
     """
 
     prefixes: Sequence[list[int]] | None = None
     placeholders: Sequence[Sequence[int]] | None = None
     keys: Sequence[int] | None = None
     constraints: Terms | Sequence[Sequence[Sequence[int]]] | None = None
+    source_lengths: Sequence[int] | None = None
 
     def take(self, part: slice) -> SearchInputs:
         """The inputs of sentences `part` of the batch."""
-        return SearchInputs(*(None if x is None else x[part]
-                              for x in (self.prefixes, self.placeholders, self.keys, self.constraints)))
+        return SearchInputs(*(None if x is None else x[part] for x in
+                              (self.prefixes, self.placeholders, self.keys, self.constraints, self.source_lengths)))
 
     def check(self, B: int, options: SearchOptions) -> None:
         """ValueError unless these inputs fit a batch of B sentences searched with `options`."""
-        for name in ("prefixes", "placeholders", "keys", "constraints"):
+        for name in ("prefixes", "placeholders", "keys", "constraints", "source_lengths"):
             given = getattr(self, name)
             if given is not None and len(given) != B:
                 raise ValueError(f"{len(given)} {name} for {B} sentences")

@@ -19,7 +19,7 @@ detokenizes, restores protected spans and the input order. Guarantees:
   term of every entry whose source term matches in the line, and a line no entry matches is searched
   exactly as without the glossary. A line with a term is searched with its terms as constraints
   (nmt/constraints.py), and for a model trained with data.terms with its matches annotated in the
-  source (`nmt.terms.annotate`). With `decode.glossary_constrain: missing` (default `always`) every
+  source (`nmt.terms.annotate`; its length limit stays that of the line as written). With `decode.glossary_constrain: missing` (default `always`) every
   line is first searched as without the glossary, and keeps those outputs when every one of them
   already holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use);
   only the other lines get the constrained search. With decode.protect, terms are matched in the masked line (protected
@@ -267,7 +267,8 @@ def _search_lines(engine, options, rows: list[int], src_ids, term_ids, prefix_id
 
     def search(part: list[int], constrained: bool) -> list[list]:
         inputs = SearchInputs(prefixes=[prefix_ids[i] for i in part] if prefix_ids is not None else None,
-                              keys=[keys[i] for i in part], constraints=terms.batch(part) if constrained else None)
+                              keys=[keys[i] for i in part], constraints=terms.batch(part) if constrained else None,
+                              source_lengths=[len(src_ids[i]) + 1 for i in part] if constrained else None)
         return engine.search_batch([(term_ids if constrained else src_ids)[i] for i in part], options, inputs,
                                    cancel=cancel)
 

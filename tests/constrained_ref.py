@@ -180,7 +180,13 @@ def reference_beam(model, src, src_mask, cons: Constraints, rules: Rules, K: int
         state.advance(words)
         hist = [hist[r] + [w] for r, w in zip(flat.tolist(), words.tolist())]
         sent, tokens = sent[torch.tensor(alive)], words
-    return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
+    return [ranked(f, bool(cons.lengths[b].sum()))[:nbest] for b, f in enumerate(finished)]
+
+
+def ranked(hyps: list[Hyp], terms: bool) -> list[Hyp]:
+    """Best first: by score; a sentence with terms puts the hypotheses that ended with EOS before
+    those the length limit ended."""
+    return sorted(hyps, key=lambda h: (terms and not h.finished, -h.score))
 
 
 # --------------------------------------------------------------------------- brute force
@@ -227,7 +233,7 @@ def brute_force(model, src: tuple, seqs: list, rules: Rules, b: int = 0, open_en
             else:
                 expand(h + [w], total)
     expand([], 0.0)
-    return sorted(out, key=lambda x: -x.score)
+    return ranked(out, bool(seqs))
 
 
 def _brute_step(raw, h, seqs, open_end, joins, rules, required, steps_left):

@@ -274,3 +274,32 @@ def test_a_terms_model_reads_the_terms_inline(tmp_path, constrain):
         assert calls[1] == ([annotated], True)
     assert len(calls) == 2 + (constrain == "missing")  # (the last: `free`)
     assert appears("moon", result[0].text)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_terms_model_keeps_the_length_limit_of_the_line_as_written(tmp_path, beam_size):
+    """The annotation is no text to translate: the constrained search of an annotated line stops at the
+    limit max_len_a * (the line's own tokens + EOS) + max_len_b, not at the annotated source's (which
+    would let a search that has written its terms ramble on for every annotation token)."""
+    from helpers import make_tiny_checkpoint
+    from nmt.terms import TERM_SYMBOLS
+    from nmt.tokenizer import tag_symbol
+
+    path = make_tiny_checkpoint(str(tmp_path / "terms.pt"), symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))
+    translator = Translator(path, device="cpu", max_len_a=1.0, max_len_b=1, beam_size=beam_size)
+    engine = translator._engine
+    line = "el perro come y la casa"
+    plain, annotated = engine.tokenizer.encode_src([line, "el perro <term> moon </term> come y la casa"])
+    limits: list = []
+    search = engine.search_batch
+    engine.search_batch = lambda srcs, options, inputs, cancel=None: (
+        limits.append(inputs.source_lengths), search(srcs, options, inputs, cancel=cancel))[1]
+    try:
+        free = translator.translate([line])[0]
+        result = translator.translate([line], glossary=GLOSSARY)[0]
+    finally:
+        del engine.search_batch
+    assert limits == [None, [len(plain) + 1]] and len(annotated) > len(plain)
+    free_ids, ids = engine.tokenizer.encode_tgt([free.text, result.text])
+    assert not free.finished and len(free_ids) == len(plain) + 2  # the untrained model writes to the limit
+    assert appears("moon", result.text) and len(ids) <= len(plain) + 2 < len(annotated) + 2
