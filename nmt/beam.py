@@ -81,7 +81,7 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
         logits = decoder.step(beams.tokens)
         if t == 1:
             beams.terms = rules.constraint_state(beams.sent, logits.shape[1])  # None without terms
-        cand = _candidates(beams, rules, logits, t, options.beam_size, ops)
+        cand = _candidates(beams, rules, logits, t, options.beam_size, ops, options.glossary_margin)
         _finish(beams, cand, t, options)
         scores, rows, word = _select(cand, options.beam_size)
         if not beams.advance(_keep(beams, scores, t, options), scores, rows, word, decoder):
@@ -150,8 +150,10 @@ class _Candidates(NamedTuple):
     ends: Tensor  # it ends: EOS, or the maximum length
 
 
-def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int, ops: SearchOps) -> _Candidates:
-    """Rank the extensions of the live beams (logits [N*k, V] of step t) by summed log-probability."""
+def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int, ops: SearchOps,
+                margin: float = float("inf")) -> _Candidates:
+    """Rank the extensions of the live beams (logits [N*k, V] of step t) by summed log-probability
+    (with terms: dynamic beam allocation, `margin` its decode.glossary_margin)."""
     N, k = beams.scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
     device, EOS = logits.device, rules.specials.eos
     limit = beams.max_lens.repeat_interleave(k) if rules.ph_ids is not None or beams.terms is not None else None
@@ -161,7 +163,7 @@ def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int,
     if beams.terms is None:
         top, idx = _topk(cand, 2 * K, ops)  # [N, 2K]
     else:  # dynamic beam allocation: the top 2K in the order that keeps every bank of met terms
-        top, idx = allocate(beams.terms, cand, K, ops.topk, ops.argmax)
+        top, idx = allocate(beams.terms, cand, K, ops.topk, ops.argmax, margin)
     word = idx % V  # [N, 2K] token of each candidate
     rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
     alive = top > NEG_INF

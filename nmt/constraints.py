@@ -39,7 +39,10 @@ and `Yorker`).
 Beam search (`allocate`): dynamic beam allocation (Post & Vilar, 2018) in the vectorized form of Hu et
 al. (2019), as fairseq's LexicallyConstrainedBeamSearch. Candidates: the top 2K by score, plus for
 every live beam the tokens that advance its unmet constraints and its own best token; duplicates
-dropped. Each candidate's bank is the number of constraint tokens it has met (sum over constraints of
+dropped. With a `margin` (decode.glossary_margin) a beam's constraint tokens join only where their
+log-prob is at most `margin` below its best token's: the allocation keeps the best candidate of every
+bank first, so a term token the model finds absurd at a step would otherwise be written there ("Take
+from night" for "go up by night"); the length rule still forces what is missing. Each candidate's bank is the number of constraint tokens it has met (sum over constraints of
 L when met, else progress). Candidates are sorted by (bank, score), ranked inside their bank, and
 taken round-robin: the best of every bank (highest bank first), then the second of every bank, and
 so on; the search takes this order as it takes its top-k (endings among the first K finish, the
@@ -49,6 +52,7 @@ done) gets exactly its top 2K, in order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -250,18 +254,23 @@ def _advance(cons: Constraints, sent: Tensor, lengths: Tensor, progress: Tensor,
 
 def allocate(state: ConstraintState, cand: Tensor, K: int,
              topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None,
-             argmax: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+             argmax: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
+             margin: float = math.inf) -> tuple[Tensor, Tensor]:
     """Dynamic beam allocation (module docstring). cand [N, k*V]: each live beam's summed log-probs of
     its extensions (-inf = not allowed), beams sentence-major, the rows of `state` in that order
     (N*k). -> (scores, indices) [N, 2K] into k*V, in allocation order, as the search's top-k gives them
-    (-inf where there are fewer candidates). topk, argmax: the search's (`SearchOps`; None: torch's)."""
+    (-inf where there are fewer candidates). topk, argmax: the search's (`SearchOps`; None: torch's).
+    margin (decode.glossary_margin): a beam's term tokens join the candidates only where their
+    log-prob is at most `margin` below the beam's best token's (the top 2K are kept whatever they hold)."""
     N, kV = cand.shape
     k = state.sent.shape[0] // N
     V = kV // k
     top, idx = _topk(cand, 2 * K, topk)  # [N, 2K]
     tokens, valid = state.next_tokens()  # [N*k, C]
     rows = cand.view(N * k, V)
-    best = (argmax(rows)[1] if argmax is not None else rows.argmax(dim=1))  # [N*k] each beam's own best token
+    best_score, best = argmax(rows) if argmax is not None else rows.max(dim=1)  # [N*k] each beam's own best token
+    if margin != math.inf:  # term tokens the model finds implausible here are not tried
+        valid = valid & (rows.gather(1, tokens.clamp(min=0)) >= best_score[:, None] - margin)
     ok = torch.cat([valid, torch.ones_like(best[:, None], dtype=torch.bool)], dim=1).view(N, -1)
     beam = torch.arange(k, device=cand.device).repeat(N)[:, None]  # [N*k, 1]
     extra = (beam * V + torch.cat([tokens, best[:, None]], dim=1)).view(N, -1)  # [N, k*(C+1)]

@@ -101,6 +101,7 @@ class SearchOptions:
     max_len_b: int
     min_len: int = 0
     no_repeat_ngram: int = 0
+    glossary_margin: float = math.inf
     specials: Specials = NMT_SPECIALS
     free_prefix: int = 0
     placeholder_tokens: tuple[tuple[int, ...], ...] | None = None
@@ -122,7 +123,7 @@ class SearchOptions:
                    stopping=decode.stopping, sampling=decode.sampling, topk=decode.topk, topp=decode.topp,
                    temperature=decode.temperature, seed=decode.seed, max_len_a=decode.max_len_a,
                    max_len_b=decode.max_len_b, min_len=decode.min_len, no_repeat_ngram=decode.no_repeat_ngram,
-                   specials=tokenizer.specials,
+                   glossary_margin=decode.glossary_margin, specials=tokenizer.specials,
                    free_prefix=free_prefix(tokenizer, []),  # ([]: any prefix) it applies where a sentence has one
                    placeholder_tokens=target_placeholders(tokenizer) if decode.protect else None)
 

@@ -15,6 +15,8 @@ the reference the real search must equal once it takes constraints.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -47,6 +49,7 @@ class Rules:
     prefixes: list | None = None
     alpha: float = 0.0
     kind: str = "none"
+    margin: float = math.inf  # decode.glossary_margin (beam search's term candidates)
 
 
 def penalty(length: int, rules: Rules) -> float:
@@ -149,7 +152,7 @@ def reference_beam(model, src, src_mask, cons: Constraints, rules: Rules, K: int
         N, k = scores.shape
         logp = step_log_probs(model.decode_step(tokens, cache), t, hist, sent.repeat_interleave(k), state, rules)
         V = logp.shape[1]
-        top, idx = allocate(state, (logp + scores.view(-1, 1)).view(N, k * V), K)  # [N, 2K]
+        top, idx = allocate(state, (logp + scores.view(-1, 1)).view(N, k * V), K, margin=rules.margin)  # [N, 2K]
         word, parent = idx % V, idx // V + (torch.arange(N) * k)[:, None]
         beams = []
         for n, b in enumerate(sent.tolist()):

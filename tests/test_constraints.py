@@ -6,6 +6,7 @@ exactly the best of all outputs the rules allow."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -107,15 +108,16 @@ def test_build_refuses_empty_constraints_and_pads_joins():
 
 # --------------------------------------------------------------------------- allocation
 
-def plain_allocation(cand, state_rows, seqs, K, V):
+def plain_allocation(cand, state_rows, seqs, K, V, margin=math.inf):
     """Post & Vilar / Hu et al. in plain Python for one sentence: candidates = top 2K, each beam's
-    next constraint tokens and best token; bank = constraint tokens met; round robin over banks."""
+    next constraint tokens (those at most `margin` below the beam's best token) and best token; bank =
+    constraint tokens met; round robin over banks."""
     flat = [(float(s), i) for i, s in enumerate(cand.tolist())]
     pool = [i for s, i in sorted(flat, key=lambda x: -x[0])[:2 * K]]
     for j, h in enumerate(state_rows):
         row = cand[j * V:(j + 1) * V]
         pool += [j * V + s[p] for s, (kind, p) in zip(seqs, (status(h, s, False, None) for s in seqs))
-                 if kind == "progress"]
+                 if kind == "progress" and float(row[s[p]]) >= float(row.max()) - margin]
         pool.append(j * V + int(row.argmax()))
     pool = [i for n, i in enumerate(pool) if i not in pool[:n] and cand[i] > float("-inf")]
 
@@ -129,8 +131,9 @@ def plain_allocation(cand, state_rows, seqs, K, V):
     return sorted(pool, key=lambda i: (rank[i], banks.index(bank(i))))[:2 * K]
 
 
+@pytest.mark.parametrize("margin", [math.inf, 0.5])
 @pytest.mark.parametrize("seed", range(5))
-def test_allocation_equals_plain_dynamic_beam_allocation(seed):
+def test_allocation_equals_plain_dynamic_beam_allocation(seed, margin):
     g = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     K, k, Vb = 3, 3, 9
@@ -144,8 +147,8 @@ def test_allocation_equals_plain_dynamic_beam_allocation(seed):
         state.advance(torch.tensor([r[t] for r in rows]))
     cand = torch.randn(1, k * Vb, generator=g)
     cand[0, torch.randperm(k * Vb, generator=g)[:5]] = float("-inf")
-    top, idx = allocate(state, cand, K)
-    want = plain_allocation(cand[0], rows, seqs, K, Vb)
+    top, idx = allocate(state, cand, K, margin=margin)
+    want = plain_allocation(cand[0], rows, seqs, K, Vb, margin)
     got = [int(i) for i, s in zip(idx[0], top[0]) if s > float("-inf")]
     assert got == want
     assert top[0, :len(want)].tolist() == [float(cand[0, i]) for i in want]
@@ -184,6 +187,7 @@ CASES = {  # name: (constraints per sentence, rules besides the limits)
     "ngram": ([[[5, 5]], [[4, 4], [6]], [[7]]], {"no_repeat_ngram": 1}),
     "placeholders": ([[[5, 6]], [[4]], []], {"ph_tokens": [7], "ph_required": [[7], [], [7]]}),
     "prefix": ([[[6, 4]], [[5]], [[4, 5]]], {"prefixes": [[6], [4, 4], []]}),
+    "margin": ([[[5, 6]], [[4, 5], [6]], [[4, 7]]], {"margin": 0.5}),  # (changes the outputs at K = 3)
 }
 
 
@@ -288,7 +292,7 @@ def _real(model, src, mask, seqs, K, nbest=1, extra=None, alpha=0.0, kind="none"
     ph = bool(extra.get("ph_tokens"))
     options = SearchOptions(beam_size=K or 1, nbest=nbest, max_len_a=1.0, max_len_b=0, length_penalty=alpha,
                             length_penalty_type=kind, no_repeat_ngram=extra.get("no_repeat_ngram", 0), patience=patience,
-                            placeholder_tokens=((7,),) if ph else None)
+                            placeholder_tokens=((7,),) if ph else None, glossary_margin=extra.get("margin", math.inf))
     inputs = SearchInputs(prefixes=extra.get("prefixes"),
                           placeholders=[[0] if 7 in r else [] for r in extra["ph_required"]] if ph else None,
                           constraints=Terms(seqs, open_end, joins))
@@ -364,9 +368,10 @@ def test_search_with_word_ends_equals_the_reference(K):
         assert all(contains(h.tokens, s, e, JOINS) for h in got[b] for s, e in zip(seqs[b], open_end[b]))
 
 
+@pytest.mark.parametrize("margin", [math.inf, 0.5])
 @pytest.mark.parametrize("K", [None, 1, 4])
 @pytest.mark.parametrize("seed", range(3))
-def test_unwanted_terms_are_written_before_the_limit(K, seed):
+def test_unwanted_terms_are_written_before_the_limit(K, seed, margin):
     """A model that wants neither the terms nor to end: every output holds every term, within a limit
     raised to the room they need (the source's own length is shorter)."""
     rng = random.Random(seed)
@@ -374,7 +379,7 @@ def test_unwanted_terms_are_written_before_the_limit(K, seed):
     src, mask = fake_batch([2, 3, 2, 4], seed=seed)
     seqs = [[[rng.choice([5, 6]) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(0, 3))]
             for _ in range(4)]
-    out = _real(model, src, mask, seqs, K, nbest=1, extra={"no_repeat_ngram": 2})
+    out = _real(model, src, mask, seqs, K, nbest=1, extra={"no_repeat_ngram": 2, "margin": margin})
     limits = _limits(mask, seqs, {})
     for b, hyps in enumerate(out):
         for h in hyps:
