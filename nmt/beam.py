@@ -47,7 +47,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     keep_all: every candidate that ends in the top K is kept and no sentence stops before its
     beams do (nothing is pruned by the length penalty): all its finished hypotheses are returned,
     best first. Any length penalty can then be applied afterwards, with the result the search
-    would give under it: the live beams never depend on the penalty (nmt/tune.py). (A minimum
+    would give under it: the live beams never depend on the penalty (nmt/tune.py; for a sentence with
+    terms, keep its EOS-ended hypotheses first, below). (A minimum
     length cannot: it renormalises the distribution, which moves the live beams.)
 
     patience > 0: a sentence also stops once `max_finished(K, patience)` candidates have ended in

@@ -171,14 +171,15 @@ class Ct2Engine:
         whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
         grouped by limit, so no output exceeds its sentence's maximum length. Of the inputs only the
         prefixes are used: `keys` are for sampling, which is refused, and the placeholders the search
-        cannot enforce are checked by name (`_rank`). cancel: checked before each search (CTranslate2
-        cannot stop one that runs)."""
+        cannot enforce are checked by name (`_rank`), and `source_lengths` where given (the limits come
+        from them, as in nmt.search). cancel: checked before each search (CTranslate2 cannot stop one
+        that runs)."""
         prefixes = inputs.prefixes
         self._check_options(options)
         _check_cancel(cancel)
         batch = list(range(len(src_ids)))
-        limits = max_output_lengths([len(ids) + 1 for ids in src_ids], options.max_len_a, options.max_len_b,
-                                    self.max_positions, prefixes)
+        lengths = inputs.source_lengths if inputs.source_lengths is not None else [len(ids) + 1 for ids in src_ids]
+        limits = max_output_lengths(lengths, options.max_len_a, options.max_len_b, self.max_positions, prefixes)
         limit = max(limits)
         found = self._search_safe(src_ids, batch, limit, options, prefixes)
         again: dict[int, list[int]] = {}

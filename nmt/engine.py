@@ -33,7 +33,8 @@ per source up to `options.nbest` hypotheses, best first (Hypothesis: tokens with
 log_prob, finished). `inputs` (nmt.search_options.SearchInputs) carry the per-source data: `keys`
 (one integer per source, the input line number) fix the (PyTorch engine's) samples with
 `options.sampling`; `prefixes` (target ids per source) are forced; `constraints` (glossary terms,
-only where `guarantees_terms`) must appear in every output. `cancel()` (or None)
+only where `guarantees_terms`) must appear in every output; `source_lengths`, where given, are what
+the length limit is computed from (both engines). `cancel()` (or None)
 is checked at every decoding step (CTranslate2: before each of its calls, which it cannot stop) and
 True raises nmt.errors.Cancelled.
 `score_batch` returns per pair the log-probability of each target token and of the

@@ -74,9 +74,10 @@ __all__ = ["Cancel", "Hypothesis", "NO_INPUTS", "PLAIN_OPS", "SearchInputs", "Se
 def search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS, *,
            ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
     """Search a batch: src [B,S] (source ids + EOS, padded), src_mask [B,S] (True = token) -> per
-    sentence its hypotheses, best first: sampling (`options.sampling`: nbest samples), greedy search
-    (beam_size 1: one) or beam search (up to nbest; all finished ones with keep_all). inputs: the
-    batch's prefixes, placeholders and sampling keys. ops: the tensor operations (nmt/fast.py's on
+    sentence its hypotheses, best first (with terms: those that ended with EOS first, nmt/beam.py):
+    sampling (`options.sampling`: nbest samples), greedy search (beam_size 1: one) or beam search (up
+    to nbest; all finished ones with keep_all). inputs: the batch's prefixes, placeholders, sampling
+    keys, terms and source lengths. ops: the tensor operations (nmt/fast.py's on
     CPU). cancel(): checked before every step; True raises nmt.errors.Cancelled."""
     if options.sampling != "none":
         strategy = sample_search

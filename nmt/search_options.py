@@ -77,7 +77,9 @@ class SearchOptions:
     `keep_all` (every finished hypothesis, no pruning by the penalty: nmt/tune.py; needs "exact").
     Sampling: `sampling` "topk" | "topp", nbest samples per sentence, topk, topp, temperature, seed.
     Every search: the length limit `max_len_a` * source length + `max_len_b`, `min_len`,
-    `no_repeat_ngram`; the tokenizer's `specials`; `free_prefix` (how many leading forced prefix
+    `no_repeat_ngram`; `glossary_margin` (beam search with terms: a beam's term tokens are extra
+    candidates only within that many nats of its best token, `constraints.allocate`; default inf here,
+    plain dynamic beam allocation; decode.glossary_margin's default is 6); the tokenizer's `specials`; `free_prefix` (how many leading forced prefix
     tokens count log-prob 0: an imported M2M100/NLLB model's language token, counted only where a
     sentence has a prefix); `placeholder_tokens` (with decode.protect: per placeholder <ph_k> the
     target ids that write it; each sentence's own placeholders are in `SearchInputs.placeholders`);
@@ -204,6 +206,8 @@ def _check_common(o: SearchOptions) -> None:
         raise ValueError(f"min_len must be >= 0, got {o.min_len}")
     if o.no_repeat_ngram < 0:
         raise ValueError(f"no_repeat_ngram must be >= 0, got {o.no_repeat_ngram}")
+    if not o.glossary_margin >= 0:  # (NaN too)
+        raise ValueError(f"glossary_margin must be >= 0, got {o.glossary_margin}")
     if o.beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {o.beam_size}")
     if o.length_penalty_type not in PENALTY_TYPES:

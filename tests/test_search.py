@@ -281,7 +281,8 @@ def test_bad_arguments():
     for kw in (dict(beam_size=0), dict(beam_size=2, nbest=3), dict(beam_size=2, length_penalty_type="x"),
                dict(beam_size=2, length_penalty=-1.0), dict(beam_size=2, stopping="never"),
                dict(beam_size=2, stopping="hf", keep_all=True), dict(min_len=-1), dict(no_repeat_ngram=-1),
-               dict(sampling="x"), dict(sampling="topk", topp=0.0), dict(beam_size=2, patience=0.1)):
+               dict(sampling="x"), dict(sampling="topk", topp=0.0), dict(beam_size=2, patience=0.1),
+               dict(beam_size=2, glossary_margin=-1.0), dict(beam_size=2, glossary_margin=float("nan"))):
         with pytest.raises(ValueError):
             SearchOptions(max_len_a=1.0, max_len_b=1, **kw)
     options = SearchOptions(max_len_a=1.0, max_len_b=1)
