@@ -87,9 +87,14 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
         scores, rows, word = _select(cand, options.beam_size)
         if not beams.advance(_keep(beams, scores, t, options), scores, rows, word, decoder):
             break
-    terms = rules.needed or [0] * len(beams.finished)
-    return [sorted(hyps, key=lambda h: (bool(n) and not h.finished, -h.score))[: None if options.keep_all else options.nbest]
-            for hyps, n in zip(beams.finished, terms)]
+    return _best_first(beams.finished, rules.needed, None if options.keep_all else options.nbest)
+
+
+def _best_first(finished: list[list[Hypothesis]], needed: list[int] | None, n: int | None) -> list[list[Hypothesis]]:
+    """Each sentence's first n finished hypotheses (all: None) by score; a sentence with terms (`needed`
+    > 0) puts those that ended with EOS before those the length limit ended (`beam_search`)."""
+    terms = needed or [0] * len(finished)
+    return [sorted(hyps, key=lambda h: (bool(t) and not h.finished, -h.score))[:n] for hyps, t in zip(finished, terms)]
 
 
 @dataclass
