@@ -18,8 +18,9 @@ detokenizes, restores protected spans and the input order. Guarantees:
 - with a glossary (nmt/glossary.py; the PyTorch engine), every output of a line holds the target
   term of every entry whose source term matches in the line, and a line no entry matches is searched
   exactly as without the glossary. A line with a term is searched with its terms as constraints
-  (nmt/constraints.py), and for a model trained with data.terms with its matches annotated in the
-  source (`nmt.terms.annotate`; its length limit stays that of the line as written). With `decode.glossary_constrain: missing` (default `always`) every
+  (nmt/constraints.py), and with `decode.glossary_annotate` (off by default) for a model trained with
+  data.terms with its matches annotated in the source (`nmt.terms.annotate`; its length limit stays
+  that of the line as written). With `decode.glossary_constrain: missing` (default `always`) every
   line is first searched as without the glossary, and keeps those outputs when every one of them
   already holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use);
   only the other lines get the constrained search. With decode.protect, terms are matched in the masked line (protected
@@ -192,7 +193,7 @@ def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode:
     from nmt import terms
     from nmt.glossary import joining_tokens, term_tokens
 
-    annotate = terms.known_by(engine.tokenizer)
+    annotate = decode.glossary_annotate and terms.known_by(engine.tokenizer)
     encoded: dict[str, tuple[list[int], bool]] = {}  # target term -> (its ids, whether it ends inside a word)
     out, seqs, ends, targets = [], [], [], []
     for line, key in zip(lines, keys):

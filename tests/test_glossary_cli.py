@@ -244,12 +244,14 @@ def test_bench_glossary_quick(ckpt, tmp_path):
     assert all(appears(t, h) for h, ts in zip(hyps, per_line) for t in ts)
 
 
+@pytest.mark.parametrize("annotate", [True, False])
 @pytest.mark.parametrize("constrain", ["missing", "always"])
-def test_a_terms_model_reads_the_terms_inline(tmp_path, constrain):
-    """A model trained with data.terms (its vocabulary has the markers) gets `term <term> target </term>`
-    in its source where an entry matches, and only there, in the constrained search; with
-    glossary_constrain: missing the line is first searched as without the glossary (source as given,
-    no constraints). Its outputs hold the terms."""
+def test_a_terms_model_reads_the_terms_inline(tmp_path, constrain, annotate):
+    """With glossary_annotate, a model trained with data.terms (its vocabulary has the markers) gets
+    `term <term> target </term>` in its source where an entry matches, and only there, in the
+    constrained search; without it (the default) the source as given. With glossary_constrain: missing
+    the line is first searched as without the glossary (source as given, no constraints). Its outputs
+    hold the terms."""
     from helpers import make_tiny_checkpoint
     from nmt.terms import TERM_SYMBOLS
     from nmt.tokenizer import tag_symbol
@@ -263,15 +265,17 @@ def test_a_terms_model_reads_the_terms_inline(tmp_path, constrain):
     engine.search_batch = lambda srcs, options, inputs, cancel=None: (
         calls.append((sorted(srcs), inputs.constraints is not None)), search(srcs, options, inputs, cancel=cancel))[1]
     try:
-        result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY, glossary_constrain=constrain)
+        result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY, glossary_constrain=constrain,
+                                      **({"glossary_annotate": True} if annotate else {}))
         free = translator.translate(["el perro come"])[0]
     finally:
         del engine.search_batch
     assert not appears("moon", free.text)  # so the constrained search runs in both modes
-    first = sorted([plain[0], plain[1]]) if constrain == "missing" else sorted([annotated, plain[1]])
+    searched = annotated if annotate else plain[0]
+    first = sorted([plain[0], plain[1]]) if constrain == "missing" else sorted([searched, plain[1]])
     assert calls[0] == (first, constrain == "always")
     if constrain == "missing":
-        assert calls[1] == ([annotated], True)
+        assert calls[1] == ([searched], True)
     assert len(calls) == 2 + (constrain == "missing")  # (the last: `free`)
     assert appears("moon", result[0].text)
 
@@ -286,7 +290,7 @@ def test_a_terms_model_keeps_the_length_limit_of_the_line_as_written(tmp_path, b
     from nmt.tokenizer import tag_symbol
 
     path = make_tiny_checkpoint(str(tmp_path / "terms.pt"), symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))
-    translator = Translator(path, device="cpu", max_len_a=1.0, max_len_b=1, beam_size=beam_size)
+    translator = Translator(path, device="cpu", max_len_a=1.0, max_len_b=1, beam_size=beam_size, glossary_annotate=True)
     engine = translator._engine
     line = "el perro come y la casa"
     plain, annotated = engine.tokenizer.encode_src([line, "el perro <term> moon </term> come y la casa"])
