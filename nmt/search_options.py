@@ -13,7 +13,7 @@ once from the decode settings (`SearchOptions.from_decode`) and passed down as t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -176,13 +176,13 @@ class SearchInputs:
 
     def take(self, part: slice) -> SearchInputs:
         """The inputs of sentences `part` of the batch."""
-        return SearchInputs(*(None if x is None else x[part] for x in
-                              (self.prefixes, self.placeholders, self.keys, self.constraints, self.source_lengths)))
+        given = {f.name: getattr(self, f.name) for f in fields(self)}  # (every field: one entry per sentence)
+        return SearchInputs(**{name: None if x is None else x[part] for name, x in given.items()})
 
     def check(self, B: int, options: SearchOptions) -> None:
         """ValueError unless these inputs fit a batch of B sentences searched with `options`."""
-        for name in ("prefixes", "placeholders", "keys", "constraints", "source_lengths"):
-            given = getattr(self, name)
+        for f in fields(self):
+            name, given = f.name, getattr(self, f.name)
             if given is not None and len(given) != B:
                 raise ValueError(f"{len(given)} {name} for {B} sentences")
         specials = options.specials

@@ -284,7 +284,8 @@ def _search_lines(engine, options, rows: list[int], src_ids, term_ids, prefix_id
     if again:
         for k, nbest in zip(again, search([rows[k] for k in again], True)):
             nbests[k] = nbest
-    return nbests, [k in set(again) for k in range(len(rows))]
+    again_set = set(again)
+    return nbests, [k in again_set for k in range(len(rows))]
 
 
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
@@ -317,8 +318,9 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
 
     options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
 
-    def search(batch: list[int]) -> tuple[list[list], list | None]:
-        """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
+    def search(batch: list[int]) -> tuple[list[list], list | None, list[bool]]:
+        """(n-best hypotheses per sentence, their alignments in the same flat order or None, whether
+        each sentence was searched with its terms as constraints)."""
         rows = [todo[j] for j in batch]
         nbests, constrained = _search_lines(engine, options, rows, src_ids, term_ids, prefix_ids, keys, terms,
                                             decode.glossary_constrain, cancel)

@@ -9,6 +9,7 @@ itself on too few lines for the checks to pass without the constrained search.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -244,32 +245,45 @@ def test_bench_glossary_quick(ckpt, tmp_path):
     assert all(appears(t, h) for h, ts in zip(hyps, per_line) for t in ts)
 
 
+@pytest.fixture(scope="module")
+def terms_ckpt(tmp_path_factory) -> str:
+    """A tiny checkpoint of a model trained with data.terms: its vocabulary has the term markers."""
+    from helpers import make_tiny_checkpoint
+    from nmt.terms import TERM_SYMBOLS
+    from nmt.tokenizer import tag_symbol
+
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("terms") / "terms.pt"),
+                                symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))
+
+
+@contextlib.contextmanager
+def _searches(engine, record):
+    """Within: every `engine.search_batch` call appends record(srcs, inputs) to the yielded list."""
+    calls: list = []
+    search = engine.search_batch
+    engine.search_batch = lambda srcs, options, inputs, cancel=None: (
+        calls.append(record(srcs, inputs)), search(srcs, options, inputs, cancel=cancel))[1]
+    try:
+        yield calls
+    finally:
+        del engine.search_batch
+
+
 @pytest.mark.parametrize("annotate", [True, False])
 @pytest.mark.parametrize("constrain", ["missing", "always"])
-def test_a_terms_model_reads_the_terms_inline(tmp_path, constrain, annotate):
+def test_a_terms_model_reads_the_terms_inline(terms_ckpt, constrain, annotate):
     """With glossary_annotate, a model trained with data.terms (its vocabulary has the markers) gets
     `term <term> target </term>` in its source where an entry matches, and only there, in the
     constrained search; without it (the default) the source as given. With glossary_constrain: missing
     the line is first searched as without the glossary (source as given, no constraints). Its outputs
     hold the terms."""
-    from helpers import make_tiny_checkpoint
-    from nmt.terms import TERM_SYMBOLS
-    from nmt.tokenizer import tag_symbol
-
-    path = make_tiny_checkpoint(str(tmp_path / "terms.pt"), symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))
-    translator = Translator(path, device="cpu")
+    translator = Translator(terms_ckpt, device="cpu")
     engine = translator._engine
     *plain, annotated = engine.tokenizer.encode_src(["el perro come", "la casa", "el perro <term> moon </term> come"])
-    calls: list = []
-    search = engine.search_batch
-    engine.search_batch = lambda srcs, options, inputs, cancel=None: (
-        calls.append((sorted(srcs), inputs.constraints is not None)), search(srcs, options, inputs, cancel=cancel))[1]
-    try:
+    with _searches(engine, lambda srcs, inputs: (sorted(srcs), inputs.constraints is not None)) as calls:
         result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY, glossary_constrain=constrain,
                                       **({"glossary_annotate": True} if annotate else {}))
         free = translator.translate(["el perro come"])[0]
-    finally:
-        del engine.search_batch
     assert not appears("moon", free.text)  # so the constrained search runs in both modes
     searched = annotated if annotate else plain[0]
     first = sorted([plain[0], plain[1]]) if constrain == "missing" else sorted([searched, plain[1]])
@@ -281,28 +295,18 @@ def test_a_terms_model_reads_the_terms_inline(tmp_path, constrain, annotate):
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_a_terms_model_keeps_the_length_limit_of_the_line_as_written(tmp_path, beam_size):
+def test_a_terms_model_keeps_the_length_limit_of_the_line_as_written(terms_ckpt, beam_size):
     """The annotation is no text to translate: the constrained search of an annotated line stops at the
     limit max_len_a * (the line's own tokens + EOS) + max_len_b, not at the annotated source's (which
     would let a search that has written its terms ramble on for every annotation token)."""
-    from helpers import make_tiny_checkpoint
-    from nmt.terms import TERM_SYMBOLS
-    from nmt.tokenizer import tag_symbol
-
-    path = make_tiny_checkpoint(str(tmp_path / "terms.pt"), symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))
-    translator = Translator(path, device="cpu", max_len_a=1.0, max_len_b=1, beam_size=beam_size, glossary_annotate=True)
+    translator = Translator(terms_ckpt, device="cpu", max_len_a=1.0, max_len_b=1, beam_size=beam_size,
+                            glossary_annotate=True)
     engine = translator._engine
     line = "el perro come y la casa"
     plain, annotated = engine.tokenizer.encode_src([line, "el perro <term> moon </term> come y la casa"])
-    limits: list = []
-    search = engine.search_batch
-    engine.search_batch = lambda srcs, options, inputs, cancel=None: (
-        limits.append(inputs.source_lengths), search(srcs, options, inputs, cancel=cancel))[1]
-    try:
+    with _searches(engine, lambda srcs, inputs: inputs.source_lengths) as limits:
         free = translator.translate([line])[0]
         result = translator.translate([line], glossary=GLOSSARY)[0]
-    finally:
-        del engine.search_batch
     assert limits == [None, [len(plain) + 1]] and len(annotated) > len(plain)
     free_ids, ids = engine.tokenizer.encode_tgt([free.text, result.text])
     assert not free.finished and len(free_ids) == len(plain) + 2  # the untrained model writes to the limit
