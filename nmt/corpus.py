@@ -61,7 +61,7 @@ from nmt.tokens import TokenizerLike
 CACHE_VERSION = 2  # 2: streamed, memory-mapped .bin files, several corpora per split
 SIDES = ("src", "tgt")
 ARRAYS = ("src_tokens", "src_offsets", "src_lens", "tgt_tokens", "tgt_offsets", "tgt_lens")
-COUNTS = ("pairs", "empty", "too_long", "ratio", "kept", "src_tokens", "tgt_tokens")
+COUNTS = ("pairs", "empty", "too_long", "ratio", "identical", "kept", "src_tokens", "tgt_tokens")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -178,14 +178,16 @@ def in_memory_limit() -> int:
 
 
 def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
-                 max_ratio: float | None, tgt_prefix: int = 0) -> tuple[np.ndarray, dict]:
+                 max_ratio: float | None, tgt_prefix: int = 0,
+                 identical: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """Keep mask [N] and counts per rule; each dropped pair is counted under its first rule.
 
     Rules in order: `empty` (either side has no tokens), `too_long` (either side
     longer than max_len tokens, BOS/EOS not counted), `ratio` (longer/shorter
-    > max_ratio). With max_ratio None (validation) only `too_long` applies: `empty` and
-    `ratio` are skipped, and empty pairs are kept. Counts: pairs, empty,
-    too_long, ratio, kept. Per pair, so filtering chunk by chunk equals filtering the whole.
+    > max_ratio), `identical` (the pairs the mask `identical` [N] marks: `identical_pairs`).
+    With max_ratio None (validation) only `too_long` applies: `empty`, `ratio` and
+    `identical` are skipped, and empty pairs are kept. Counts: pairs, empty,
+    too_long, ratio, identical, kept. Per pair, so filtering chunk by chunk equals filtering the whole.
     tgt_prefix: tokens before every non-empty target (a multilingual model's language token),
     not counted by the ratio rule: it is not text (else short sources would be dropped in the
     into-X directions only).
@@ -197,10 +199,19 @@ def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
     if max_ratio is not None:
         text = np.where(t > 0, t - tgt_prefix, 0)
         ratio = ~empty & ~too_long & (np.maximum(s, text) > max_ratio * np.minimum(s, text))
-    keep = ~(empty | too_long | ratio)
+    same = np.zeros(len(s), bool)
+    if max_ratio is not None and identical is not None:
+        same = ~empty & ~too_long & ~ratio & np.asarray(identical, bool)
+    keep = ~(empty | too_long | ratio | same)
     counts = {"pairs": len(s), "empty": int(empty.sum()), "too_long": int(too_long.sum()),
-              "ratio": int(ratio.sum()), "kept": int(keep.sum())}
+              "ratio": int(ratio.sum()), "identical": int(same.sum()), "kept": int(keep.sum())}
     return keep, counts
+
+
+def identical_pairs(src: list[str], tgt: list[str]) -> np.ndarray:
+    """Mask [N] of the pairs whose target is the source as written (whitespace runs aside): an
+    untranslated message, a name, a command. `data.drop_identical` drops them from training."""
+    return np.fromiter((a.split() == b.split() for a, b in zip(src, tgt)), bool, len(src))
 
 
 # --------------------------------------------------------------------------- streaming encode
@@ -216,6 +227,7 @@ class Source(NamedTuple):
     tgt_prefix: tuple[int, ...] = ()                          # ids before every non-empty target (a language token)
     protect_inject: float = 0.0                               # share of span-less pairs given placeholders (protect)
     terms: Callable[[list[str], list[str]], list[str]] | None = None  # term-annotated sources (`annotate_chunk`)
+    drop_identical: bool = False                              # drop pairs whose target is the source (`identical_pairs`)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -370,7 +382,9 @@ def _empty_error(split: str, src: Source, counts: dict, max_len: int, max_ratio:
     return UserError(
         f"the {split} corpus is empty after filtering: {src.describe} ({counts['pairs']} pairs read: "
         f"{counts['empty']} with an empty side, {counts['too_long']} longer than data.max_len="
-        f"{max_len}, {counts['ratio']} with length ratio > data.max_ratio={max_ratio})")
+        f"{max_len}, {counts['ratio']} with length ratio > data.max_ratio={max_ratio}"
+        + (f", {counts['identical']} with the target equal to the source (data.drop_identical)" if counts["identical"] else "")
+        + ")")
 
 
 def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: TokenizerLike, max_len: int,
@@ -389,10 +403,11 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
         for src in sources:
             counts = dict.fromkeys(COUNTS, 0)
             for src_lines, tgt_lines in src.chunks():
+                same = identical_pairs(src_lines, tgt_lines) if src.drop_identical else None
                 if src.protect:
                     src_lines, tgt_lines = mask_chunk(src_lines, tgt_lines, src.protect_inject)
                 st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, tgt_prefix=src.tgt_prefix)
-                keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None, len(src.tgt_prefix))
+                keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None, len(src.tgt_prefix), same)
                 if src.terms is not None:
                     st, sl = annotate_chunk(tokenizer, src_lines, tgt_lines, st, sl, keep, src, max_len)
                 writer.add("src", st[np.repeat(keep, sl)], sl[keep])

@@ -111,8 +111,9 @@ def _load_train(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callab
     inject = d.protect_inject if d.protect else 0.0
     key += [["inject", inject]] if inject else []
     key += [_terms_key(d)] if d.terms > 0 else []
+    key += [["drop_identical"]] if d.drop_identical else []
     sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, *d.langs(c)), c.src_tag, d.protect, lang,
-                      inject, _annotator(cfg, c, log)) for c, lang in zip(corpora, langs)]
+                      inject, _annotator(cfg, c, log), d.drop_identical) for c, lang in zip(corpora, langs)]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
 
 
@@ -175,6 +176,8 @@ def _valid_sets(cfg: Config, valid: EncodedCorpus, lines: list[tuple[list[str], 
 
 def _stats_line(stats: dict, max_len: int, max_ratio: float | None) -> str:
     ratio = f", {stats['ratio']} with length ratio > {max_ratio:g}" if max_ratio is not None else ""
+    if max_ratio is not None and stats.get("identical"):  # data.drop_identical (older cache entries lack the count)
+        ratio += f", {stats['identical']} with the target equal to the source"
     empty = f"{stats['empty']} with an empty side, " if max_ratio is not None else ""
     return (f"{stats['pairs']} pairs read; dropped {empty}{stats['too_long']} longer than {max_len} tokens{ratio}; "
             f"kept {stats['kept']} pairs ({stats['src_tokens']} source / {stats['tgt_tokens']} target tokens)")

@@ -104,6 +104,7 @@ class DataConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig, metadata={"help": "SentencePiece settings."})
     max_len: int = _f(256, "Drop training pairs with more than this many subword tokens on either side (BOS/EOS not counted).", min=1)
     max_ratio: float = _f(3.0, "Drop training pairs whose token-length ratio (longer/shorter) exceeds this.", min=1.0)
+    drop_identical: bool = _f(False, "Drop training pairs whose target is the source as written (whitespace aside): untranslated messages, names, commands. A model trained on them learns to copy its input, which the language identifier then counts as off-target (on the gettext corpus 3-5% of the pairs; dropping them took the new language's off-target rate from 10.7% to 7.7%: BENCHMARKS.md \"Add a language\"). Validation pairs are kept.")
     batch_tokens: int = _f(4096, "Token budget per batch: B x max(S, T) <= batch_tokens, i.e. neither the padded source tensor nor the padded target tensor holds more than this many positions (fairseq's --max-tokens).", min=1)
     max_batch_size: int = _f(0, "Cap on sentences per batch; 0 = no cap.", min=0)
     protect: bool = _f(False, "Replace protected spans (placeholders such as `%s`, `{0}`, markup, `&amp;`: nmt/protect.py) in training and validation pairs by placeholder tokens `<ph_K>`, which become SentencePiece symbols: the model learns to copy them. Translate with `--protect`.")

@@ -186,6 +186,8 @@ def variant_config(args, name: str, base_ckpt: str, model_section: dict) -> dict
     if args.replay_weight != 1.0:  # the old directions' share of the mix (data.train.weight)
         for c in data["train"][:len(old)]:
             c["weight"] = args.replay_weight
+    if args.drop_identical:
+        data["drop_identical"] = True
     train = {"max_steps": args.steps, "valid_every": max(1, args.steps // 2), "log_every": max(1, args.steps // 10),
              "valid_max_sentences": args.valid_lines, "keep_last": 1, "device": args.device}
     if name == "scratch":
@@ -331,6 +333,8 @@ def parse_args(argv=None):
     p.add_argument("--replay-weight", type=float, default=0.33,
                    help="data.train weight of each old direction's corpus (grow, nogrow, scratch; the new one has 1): "
                         "below 1 gives the new direction a larger share of the steps")
+    p.add_argument("--drop-identical", action="store_true",
+                   help="data.drop_identical of every variant: training pairs whose target is the source left out")
     p.add_argument("--train-lines", type=int, default=0, help="use the first N lines of each training corpus (0 = all)")
     p.add_argument("--valid-lines", type=int, default=200, help="validation lines per direction (0 = all)")
     p.add_argument("--test-lines", type=int, default=0, help="score the first N test lines per direction (0 = all)")

@@ -175,18 +175,21 @@ def test_hf_hub_offline(tmp_path, hf_cache, monkeypatch):
 def test_filter_pairs_counts():
     s = np.array([0, 3, 5, 2, 9, 10, 4, 1, 0, 7])
     t = np.array([2, 0, 5, 7, 3, 10, 12, 3, 0, 14])
-    keep, counts = filter_pairs(s, t, max_len=10, max_ratio=3.0)
-    expect = {"pairs": 10, "empty": 0, "too_long": 0, "ratio": 0, "kept": 0}
-    ref_keep = []
-    for a, b in zip(s, t):  # reference, rule by rule
-        rule = ("empty" if a == 0 or b == 0 else "too_long" if max(a, b) > 10
-                else "ratio" if max(a, b) / min(a, b) > 3.0 else "kept")
-        expect[rule] += 1
-        ref_keep.append(rule == "kept")
-    assert counts == expect == {"pairs": 10, "empty": 3, "too_long": 2, "ratio": 1, "kept": 4}
-    assert keep.tolist() == ref_keep
-    keep, counts = filter_pairs(s, t, max_len=10, max_ratio=None)  # valid: only over-long pairs go
-    assert counts["too_long"] == 2 and counts["kept"] == 8 and counts["empty"] == 0
+    same = np.array([1, 0, 1, 1, 0, 0, 0, 1, 1, 0], bool)  # pairs whose target is the source
+    for mask in (None, same):
+        keep, counts = filter_pairs(s, t, max_len=10, max_ratio=3.0, identical=mask)
+        expect = {"pairs": 10, "empty": 0, "too_long": 0, "ratio": 0, "identical": 0, "kept": 0}
+        ref_keep = []
+        for a, b, m in zip(s, t, same if mask is not None else [False] * 10):  # reference, rule by rule
+            rule = ("empty" if a == 0 or b == 0 else "too_long" if max(a, b) > 10
+                    else "ratio" if max(a, b) / min(a, b) > 3.0 else "identical" if m else "kept")
+            expect[rule] += 1
+            ref_keep.append(rule == "kept")
+        assert counts == expect
+        assert keep.tolist() == ref_keep
+    assert counts == {"pairs": 10, "empty": 3, "too_long": 2, "ratio": 1, "identical": 2, "kept": 2}
+    keep, counts = filter_pairs(s, t, max_len=10, max_ratio=None, identical=same)  # valid: only over-long pairs go
+    assert counts["too_long"] == 2 and counts["kept"] == 8 and counts["empty"] == 0 and counts["identical"] == 0
 
 
 def test_load_data_filters_and_logs(tmp_path):
@@ -210,6 +213,31 @@ def test_load_data_filters_and_logs(tmp_path):
     valid, (vsrc, vref) = data.valid, data.valid_lines
     assert (vsrc, vref) == (src, tgt)  # every raw pair kept for BLEU
     assert len(valid) == 303 and valid.stats["too_long"] == 2  # loss: only over-long pairs dropped
+
+
+def test_drop_identical_drops_the_pairs_whose_target_is_the_source(tmp_path):
+    src, tgt = corpus(300)
+    copies = {5: "perro  gato", 17: "sol", 40: "casa perro"}  # whitespace runs aside, the target is the source
+    for i, line in copies.items():
+        src[i], tgt[i] = line, " ".join(line.split())
+    src[60], tgt[60] = "perro gato", "perro gato sol"  # not identical: kept
+    train = corpus_cfg(write(tmp_path / "t.es", src), write(tmp_path / "t.en", tgt))
+    kept = {}
+    for drop in (False, True):
+        logs = []
+        cfg = make_cfg(tmp_path, train, max_len=30, max_ratio=3.0, drop_identical=drop)
+        tok, data = prepare_data(cfg, str(tmp_path / "run"), log=logs.append)
+        kept[drop] = tok.decode_tgt([data.train.tgt(i).tolist() for i in range(len(data.train))])
+        assert data.train.stats["identical"] == (3 if drop else 0)
+        assert any("3 with the target equal to the source" in m for m in logs) == drop
+        assert len(data.valid) == 300  # validation keeps them
+    assert len(kept[True]) == len(kept[False]) - 3
+    copied = {tgt[i] for i in copies}  # Spanish words: no other target has them
+    assert copied <= set(kept[False]) and kept[True] == [t for t in kept[False] if t not in copied]
+    cfg = make_cfg(tmp_path, corpus_cfg(write(tmp_path / "c.es", src[:3]), write(tmp_path / "c.en", src[:3])),
+                   drop_identical=True)
+    with pytest.raises(UserError, match="3 with the target equal to the source"):
+        prepare_data(cfg, str(tmp_path / "run2"), log=quiet)
 
 
 def test_empty_corpus_errors(tmp_path):
