@@ -228,11 +228,17 @@ def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
         for lang in ("es", "de", "fr", "it"):
             (data / f"{split}.en-{lang}.en").write_text("\n".join(lines["en"]) + "\n", encoding="utf-8")
             text = lines["es"] if lang == "es" else [x.translate(fake[lang]) for x in lines["es"]]
+            if split == "train" and lang == "it":
+                text[0] = lines["en"][0]  # an untranslated pair: --drop-identical leaves it out
             (data / f"{split}.en-{lang}.{lang}").write_text("\n".join(text) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     run_script("bench_add_language.py", "--data", str(data), "--out", str(out), "--quick", "--device", "cpu",
-               "--replay-weight", "0.5")
+               "--replay-weight", "0.5", "--drop-identical")
     res = json.loads((out / "results.json").read_text())
+    for name in ("grow", "nogrow", "noreplay", "scratch"):
+        log = (out / "runs" / name / "train.log").read_text()
+        assert "1 with the target equal to the source" in log and "drop_identical: true" in \
+            (out / "runs" / name / "config.yaml").read_text()
     import yaml
 
     weights = {name: [(c["tgt_lang"], c.get("weight", 1.0)) for c in yaml.safe_load(
