@@ -175,11 +175,11 @@ def _valid_sets(cfg: Config, valid: EncodedCorpus, lines: list[tuple[list[str], 
 
 
 def _stats_line(stats: dict, max_len: int, max_ratio: float | None) -> str:
-    ratio = f", {stats['ratio']} with length ratio > {max_ratio:g}" if max_ratio is not None else ""
+    rules = f", {stats['ratio']} with length ratio > {max_ratio:g}" if max_ratio is not None else ""
     if max_ratio is not None and stats.get("identical"):  # data.drop_identical (older cache entries lack the count)
-        ratio += f", {stats['identical']} with the target equal to the source"
+        rules += f", {stats['identical']} with the target equal to the source"
     empty = f"{stats['empty']} with an empty side, " if max_ratio is not None else ""
-    return (f"{stats['pairs']} pairs read; dropped {empty}{stats['too_long']} longer than {max_len} tokens{ratio}; "
+    return (f"{stats['pairs']} pairs read; dropped {empty}{stats['too_long']} longer than {max_len} tokens{rules}; "
             f"kept {stats['kept']} pairs ({stats['src_tokens']} source / {stats['tgt_tokens']} target tokens)")
 
 
