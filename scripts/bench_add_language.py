@@ -12,7 +12,8 @@ Stages (`--stages`, default all, in this order; each reuses what an earlier run 
             with language codes for the old languages only (eng_Latn and --old); trained with
             transformers (AdamW, linear warmup, one direction per batch of --base-batch sentences of
             similar lengths) on
-            en -> each old language for --base-steps steps; save_pretrained into OUT/base-hf;
+            en -> each old language for --base-steps steps (--base-drop-identical: without the pairs whose
+            target is the source, the rule of data.drop_identical); save_pretrained into OUT/base-hf;
   import    `nmt import OUT/base-hf -o OUT/base.pt --src-lang eng_Latn` (the source language token of
             an imported M2M100/NLLB model is fixed, so every direction is from English);
   train     `nmt train` of four variants, each --steps optimizer steps of --batch-tokens tokens:
@@ -33,7 +34,8 @@ Stages (`--stages`, default all, in this order; each reuses what an earlier run 
 Data layout (scripts/prepare_gettext.py): DATA/{train,dev,test}.en-XX.{en,XX}. Language codes are
 gettext's (es, pt_BR) in file names and NLLB's in the models (`CODES`). Results: OUT/results.json and
 OUT/results.md (tables: new direction BLEU, chrF and off-target rate per variant; every old
-direction's BLEU and its change from the imported model), printed at the end. `--quick`: tiny sizes
+direction's BLEU and its change from the imported model), printed at the end; every model's test
+outputs in OUT/test/MODEL.LANG. `--quick`: tiny sizes
 and budgets (a test runs the whole pipeline on tiny data: tests/test_benchmarks.py).
 """
 
@@ -125,12 +127,11 @@ def train_base(args, directory: str, log) -> dict:
         activation_function="relu", scale_embedding=True, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
         pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, tie_word_embeddings=True)
     model = transformers.M2M100ForConditionalGeneration(config).to(args.device)
-    pairs = {lang: list(zip(*(read(p, args.train_lines) for p in files(args.data, "train", lang)))) for lang in args.old}
+    pairs, dropped = base_pairs(args)
     rng = random.Random(args.seed)
     batches = []
     for lang, items in pairs.items():  # one direction per batch, a share of the batches by size; sentences of
-        items = [p for p in items if p[0] and p[1]]  # similar lengths together (pools of 100 batches sorted)
-        rng.shuffle(items)
+        rng.shuffle(items)  # similar lengths together (pools of 100 batches sorted)
         pool = 100 * args.base_batch
         items = [x for i in range(0, len(items), pool) for x in sorted(items[i:i + pool], key=lambda p: len(p[0]))]
         batches += [(lang, items[i:i + args.base_batch]) for i in range(0, len(items), args.base_batch)]
@@ -162,7 +163,23 @@ def train_base(args, directory: str, log) -> dict:
                                    forced_bos_token_id=tok.convert_tokens_to_ids(CODES[args.old[0]]))
     model.cpu().save_pretrained(directory)
     return {"seconds": time.perf_counter() - t0, "steps": step, "final_loss": sum(losses[-50:]) / len(losses[-50:]),
-            "parameters": sum(p.numel() for p in model.parameters())}
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "pairs": {lang: len(items) for lang, items in pairs.items()}, "dropped_identical": dropped}
+
+
+def base_pairs(args) -> tuple[dict, dict]:
+    """The base model's training pairs per old language (empty sides left out) and, with
+    --base-drop-identical, how many pairs whose target is the source (nmt's `data.drop_identical` rule)
+    were left out too."""
+    from nmt.corpus import identical_pairs
+
+    pairs, dropped = {}, {}
+    for lang in args.old:
+        src, tgt = (read(p, args.train_lines) for p in files(args.data, "train", lang))
+        same = identical_pairs(src, tgt) if args.base_drop_identical else [False] * len(src)
+        pairs[lang] = [(s, t) for s, t, x in zip(src, tgt, same) if s and t and not x]
+        dropped[lang] = sum(bool(s and t and x) for s, t, x in zip(src, tgt, same))
+    return pairs, dropped
 
 
 # --------------------------------------------------------------------------- nmt runs
@@ -216,7 +233,8 @@ def train_variant(raw: dict, log) -> dict:
             "checkpoint": os.path.join(result["run_dir"], "checkpoints", "latest.pt")}
 
 
-def evaluate(args, checkpoint: str, lang: str, langid: str) -> dict:
+def evaluate(args, name: str, checkpoint: str, lang: str, langid: str) -> dict:
+    """`nmt evaluate` of one model on one direction's test lines; its outputs kept in OUT/test/NAME.LANG."""
     from nmt.commands.evaluate import evaluate_command
 
     src, ref = files(args.data, "test", lang)
@@ -230,6 +248,7 @@ def evaluate(args, checkpoint: str, lang: str, langid: str) -> dict:
     stdout = io.StringIO()
     with contextlib.redirect_stderr(io.StringIO()):
         evaluate_command(None, ref, checkpoint=checkpoint, src=src, json_out=True, quiet=True, stdout=stdout,
+                         save_hyps=os.path.join(out_dir, f"{name}.{lang}"),
                          device=args.device, langid=langid, overrides={"tgt_lang": CODES[lang], "beam_size": args.beam})
     report = json.loads(stdout.getvalue())
     off = report.get("off_target") or {}
@@ -335,6 +354,8 @@ def parse_args(argv=None):
                         "below 1 gives the new direction a larger share of the steps")
     p.add_argument("--drop-identical", action="store_true",
                    help="data.drop_identical of every variant: training pairs whose target is the source left out")
+    p.add_argument("--base-drop-identical", action="store_true",
+                   help="the base model's training pairs whose target is the source left out too (a base that copies less)")
     p.add_argument("--train-lines", type=int, default=0, help="use the first N lines of each training corpus (0 = all)")
     p.add_argument("--valid-lines", type=int, default=200, help="validation lines per direction (0 = all)")
     p.add_argument("--test-lines", type=int, default=0, help="score the first N test lines per direction (0 = all)")
@@ -402,7 +423,7 @@ def main(argv=None) -> int:
             for lang in args.old + [args.new]:
                 if name == "imported" and lang == args.new:
                     continue  # the imported model has no token for it
-                results["scores"].setdefault(name, {})[lang] = evaluate(args, checkpoint, lang, langid)
+                results["scores"].setdefault(name, {})[lang] = evaluate(args, name, checkpoint, lang, langid)
                 log(f"{name} en -> {lang}: {results['scores'][name][lang]}")
             save()
     if "export" in args.stages and "grow" in results["runs"]:

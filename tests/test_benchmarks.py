@@ -228,17 +228,20 @@ def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
         for lang in ("es", "de", "fr", "it"):
             (data / f"{split}.en-{lang}.en").write_text("\n".join(lines["en"]) + "\n", encoding="utf-8")
             text = lines["es"] if lang == "es" else [x.translate(fake[lang]) for x in lines["es"]]
-            if split == "train" and lang == "it":
-                text[0] = lines["en"][0]  # an untranslated pair: --drop-identical leaves it out
+            if split == "train" and lang in ("it", "es"):
+                text[0] = lines["en"][0]  # an untranslated pair: --drop-identical (and, in es, the base) leave it out
             (data / f"{split}.en-{lang}.{lang}").write_text("\n".join(text) + "\n", encoding="utf-8")
     out = tmp_path / "out"
     run_script("bench_add_language.py", "--data", str(data), "--out", str(out), "--quick", "--device", "cpu",
-               "--replay-weight", "0.5", "--drop-identical")
+               "--replay-weight", "0.5", "--drop-identical", "--base-drop-identical")
     res = json.loads((out / "results.json").read_text())
     for name in ("grow", "nogrow", "noreplay", "scratch"):
         log = (out / "runs" / name / "train.log").read_text()
-        assert "1 with the target equal to the source" in log and "drop_identical: true" in \
+        corpora = 1 if name == "noreplay" else 2  # it alone, or it and es: one pair each
+        assert log.count("1 with the target equal to the source") == corpora and "drop_identical: true" in \
             (out / "runs" / name / "config.yaml").read_text()
+    assert res["runs"]["base"]["dropped_identical"] == {"es": 1, "de": 0, "fr": 0}
+    assert res["runs"]["base"]["pairs"] == {"es": 199, "de": 200, "fr": 200}
     import yaml
 
     weights = {name: [(c["tgt_lang"], c.get("weight", 1.0)) for c in yaml.safe_load(
@@ -253,5 +256,7 @@ def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
     assert set(res["scores"]["imported"]) == {"es", "de", "fr"}
     assert all(set(res["scores"][name]) == {"es", "de", "fr", "it"} for name in ("grow", "nogrow", "noreplay", "scratch"))
     assert all(s["lines"] == 10 for scores in res["scores"].values() for s in scores.values())
+    assert all(len((out / "test" / f"{name}.{lang}").read_text().splitlines()) == 10
+               for name, scores in res["scores"].items() for lang in scores)  # the outputs kept
     assert all(e["equal"] == e["lines"] == 10 for e in res["export"].values())
     assert "## New direction en -> it" in (out / "results.md").read_text()
