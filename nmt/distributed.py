@@ -141,7 +141,9 @@ def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
     """Join the job's process group (NCCL for CUDA, gloo for CPU); yield this rank's device.
 
     `init_process_group` reads MASTER_ADDR/MASTER_PORT from torchrun. The group is
-    destroyed on the way out, also on errors. A group that is already initialised
+    destroyed on the way out, also on errors; on a normal end after a barrier, so that no rank
+    tears down its gloo connections while a peer is still working (a CI run once saw rank 0 abort,
+    "terminate called without an active exception", after its last log line). A group that is already initialised
     (a script that set one up itself) is used as it is and left alone.
     """
     device = rank_device(env, device)
@@ -158,6 +160,8 @@ def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
                             device_id=device if device.type == "cuda" else None)
     try:
         yield device
+        with contextlib.suppress(Exception):  # a normal end: every rank done before any tears its group down
+            dist.barrier()
     finally:
         with contextlib.suppress(Exception):  # peers may be gone already
             dist.destroy_process_group()
