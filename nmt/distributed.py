@@ -143,8 +143,8 @@ def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
     `init_process_group` reads MASTER_ADDR/MASTER_PORT from torchrun. The group is
     destroyed on the way out, also on errors; on a normal end after a barrier, so that no rank
     tears down its gloo connections while a peer is still working (a CI run once saw rank 0 abort,
-    "terminate called without an active exception", after its last log line). A group that is already initialised
-    (a script that set one up itself) is used as it is and left alone.
+    "terminate called without an active exception", after its last log line). A group that is
+    already initialised (a script that set one up itself) is used as it is and left alone.
     """
     device = rank_device(env, device)
     if not env.distributed:

@@ -35,8 +35,8 @@ Data layout (scripts/prepare_gettext.py): DATA/{train,dev,test}.en-XX.{en,XX}. L
 gettext's (es, pt_BR) in file names and NLLB's in the models (`CODES`). Results: OUT/results.json and
 OUT/results.md (tables: new direction BLEU, chrF and off-target rate per variant; every old
 direction's BLEU and its change from the imported model), printed at the end; every model's test
-outputs in OUT/test/MODEL.LANG. `--quick`: tiny sizes
-and budgets (a test runs the whole pipeline on tiny data: tests/test_benchmarks.py).
+outputs in OUT/test/MODEL.LANG. `--quick`: tiny sizes and budgets (a test runs the whole pipeline on
+tiny data: tests/test_benchmarks.py).
 """
 
 from __future__ import annotations
@@ -176,9 +176,11 @@ def base_pairs(args) -> tuple[dict, dict]:
     pairs, dropped = {}, {}
     for lang in args.old:
         src, tgt = (read(p, args.train_lines) for p in files(args.data, "train", lang))
-        same = identical_pairs(src, tgt) if args.base_drop_identical else [False] * len(src)
-        pairs[lang] = [(s, t) for s, t, x in zip(src, tgt, same) if s and t and not x]
-        dropped[lang] = sum(bool(s and t and x) for s, t, x in zip(src, tgt, same))
+        both = kept = [(s, t) for s, t in zip(src, tgt) if s and t]
+        if args.base_drop_identical:
+            same = identical_pairs([s for s, _ in both], [t for _, t in both])
+            kept = [p for p, x in zip(both, same) if not x]
+        pairs[lang], dropped[lang] = kept, len(both) - len(kept)
     return pairs, dropped
 
 
