@@ -27,7 +27,7 @@ from nmt.batching import Progress
 from nmt.config import DecodeConfig, decode_config
 from nmt.engine import load_engine
 from nmt.errors import UserError
-from nmt.languages import target_prefix
+from nmt.languages import check_source_language, target_prefix
 from nmt.translate import TranslationResult, check_glossary, check_protect, translate_chunk
 
 _CALLS = threading.Lock()  # one call at a time in the process (module docstring)
@@ -83,13 +83,17 @@ class Translator:
             check_protect(self._engine.tokenizer)
         if decode.tgt_lang is not None:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
+        check_source_language(self._engine.tokenizer, decode.src_lang)
         return decode
 
     def check_language(self, settings: DecodeConfig | None = None, **decode_options: Any) -> None:
         """UserError unless the calls with these options (or `settings`, as `translate` takes them) have
         a target language to translate into (a multilingual model needs `tgt_lang` unless it has a
-        default; nmt/languages.py)."""
-        target_prefix(self._engine.tokenizer, self._given(settings, decode_options).tgt_lang)
+        default; nmt/languages.py) and a source language it knows (`src_lang`, where sources start with
+        a language token)."""
+        decode = self._given(settings, decode_options)
+        target_prefix(self._engine.tokenizer, decode.tgt_lang)
+        check_source_language(self._engine.tokenizer, decode.src_lang)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,

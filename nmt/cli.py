@@ -25,7 +25,7 @@ EXIT_USAGE = 2  # bad input the user can fix: config, flags, files, data, checkp
 
 # Flags of decode keys whose name is not simply --KEY-WITH-DASHES (that one works too).
 DECODE_FLAGS = {"beam_size": ["--beam"], "max_batch_size": ["--batch-size"]}
-SCORE_KEYS = ("batch_tokens", "max_batch_size", "workers", "tgt_lang", "protect", "protect_pattern")  # `nmt score`'s
+SCORE_KEYS = ("batch_tokens", "max_batch_size", "workers", "src_lang", "tgt_lang", "protect", "protect_pattern")  # `nmt score`'s
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,6 +199,8 @@ def _tune_parser(sub) -> None:
     p.add_argument("--tgt-lang", metavar="L", help="a multilingual model's target language, the language of the dev "
                    "references (--ref); the settings chosen on it become the model's decode settings for every "
                    "target language (default: the model's default language)")
+    p.add_argument("--src-lang", metavar="L", help="an imported M2M100/NLLB model's source language, the language of "
+                   "the dev sources (--src); default: the model's decode.src_lang, else the language it was imported with")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 
@@ -359,7 +361,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
                         max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
-                        quiet=args.quiet, tgt_lang=args.tgt_lang)
+                        quiet=args.quiet, tgt_lang=args.tgt_lang, src_lang=args.src_lang)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -228,6 +228,7 @@ class Source(NamedTuple):
     protect_inject: float = 0.0                               # share of span-less pairs given placeholders (protect)
     terms: Callable[[list[str], list[str]], list[str]] | None = None  # term-annotated sources (`annotate_chunk`)
     drop_identical: bool = False                              # drop pairs whose target is the source (`identical_pairs`)
+    src_lang: str | None = None                               # its source-language token's code (imported M2M100/NLLB)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -237,15 +238,16 @@ def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.nda
 
 
 def encode_chunk(tokenizer: TokenizerLike, src: list[str], tgt: list[str], tag: str | None = None,
-                 protect: bool = False, tgt_prefix: tuple[int, ...] = (),
-                 protect_inject: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 protect: bool = False, tgt_prefix: tuple[int, ...] = (), protect_inject: float = 0.0,
+                 src_lang: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(src tokens, src lens [n], tgt tokens, tgt lens [n]) of aligned lines; with `protect` each pair's
     spans become placeholders (`mask_chunk`); `tag + " "` goes before every non-empty source
     line (an empty one stays empty, so the pair is dropped); `tgt_prefix` (a multilingual model's
-    language token, nmt/languages.py) goes before every non-empty target."""
+    language token, nmt/languages.py) goes before every non-empty target; `src_lang` picks the source
+    language token of an imported M2M100/NLLB model (`TokenizerLike.encode_src`)."""
     if protect:
         src, tgt = mask_chunk(src, tgt, protect_inject)
-    st, sl = _flatten(tokenizer.encode_src(_tagged(src, tag)), token_dtype(tokenizer.src_vocab_size))
+    st, sl = _flatten(tokenizer.encode_src(_tagged(src, tag), src_lang), token_dtype(tokenizer.src_vocab_size))
     tgt_ids = tokenizer.encode_tgt(tgt)
     if tgt_prefix:
         tgt_ids = [list(tgt_prefix) + ids if ids else ids for ids in tgt_ids]
@@ -279,7 +281,8 @@ def annotate_chunk(tokenizer: TokenizerLike, src: list[str], tgt: list[str], st:
     if not changed:
         return st, sl
     seqs = np.split(st, np.cumsum(sl)[:-1]) if len(sl) else []
-    for i, ids in zip(changed, tokenizer.encode_src(_tagged([annotated[i] for i in changed], source.tag))):
+    for i, ids in zip(changed, tokenizer.encode_src(_tagged([annotated[i] for i in changed], source.tag),
+                                                    source.src_lang)):
         if len(ids) <= max_len:
             seqs[i] = ids
     return _flatten(seqs, st.dtype)
@@ -406,7 +409,8 @@ def encode_split(prefix: str, split: str, sources: Sequence[Source], tokenizer: 
                 same = identical_pairs(src_lines, tgt_lines) if src.drop_identical else None
                 if src.protect:
                     src_lines, tgt_lines = mask_chunk(src_lines, tgt_lines, src.protect_inject)
-                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, tgt_prefix=src.tgt_prefix)
+                st, sl, tt, tl = encode_chunk(tokenizer, src_lines, tgt_lines, src.tag, tgt_prefix=src.tgt_prefix,
+                                              src_lang=src.src_lang)
                 keep, c = filter_pairs(sl, tl, max_len, max_ratio if filter_ratio else None, len(src.tgt_prefix), same)
                 if src.terms is not None:
                     st, sl = annotate_chunk(tokenizer, src_lines, tgt_lines, st, sl, keep, src, max_len)

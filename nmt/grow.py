@@ -16,8 +16,10 @@ Languages (`check_languages`, one-line UserErrors naming the key):
   NLLB the code itself (`ita_Latn`-style codes only), M2M100 `__it__`, nmt's multilingual models
   `__it__` (a control symbol of the target SentencePiece model, nmt/tokenizer.py); codes are kept as
   written (`pt_BR` stays `__pt_BR__`). nmt's own models have no source-language tokens, so a new source
-  language needs none; an imported M2M100/NLLB model puts its one source-language token (nmt import
-  --src-lang) before every source, so a new language can only be a target language there. A bilingual
+  language needs none; an imported M2M100/NLLB model puts a language token before every source too (the
+  corpus's src_lang; at translate time `--src-lang`, default the language it was imported with), the same
+  token a target in that language starts with: a new language gets one whether it is a source or a
+  target language, or both. A bilingual
   model has no language tokens: it can learn a new source language, or a new single target language,
   but not a second target language.
 
@@ -141,15 +143,10 @@ def check_languages(cfg: Config, source: dict) -> Plan:
             raise UserError(f"data.add_languages.{code}: {init!r} has no language token in the model in "
                             f"train.init_from {path} (its language tokens: {_list(languages) or 'none'}; or null)")
     targets = d.target_languages
-    tokens = tuple(code for code in added if code in targets)
-    if kind in ("m2m100", "nllb"):
-        fixed = tok["settings"]["src_lang"]
-        for i, c in enumerate(d.train_corpora):
-            if d.langs(c)[0] in added:
-                raise UserError(f"{d.train_key(i)}.src_lang: {d.langs(c)[0]!r} is a new language, but this imported "
-                                f"{kind} model puts its one source-language token {fixed!r} before every source (nmt "
-                                "import --src-lang): a new language can be a target language (tgt_lang) only")
-    elif tokens and not tok.get("languages") and len(targets) > 1:
+    # M2M100/NLLB: one token per language, before the source and as the first target token; nmt's own
+    # models: target-language tokens only
+    tokens = tuple(added) if kind in ("m2m100", "nllb") else tuple(code for code in added if code in targets)
+    if kind not in ("m2m100", "nllb") and tokens and not tok.get("languages") and len(targets) > 1:
         raise UserError(f"data.add_languages.{tokens[0]}: the model in train.init_from {path} translates into one "
                         "language and has no language tokens, so it cannot learn a second target language (train a "
                         "multilingual model, or fine-tune into the new language alone)")
@@ -462,7 +459,8 @@ def _grow_imported(old, cfg: Config, plan: Plan, codes: set[str], log, notes: li
         have = {p.piece for p in proto_of(model).pieces}
     pieces: list[str] = []
     if n:
-        found = [p for p in candidates(_texts(cfg, codes, "tgt"), model, cfg, n, "new-language", log) if p not in have]
+        found = [p for p in candidates(_texts(cfg, codes, "both"), model, cfg, n, "new-language", log)
+                 if p not in have]  # (one vocabulary: the new languages' text on either side)
         result = append_pieces(model, found, n, _old_texts(cfg, codes, "both", 0, KEEP))
         notes.append(_note("new-language", result))
         pieces, files["sentencepiece.bpe.model"] = result.pieces, result.model

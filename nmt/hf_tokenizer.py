@@ -39,6 +39,7 @@ import sentencepiece as spm
 
 from nmt import textio
 from nmt.errors import UserError
+from nmt.languages import check_source_language
 from nmt.layout import Specials
 from nmt.tokens import WORD_START, load_sentencepiece
 
@@ -86,6 +87,7 @@ class HFTokenizer:
 
     kind = ""  # "marian", "m2m100", "nllb": set by each adapter
     free_language_token = False
+    source_languages = False  # Marian: no source-language token (M2M100/NLLB: True)
 
     def __init__(self, files: dict[str, bytes], settings: dict, *, threads: int = 1,
                  languages: dict[str, int] | None = None, default_tgt_lang: str | None = None):
@@ -150,8 +152,8 @@ class MarianTokenizer(HFTokenizer):
         unk = self.specials.unk
         return [vocab.get(p, unk) for p in pieces]
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """A leading `>>xx<<` is one token (transformers' `remove_language_code`, on both sides); then
+    def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
+        """(src_lang: no source-language token, unused.) A leading `>>xx<<` is one token (transformers' `remove_language_code`, on both sides); then
         the pieces of source.spm (target.spm for targets)."""
         codes, texts = zip(*(_split_code(x) for x in lines)) if lines else ((), ())
         pieces = self._src.encode(list(texts), out_type=str, num_threads=self.threads)
@@ -189,15 +191,19 @@ class _MultilingualTokenizer(HFTokenizer):
     first. Subclasses map SentencePiece's output to the model's ids (`_encode`) and back (`_decode`)."""
 
     free_language_token = True  # the forced language token counts log-prob 0 in searches (nmt/languages.py)
+    source_languages = True  # the source-language token first (nmt/languages.py)
 
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
         self._sp = load_sentencepiece(files["sentencepiece.bpe.model"], "sentencepiece.bpe.model")
         self._src_lang = self.languages[settings["src_lang"]]
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """The source language token + pieces (nmt adds `</s>`); an empty line stays empty."""
-        return [[self._src_lang] + ids if ids else ids for ids in self._encode(lines)]
+    def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
+        """The token of `src_lang` (None: the language the model was imported with) + pieces (nmt adds
+        `</s>`); an empty line stays empty. One-line UserError for a language the model lacks."""
+        check_source_language(self, src_lang)
+        token = self._src_lang if src_lang is None else self.languages[src_lang]
+        return [[token] + ids if ids else ids for ids in self._encode(lines)]
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         return self._encode(lines)

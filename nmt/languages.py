@@ -15,6 +15,12 @@ multilingual models it trains, so `--tgt-lang` (`decode.tgt_lang`) means the sam
   transformers' generate() does (`forced_bos_token_id`): its log-probability counts 0 in the search's
   log_prob and score (`free_prefix`); `nmt score` still counts it (Hugging Face's labels do).
 
+Source languages: nmt's own models and Marian carry no source language (a multilingual nmt model
+reads any of its source languages as it is); an imported M2M100/NLLB model puts a source-language token
+first in every source (`source_languages`), one of its `languages`: `decode.src_lang` (`--src-lang`) or a
+training corpus's src_lang picks it, the language it was imported with (`nmt import --src-lang`) by
+default (`check_source_language`).
+
 What a model translates into is read in one way: `target_languages(tokenizer, cfg)` for a loaded model,
 `stored_target_languages(entry, config)` for what a checkpoint or an export stores (the tokenizer's
 `languages` and `default_tgt_lang`, the config's data.tgt_lang); both give a `TargetLanguages`. The
@@ -89,6 +95,15 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
     """`TargetLanguages.prefix` of the model of `tokenizer`: [] for a bilingual model, [the language
     token] for a multilingual one (one-line UserError when the language is missing or unknown)."""
     return target_languages(tokenizer).prefix(tgt_lang)
+
+
+def check_source_language(tokenizer, src_lang: str | None) -> None:
+    """One-line UserError when `src_lang` is not a language of a model whose sources start with a
+    language token (`tokenizer.source_languages`: imported M2M100/NLLB). The other models' sources carry
+    no language token: any `src_lang` is accepted there and changes nothing."""
+    if src_lang is not None and tokenizer.source_languages and src_lang not in tokenizer.languages:
+        raise UserError(f"unknown source language {src_lang!r} for this model (it knows: "
+                        f"{', '.join(sorted(tokenizer.languages))})")
 
 
 def free_prefix(tokenizer, prefixes) -> int:

@@ -70,7 +70,7 @@ class CorpusConfig:
     max_sentences: Optional[int] = _f(None, "Read at most this many pairs (the first N); null = all.", min=1)
     weight: float = _f(1.0, "Sampling share per epoch (training corpora only). Each epoch has as many pairs as all training corpora together (after filtering); when all corpora have one direction, this corpus gives weight / (sum of weights) of them: whole passes, then a seeded random subset of the rest. Between directions, see `data.sampling_temperature` (a direction's share also scales with the mean weight of its corpora). 0 = not used.", min=0.0, train_only=True)
     src_tag: Optional[str] = _f(None, "A tag `<NAME>` (letters, digits, `_`, `-`, `.`) put before every non-empty source sentence of this corpus, e.g. `<BT>` for back-translated data (training corpora only). A trained tokenizer gets it as a user-defined symbol: always one token.", train_only=True)
-    src_lang: Optional[str] = _f(None, "Source language code of this corpus (default `data.src_lang`); also the key of a Hugging Face `translation` dict.")
+    src_lang: Optional[str] = _f(None, "Source language code of this corpus (default `data.src_lang`); also the key of a Hugging Face `translation` dict. An imported M2M100/NLLB model puts its token before every source of the corpus (`decode.src_lang` at translate time).")
     tgt_lang: Optional[str] = _f(None, "Target language code of this corpus (default `data.tgt_lang`); also the key of a Hugging Face `translation` dict. Training corpora with more than one target language make a multilingual model: one language token per target language, forced as the first target token (`--tgt-lang`; README \"Multilingual models\"). A validation corpus is decoded into its own target language.")
 
     @property
@@ -310,6 +310,7 @@ class DecodeConfig:
     alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (last decoder layer's cross-attention, averaged over heads), as Pharaoh `src-tgt` subword indices.")
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = _f("auto", "Arithmetic of the model's forward passes, chosen when the model loads: `fp32`; `bf16`/`fp16`: autocast (GPU; bf16 also on a CPU with AVX-512 BF16/AMX); `int8`: CPU only, linear layers with int8 weights quantized once at load and PyTorch's dynamic int8 kernel (nmt/precision.py). `auto`: fp32 for PyTorch, the exported weights' type for CTranslate2 (which maps the names onto its compute_type). Combinations a device cannot run fast are refused.")
     tgt_lang: Optional[str] = _f(None, "Target language of a multilingual model (one of its language codes, e.g. `de` or `deu_Latn`): its language token is forced as the first target token (the M2M100/NLLB convention, nmt/languages.py). Required for a model with several target languages and no default; not allowed for a bilingual model.")
+    src_lang: Optional[str] = _f(None, "Source language of an imported M2M100/NLLB model (one of its language codes, e.g. `ita_Latn`): its language token goes before every source; default: the language it was imported with (`nmt import --src-lang`, = data.src_lang). Other models carry no source-language token and ignore it.")
 
 
 # --------------------------------------------------------------------------- top

@@ -64,7 +64,7 @@ def score_pairs(engine, src_lines: Sequence[str], tgt_lines: Sequence[str], deco
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # a multilingual model's language token comes first
     if decode.protect:  # as translation masks them (nmt/protect.py)
         src_lines, tgt_lines = _masked(engine.tokenizer, src_lines, tgt_lines, decode.protect_pattern)
-    src_full = engine.tokenizer.encode_src(list(src_lines))
+    src_full = engine.tokenizer.encode_src(list(src_lines), decode.src_lang)
     tgt_full = [lang + ids for ids in engine.tokenizer.encode_tgt(list(tgt_lines))]
     src_ids, tgt_ids = [ids[:limit] for ids in src_full], [ids[:limit] for ids in tgt_full]
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]

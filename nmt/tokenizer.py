@@ -91,6 +91,7 @@ class Tokenizer:
     kind = "spm"
     specials = NMT_SPECIALS  # the ids of every SentencePiece model nmt uses (checked on load)
     free_language_token = False  # a multilingual model trained here learns its language token (nmt/languages.py)
+    source_languages = False  # no source-language token (nmt/languages.py)
 
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, *, threads: int = 1,
                  languages: dict[str, int] | None = None, default_tgt_lang: str | None = None):
@@ -112,8 +113,9 @@ class Tokenizer:
     def tgt_vocab_size(self) -> int:
         return self._tgt.vocab_size()
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """Source sentences -> subword ids (no BOS/EOS)."""
+    def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
+        """Source sentences -> subword ids (no BOS/EOS). nmt's models carry no source language: src_lang
+        changes nothing."""
         return self._src.encode(list(lines), out_type=int, num_threads=self.threads)
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:

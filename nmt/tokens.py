@@ -30,6 +30,7 @@ class TokenizerLike(Protocol):
     languages: dict[str, int]  # a multilingual model's target languages: {code: id of its language token}; {} if none
     default_tgt_lang: str | None  # the target language used when none is asked for
     free_language_token: bool  # the forced language token counts log-prob 0 in searches (nmt/languages.py)
+    source_languages: bool  # every source starts with a language token, one of `languages` (imported M2M100/NLLB)
     joint: bool  # one vocabulary for both sides
     threads: int  # threads for batch encoding
 
@@ -41,8 +42,9 @@ class TokenizerLike(Protocol):
     def tgt_vocab_size(self) -> int:
         """The model's target vocabulary size (its output size)."""
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """Source sentences -> ids (no EOS; an imported M2M100/NLLB model's language token first)."""
+    def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
+        """Source sentences -> ids (no EOS). With `source_languages` the token of `src_lang` comes first
+        (None: the language the model was imported with); the others ignore src_lang."""
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         """Target sentences -> ids (no BOS/EOS)."""

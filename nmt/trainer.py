@@ -305,13 +305,15 @@ class Trainer:
             best = os.path.join(self.tr.run_dir, "checkpoints", "best.pt")
             if os.path.exists(best):
                 metric = "chrf" if self.t.metric == "chrf" else "bleu"
-                src, ref = self.tr.valid_sets[0].lines
+                vs = self.tr.valid_sets[0]
+                src, ref = vs.lines
                 self.log.info(f"tuning the decode settings of best.pt on the validation set ({len(src)} lines, "
                               f"at most {self.t.tune_max_time:g} s)")
                 try:
                     result = tune(TorchEngine.load(best, str(self.tr.device)), src, ref, metric=metric,
                                   max_time=self.t.tune_max_time, log=lambda m: None,
-                                  stop=lambda: self.stop.requested is not None)
+                                  stop=lambda: self.stop.requested is not None,
+                                  src_lang=vs.src_lang if self.tr.tokenizer.source_languages else None)
                 except Stopped:
                     self.stop.announce(self.log.info, "tuning stopped, best.pt keeps the decode settings it was "
                                                       "trained with")

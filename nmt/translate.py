@@ -89,9 +89,10 @@ def _stderr_warn(msg: str) -> None:
 
 # --------------------------------------------------------------------------- text -> ids
 
-def encode_sources(engine, lines: Sequence[str]) -> tuple[list[list[int]], list[bool]]:
-    """Subword ids of each line (no EOS), truncated to max_positions - 1, and which were truncated."""
-    encoded = engine.tokenizer.encode_src(list(lines))
+def encode_sources(engine, lines: Sequence[str], src_lang: str | None = None) -> tuple[list[list[int]], list[bool]]:
+    """Subword ids of each line (no EOS; an imported M2M100/NLLB model's token of `src_lang` first),
+    truncated to max_positions - 1, and which were truncated."""
+    encoded = engine.tokenizer.encode_src(list(lines), src_lang)
     limit = engine.max_positions - 1
     return [ids[:limit] for ids in encoded], [len(ids) > limit for ids in encoded]
 
@@ -220,14 +221,14 @@ def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode:
     return out, _LineTerms(seqs, ends, joining_tokens(engine.tokenizer), targets, glossary.ignore_case)
 
 
-def _encode_annotated(engine, lines: list[str], annotated: list[str], src_ids, truncated):
+def _encode_annotated(engine, lines: list[str], annotated: list[str], src_ids, truncated, src_lang: str | None):
     """(ids, truncated) of the annotated lines: `encode_sources` of the lines the annotation changed,
     the others' as they are."""
     changed = [i for i, (a, line) in enumerate(zip(annotated, lines)) if a != line]
     if not changed:
         return src_ids, truncated
     ids, cut = list(src_ids), list(truncated)
-    for i, x, c in zip(changed, *encode_sources(engine, [annotated[i] for i in changed])):
+    for i, x, c in zip(changed, *encode_sources(engine, [annotated[i] for i in changed], src_lang)):
         ids[i], cut[i] = x, c
     return ids, cut
 
@@ -303,8 +304,8 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     annotated, terms = _glossary_terms(engine, lines, glossary, keys, decode)
-    src_ids, truncated = encode_sources(engine, lines)
-    term_ids, term_cut = _encode_annotated(engine, lines, annotated, src_ids, truncated)
+    src_ids, truncated = encode_sources(engine, lines, decode.src_lang)
+    term_ids, term_cut = _encode_annotated(engine, lines, annotated, src_ids, truncated, decode.src_lang)
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)  # [] or [the language token]
     prefix_ids, prefix_cut = _prefix_ids(engine, prefixes, lang, len(lines))
     if terms is not None:

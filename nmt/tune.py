@@ -156,7 +156,7 @@ class Decoder:
             check_protect(engine.tokenizer)
             masked = [protect.mask(x, decode.protect_pattern) for x in lines]
             lines, self.spans = [m for m, _ in masked], [s for _, s in masked]
-        self.src_ids, _ = encode_sources(engine, lines)
+        self.src_ids, _ = encode_sources(engine, lines, decode.src_lang)
         self.lang = target_prefix(engine.tokenizer, decode.tgt_lang)
         self.options = SearchOptions.from_decode(decode, engine.tokenizer)
         self._texts: dict[tuple, str] = {}
@@ -321,10 +321,11 @@ def _format_row(row: Row) -> str:
 def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: str = "bleu", max_time: float = 600.0,
          max_loops: float = MAX_LOOPS, beams: Sequence[int] = BEAMS, ngrams: Sequence[int] = NGRAMS,
          log: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False,
-         tgt_lang: str | None = None) -> TuneResult:
+         tgt_lang: str | None = None, src_lang: str | None = None) -> TuneResult:
     """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring).
     tgt_lang: a multilingual model's target language, the references' (default: the engine's decode
-    setting, else the model's default). `stop()` is asked between batches and once more at the end:
+    setting, else the model's default); src_lang: the dev sources' language where a token gives it
+    (imported M2M100/NLLB; default: the engine's decode setting). `stop()` is asked between batches and once more at the end:
     true raises `Stopped`. Check `within_limit` before using the result."""
     if metric not in ("bleu", "chrf"):
         raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
@@ -334,7 +335,8 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
         raise UserError("nothing to tune on: the dev set is empty")
     t0 = time.perf_counter()
     decode = dataclasses.replace(engine.decode, nbest=1, sampling="none", alignment=False,
-                                 tgt_lang=tgt_lang if tgt_lang is not None else engine.decode.tgt_lang)
+                                 tgt_lang=tgt_lang if tgt_lang is not None else engine.decode.tgt_lang,
+                                 src_lang=src_lang if src_lang is not None else engine.decode.src_lang)
     race = Race(Decoder(engine, src_lines, decode, stop), Scorer(ref_lines, metric), len(src_lines), max_time,
                 max_loops, log)
     arms = [(b, n) for b in beams for n in ngrams]

@@ -57,7 +57,7 @@ def test_streamed_encoding_equals_in_memory(tmp_path, monkeypatch, chunk):
     tok = build_tokenizer(cfg, run, log=quiet)
     seen = []
     encode = tok.encode_src
-    monkeypatch.setattr(tok, "encode_src", lambda lines: seen.append(len(lines)) or encode(lines))
+    monkeypatch.setattr(tok, "encode_src", lambda lines, src_lang=None: seen.append(len(lines)) or encode(lines, src_lang))
     data = D.load_data(cfg, tok, run, log=quiet)
     assert max(seen) <= chunk and sum(seen) == 2 * len(src)  # train + valid, never more than a chunk at once
     ref_src, ref_tgt, counts = reference_encode(tok, src, tgt, 30, 2.5)

@@ -4,7 +4,8 @@ Tiny models built with transformers' own classes (tests/hf_fixtures.py), importe
 fine-tuned a few steps on es -> en (replay) and es -> a new language (English of the Bible with the
 vowels written å ë ï ø ü, every word ending in "in"), with new pieces; then `nmt export --format hf`
 loads with AutoTokenizer / AutoModelForSeq2SeqLM and gives nmt's ids and greedy outputs, in the new
-language too; `nmt import` of that directory and the CTranslate2 export give them as well.
+language too; `nmt import` of that directory and the CTranslate2 export give them as well. The new
+language as a source language (yy -> en) likewise, through its source-language token.
 """
 
 from __future__ import annotations
@@ -144,20 +145,84 @@ def test_exported_directory_gives_nmt_outputs_in_every_language(grown, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_new_source_language_is_refused_for_imported_models(grown, tmp_path, capsys):
-    """An imported M2M100/NLLB model puts its one source-language token before every source."""
+def test_a_new_source_language(grown, tmp_path):
+    """A new language as the source language of a corpus (yy -> en beside es -> en): its training sources
+    start with the new language's token, the other corpus's with the imported one; `--src-lang` puts it
+    before every line; transformers on the `nmt export --format hf` directory, given that token, gives
+    nmt's greedy outputs (NLLB's tokenizer takes the new code as src_lang and gives nmt's ids; M2M100's
+    knows a fixed list of codes, so the token's id replaces the first one); CTranslate2 alike."""
     import yaml
 
-    family, d, imported, _ = grown
-    src, tgt, new, _ = CODES[family]
+    from nmt import Translator
+    from nmt.config import config_from_dict
+    from nmt.data import load_data
+
+    family, d, _, _ = grown
+    src, tgt, new, token = CODES[family]
     raw = yaml.safe_load((d / "ft.yaml").read_text(encoding="utf-8"))
-    raw["data"]["train"][1].update(src=str(d / "train.yy"), tgt=str(d / "train.en"), src_lang=new, tgt_lang=tgt)
-    raw["data"]["valid"] = raw["data"]["valid"][:1]
-    raw.update(name="refused")
+    for corpus, split in ((raw["data"]["train"][1], "train"), (raw["data"]["valid"][1], "dev")):
+        corpus.update(src=str(d / f"{split}.yy"), tgt=str(d / f"{split}.en"), src_lang=new, tgt_lang=tgt)
+    raw["data"]["add_languages"] = {new: None}
+    raw.update(name="srcnew", output_dir=str(tmp_path / "runs"))
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    assert main(["train", "--config", str(config), "-q"]) == 0
+    run = tmp_path / "runs" / "srcnew"
+    ckpt = str(run / "checkpoints" / "latest.pt")
+    tok = Tokenizer.from_bytes(load_checkpoint(ckpt)["tokenizer"])
+    assert new in tok.languages and tok.languages[new] >= tok.languages[src]
+    train = load_data(config_from_dict(raw), tok, str(run), log=lambda m: None).train  # the run's cached pairs
+    firsts = [int(train.src(i)[0]) for i in range(len(train))]
+    assert firsts == [tok.languages[src]] * train.parts[0] + [tok.languages[new]] * train.parts[1]
+
+    lines = [yy(line) for line in fx.corpus_lines("test", "en", 20, skip=100)]
+    ids = tok.encode_src(lines, new)
+    assert [x[0] for x in ids] == [tok.languages[new]] * 20 and [x[1:] for x in ids] == [x[1:] for x in tok.encode_src(lines)]
+    translator = Translator(ckpt, device="cpu")
+    ours = [r.text for r in translator.translate(lines, src_lang=new, tgt_lang=tgt)]
+    given = tmp_path / "in.yy"
+    given.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    assert main(["translate", "-c", ckpt, "-i", str(given), "-o", str(out), "--src-lang", new, "--tgt-lang", tgt,
+                 "-q"]) == 0
+    assert out.read_text(encoding="utf-8").splitlines() == ours
+
+    import torch
+
+    hf = str(tmp_path / "hf")
+    assert main(["export", "-c", ckpt, "--format", "hf", "-o", hf]) == 0
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf).eval()
+    if family == "nllb":
+        hf_tok.src_lang = new
+        batch = hf_tok(lines, return_tensors="pt", padding=True)
+        assert hf_tok(lines)["input_ids"] == [x + [2] for x in ids]
+    else:
+        batch = hf_tok(lines, return_tensors="pt", padding=True)
+        assert (batch["input_ids"][:, 0] == hf_tok.convert_tokens_to_ids(f"__{src}__")).all()
+        batch["input_ids"][:, 0] = hf_tok.convert_tokens_to_ids(token)
+    tgt_token = tgt if family == "nllb" else f"__{tgt}__"
+    with torch.no_grad():
+        generated = model.generate(**batch, num_beams=1, forced_bos_token_id=hf_tok.convert_tokens_to_ids(tgt_token))
+    assert hf_tok.batch_decode(generated, skip_special_tokens=True) == ours
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return  # (CTranslate2 is optional: pip install -e '.[ct2]')
+    assert main(["export", "-c", ckpt, "-o", str(tmp_path / "ct2")]) == 0
+    ct2 = Translator(str(tmp_path / "ct2"), device="cpu")
+    assert [r.text for r in ct2.translate(lines, src_lang=new, tgt_lang=tgt)] == ours
+
+
+@pytest.mark.slow
+def test_an_unknown_source_language_is_one_line(grown, tmp_path, capsys):
+    """--src-lang names a language the model lacks: one line, exit 2, no output file."""
+    family, d, _, ckpt = grown
+    given = tmp_path / "in.es"
+    given.write_text("hola\n", encoding="utf-8")
+    out = tmp_path / "out"
     capsys.readouterr()
-    assert main(["train", "--config", str(config), "-q"]) == 2
+    bad = "zzz_Zzzz" if family == "nllb" else "zz"
+    assert main(["translate", "-c", ckpt, "-i", str(given), "-o", str(out), "--src-lang", bad, "-q"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"data.train[1].src_lang: {new!r} is a new language, but this imported {family} " \
-                                      f"model puts its one source-language token {src!r} before every source" in err
+    assert err.count("\n") == 1 and f"unknown source language {bad!r} for this model" in err and not out.exists()

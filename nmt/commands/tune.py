@@ -13,7 +13,7 @@ from nmt.tune import MAX_LOOPS, MAX_TIME, apply_to_checkpoint, format_result
 
 def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
                  max_time: float = MAX_TIME, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
-                 quiet: bool = False, tgt_lang: str | None = None) -> int:
+                 quiet: bool = False, tgt_lang: str | None = None, src_lang: str | None = None) -> int:
     """`nmt tune` (module docstring). Returns 0; a UserError, with nothing written, when no setting keeps
     its looping outputs within `max_loops`."""
     from nmt.torch_engine import TorchEngine
@@ -30,7 +30,7 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
     engine = TorchEngine.load(checkpoint, device)
     log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     result = tuning.tune(engine, src_lines, ref_lines, metric=metric, max_time=max_time, max_loops=max_loops,
-                         log=log, tgt_lang=tgt_lang)
+                         log=log, tgt_lang=tgt_lang, src_lang=src_lang)
     if not result.within_limit:
         accept = math.ceil(round(result.row.loops * 1000, 6)) / 1000  # rounded up to 0.1%: it accepts that share
         raise UserError(f"{result.over_limit()}; nothing written (--max-loops {accept:g} would accept it)")
