@@ -84,6 +84,10 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
         raise UserError(f"train.init_from {path} has no training state (an averaged checkpoint?): it cannot carry "
                         f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
     _check_steps_left(cfg, path, int(record.step or 0))
+    if "optimizer" not in cfg.train.init_reset and (cfg.data.add_languages or cfg.data.tokenizer.add_pieces):
+        raise UserError(f"train.init_reset: the optimizer state of train.init_from {path} cannot be carried over "
+                        "when data.add_languages / data.tokenizer.add_pieces grow the vocabulary (its moments have the "
+                        "old embeddings' shape): add optimizer to train.init_reset")
     return grow.grow_source(cfg, source, log)
 
 

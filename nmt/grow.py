@@ -128,6 +128,15 @@ def check_languages(cfg: Config, source: dict) -> Plan:
                 raise UserError(f"{where}: {code!r} is not a language of the model in train.init_from {path} (it knows "
                                 f"{_list(known)}): list it in data.add_languages ({code}: an existing language whose "
                                 "token starts it, or null)")
+    tokens_of = tok.get("languages") or {}
+    if kind == "spm" and tokens_of:  # nmt's multilingual models: a language known as a source only has no token
+        for i, c in enumerate(d.train_corpora):
+            code = d.langs(c)[1]
+            if code in known and code not in tokens_of:
+                where = f"{d.train_key(i)}.tgt_lang" if c.tgt_lang else "data.tgt_lang"
+                raise UserError(f"{where}: the model in train.init_from {path} knows {code!r} as a source language only "
+                                f"(its target-language tokens: {_list(tokens_of)}); a language it knows cannot be "
+                                "given a target-language token (data.add_languages is for languages it does not know)")
     used = {code for c in d.train_corpora for code in d.langs(c)}
     for code, init in added.items():
         if code in known:
@@ -150,6 +159,10 @@ def check_languages(cfg: Config, source: dict) -> Plan:
         raise UserError(f"data.add_languages.{tokens[0]}: the model in train.init_from {path} translates into one "
                         "language and has no language tokens, so it cannot learn a second target language (train a "
                         "multilingual model, or fine-tune into the new language alone)")
+    if kind == "nllb" and d.tokenizer.add_pieces and tok["settings"].get("added_pieces"):
+        raise UserError(f"data.tokenizer.add_pieces: the vocabulary of the NLLB model in train.init_from {path} was grown "
+                        "before (it holds appended pieces); growing it again is not supported: set add_pieces: 0 (new "
+                        "language tokens are still added)")
     if kind == "marian" and d.tokenizer.add_pieces:
         raise UserError("data.tokenizer.add_pieces: growing the vocabulary of an imported marian model is not "
                         "supported (its source.spm / target.spm / vocab.json; M2M100, NLLB and nmt's own are)")
@@ -285,7 +298,10 @@ def candidates(lines: Callable[[], Iterator[str]], model: bytes, cfg: Config, n:
 
     kind = TYPES.get(proto_of(model).trainer_spec.model_type, "unigram")
     tok = replace(cfg.data.tokenizer, vocab_size=4 * n + 256, model_type=kind)
-    new = spm.SentencePieceProcessor(model_proto=train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log))
+    advice = (f"it has 4 x data.tokenizer.add_pieces + 256 = {tok.vocab_size} pieces, which must cover every "
+              "character of the new languages' text: raise add_pieces")
+    new = spm.SentencePieceProcessor(model_proto=train_sentencepiece(lines, tok, seed=cfg.seed, what=what, log=log,
+                                                                     advice=advice))
     have = {p.piece for p in proto_of(model).pieces}
     ordinary = [i for i in range(new.get_piece_size())
                 if not (new.is_control(i) or new.is_unknown(i) or new.is_unused(i) or new.is_byte(i))]

@@ -266,7 +266,8 @@ def iter_sample(lines: Iterable[str], keep: np.ndarray | None) -> Iterator[str]:
 
 def train_sentencepiece(lines: Sequence[str] | Callable[[], Iterable[str]], tok: TokenizerConfig, *, seed: int,
                         what: str, log: Callable[[str], None] = print, symbols: Sequence[str] = (),
-                        count: int | None = None, control: Sequence[str] = ()) -> bytes:
+                        count: int | None = None, control: Sequence[str] = (),
+                        advice: str = "change data.tokenizer.vocab_size / character_coverage") -> bytes:
     """Train one model on a seeded sample of `lines`; returns the serialized model.
 
     `lines` is a list, or a function that returns a fresh iterator over the
@@ -276,7 +277,7 @@ def train_sentencepiece(lines: Sequence[str] | Callable[[], Iterable[str]], tok:
     user-defined symbols (source tags), `control` control symbols (language tokens). `what` names the model in messages
     ("joint", "source", "target"). If the corpus is too small for
     `tok.vocab_size`, retrains with a soft vocabulary limit (a smaller
-    vocabulary) and logs it.
+    vocabulary) and logs it. `advice` ends the one-line error when training fails.
     """
     stream = (lambda: iter(lines)) if not callable(lines) else lines
     n = count if count is not None else sum(1 for x in stream() if x)
@@ -316,7 +317,7 @@ def train_sentencepiece(lines: Sequence[str] | Callable[[], Iterable[str]], tok:
     except RuntimeError as e:
         reason = str(e).split("] ")[-1].strip().replace("\n", " ")
         raise UserError(f"SentencePiece could not train the {what} model on {size} sentences: "
-                        f"{reason} (change data.tokenizer.vocab_size / character_coverage)") from None
+                        f"{reason} ({advice})") from None
     return proto
 
 

@@ -89,6 +89,25 @@ def _new_pieces(model: bytes, n: int = 30) -> grow.Grown:
     return grow.append_pieces(model, found, n)
 
 
+def test_a_new_text_with_more_characters_than_pieces_names_add_pieces(english_models):
+    """The new-language model has 4 x add_pieces + 256 pieces: a text with more distinct characters
+    cannot be covered, and the one-line error names the key to change (not data.tokenizer.vocab_size,
+    which a fine-tuning run may not change)."""
+    from nmt.config import TokenizerConfig
+    from nmt.errors import UserError
+
+    chars = [chr(0x4E00 + i) for i in range(400)]  # 400 CJK characters
+    lines = ["".join(chars[(7 * i + j) % 400] for j in range(12)) for i in range(400)]
+    cfg = config_from_dict({"data": {"src_lang": "es", "tgt_lang": "en", "train": {"src": "a", "tgt": "b"},
+                                     "valid": {"src": "a", "tgt": "b"},
+                                     "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
+    with pytest.raises(UserError) as e:
+        grow.candidates(lambda: iter(lines), english_models["unigram"], cfg, 10, "new-language", lambda msg: None)
+    message = str(e.value)
+    assert "\n" not in message and "raise add_pieces" in message and "296 pieces" in message, message
+    assert "vocab_size /" not in message
+
+
 @pytest.mark.parametrize("kind", ["unigram", "bpe"])
 def test_appended_pieces_keep_every_id_and_every_old_segmentation_without_them(english_models, kind):
     """Existing pieces keep their ids, strings and types; an old-language line whose new segmentation
@@ -323,6 +342,11 @@ def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
      "data.add_languages.yy: 'es' has no language token in the model"),
     (lambda raw: raw["data"]["valid"][2].update(src_lang="qq"),
      "data.valid[2].src_lang: 'qq' is not a language of the model"),
+    (lambda raw: raw["data"]["train"].append({"src": raw["data"]["train"][0]["tgt"], "tgt": raw["data"]["train"][0]["src"],
+                                              "src_lang": "en", "tgt_lang": "es"}),
+     "data.train[3].tgt_lang: the model in train.init_from"),  # ... knows 'es' as a source language only
+    (lambda raw: raw["train"].update(init_reset=["schedule", "counters"]),
+     "train.init_reset: the optimizer state of train.init_from"),  # ... cannot be carried over when ... grow
 ])
 def test_language_errors_are_one_line(base, tmp_path, capsys, edit, message):
     import yaml

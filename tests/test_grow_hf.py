@@ -226,3 +226,26 @@ def test_an_unknown_source_language_is_one_line(grown, tmp_path, capsys):
     assert main(["translate", "-c", ckpt, "-i", str(given), "-o", str(out), "--src-lang", bad, "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"unknown source language {bad!r} for this model" in err and not out.exists()
+
+
+@pytest.mark.slow
+def test_a_grown_nllb_vocabulary_is_not_grown_again(grown, tmp_path, capsys):
+    """NLLB numbers appended pieces from one recorded place (settings added_pieces): a second growth
+    with pieces is a one-line error naming data.tokenizer.add_pieces."""
+    import yaml
+
+    family, d, _, ckpt = grown
+    if family != "nllb":
+        pytest.skip("M2M100 numbers every piece in vocab.json: a second growth is allowed there")
+    raw = yaml.safe_load((d / "ft.yaml").read_text(encoding="utf-8"))
+    raw["data"]["train"][1].update(tgt_lang="qyb_Latn")
+    raw["data"]["valid"][1].update(tgt_lang="qyb_Latn")
+    raw["data"]["add_languages"] = {"qyb_Latn": None}
+    raw["train"].update(init_from=ckpt)
+    raw.update(name="again", output_dir=str(tmp_path / "runs"))
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data.tokenizer.add_pieces: the vocabulary of the NLLB model" in err, err
