@@ -226,6 +226,15 @@ def test_an_unknown_source_language_is_one_line(grown, tmp_path, capsys):
     assert main(["translate", "-c", ckpt, "-i", str(given), "-o", str(out), "--src-lang", bad, "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"unknown source language {bad!r} for this model" in err and not out.exists()
+    from nmt import Translator
+    from nmt.commands.batcher import Settings
+    from nmt.commands.serve_request import RequestError, check_options
+
+    translator = Translator(ckpt, device="cpu")
+    with pytest.raises(RequestError) as e:  # a request's "options" of nmt serve
+        check_options(translator, {"src_lang": bad}, Settings())
+    assert e.value.status == 400 and f"unknown source language {bad!r}" in str(e.value)
+    assert check_options(translator, {"src_lang": CODES[family][0]}, Settings()).src_lang == CODES[family][0]
 
 
 @pytest.mark.slow
