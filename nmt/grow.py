@@ -19,9 +19,10 @@ Languages (`check_languages`, one-line UserErrors naming the key):
   language needs none; an imported M2M100/NLLB model puts a language token before every source too (the
   corpus's src_lang; at translate time `--src-lang`, default the language it was imported with), the same
   token a target in that language starts with: a new language gets one whether it is a source or a
-  target language, or both. A bilingual
-  model has no language tokens: it can learn a new source language, or a new single target language,
-  but not a second target language.
+  target language, or both. A bilingual model has no language tokens: it can learn a new source
+  language, or a new single target language, but not a second target language. nmt's multilingual
+  models have tokens for their target languages only: a language they know as a source only cannot
+  become a target language (a one-line error naming the corpus's tgt_lang).
 
 Pieces (`data.tokenizer.add_pieces: N`, per SentencePiece model that encodes new-language text: the one
 model of a joint vocabulary, else source text -> source model, target text -> target model):
