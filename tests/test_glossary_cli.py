@@ -126,6 +126,27 @@ def test_translate_command_equals_the_api(translator, ckpt, tmp_path, capsys):
         assert f.read().splitlines() == [r.text for r in translator.translate(LINES, glossary=GLOSSARY, beam_size=2)]
 
 
+def test_translate_command_reports_the_glossary(ckpt, tmp_path, capsys):
+    """Without -q, `nmt translate --glossary` ends with how many entries matched on how many lines and
+    how many target terms the outputs hold (all: the guarantee); a glossary that matches nothing says
+    so, with the hint about case."""
+    src = _write(tmp_path / "in.txt", LINES)
+    tsv = _write(tmp_path / "terms.tsv", [f"{s}\t{t}" for s, t in GLOSSARY])
+    out = str(tmp_path / "out.txt")
+    capsys.readouterr()
+    assert cli.main(["translate", "-c", ckpt, "-i", src, "-o", out, "--glossary", tsv, "--beam", "2"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    matched = sum(len(_targets(line)) for line in LINES)
+    lines = sum(bool(_targets(line)) for line in LINES)
+    assert last == (f"glossary: {matched} entries matched on {lines} of {len(LINES)} lines; the outputs hold "
+                    f"{matched} of their target terms (100.00%)")
+    none = _write(tmp_path / "none.tsv", ["PERRO\tmoon"])
+    assert cli.main(["translate", "-c", ckpt, "-i", src, "-o", out, "--glossary", none]) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"glossary: no entry matched any of the {len(LINES)} input lines; matching is case-sensitive: "
+        "--glossary-ignore-case")
+
+
 def test_translate_command_errors(ckpt, tmp_path, capsys):
     src = _write(tmp_path / "in.txt", LINES)
     bad = _write(tmp_path / "bad.tsv", ["perro\tmoon", "gato grande big river"])

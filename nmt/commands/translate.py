@@ -16,7 +16,7 @@ from nmt import textio
 from nmt.api import Translator
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
-from nmt.glossary import load_glossary
+from nmt.glossary import load_glossary, term_use
 from nmt.translate import Translation, TranslationResult, truncation_warning
 
 CHUNK_LINES = 10_000  # lines sorted and translated together by translate_command
@@ -44,6 +44,18 @@ def protect_report(n_lines: int, n_exact: int) -> str:
             f"restored exactly once ({n_lines - n_exact} dropped or duplicated a span)")
 
 
+def glossary_report(n_lines: int, report: dict, ignore_case: bool) -> str:
+    """The line `nmt translate --glossary` ends with: how many entries matched on how many lines and
+    how many of their target terms the outputs hold (`nmt.glossary.term_use`, summed over the chunks)."""
+    if not report["term_matches"]:
+        hint = "" if ignore_case else "; matching is case-sensitive: --glossary-ignore-case"
+        return f"glossary: no entry matched any of the {n_lines} input line{'s' if n_lines != 1 else ''}{hint}"
+    share = 100.0 * report["terms_used"] / report["term_matches"]
+    return (f"glossary: {report['term_matches']} entr{'ies' if report['term_matches'] != 1 else 'y'} matched on "
+            f"{report['term_lines']} of {n_lines} lines; the outputs hold {report['terms_used']} of their target terms "
+            f"({share:.2f}%)")
+
+
 def _prefix_chunks(prefix: str | None, input: str | None):
     """An iterator over the lines of the --prefix file (checked against the input's line count when
     that is a regular file: a pipe is read once, as it is translated), or None."""
@@ -66,8 +78,8 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     CTranslate2 export) at `path`. `overrides` {decode key: value} replace the model's `decode`
     settings; `prefix`: a file with one target prefix per input line. A progress bar (stderr) is
     shown when reading a file, unless quiet; quiet also silences the truncation warning and the
-    protect report. glossary: a TSV glossary file whose terms every output holds (nmt/glossary.py),
-    matched ignoring case with glossary_ignore_case. Returns 0."""
+    protect report and the glossary report. glossary: a TSV glossary file whose terms every output
+    holds (nmt/glossary.py), matched ignoring case with glossary_ignore_case. Returns 0."""
     from tqdm import tqdm
 
     stderr = stderr if stderr is not None else sys.stderr
@@ -86,6 +98,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
         chunk_lines = 1  # interactive: answer each line as it is typed
     n_truncated = n_prefix_cut = index = protected = exact = 0
+    term_report = dict.fromkeys(("term_matches", "terms_used", "term_lines"), 0)
     with textio.open_output(output, stdout) as out, \
             tqdm(total=total, disable=quiet or not from_file, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         for chunk in textio.iter_chunks(textio.iter_lines(input, stdin), chunk_lines):
@@ -100,6 +113,9 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
             n_prefix_cut += sum(r.prefix_truncated for r in results)
             protected += sum(r.protected is not None for r in results)
             exact += sum(bool(r.protected) for r in results)
+            if terms is not None:
+                chunk_report = term_use([r.text for r in results], chunk, terms)
+                term_report = {k: v + chunk_report[k] for k, v in term_report.items()}
             out.write(format_results(results, decode, index).encode("utf-8"))
             out.flush()
             index += len(chunk)
@@ -111,4 +127,6 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
         print(truncation_warning(n_prefix_cut, translator.max_positions, "prefix", 2), file=stderr, flush=True)
     if decode.protect and not quiet:
         print(protect_report(protected, exact), file=stderr, flush=True)
+    if terms is not None and not quiet:
+        print(glossary_report(index, term_report, terms.ignore_case), file=stderr, flush=True)
     return 0
