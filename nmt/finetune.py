@@ -20,13 +20,18 @@ Rules (one-line UserErrors): the source must exist and be an nmt checkpoint file
 export or another directory is named as such); its architecture keys must equal the new
 config's (dropout rates may differ), and so must `data.tokenizer` (except `threads` and `add_pieces`; for a checkpoint
 written by `nmt import`, whose tokenizer is used as it is: data.tokenizer left at its defaults, `joint`
-as the checkpoint's, and data.src_lang the source language an M2M100/NLLB model was imported with); the new
+as the checkpoint's); the new
 run directory must not contain the source (a fine-tuning run never writes into its source's run
 directory); carrying the counters over, max_steps must lie beyond the source's step.
 
 Languages the source does not know (`data.add_languages`) and new pieces (`data.tokenizer.add_pieces`)
 grow the source's tokenizer and weights before the run starts (nmt/grow.py; its rules for corpus
 languages apply to every fine-tuning run).
+
+An imported M2M100/NLLB model puts a source-language token before every source: each corpus's src_lang
+picks it (nmt/data.py), and data.src_lang becomes the model's default one (what `nmt translate` uses
+without --src-lang, and the exported tokenizer's `src_lang`), a language it knows or learns
+(`_check_default_source_language`).
 
 Resuming a fine-tuning run (`--resume`) continues from its own latest.pt: train.init_from is
 ignored then (not read, not checked), so the source may be gone.
@@ -88,25 +93,43 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
         raise UserError(f"train.init_reset: the optimizer state of train.init_from {path} cannot be carried over "
                         "when data.add_languages / data.tokenizer.add_pieces grow the vocabulary (its moments have the "
                         "old embeddings' shape): add optimizer to train.init_reset")
-    return grow.grow_source(cfg, source, log)
+    _check_default_source_language(cfg, path, record.tokenizer)
+    source = grow.grow_source(cfg, source, log)
+    tok = source["tokenizer"]
+    if tok.get("kind") in ("m2m100", "nllb") and tok["settings"].get("src_lang") != cfg.data.src_lang:
+        source = {**source, "tokenizer": {**tok, "settings": {**tok["settings"], "src_lang": cfg.data.src_lang}}}
+    return source
+
+
+def _check_default_source_language(cfg: Config, path: str, tok: dict) -> None:
+    """data.src_lang becomes an imported M2M100/NLLB tokenizer's default source language (its `src_lang`
+    setting; module docstring): one-line UserErrors, before anything is grown, for a language the model
+    neither knows nor learns (data.add_languages), and for M2M100 a new one, which transformers'
+    M2M100Tokenizer, with its fixed list of codes, cannot take as src_lang."""
+    settings = tok.get("settings") or {}
+    code = cfg.data.src_lang
+    if tok.get("kind") not in ("m2m100", "nllb") or settings.get("src_lang") == code:
+        return
+    known = set(tok.get("languages") or {})
+    if code not in known and code not in cfg.data.add_languages:
+        raise UserError(f"data.src_lang: {code!r} is not a language of the {tok['kind']} model in train.init_from "
+                        f"{path}: choose one of its codes, or list it in data.add_languages with a corpus in it")
+    if tok["kind"] == "m2m100" and code not in known:
+        raise UserError(f"data.src_lang: {code!r} is a new language, which transformers' M2M100Tokenizer cannot take as "
+                        f"its src_lang (a fixed list of codes): keep data.src_lang {settings.get('src_lang')!r} (or "
+                        f"another code the model knew) and set src_lang: {code} on the corpora in it")
 
 
 def _check_imported(cfg: Config, path: str, source: ckpt.ModelRecord, diff: list[str]) -> None:
     """A source whose tokenizer was imported from Hugging Face (nmt import): that tokenizer is used as
     it is, so data.tokenizer must say nothing else than the checkpoint's (its defaults, with `joint`
-    telling whether source and target share one vocabulary); an M2M100/NLLB tokenizer puts its source
-    language token first, so data.src_lang must be the language it was imported with."""
+    telling whether source and target share one vocabulary)."""
     tok = source.tokenizer
     if diff:
         joint = source.config["data"]["tokenizer"]["joint"]
         raise UserError(f"train.init_from {path}: its tokenizer was imported from Hugging Face ({tok['kind']}) and is "
                         f"used as it is (nothing is trained): leave {', '.join(diff)} out of data.tokenizer (only "
                         f"threads and add_pieces may be set{'' if joint else '; joint: false, its vocabularies are separate'})")
-    src_lang = tok.get("settings", {}).get("src_lang")
-    if src_lang is not None and cfg.data.src_lang != src_lang:
-        raise UserError(f"train.init_from {path}: its {tok['kind']} tokenizer encodes sources as {src_lang!r} (the "
-                        f"source language token), but data.src_lang is {cfg.data.src_lang!r}: import the model again "
-                        f"with --src-lang {cfg.data.src_lang}")
 
 
 def _check_steps_left(cfg: Config, path: str, source_step: int) -> None:

@@ -215,6 +215,46 @@ def test_a_new_source_language(grown, tmp_path):
 
 
 @pytest.mark.slow
+def test_data_src_lang_becomes_the_default_source_language(grown, tmp_path, capsys):
+    """data.src_lang a new language (the old corpus naming its own): NLLB's fine-tuned model puts the
+    new token first without --src-lang, and the exported tokenizer's src_lang is the new code; M2M100's
+    tokenizer cannot take a new code as src_lang: a one-line error says to name it per corpus."""
+    import yaml
+
+    from nmt import Translator
+
+    family, d, _, _ = grown
+    src, tgt, new, _ = CODES[family]
+    raw = yaml.safe_load((d / "ft.yaml").read_text(encoding="utf-8"))
+    raw["data"].update(src_lang=new, add_languages={new: None})
+    for corpus in (raw["data"]["train"][0], raw["data"]["valid"][0]):
+        corpus.update(src_lang=src)
+    for corpus, split in ((raw["data"]["train"][1], "train"), (raw["data"]["valid"][1], "dev")):
+        corpus.update(src=str(d / f"{split}.yy"), tgt=str(d / f"{split}.en"), tgt_lang=tgt)
+    raw.update(name="default", output_dir=str(tmp_path / "runs"))
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+    capsys.readouterr()
+    if family == "m2m100":
+        assert main(["train", "--config", str(config), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"data.src_lang: {new!r} is a new language, which transformers' " \
+                                          "M2M100Tokenizer cannot take" in err, err
+        return
+    assert main(["train", "--config", str(config), "-q"]) == 0
+    ckpt = str(tmp_path / "runs" / "default" / "checkpoints" / "latest.pt")
+    tok = Tokenizer.from_bytes(load_checkpoint(ckpt)["tokenizer"])
+    lines = [yy(line) for line in fx.corpus_lines("test", "en", 10, skip=100)]
+    assert [ids[0] for ids in tok.encode_src(lines)] == [tok.languages[new]] * 10
+    translator = Translator(ckpt, device="cpu")
+    assert [r.text for r in translator.translate(lines)] == [r.text for r in translator.translate(lines, src_lang=new)]
+    hf = str(tmp_path / "hf")
+    assert main(["export", "-c", ckpt, "--format", "hf", "-o", hf]) == 0
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf)
+    assert hf_tok.src_lang == new and hf_tok(lines)["input_ids"] == [ids + [2] for ids in tok.encode_src(lines)]
+
+
+@pytest.mark.slow
 def test_an_unknown_source_language_is_one_line(grown, tmp_path, capsys):
     """--src-lang names a language the model lacks: one line, exit 2, no output file."""
     family, d, _, ckpt = grown
