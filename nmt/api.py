@@ -132,7 +132,8 @@ class Translator:
         """The model's log-probability of each target given its source (`nmt score`): one
         `nmt.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only these
         decode_options matter (`nmt score`'s flags): the batching keys (batch_tokens, max_batch_size,
-        workers), tgt_lang (a multilingual model's language token, scored first) and protect /
+        workers), tgt_lang (a multilingual model's language token, scored first), src_lang (an
+        imported M2M100/NLLB model's source-language token) and protect /
         protect_pattern (pairs scored as translation masks them). `sources` and `targets` are lists
         of str, checked as `translate` checks `lines`."""
         from nmt.score import score_pairs

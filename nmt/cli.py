@@ -200,7 +200,7 @@ def _tune_parser(sub) -> None:
                    "references (--ref); the settings chosen on it become the model's decode settings for every "
                    "target language (default: the model's default language)")
     p.add_argument("--src-lang", metavar="L", help="an imported M2M100/NLLB model's source language, the language of "
-                   "the dev sources (--src); default: the model's decode.src_lang, else the language it was imported with")
+                   "the dev sources (--src); default: the model's decode.src_lang, else its data.src_lang)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 

@@ -89,7 +89,8 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
         raise UserError(f"train.init_from {path} has no training state (an averaged checkpoint?): it cannot carry "
                         f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
     _check_steps_left(cfg, path, int(record.step or 0))
-    if "optimizer" not in cfg.train.init_reset and (cfg.data.add_languages or cfg.data.tokenizer.add_pieces):
+    if "optimizer" not in cfg.train.init_reset and (grow.check_languages(cfg, source).tokens
+                                                     or cfg.data.tokenizer.add_pieces):
         raise UserError(f"train.init_reset: the optimizer state of train.init_from {path} cannot be carried over "
                         "when data.add_languages / data.tokenizer.add_pieces grow the vocabulary (its moments have the "
                         "old embeddings' shape): add optimizer to train.init_reset")
@@ -101,11 +102,20 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
     return source
 
 
+def m2m100_tokenizer_codes(tok: dict) -> set[str]:
+    """The language codes transformers' M2M100Tokenizer knows for an imported M2M100 tokenizer entry
+    (its fixed list; languages nmt added are not in it)."""
+    from nmt.hf_tokenizer import M2M100_CODES
+
+    return set(M2M100_CODES[tok["settings"]["language_codes"]].split())
+
+
 def _check_default_source_language(cfg: Config, path: str, tok: dict) -> None:
     """data.src_lang becomes an imported M2M100/NLLB tokenizer's default source language (its `src_lang`
     setting; module docstring): one-line UserErrors, before anything is grown, for a language the model
-    neither knows nor learns (data.add_languages), and for M2M100 a new one, which transformers'
-    M2M100Tokenizer, with its fixed list of codes, cannot take as src_lang."""
+    neither knows nor learns (data.add_languages), and for M2M100 one outside transformers' fixed list
+    of codes (a language nmt added, now or in an earlier run), which M2M100Tokenizer cannot take as
+    src_lang."""
     settings = tok.get("settings") or {}
     code = cfg.data.src_lang
     if tok.get("kind") not in ("m2m100", "nllb") or settings.get("src_lang") == code:
@@ -114,7 +124,7 @@ def _check_default_source_language(cfg: Config, path: str, tok: dict) -> None:
     if code not in known and code not in cfg.data.add_languages:
         raise UserError(f"data.src_lang: {code!r} is not a language of the {tok['kind']} model in train.init_from "
                         f"{path}: choose one of its codes, or list it in data.add_languages with a corpus in it")
-    if tok["kind"] == "m2m100" and code not in known:
+    if tok["kind"] == "m2m100" and code not in m2m100_tokenizer_codes(tok):
         raise UserError(f"data.src_lang: {code!r} is a new language, which transformers' M2M100Tokenizer cannot take as "
                         f"its src_lang (a fixed list of codes): keep data.src_lang {settings.get('src_lang')!r} (or "
                         f"another code the model knew) and set src_lang: {code} on the corpora in it")

@@ -17,7 +17,7 @@ Languages (`check_languages`, one-line UserErrors naming the key):
   `__it__` (a control symbol of the target SentencePiece model, nmt/tokenizer.py); codes are kept as
   written (`pt_BR` stays `__pt_BR__`). nmt's own models have no source-language tokens, so a new source
   language needs none; an imported M2M100/NLLB model puts a language token before every source too (the
-  corpus's src_lang; at translate time `--src-lang`, default the language it was imported with), the same
+  corpus's src_lang; at translate time `--src-lang`, default the model's data.src_lang), the same
   token a target in that language starts with: a new language gets one whether it is a source or a
   target language, or both. A bilingual model has no language tokens: it can learn a new source
   language, or a new single target language, but not a second target language. nmt's multilingual

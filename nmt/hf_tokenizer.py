@@ -199,7 +199,7 @@ class _MultilingualTokenizer(HFTokenizer):
         self._src_lang = self.languages[settings["src_lang"]]
 
     def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
-        """The token of `src_lang` (None: the language the model was imported with) + pieces (nmt adds
+        """The token of `src_lang` (None: the model's default, its data.src_lang) + pieces (nmt adds
         `</s>`); an empty line stays empty. One-line UserError for a language the model lacks."""
         check_source_language(self, src_lang)
         token = self._src_lang if src_lang is None else self.languages[src_lang]

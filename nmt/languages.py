@@ -18,8 +18,8 @@ multilingual models it trains, so `--tgt-lang` (`decode.tgt_lang`) means the sam
 Source languages: nmt's own models and Marian carry no source language (a multilingual nmt model
 reads any of its source languages as it is); an imported M2M100/NLLB model puts a source-language token
 first in every source (`source_languages`), one of its `languages`: `decode.src_lang` (`--src-lang`) or a
-training corpus's src_lang picks it, the language it was imported with (`nmt import --src-lang`) by
-default (`check_source_language`).
+training corpus's src_lang picks it, by default the model's data.src_lang (`nmt import --src-lang`, or a
+fine-tuning run's; `check_source_language`).
 
 What a model translates into is read in one way: `target_languages(tokenizer, cfg)` for a loaded model,
 `stored_target_languages(entry, config)` for what a checkpoint or an export stores (the tokenizer's

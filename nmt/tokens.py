@@ -44,7 +44,7 @@ class TokenizerLike(Protocol):
 
     def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
         """Source sentences -> ids (no EOS). With `source_languages` the token of `src_lang` comes first
-        (None: the language the model was imported with); the others ignore src_lang."""
+        (None: the model's default, its data.src_lang); the others ignore src_lang."""
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         """Target sentences -> ids (no BOS/EOS)."""

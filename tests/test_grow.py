@@ -363,6 +363,24 @@ def test_language_errors_are_one_line(base, tmp_path, capsys, edit, message):
     assert err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.slow
+def test_a_new_source_language_keeps_the_optimizer(base, tmp_path):
+    """nmt's multilingual models have no source-language tokens: a new source language (add_pieces 0)
+    grows nothing, so the optimizer state may be carried over (train.init_reset without optimizer)."""
+    import yaml
+
+    from nmt.cli import main
+
+    raw = add_yy(base, tmp_path, add_languages={}, add_pieces=0, init_reset=["schedule", "counters"], max_steps=85)
+    data = raw["data"]
+    for split in ("train", "valid"):
+        data[split][2].update(src=data[split][2]["tgt"], tgt=data[split][0]["tgt"], src_lang="zz", tgt_lang="en")
+    data["add_languages"] = {"zz": None}
+    config = tmp_path / "add.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    assert main(["train", "--config", str(config), "-q"]) == 0
+
+
 def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsys):
     """A bilingual model has no language tokens: a second target language is refused; a new source
     language (no token needed) grows the vocabulary."""

@@ -240,6 +240,12 @@ def test_data_src_lang_becomes_the_default_source_language(grown, tmp_path, caps
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"data.src_lang: {new!r} is a new language, which transformers' " \
                                           "M2M100Tokenizer cannot take" in err, err
+        raw["data"].pop("add_languages")  # a model that learnt it in an earlier run: still not a code it can take
+        raw["data"]["tokenizer"]["add_pieces"] = 0
+        raw["train"]["init_from"] = grown[3]
+        config.write_text(yaml.safe_dump(raw, allow_unicode=True), encoding="utf-8")
+        assert main(["train", "--config", str(config), "-q"]) == 2
+        assert "M2M100Tokenizer cannot take" in capsys.readouterr().err
         return
     assert main(["train", "--config", str(config), "-q"]) == 0
     ckpt = str(tmp_path / "runs" / "default" / "checkpoints" / "latest.pt")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import IO, Any, Sequence
 
-from nmt import textio
+from nmt import protect, textio
 from nmt.api import Translator
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
@@ -114,7 +114,8 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
             protected += sum(r.protected is not None for r in results)
             exact += sum(bool(r.protected) for r in results)
             if terms is not None:
-                chunk_report = term_use([r.text for r in results], chunk, terms)
+                matched = [protect.mask(x, decode.protect_pattern)[0] for x in chunk] if decode.protect else chunk
+                chunk_report = term_use([r.text for r in results], matched, terms)  # matched as translation does
                 term_report = {k: v + chunk_report[k] for k, v in term_report.items()}
             out.write(format_results(results, decode, index).encode("utf-8"))
             out.flush()
