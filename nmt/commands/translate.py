@@ -56,6 +56,23 @@ def glossary_report(n_lines: int, report: dict, ignore_case: bool) -> str:
             f"({share:.2f}%)")
 
 
+class _TermCounts:
+    """The glossary report's sums over the chunks: `nmt.glossary.term_use` of each chunk's outputs, the
+    terms matched in the lines as translation matches them (protected spans masked)."""
+
+    def __init__(self, terms, decode: DecodeConfig):
+        self.terms, self.decode = terms, decode
+        self.sums = dict.fromkeys(("term_matches", "terms_used", "term_lines"), 0)
+
+    def add(self, chunk: list[str], results: Sequence[TranslationResult]) -> None:
+        if self.terms is None:
+            return
+        d = self.decode
+        lines = [protect.mask(x, d.protect_pattern)[0] for x in chunk] if d.protect else chunk
+        report = term_use([r.text for r in results], lines, self.terms)
+        self.sums = {k: v + report[k] for k, v in self.sums.items()}
+
+
 def _prefix_chunks(prefix: str | None, input: str | None):
     """An iterator over the lines of the --prefix file (checked against the input's line count when
     that is a regular file: a pipe is read once, as it is translated), or None."""
@@ -98,7 +115,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
         chunk_lines = 1  # interactive: answer each line as it is typed
     n_truncated = n_prefix_cut = index = protected = exact = 0
-    term_report = dict.fromkeys(("term_matches", "terms_used", "term_lines"), 0)
+    term_counts = _TermCounts(terms, decode)
     with textio.open_output(output, stdout) as out, \
             tqdm(total=total, disable=quiet or not from_file, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         for chunk in textio.iter_chunks(textio.iter_lines(input, stdin), chunk_lines):
@@ -113,10 +130,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
             n_prefix_cut += sum(r.prefix_truncated for r in results)
             protected += sum(r.protected is not None for r in results)
             exact += sum(bool(r.protected) for r in results)
-            if terms is not None:
-                matched = [protect.mask(x, decode.protect_pattern)[0] for x in chunk] if decode.protect else chunk
-                chunk_report = term_use([r.text for r in results], matched, terms)  # matched as translation does
-                term_report = {k: v + chunk_report[k] for k, v in term_report.items()}
+            term_counts.add(chunk, results)
             out.write(format_results(results, decode, index).encode("utf-8"))
             out.flush()
             index += len(chunk)
@@ -129,5 +143,5 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     if decode.protect and not quiet:
         print(protect_report(protected, exact), file=stderr, flush=True)
     if terms is not None and not quiet:
-        print(glossary_report(index, term_report, terms.ignore_case), file=stderr, flush=True)
+        print(glossary_report(index, term_counts.sums, terms.ignore_case), file=stderr, flush=True)
     return 0
