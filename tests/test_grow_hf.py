@@ -284,14 +284,13 @@ def test_an_unknown_source_language_is_one_line(grown, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("grown", ["nllb"], indirect=True)  # (M2M100 numbers every piece in vocab.json)
 def test_a_grown_nllb_vocabulary_is_not_grown_again(grown, tmp_path, capsys):
     """NLLB numbers appended pieces from one recorded place (settings added_pieces): a second growth
     with pieces is a one-line error naming data.tokenizer.add_pieces."""
     import yaml
 
     family, d, _, ckpt = grown
-    if family != "nllb":
-        pytest.skip("M2M100 numbers every piece in vocab.json: a second growth is allowed there")
     raw = yaml.safe_load((d / "ft.yaml").read_text(encoding="utf-8"))
     raw["data"]["train"][1].update(tgt_lang="qyb_Latn")
     raw["data"]["valid"][1].update(tgt_lang="qyb_Latn")
