@@ -228,7 +228,7 @@ class Source(NamedTuple):
     protect_inject: float = 0.0                               # share of span-less pairs given placeholders (protect)
     terms: Callable[[list[str], list[str]], list[str]] | None = None  # term-annotated sources (`annotate_chunk`)
     drop_identical: bool = False                              # drop pairs whose target is the source (`identical_pairs`)
-    src_lang: str | None = None                               # its source-language token's code (imported M2M100/NLLB)
+    src_lang: str | None = None                               # its language (the token an imported M2M100/NLLB puts first)
 
 
 def _flatten(seqs: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

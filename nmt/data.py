@@ -102,15 +102,9 @@ def language_prefix(cfg: Config, tokenizer: TokenizerLike, corpus: CorpusConfig 
     return tuple(languages.prefix(cfg.data.langs(corpus)[1] if corpus is not None else cfg.data.tgt_lang))
 
 
-def source_language(cfg: Config, tokenizer: TokenizerLike, corpus: CorpusConfig) -> str | None:
-    """The code of the source-language token before every source of a corpus (its src_lang, default
-    data.src_lang) for an imported M2M100/NLLB model; None for a model without one (nmt/languages.py)."""
-    return cfg.data.langs(corpus)[0] if tokenizer.source_languages else None
-
-
 def _source_key(tokenizer: TokenizerLike) -> list:
     """The source-language tokens' part of a cache key: each corpus's own since they exist (the
-    corpora's languages are in their fingerprints)."""
+    corpora's languages are in their fingerprints; a tokenizer without them ignores src_lang)."""
     return [["src_lang"]] if tokenizer.source_languages else []
 
 
@@ -126,7 +120,7 @@ def _load_train(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callab
     key += [["drop_identical"]] if d.drop_identical else []
     key += _source_key(tokenizer)
     sources = [Source(corpus_name(c), _describe(c), lambda c=c: iter_pairs(c, *d.langs(c)), c.src_tag, d.protect, lang,
-                      inject, _annotator(cfg, c, log), d.drop_identical, source_language(cfg, tokenizer, c))
+                      inject, _annotator(cfg, c, log), d.drop_identical, d.langs(c)[0])
                for c, lang in zip(corpora, langs)]
     return cached_split(cache_prefix(run_dir, "train", key), "train", sources, tokenizer, d.max_len, d.max_ratio, log)
 
@@ -171,7 +165,7 @@ def _load_valid(cfg: Config, tokenizer: TokenizerLike, run_dir: str, lines: list
     key = [[[source_fingerprint(c, *d.langs(c)), None] for c in corpora], _tokenizer_hash(tokenizer), d.max_len,
            None] + ([True] if d.protect else []) + _lang_key(langs) + _source_key(tokenizer)
     sources = [Source(corpus_name(c), _describe(c), lambda ls=ls: iter(chunked(*ls)), None, d.protect, lang,
-                      src_lang=source_language(cfg, tokenizer, c))
+                      src_lang=d.langs(c)[0])
                for c, ls, lang in zip(corpora, lines, langs)]
     return cached_split(cache_prefix(run_dir, "valid", key), "valid", sources, tokenizer, d.max_len, d.max_ratio,
                         log, filter_ratio=False)

@@ -97,7 +97,7 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
     _check_default_source_language(cfg, path, record.tokenizer)
     source = grow.grow_source(cfg, source, log)
     tok = source["tokenizer"]
-    if tok.get("kind") in ("m2m100", "nllb") and tok["settings"].get("src_lang") != cfg.data.src_lang:
+    if tok.get("kind") in ("m2m100", "nllb"):  # data.src_lang is its default source language (checked above)
         source = {**source, "tokenizer": {**tok, "settings": {**tok["settings"], "src_lang": cfg.data.src_lang}}}
     return source
 

@@ -119,6 +119,7 @@ def check_languages(cfg: Config, source: dict) -> Plan:
     tok = source["tokenizer"]
     kind = tok.get("kind", "spm")
     known = known_languages(source)
+    languages = tok.get("languages") or {}  # the model's language tokens
     added = dict(d.add_languages)
     corpora = [(d.train_key(i), c) for i, c in enumerate(d.train_corpora)] + \
         [(d.valid_key(i), c) for i, c in enumerate(d.valid_corpora)]
@@ -129,14 +130,13 @@ def check_languages(cfg: Config, source: dict) -> Plan:
                 raise UserError(f"{where}: {code!r} is not a language of the model in train.init_from {path} (it knows "
                                 f"{_list(known)}): list it in data.add_languages ({code}: an existing language whose "
                                 "token starts it, or null)")
-    tokens_of = tok.get("languages") or {}
-    if kind == "spm" and tokens_of:  # nmt's multilingual models: a language known as a source only has no token
+    if kind == "spm" and languages:  # nmt's multilingual models: a language known as a source only has no token
         for i, c in enumerate(d.train_corpora):
             code = d.langs(c)[1]
-            if code in known and code not in tokens_of:
+            if code in known and code not in languages:
                 where = f"{d.train_key(i)}.tgt_lang" if c.tgt_lang else "data.tgt_lang"
                 raise UserError(f"{where}: the model in train.init_from {path} knows {code!r} as a source language only "
-                                f"(its target-language tokens: {_list(tokens_of)}); a language it knows cannot be "
+                                f"(its target-language tokens: {_list(languages)}); a language it knows cannot be "
                                 "given a target-language token (data.add_languages is for languages it does not know)")
     used = {code for c in d.train_corpora for code in d.langs(c)}
     for code, init in added.items():
@@ -148,7 +148,6 @@ def check_languages(cfg: Config, source: dict) -> Plan:
         if kind == "nllb" and not NLLB_CODE.fullmatch(code):
             raise UserError(f"data.add_languages.{code}: an NLLB model's language codes look like ita_Latn (ISO 639-3 "
                             "code, '_', ISO 15924 script)")
-        languages = tok.get("languages") or {}
         if init is not None and init not in languages:
             raise UserError(f"data.add_languages.{code}: {init!r} has no language token in the model in "
                             f"train.init_from {path} (its language tokens: {_list(languages) or 'none'}; or null)")
@@ -156,7 +155,7 @@ def check_languages(cfg: Config, source: dict) -> Plan:
     # M2M100/NLLB: one token per language, before the source and as the first target token; nmt's own
     # models: target-language tokens only
     tokens = tuple(added) if kind in ("m2m100", "nllb") else tuple(code for code in added if code in targets)
-    if kind not in ("m2m100", "nllb") and tokens and not tok.get("languages") and len(targets) > 1:
+    if kind not in ("m2m100", "nllb") and tokens and not languages and len(targets) > 1:
         raise UserError(f"data.add_languages.{tokens[0]}: the model in train.init_from {path} translates into one "
                         "language and has no language tokens, so it cannot learn a second target language (train a "
                         "multilingual model, or fine-tune into the new language alone)")
@@ -167,7 +166,7 @@ def check_languages(cfg: Config, source: dict) -> Plan:
     if kind == "marian" and d.tokenizer.add_pieces:
         raise UserError("data.tokenizer.add_pieces: growing the vocabulary of an imported marian model is not "
                         "supported (its source.spm / target.spm / vocab.json; M2M100, NLLB and nmt's own are)")
-    if tokens and not tok.get("languages"):
+    if tokens and not languages:
         tokens = ()  # one target language: no token needed
     return Plan(tokens, added)
 

@@ -153,8 +153,8 @@ class MarianTokenizer(HFTokenizer):
         return [vocab.get(p, unk) for p in pieces]
 
     def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
-        """(src_lang: no source-language token, unused.) A leading `>>xx<<` is one token (transformers' `remove_language_code`, on both sides); then
-        the pieces of source.spm (target.spm for targets)."""
+        """A leading `>>xx<<` is one token (transformers' `remove_language_code`, on both sides); then
+        the pieces of source.spm (target.spm for targets). src_lang: unused (no source-language token)."""
         codes, texts = zip(*(_split_code(x) for x in lines)) if lines else ((), ())
         pieces = self._src.encode(list(texts), out_type=str, num_threads=self.threads)
         return [self._ids(c + p, self._src_vocab) for c, p in zip(codes, pieces)]

@@ -313,7 +313,7 @@ class Trainer:
                     result = tune(TorchEngine.load(best, str(self.tr.device)), src, ref, metric=metric,
                                   max_time=self.t.tune_max_time, log=lambda m: None,
                                   stop=lambda: self.stop.requested is not None,
-                                  src_lang=vs.src_lang if self.tr.tokenizer.source_languages else None)
+                                  src_lang=vs.src_lang)
                 except Stopped:
                     self.stop.announce(self.log.info, "tuning stopped, best.pt keeps the decode settings it was "
                                                       "trained with")

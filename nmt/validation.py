@@ -133,7 +133,7 @@ def _bleu(model, cfg: Config, tokenizer, vs: ValidSet, device, precision: Precis
     decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False,
                                  protect=cfg.data.protect,
                                  tgt_lang=vs.tgt_lang if target_languages(tokenizer).multilingual else None,
-                                 src_lang=vs.src_lang if tokenizer.source_languages else None)
+                                 src_lang=vs.src_lang)  # (a tokenizer without source-language tokens ignores it)
     engine = TorchEngine(model, tokenizer, decode, search_ops(device), autocast=precision.dtype)
     out = [r[0] for r in translate_nbest(engine, src, decode, warn=log.info)]
     hyps = [t.text for t in out]
