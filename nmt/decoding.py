@@ -59,6 +59,39 @@ class _UncachedDecoder:
         self.prefix = self.prefix.index_select(0, indices)
 
 
+CONTRAST_FLOOR = 1e-9  # a token the contrast language outweighs keeps this share of its probability
+
+
+def contrast(logits: Tensor, other: Tensor, weight: float) -> Tensor:
+    """Language-contrastive decoding's step distribution (Sennrich et al., 2024): logits [R,V] given the
+    target language and `other` [R,V] given the contrast language -> log(max(p - weight * q, 1e-9 * p))
+    [R,V] fp32 (p, q their softmaxes; the search's rules renormalise it). The floor keeps every token the
+    model allows possible (forced prefixes, placeholders and terms), ranked below every token with a
+    positive difference."""
+    p, q = torch.softmax(logits.float(), dim=-1), torch.softmax(other.float(), dim=-1)
+    return torch.maximum(p - weight * q, CONTRAST_FLOOR * p).log()
+
+
+class _ContrastDecoder:
+    """Two decoders in step: the search's (target language) and one whose input has the contrast
+    language's token in place of the target language's (step 2's input: a multilingual model's first
+    output token is its language token). Step 1 gives the first decoder's logits (the language token
+    is forced there); every later step `contrast` of both."""
+
+    def __init__(self, main, other, token: int, weight: float):
+        self.main, self.other, self.token, self.weight, self.t = main, other, token, weight, 0
+
+    def step(self, tokens: Tensor) -> Tensor:
+        self.t += 1
+        logits = self.main.step(tokens)
+        other = self.other.step(torch.full_like(tokens, self.token) if self.t == 2 else tokens)
+        return logits if self.t == 1 else contrast(logits, other, self.weight)
+
+    def reorder(self, indices: Tensor) -> None:
+        self.main.reorder(indices)
+        self.other.reorder(indices)
+
+
 def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: SearchOps,
           inputs: SearchInputs = NO_INPUTS, needed: Sequence[int] | None = None):
     """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long). The limits
@@ -72,7 +105,11 @@ def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: Sea
     max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
     memory = model.encode(src, src_mask)  # [B,S,D]
     cls = (ops.decoder_cls or _CachedDecoder) if options.use_cache else _UncachedDecoder
-    return cls(model, memory, src_mask, max(limits), ops), max_lens
+    decoder = cls(model, memory, src_mask, max(limits), ops)
+    if options.contrast_token is not None:
+        other = cls(model, memory, src_mask, max(limits), ops)
+        decoder = _ContrastDecoder(decoder, other, options.contrast_token, options.contrast_weight)
+    return decoder, max_lens
 
 
 def check_cancel(cancel: Cancel | None) -> None:

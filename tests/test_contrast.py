@@ -1,0 +1,202 @@
+"""Language-contrastive decoding (`decode.contrast_lang`, `decode.contrast_weight`; Sennrich et al., 2024):
+the search's distribution after the language token is p(y | x, target) - weight * p(y | x, contrast),
+floored and renormalised.
+
+- A tiny random Transformer with two language tokens: greedy search against a reference chain that runs
+  the full forward pass (no cache) for both languages at every step, and beam search against brute
+  force over every output, both scored by a copy of the rule written here.
+- weight 0 is the plain search (same outputs, same log-probabilities).
+- The multilingual checkpoint of tests/test_languages.py: the Translator, `nmt translate --contrast-lang`
+  and the decode config give the search's outputs; one-line errors for an unknown code, the target
+  language itself, a bilingual model and the ctranslate2 engine; the server answers 400.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt import Translator
+from nmt.config import ModelConfig
+from nmt.errors import UserError
+from nmt.layout import source_tensors
+from nmt.model import Transformer
+from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.torch_engine import TorchEngine
+
+from helpers import ENV, fake_batch, make_tiny_checkpoint, one_line_error
+from test_languages import multilingual_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V = 9  # 4 specials, 3 words, two language tokens
+TARGET, OTHER = 7, 8
+ALLOWED = [t for t in range(V) if t not in (PAD_ID, BOS_ID, EOS_ID)]
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    torch.manual_seed(3)
+    cfg = ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=0.0, max_positions=32, tie_output=False)
+    m = Transformer(cfg, V, V).eval()
+    with torch.no_grad():
+        m.output_proj.weight.normal_(0.0, 0.4)
+        m.tgt_embed.weight[OTHER].normal_(0.0, 3.0)  # the two languages' tokens lead to different distributions
+    return m
+
+
+def reference_step(model, src, mask, out: list[int], weight: float) -> torch.Tensor:
+    """The search's log-distribution of the token after `out` (the output so far, language token
+    first), from two full forward passes: log_softmax(log(max(p - weight * q, 1e-9 * p))), PAD and
+    the start token at -inf after it."""
+    with torch.no_grad():
+        memory = model.encode(src[None], mask[None])
+        p = F.softmax(model.decode(torch.tensor([[BOS_ID] + out]), memory, mask[None])[0, -1].float(), -1)
+        q = F.softmax(model.decode(torch.tensor([[BOS_ID, OTHER] + out[1:]]), memory, mask[None])[0, -1].float(), -1)
+    logp = F.log_softmax(torch.maximum(p - weight * q, 1e-9 * p).log(), -1)
+    logp[[PAD_ID, BOS_ID]] = float("-inf")
+    return logp
+
+
+def options(weight: float, **kw) -> SearchOptions:
+    return SearchOptions(max_len_a=0.0, contrast_token=OTHER, contrast_weight=weight, free_prefix=1, **kw)
+
+
+@pytest.mark.parametrize("weight", [0.1, 0.5, 0.9])
+def test_greedy_search_follows_the_contrasted_distribution(model, weight):
+    src, mask = fake_batch([5, 3, 6], seed=4)
+    got = greedy_search(model, src, mask, options(weight, max_len_b=6), SearchInputs(prefixes=[[TARGET]] * 3))
+    changed = 0
+    for i, (h,) in enumerate(got):
+        out, lp = [TARGET], 0.0
+        while len(out) < 6:
+            logp = reference_step(model, src[i], mask[i], out, weight)
+            token = int(logp.argmax())
+            lp += float(logp[token])
+            if token == EOS_ID:
+                break
+            out.append(token)
+        assert h.tokens == out and h.log_prob == pytest.approx(lp, abs=1e-4)
+        plain = greedy_search(model, src[i:i + 1], mask[i:i + 1], SearchOptions(max_len_a=0.0, max_len_b=6),
+                              SearchInputs(prefixes=[[TARGET]]))[0][0]
+        changed += plain.tokens != h.tokens
+    assert changed  # the contrast changes what is chosen (else this test could not fail)
+
+
+@pytest.mark.parametrize("weight", [0.3, 0.8])
+def test_beam_search_equals_brute_force(model, weight):
+    max_len = 4  # the language token, then at most 3 tokens (EOS counted)
+    src, mask = fake_batch([6, 4], seed=9)
+    outputs = [(list(t), True) for n in range(0, max_len - 1) for t in itertools.product(ALLOWED, repeat=n)]
+    outputs += [(list(t), False) for t in itertools.product(ALLOWED, repeat=max_len - 1)]
+    wide = len(ALLOWED) ** (max_len - 2) * (len(ALLOWED) + 1)
+    got = beam_search(model, src, mask, options(weight, max_len_b=max_len, beam_size=wide, nbest=3,
+                                                length_penalty_type="none"), SearchInputs(prefixes=[[TARGET]] * 2))
+    for i in range(2):
+        steps = {}
+
+        def score(tokens, eos):
+            seq, lp = [TARGET] + tokens + ([EOS_ID] if eos else []), 0.0
+            for j in range(1, len(seq)):
+                key = tuple(seq[:j])
+                if key not in steps:
+                    steps[key] = reference_step(model, src[i], mask[i], list(key), weight)
+                lp += float(steps[key][seq[j]])
+            return lp
+        first = reference_step(model, src[i], mask[i], [TARGET], weight)  # after a forced prefix only the best
+        allowed = [(t, e) for t, e in outputs if t or int(first.argmax()) == EOS_ID]  # candidate may end (nmt/search.py)
+        ref = sorted(((score(t, e), t) for t, e in allowed), key=lambda x: -x[0])
+        assert [h.tokens for h in got[i]] == [[TARGET] + t for _, t in ref[:3]]
+        assert [h.log_prob for h in got[i]] == pytest.approx([lp for lp, _ in ref[:3]], abs=1e-4)
+
+
+def test_weight_zero_is_the_plain_search(model):
+    src, mask = fake_batch([5, 2, 7, 4], seed=1)
+    inputs = SearchInputs(prefixes=[[TARGET]] * 4)
+    for kw in (dict(), dict(beam_size=3, nbest=2, length_penalty=1.0)):
+        plain = (beam_search if kw else greedy_search)(model, src, mask, SearchOptions(max_len_a=1.0, max_len_b=3,
+                                                                                       free_prefix=1, **kw), inputs)
+        zero = (beam_search if kw else greedy_search)(model, src, mask, SearchOptions(
+            max_len_a=1.0, max_len_b=3, free_prefix=1, contrast_token=OTHER, contrast_weight=0.0, **kw), inputs)
+        assert [[h.tokens for h in n] for n in zero] == [[h.tokens for h in n] for n in plain]
+        assert [h.log_prob for n in zero for h in n] == pytest.approx([h.log_prob for n in plain for h in n], abs=1e-5)
+
+
+def test_the_cached_search_equals_the_uncached_one(model):
+    src, mask = fake_batch([5, 2, 7, 4], seed=2)
+    inputs = SearchInputs(prefixes=[[TARGET], [TARGET, 5], [TARGET], [TARGET, 6, 4]])  # a user prefix after it
+    for kw in (dict(), dict(beam_size=3, nbest=2)):
+        search = beam_search if kw else greedy_search
+        cached = search(model, src, mask, options(0.4, max_len_b=5, **kw), inputs)
+        uncached = search(model, src, mask, options(0.4, max_len_b=5, use_cache=False, **kw), inputs)
+        assert [[h.tokens for h in n] for n in cached] == [[h.tokens for h in n] for n in uncached]
+        assert all(h.log_prob > -1e6 for n in cached for h in n)  # forced prefix tokens stay possible (the floor)
+
+
+def test_bad_weights():
+    for w in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="contrast_weight"):
+            SearchOptions(max_len_a=1.0, max_len_b=1, contrast_token=OTHER, contrast_weight=w)
+
+
+# --------------------------------------------------------------------------- a multilingual checkpoint
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return multilingual_checkpoint(str(tmp_path_factory.mktemp("contrast") / "ml.pt"))
+
+
+LINES = ["el perro rojo ve la casa", "la luna", "el gato come y el sol ve el rio"]
+
+
+def test_translator_cli_and_config_give_the_contrasted_search(ckpt, tmp_path):
+    engine = TorchEngine.load(ckpt, "cpu", fast=False)
+    tok = engine.tokenizer
+    src, mask = source_tensors(tok.encode_src(LINES))
+    opts = SearchOptions(max_len_a=0.5, max_len_b=4, contrast_token=tok.languages["fr"], contrast_weight=0.5)
+    ref = greedy_search(engine.model, src, mask, opts, SearchInputs(prefixes=[[tok.languages["de"]]] * len(LINES)))
+    want = tok.decode_tgt([h.tokens[1:] for (h,) in ref])
+    plain = [r.text for r in Translator(ckpt, tgt_lang="de").translate(LINES)]
+    got = [r.text for r in Translator(ckpt, tgt_lang="de").translate(LINES, contrast_lang="fr", contrast_weight=0.5)]
+    assert got == want and got != plain
+    assert [r.text for r in Translator(ckpt, tgt_lang="de", contrast_lang="fr", contrast_weight=0.5)
+            .translate(LINES)] == want
+    r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "-q", "--tgt-lang", "de",
+                        "--contrast-lang", "fr", "--contrast-weight", "0.5"], input="\n".join(LINES) + "\n",
+                       capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and r.stdout.splitlines() == want
+
+
+def test_contrast_errors_are_one_line(ckpt, tmp_path):
+    with pytest.raises(UserError, match="unknown contrast language 'xx' for this model \\(it knows: de, fr\\)"):
+        Translator(ckpt, tgt_lang="de").translate(LINES, contrast_lang="xx")
+    with pytest.raises(UserError, match="--contrast-lang de is the target language"):
+        Translator(ckpt, tgt_lang="de", contrast_lang="de")
+    bilingual = make_tiny_checkpoint(str(tmp_path / "bi.pt"))
+    with pytest.raises(UserError, match="no target-language tokens"):
+        Translator(bilingual, contrast_lang="de")
+    for flags, message in ((["--contrast-lang", "xx"], "unknown contrast language"),
+                           (["--contrast-lang", "fr", "--contrast-weight", "1"], "contrast_weight")):
+        r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "-q", "--tgt-lang", "de", *flags],
+                           input="la luna\n", capture_output=True, text=True, env=ENV)
+        one_line_error(r, 2, message)
+    from nmt.ct2 import Ct2Engine
+
+    with pytest.raises(UserError, match="--contrast-lang is not supported by the ctranslate2 engine"):
+        Ct2Engine._check_options(SearchOptions(max_len_a=1.0, max_len_b=2, contrast_token=5, contrast_weight=0.1))
+
+
+def test_the_server_refuses_an_unknown_contrast_language(ckpt):
+    from nmt.commands.batcher import Settings
+    from nmt.commands.serve_request import RequestError, check_options
+
+    translator = Translator(ckpt, tgt_lang="de")
+    assert check_options(translator, {"contrast_lang": "fr"}, Settings()).contrast_lang == "fr"
+    with pytest.raises(RequestError, match="unknown contrast language") as e:
+        check_options(translator, {"contrast_lang": "xx"}, Settings())
+    assert e.value.status == 400
