@@ -27,7 +27,7 @@ from nmt.batching import Progress
 from nmt.config import DecodeConfig, decode_config
 from nmt.engine import load_engine
 from nmt.errors import UserError
-from nmt.languages import check_source_language, contrast_token, target_prefix
+from nmt.languages import check_source_language, contrast_tokens, target_prefix
 from nmt.translate import TranslationResult, check_glossary, check_protect, translate_chunk
 
 _CALLS = threading.Lock()  # one call at a time in the process (module docstring)
@@ -84,7 +84,7 @@ class Translator:
         if decode.tgt_lang is not None:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         check_source_language(self._engine.tokenizer, decode.src_lang)
-        contrast_token(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang)
+        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang)
         return decode
 
     def check_language(self, settings: DecodeConfig | None = None, **decode_options: Any) -> None:
@@ -95,7 +95,7 @@ class Translator:
         decode = self._given(settings, decode_options)
         target_prefix(self._engine.tokenizer, decode.tgt_lang)
         check_source_language(self._engine.tokenizer, decode.src_lang)
-        contrast_token(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang)
+        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,

@@ -149,9 +149,9 @@ class Ct2Engine:
     @staticmethod
     def _check_options(options: SearchOptions) -> None:
         """UserError for the search settings CTranslate2 cannot search as nmt.search does."""
-        if options.contrast_token is not None:
-            raise UserError("--contrast-lang is not supported by the ctranslate2 engine: it would need a second "
-                            "decoder in step with the first (translate with the checkpoint and --engine torch)")
+        if options.contrast_tokens:
+            raise UserError("--contrast-lang is not supported by the ctranslate2 engine: it would need more "
+                            "decoders in step with the first (translate with the checkpoint and --engine torch)")
         if options.sampling != "none":
             raise UserError("--sampling is not supported by the ctranslate2 engine: CTranslate2 draws its own random "
                             "numbers, so its samples cannot match the PyTorch engine's (translate with the checkpoint "

@@ -59,37 +59,38 @@ class _UncachedDecoder:
         self.prefix = self.prefix.index_select(0, indices)
 
 
-CONTRAST_FLOOR = 1e-9  # a token the contrast language outweighs keeps this share of its probability
+CONTRAST_FLOOR = 1e-9  # a token the contrast languages outweigh keeps this share of its probability
 
 
-def contrast(logits: Tensor, other: Tensor, weight: float) -> Tensor:
+def contrast(logits: Tensor, others: Sequence[Tensor], weight: float) -> Tensor:
     """Language-contrastive decoding's step distribution (Sennrich et al., 2024): logits [R,V] given the
-    target language and `other` [R,V] given the contrast language -> log(max(p - weight * q, 1e-9 * p))
-    [R,V] fp32 (p, q their softmaxes; the search's rules renormalise it). The floor keeps every token the
-    model allows possible (forced prefixes, placeholders and terms), ranked below every token with a
-    positive difference."""
-    p, q = torch.softmax(logits.float(), dim=-1), torch.softmax(other.float(), dim=-1)
+    target language and `others` (each [R,V]) given the contrast languages -> log(max(p - weight *
+    sum(q), 1e-9 * p)) [R,V] fp32 (p, q their softmaxes; the search's rules renormalise it). The floor
+    keeps every token the model allows possible (forced prefixes, placeholders and terms), ranked below
+    every token with a positive difference."""
+    p = torch.softmax(logits.float(), dim=-1)
+    q = sum(torch.softmax(o.float(), dim=-1) for o in others)
     return torch.maximum(p - weight * q, CONTRAST_FLOOR * p).log()
 
 
 class _ContrastDecoder:
-    """Two decoders in step: the search's (target language) and one whose input has the contrast
-    language's token in place of the target language's (step 2's input: a multilingual model's first
-    output token is its language token). Step 1 gives the first decoder's logits (the language token
-    is forced there); every later step `contrast` of both."""
+    """Decoders in step: the search's (target language) and one per contrast language, whose input has
+    that language's token in place of the target language's (step 2's input: a multilingual model's
+    first output token is its language token). Step 1 gives the first decoder's logits (the language
+    token is forced there); every later step `contrast` of them all."""
 
-    def __init__(self, main, other, token: int, weight: float):
-        self.main, self.other, self.token, self.weight, self.t = main, other, token, weight, 0
+    def __init__(self, main, others: list, tokens: Sequence[int], weight: float):
+        self.main, self.others, self.tokens, self.weight, self.t = main, others, tokens, weight, 0
 
     def step(self, tokens: Tensor) -> Tensor:
         self.t += 1
         logits = self.main.step(tokens)
-        other = self.other.step(torch.full_like(tokens, self.token) if self.t == 2 else tokens)
-        return logits if self.t == 1 else contrast(logits, other, self.weight)
+        others = [d.step(torch.full_like(tokens, c) if self.t == 2 else tokens) for d, c in zip(self.others, self.tokens)]
+        return logits if self.t == 1 else contrast(logits, others, self.weight)
 
     def reorder(self, indices: Tensor) -> None:
-        self.main.reorder(indices)
-        self.other.reorder(indices)
+        for d in [self.main, *self.others]:
+            d.reorder(indices)
 
 
 def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: SearchOps,
@@ -106,9 +107,9 @@ def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: Sea
     memory = model.encode(src, src_mask)  # [B,S,D]
     cls = (ops.decoder_cls or _CachedDecoder) if options.use_cache else _UncachedDecoder
     decoder = cls(model, memory, src_mask, max(limits), ops)
-    if options.contrast_token is not None:
-        other = cls(model, memory, src_mask, max(limits), ops)
-        decoder = _ContrastDecoder(decoder, other, options.contrast_token, options.contrast_weight)
+    if options.contrast_tokens:
+        others = [cls(model, memory, src_mask, max(limits), ops) for _ in options.contrast_tokens]
+        decoder = _ContrastDecoder(decoder, others, options.contrast_tokens, options.contrast_weight)
     return decoder, max_lens
 
 

@@ -97,23 +97,25 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
     return target_languages(tokenizer).prefix(tgt_lang)
 
 
-def contrast_token(tokenizer, contrast_lang: str | None, tgt_lang: str | None) -> int | None:
-    """The language token of `contrast_lang` (decode.contrast_lang: language-contrastive decoding), or None
-    when it is unset. One-line UserError for a bilingual model, an unknown code, or the target language
-    itself (`tgt_lang`, else the model's default)."""
+def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None) -> tuple[int, ...]:
+    """The language tokens of `contrast_lang` (decode.contrast_lang, language-contrastive decoding: one
+    code or several, comma-separated), () when it is unset. One-line UserError for a bilingual model, an
+    unknown code, or the target language itself (`tgt_lang`, else the model's default)."""
     if contrast_lang is None:
-        return None
+        return ()
     langs = target_languages(tokenizer)
     if not langs.multilingual:
         raise UserError(f"--contrast-lang {contrast_lang}: this model has no target-language tokens (language-"
                         "contrastive decoding needs a multilingual model); leave --contrast-lang out")
-    if contrast_lang not in langs.tokens:
-        raise UserError(f"unknown contrast language {contrast_lang!r} for this model (it knows: "
-                        f"{', '.join(sorted(langs.tokens))})")
-    if langs.prefix(tgt_lang) == [langs.tokens[contrast_lang]]:
-        raise UserError(f"--contrast-lang {contrast_lang} is the target language: name a language the outputs must "
-                        "not be in (usually the source language)")
-    return langs.tokens[contrast_lang]
+    codes = [c.strip() for c in contrast_lang.split(",")]
+    for code in codes:
+        if code not in langs.tokens:
+            raise UserError(f"unknown contrast language {code!r} for this model (it knows: "
+                            f"{', '.join(sorted(langs.tokens))})")
+        if langs.prefix(tgt_lang) == [langs.tokens[code]]:
+            raise UserError(f"--contrast-lang {code} is the target language: name languages the outputs must not "
+                            "be in (usually the source language)")
+    return tuple(dict.fromkeys(langs.tokens[c] for c in codes))
 
 
 def check_source_language(tokenizer, src_lang: str | None) -> None:

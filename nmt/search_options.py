@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from nmt.cache import DecoderCache
-from nmt.languages import contrast_token, free_prefix
+from nmt.languages import contrast_tokens, free_prefix
 from nmt.layout import NMT_SPECIALS, Specials
 from nmt.protect import target_placeholders
 from nmt.schema import max_finished
@@ -84,11 +84,12 @@ class SearchOptions:
     sentence has a prefix); `placeholder_tokens` (with decode.protect: per placeholder <ph_k> the
     target ids that write it; each sentence's own placeholders are in `SearchInputs.placeholders`);
     `use_cache` (False: re-decode the whole prefix at each step, the reference path for tests and
-    benchmarks); `contrast_token`, `contrast_weight` (language-contrastive decoding, Sennrich et al.
+    benchmarks); `contrast_tokens`, `contrast_weight` (language-contrastive decoding, Sennrich et al.
     2024: after the language token, the search's distribution is p(y | x, target language) -
-    contrast_weight * p(y | x, contrast language), floored and renormalised: `nmt.decoding.contrast`;
-    contrast_token: that language's token, which replaces the target language's in a second decoder's
-    input; a multilingual model's outputs start with their language token).
+    contrast_weight * sum_c p(y | x, c) over the contrast languages c, floored and renormalised:
+    `nmt.decoding.contrast`; contrast_tokens: their language tokens, each of which replaces the target
+    language's in the input of a decoder of its own; a multilingual model's outputs start with their
+    language token).
     """
 
     beam_size: int = 1
@@ -112,7 +113,7 @@ class SearchOptions:
     free_prefix: int = 0
     placeholder_tokens: tuple[tuple[int, ...], ...] | None = None
     use_cache: bool = True
-    contrast_token: int | None = None
+    contrast_tokens: tuple[int, ...] = ()
     contrast_weight: float = 0.0
 
     def __post_init__(self) -> None:
@@ -134,7 +135,7 @@ class SearchOptions:
                    glossary_margin=decode.glossary_margin, specials=tokenizer.specials,
                    free_prefix=free_prefix(tokenizer, []),  # ([]: any prefix) it applies where a sentence has one
                    placeholder_tokens=target_placeholders(tokenizer) if decode.protect else None,
-                   contrast_token=contrast_token(tokenizer, decode.contrast_lang, decode.tgt_lang),
+                   contrast_tokens=contrast_tokens(tokenizer, decode.contrast_lang, decode.tgt_lang),
                    contrast_weight=decode.contrast_weight)
 
     @property
@@ -218,7 +219,7 @@ def _check_common(o: SearchOptions) -> None:
         raise ValueError(f"glossary_margin must be >= 0, got {o.glossary_margin}")
     if o.beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {o.beam_size}")
-    if not 0.0 <= o.contrast_weight < 1.0:  # (NaN too; below 1, some token always keeps a positive difference)
+    if not 0.0 <= o.contrast_weight < 1.0:  # (NaN too)
         raise ValueError(f"contrast_weight must be in [0, 1), got {o.contrast_weight}")
     if o.length_penalty_type not in PENALTY_TYPES:
         raise ValueError(f"unknown length_penalty_type {o.length_penalty_type!r} "
