@@ -84,7 +84,7 @@ class Translator:
         if decode.tgt_lang is not None:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         check_source_language(self._engine.tokenizer, decode.src_lang)
-        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang)
+        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang, decode.contrast_weight)
         return decode
 
     def check_language(self, settings: DecodeConfig | None = None, **decode_options: Any) -> None:
@@ -95,7 +95,7 @@ class Translator:
         decode = self._given(settings, decode_options)
         target_prefix(self._engine.tokenizer, decode.tgt_lang)
         check_source_language(self._engine.tokenizer, decode.src_lang)
-        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang)
+        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang, decode.contrast_weight)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,

@@ -97,10 +97,12 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
     return target_languages(tokenizer).prefix(tgt_lang)
 
 
-def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None) -> tuple[int, ...]:
+def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None, weight: float = 0.0) -> tuple[int, ...]:
     """The language tokens of `contrast_lang` (decode.contrast_lang, language-contrastive decoding: one
     code or several, comma-separated), () when it is unset. One-line UserError for a bilingual model, an
-    unknown code, or the target language itself (`tgt_lang`, else the model's default)."""
+    unknown code, the target language itself (`tgt_lang`, else the model's default), or a `weight`
+    (decode.contrast_weight) that reaches 1 summed over the languages: a token every language writes
+    alike (punctuation, a name, a number) keeps 1 - weight * their number of its probability."""
     if contrast_lang is None:
         return ()
     langs = target_languages(tokenizer)
@@ -115,7 +117,12 @@ def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None) 
         if langs.prefix(tgt_lang) == [langs.tokens[code]]:
             raise UserError(f"--contrast-lang {code} is the target language: name languages the outputs must not "
                             "be in (usually the source language)")
-    return tuple(dict.fromkeys(langs.tokens[c] for c in codes))
+    tokens = tuple(dict.fromkeys(langs.tokens[c] for c in codes))
+    if weight * len(tokens) >= 1:
+        raise UserError(f"--contrast-weight {weight:g} with {len(tokens)} contrast languages: the weight times their "
+                        "number must stay below 1 (a token all languages write alike, such as punctuation or a name, "
+                        f"would be ruled out): at most {1 / len(tokens):.3g}, exclusive")
+    return tokens
 
 
 def check_source_language(tokenizer, src_lang: str | None) -> None:

@@ -135,7 +135,7 @@ class SearchOptions:
                    glossary_margin=decode.glossary_margin, specials=tokenizer.specials,
                    free_prefix=free_prefix(tokenizer, []),  # ([]: any prefix) it applies where a sentence has one
                    placeholder_tokens=target_placeholders(tokenizer) if decode.protect else None,
-                   contrast_tokens=contrast_tokens(tokenizer, decode.contrast_lang, decode.tgt_lang),
+                   contrast_tokens=contrast_tokens(tokenizer, decode.contrast_lang, decode.tgt_lang, decode.contrast_weight),
                    contrast_weight=decode.contrast_weight)
 
     @property
@@ -219,8 +219,9 @@ def _check_common(o: SearchOptions) -> None:
         raise ValueError(f"glossary_margin must be >= 0, got {o.glossary_margin}")
     if o.beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {o.beam_size}")
-    if not 0.0 <= o.contrast_weight < 1.0:  # (NaN too)
-        raise ValueError(f"contrast_weight must be in [0, 1), got {o.contrast_weight}")
+    if not 0.0 <= o.contrast_weight * max(1, len(o.contrast_tokens)) < 1.0:  # (NaN too)
+        raise ValueError(f"contrast_weight times the number of contrast languages must be in [0, 1), got "
+                         f"{o.contrast_weight} x {len(o.contrast_tokens)}")
     if o.length_penalty_type not in PENALTY_TYPES:
         raise ValueError(f"unknown length_penalty_type {o.length_penalty_type!r} "
                          f"(expected one of {', '.join(PENALTY_TYPES)})")

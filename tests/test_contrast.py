@@ -141,9 +141,9 @@ def test_the_cached_search_equals_the_uncached_one(model):
 
 
 def test_bad_weights():
-    for w in (-0.1, 1.0, float("nan")):
+    for w, others in ((-0.1, (OTHER,)), (1.0, (OTHER,)), (float("nan"), (OTHER,)), (0.5, (OTHER, THIRD))):
         with pytest.raises(ValueError, match="contrast_weight"):
-            SearchOptions(max_len_a=1.0, max_len_b=1, contrast_tokens=(OTHER,), contrast_weight=w)
+            SearchOptions(max_len_a=1.0, max_len_b=1, contrast_tokens=others, contrast_weight=w)
 
 
 # --------------------------------------------------------------------------- a multilingual checkpoint
@@ -191,6 +191,19 @@ def test_contrast_errors_are_one_line(ckpt, tmp_path):
 
     with pytest.raises(UserError, match="--contrast-lang is not supported by the ctranslate2 engine"):
         Ct2Engine._check_options(SearchOptions(max_len_a=1.0, max_len_b=2, contrast_tokens=(5,), contrast_weight=0.1))
+
+
+def test_several_contrast_languages_keep_their_weights_sum_below_one():
+    from nmt.languages import contrast_tokens
+
+    class Tok:  # what contrast_tokens reads of a tokenizer
+        languages, default_tgt_lang, free_language_token = {"de": 5, "fr": 6, "en": 7}, "de", False
+
+    assert contrast_tokens(Tok(), "fr, en,fr", None, 0.45) == (6, 7)
+    with pytest.raises(UserError, match="the weight times their number must stay below 1.*at most 0.5"):
+        contrast_tokens(Tok(), "fr,en", "de", 0.5)
+    with pytest.raises(UserError, match="--contrast-lang de is the target language"):
+        contrast_tokens(Tok(), "fr,de", None, 0.1)  # (the default language)
 
 
 def test_the_server_refuses_an_unknown_contrast_language(ckpt):
