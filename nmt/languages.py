@@ -99,10 +99,11 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
 
 def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None, weight: float = 0.0) -> tuple[int, ...]:
     """The language tokens of `contrast_lang` (decode.contrast_lang, language-contrastive decoding: one
-    code or several, comma-separated), () when it is unset. One-line UserError for a bilingual model, an
-    unknown code, the target language itself (`tgt_lang`, else the model's default), or a `weight`
-    (decode.contrast_weight) that reaches 1 summed over the languages: a token every language writes
-    alike (punctuation, a name, a number) keeps 1 - weight * their number of its probability."""
+    code or several, comma-separated), () when it is unset. The target language (`tgt_lang`, else the
+    model's default) is left out where listed, so one list serves every direction of a model. One-line
+    UserError for a bilingual model, an unknown code, or a `weight` (decode.contrast_weight) that reaches
+    1 summed over the languages used: a token every language writes alike (punctuation, a name, a
+    number) keeps 1 - weight * their number of its probability."""
     if contrast_lang is None:
         return ()
     langs = target_languages(tokenizer)
@@ -114,10 +115,8 @@ def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None, 
         if code not in langs.tokens:
             raise UserError(f"unknown contrast language {code!r} for this model (it knows: "
                             f"{', '.join(sorted(langs.tokens))})")
-        if langs.prefix(tgt_lang) == [langs.tokens[code]]:
-            raise UserError(f"--contrast-lang {code} is the target language: name languages the outputs must not "
-                            "be in (usually the source language)")
-    tokens = tuple(dict.fromkeys(langs.tokens[c] for c in codes))
+    target = langs.prefix(tgt_lang)[0]
+    tokens = tuple(dict.fromkeys(langs.tokens[c] for c in codes if langs.tokens[c] != target))
     if weight * len(tokens) >= 1:
         raise UserError(f"--contrast-weight {weight:g} with {len(tokens)} contrast languages: the weight times their "
                         "number must stay below 1 (a token all languages write alike, such as punctuation or a name, "

@@ -8,8 +8,8 @@ floored and renormalised.
   force over every output, both scored by a copy of the rule written here.
 - weight 0 is the plain search (same outputs, same log-probabilities).
 - The multilingual checkpoint of tests/test_languages.py: the Translator, `nmt translate --contrast-lang`
-  and the decode config give the search's outputs; one-line errors for an unknown code, the target
-  language itself, a bilingual model and the ctranslate2 engine; the server answers 400.
+  and the decode config give the search's outputs; one-line errors for an unknown code, a bilingual
+  model and the ctranslate2 engine; the server answers 400.
 """
 
 from __future__ import annotations
@@ -166,8 +166,8 @@ def test_translator_cli_and_config_give_the_contrasted_search(ckpt, tmp_path):
     plain = [r.text for r in Translator(ckpt, tgt_lang="de").translate(LINES)]
     got = [r.text for r in Translator(ckpt, tgt_lang="de").translate(LINES, contrast_lang="fr", contrast_weight=0.5)]
     assert got == want and got != plain
-    assert [r.text for r in Translator(ckpt, tgt_lang="de", contrast_lang="fr", contrast_weight=0.5)
-            .translate(LINES)] == want
+    assert [r.text for r in Translator(ckpt, tgt_lang="de", contrast_lang="fr,de", contrast_weight=0.5)
+            .translate(LINES)] == want  # (the target language left out of the list)
     r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "-q", "--tgt-lang", "de",
                         "--contrast-lang", "fr", "--contrast-weight", "0.5"], input="\n".join(LINES) + "\n",
                        capture_output=True, text=True, env=ENV)
@@ -177,8 +177,8 @@ def test_translator_cli_and_config_give_the_contrasted_search(ckpt, tmp_path):
 def test_contrast_errors_are_one_line(ckpt, tmp_path):
     with pytest.raises(UserError, match="unknown contrast language 'xx' for this model \\(it knows: de, fr\\)"):
         Translator(ckpt, tgt_lang="de").translate(LINES, contrast_lang="xx")
-    with pytest.raises(UserError, match="--contrast-lang de is the target language"):
-        Translator(ckpt, tgt_lang="de", contrast_lang="fr,de")
+    with pytest.raises(UserError, match="choose one with --tgt-lang"):  # (no target: nothing to leave out)
+        Translator(ckpt, contrast_lang="fr").translate(LINES)
     bilingual = make_tiny_checkpoint(str(tmp_path / "bi.pt"))
     with pytest.raises(UserError, match="no target-language tokens"):
         Translator(bilingual, contrast_lang="de")
@@ -202,8 +202,9 @@ def test_several_contrast_languages_keep_their_weights_sum_below_one():
     assert contrast_tokens(Tok(), "fr, en,fr", None, 0.45) == (6, 7)
     with pytest.raises(UserError, match="the weight times their number must stay below 1.*at most 0.5"):
         contrast_tokens(Tok(), "fr,en", "de", 0.5)
-    with pytest.raises(UserError, match="--contrast-lang de is the target language"):
-        contrast_tokens(Tok(), "fr,de", None, 0.1)  # (the default language)
+    assert contrast_tokens(Tok(), "de,fr,en", None, 0.45) == (6, 7)  # the target (here the default) left out
+    assert contrast_tokens(Tok(), "de,fr,en", "fr", 0.45) == (5, 7)  # one list for every direction
+    assert contrast_tokens(Tok(), "de", "de", 0.9) == ()  # nothing left: plain search
 
 
 def test_the_server_refuses_an_unknown_contrast_language(ckpt):
