@@ -207,6 +207,26 @@ def test_several_contrast_languages_keep_their_weights_sum_below_one():
     assert contrast_tokens(Tok(), "de", "de", 0.9) == ()  # nothing left: plain search
 
 
+def test_a_ctranslate2_export_leaves_the_contrast_out_of_its_defaults(ckpt, tmp_path):
+    """A model whose decode section asks for contrastive decoding exports to CTranslate2 with a note, and
+    the export translates with its other defaults (the PyTorch engine's plain outputs)."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(ckpt)
+    state["config"]["decode"].update(contrast_lang="fr", contrast_weight=0.5)
+    path, out = str(tmp_path / "contrast.pt"), tmp_path / "ct2"
+    save_checkpoint(state, path)
+    contrasted = [r.text for r in Translator(path, tgt_lang="de").translate(LINES)]
+    plain = [r.text for r in Translator(ckpt, tgt_lang="de").translate(LINES)]
+    assert contrasted == [r.text for r in Translator(ckpt, tgt_lang="de").translate(LINES, contrast_lang="fr",
+                                                                                      contrast_weight=0.5)]
+    r = subprocess.run([sys.executable, "-m", "nmt", "export", "-c", path, "-o", str(out)], capture_output=True,
+                       text=True, env=ENV)
+    assert r.returncode == 0 and "decode.contrast_lang (language-contrastive decoding) has no CTranslate2" in r.stderr
+    assert [r.text for r in Translator(str(out), tgt_lang="de", workers=1).translate(LINES)] == plain
+
+
 def test_the_server_refuses_an_unknown_contrast_language(ckpt):
     from nmt.commands.batcher import Settings
     from nmt.commands.serve_request import RequestError, check_options
