@@ -2,6 +2,10 @@
 
     python scripts/bench_options.py --checkpoint runs/quickstart/checkpoints/best.pt \
         --input data/bible-es-en/test.es.gz --sentences 500 --rounds 3 --json out.json
+    # a multilingual model, plain against language-contrastive decoding only:
+    python scripts/bench_options.py --checkpoint CK --input data/gettext/test.en-it.en --sentences 200 \
+        --beams 4 --flags="--tgt-lang ita_Latn" --only plain \
+        --variant "contrast=--contrast-lang eng_Latn,spa_Latn,fra_Latn,deu_Latn --contrast-weight 0.175"
 
 Each variant is the same command plus some flags, at batch 32 (`--batch-size 32`), beam 5
 and greedy, from a plain search (no sampling, no n-gram blocking, whatever the checkpoint's
@@ -35,7 +39,7 @@ VARIANTS = {
 
 def run(args, inp: str, out: str, extra: list[str], beam: int) -> float:
     cmd = [sys.executable, "-m", "nmt", "translate", "-c", args.checkpoint, "-i", inp, "-o", out, "--beam", str(beam),
-           "--batch-size", "32", "--sampling", "none", "--no-repeat-ngram", "0", "-q", *extra]  # plain, whatever the
+           "--batch-size", "32", "--sampling", "none", "--no-repeat-ngram", "0", "-q", *args.flags.split(), *extra]  # plain, whatever the
     # checkpoint's decode defaults; a variant's own flags come later and win
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=os.path.join(os.path.dirname(__file__), ".."))
@@ -50,7 +54,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--beams", type=int, nargs="+", default=[5, 1])
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument("--flags", default="", help="flags every command gets (e.g. --tgt-lang L for a multilingual model)")
+    ap.add_argument("--only", default=",".join(VARIANTS), help="comma-separated built-in variants to run (plain always)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="another variant: the plain command plus FLAGS (repeatable)")
     args = ap.parse_args()
+    variants = {name: flags for name, flags in VARIANTS.items() if name == "plain" or name in args.only.split(",")}
+    variants.update((v.split("=", 1)[0], v.split("=", 1)[1].split()) for v in args.variant)
     from nmt.textio import read_lines
 
     lines = [x for x in read_lines(args.input) if x][: args.sentences]
@@ -65,9 +75,9 @@ def main() -> int:
             prefix = os.path.join(tmp, f"prefix{beam}.txt")
             with open(plain_out, encoding="utf-8") as f, open(prefix, "w", encoding="utf-8") as g:
                 g.write("".join(" ".join(x.split()[:3]) + "\n" for x in f.read().splitlines()))
-            times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+            times: dict[str, list[float]] = {name: [] for name in variants}
             for _ in range(args.rounds):
-                for name, extra in VARIANTS.items():
+                for name, extra in variants.items():
                     flags = ["--prefix", prefix] if extra == "PREFIX" else extra
                     times[name].append(run(args, inp, os.path.join(tmp, "out.txt"), flags, beam))
             base = len(lines) / statistics.median(times["plain"])
