@@ -271,7 +271,7 @@ def ct2_decode(decode) -> tuple[Any, str | None]:
     CTranslate2 with a length penalty (nmt/ct2.py `Ct2Engine.check`), so the export says `exact`; and
     `contrast_lang` (a decoder per contrast language in step) is left out: the export searches without it."""
     notes = []
-    if decode.contrast_lang is not None:
+    if (decode.contrast_lang or "").strip():
         decode = dataclasses.replace(decode, contrast_lang=None)
         notes.append("decode.contrast_lang (language-contrastive decoding) has no CTranslate2 counterpart: the "
                      "export's decode defaults leave it out (translate with the checkpoint to use it)")

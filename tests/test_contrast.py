@@ -225,6 +225,9 @@ def test_a_ctranslate2_export_leaves_the_contrast_out_of_its_defaults(ckpt, tmp_
                        text=True, env=ENV)
     assert r.returncode == 0 and "decode.contrast_lang (language-contrastive decoding) has no CTranslate2" in r.stderr
     assert [r.text for r in Translator(str(out), tgt_lang="de", workers=1).translate(LINES)] == plain
+    r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", path, "-q", "--tgt-lang", "de", "--contrast-lang",
+                        ""], input="\n".join(LINES) + "\n", capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and r.stdout.splitlines() == plain  # an empty list turns the checkpoint's off
 
 
 def test_the_server_refuses_an_unknown_contrast_language(ckpt):
