@@ -74,23 +74,25 @@ def contrast(logits: Tensor, others: Sequence[Tensor], weight: float) -> Tensor:
 
 
 class _ContrastDecoder:
-    """Decoders in step: the search's (target language) and one per contrast language, whose input has
-    that language's token in place of the target language's (step 2's input: a multilingual model's
-    first output token is its language token). Step 1 gives the first decoder's logits (the language
-    token is forced there); every later step `contrast` of them all."""
+    """One decoder over 1 + C stacked groups of the same rows: the search's (target language) and one
+    group per contrast language, whose input has that language's token in place of the target
+    language's (step 2's input: a multilingual model's first output token is its language token). One
+    forward pass per step for all of them. Step 1 gives the first group's logits (the language token is
+    forced there); every later step `contrast` of the groups. Row r of group g is row g * N + r of the
+    inner decoder (N: the search's current rows)."""
 
-    def __init__(self, main, others: list, tokens: Sequence[int], weight: float):
-        self.main, self.others, self.tokens, self.weight, self.t = main, others, tokens, weight, 0
+    def __init__(self, inner, rows: int, tokens: Sequence[int], weight: float):
+        self.inner, self.n, self.tokens, self.weight, self.t = inner, rows, tokens, weight, 0
 
     def step(self, tokens: Tensor) -> Tensor:
         self.t += 1
-        logits = self.main.step(tokens)
-        others = [d.step(torch.full_like(tokens, c) if self.t == 2 else tokens) for d, c in zip(self.others, self.tokens)]
+        inputs = [tokens] + [torch.full_like(tokens, c) if self.t == 2 else tokens for c in self.tokens]
+        logits, *others = self.inner.step(torch.cat(inputs)).split(self.n)
         return logits if self.t == 1 else contrast(logits, others, self.weight)
 
     def reorder(self, indices: Tensor) -> None:
-        for d in [self.main, *self.others]:
-            d.reorder(indices)
+        self.inner.reorder(torch.cat([indices + g * self.n for g in range(len(self.tokens) + 1)]))
+        self.n = indices.shape[0]
 
 
 def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: SearchOps,
@@ -106,11 +108,11 @@ def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: Sea
     max_lens = torch.tensor(limits, dtype=torch.long, device=src.device)  # [B]
     memory = model.encode(src, src_mask)  # [B,S,D]
     cls = (ops.decoder_cls or _CachedDecoder) if options.use_cache else _UncachedDecoder
-    decoder = cls(model, memory, src_mask, max(limits), ops)
-    if options.contrast_tokens:
-        others = [cls(model, memory, src_mask, max(limits), ops) for _ in options.contrast_tokens]
-        decoder = _ContrastDecoder(decoder, others, options.contrast_tokens, options.contrast_weight)
-    return decoder, max_lens
+    if not options.contrast_tokens:
+        return cls(model, memory, src_mask, max(limits), ops), max_lens
+    groups = len(options.contrast_tokens) + 1  # the contrast languages' rows stacked after the search's
+    inner = cls(model, memory.repeat(groups, 1, 1), src_mask.repeat(groups, 1), max(limits), ops)
+    return _ContrastDecoder(inner, src.shape[0], options.contrast_tokens, options.contrast_weight), max_lens
 
 
 def check_cancel(cancel: Cancel | None) -> None:

@@ -140,6 +140,25 @@ def test_the_cached_search_equals_the_uncached_one(model):
         assert all(h.log_prob > -1e6 for n in cached for h in n)  # forced prefix tokens stay possible (the floor)
 
 
+def test_the_graphed_decoder_gives_the_plain_paths_contrasted_search(model):
+    """The contrast's stacked rows through nmt/cuda_graphs.py's decoder (run eagerly on CPU over the static
+    cache: rows compacted, padding) give the plain cache's hypotheses, greedy and beam, sentences ending
+    at different steps."""
+    from nmt.cuda_graphs import GraphedDecoder
+    from nmt.search import SearchOps, search
+
+    src, mask = fake_batch([5, 2, 7, 4, 6], seed=5)
+    inputs = SearchInputs(prefixes=[[TARGET]] * 5)
+    for kw in (dict(), dict(beam_size=3, nbest=2, length_penalty=1.0)):
+        o = SearchOptions(max_len_a=1.0, max_len_b=2, contrast_tokens=(OTHER, THIRD), contrast_weight=0.3,
+                          free_prefix=1, **kw)  # limits that differ with the source's length
+        a = search(model, src, mask, o, inputs)
+        b = search(model, src, mask, o, inputs, ops=SearchOps(decoder_cls=GraphedDecoder))
+        assert [[h.tokens for h in n] for n in a] == [[h.tokens for h in n] for n in b]
+        assert [h.score for n in a for h in n] == pytest.approx([h.score for n in b for h in n], abs=1e-5)
+        assert len({len(h.tokens) for n in a for h in n}) > 1  # rows left the batch at different steps
+
+
 def test_bad_weights():
     for w, others in ((-0.1, (OTHER,)), (1.0, (OTHER,)), (float("nan"), (OTHER,)), (0.5, (OTHER, THIRD))):
         with pytest.raises(ValueError, match="contrast_weight"):
