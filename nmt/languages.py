@@ -100,11 +100,12 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
 def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None, weight: float = 0.0) -> tuple[int, ...]:
     """The language tokens of `contrast_lang` (decode.contrast_lang, language-contrastive decoding: one
     code or several, comma-separated), () when it is unset or empty (`--contrast-lang ''` turns off a
-    checkpoint's). The target language (`tgt_lang`, else the
-    model's default) is left out where listed, so one list serves every direction of a model. One-line
-    UserError for a bilingual model, an unknown code, or a `weight` (decode.contrast_weight) that reaches
-    1 summed over the languages used: a token every language writes alike (punctuation, a name, a
-    number) keeps 1 - weight * their number of its probability."""
+    checkpoint's). The target language (`tgt_lang`, else the model's default) is left out where listed, so
+    one list serves every direction of a model. One-line UserError for a bilingual model, an unknown code,
+    or a `weight` (decode.contrast_weight) that reaches 1 summed over the languages used: a token every
+    language writes alike (punctuation, a name, a number) keeps 1 - weight * their number of its
+    probability. With no target language yet (settings whose calls will name it) the codes are checked
+    and the weight waits for the target (`target_prefix` refuses a search without one)."""
     if not (contrast_lang or "").strip():
         return ()
     langs = target_languages(tokenizer)
@@ -116,9 +117,9 @@ def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None, 
         if code not in langs.tokens:
             raise UserError(f"unknown contrast language {code!r} for this model (it knows: "
                             f"{', '.join(sorted(langs.tokens))})")
-    target = langs.prefix(tgt_lang)[0]
+    target = langs.tokens.get(tgt_lang if tgt_lang is not None else langs.default)
     tokens = tuple(dict.fromkeys(langs.tokens[c] for c in codes if langs.tokens[c] != target))
-    if weight * len(tokens) >= 1:
+    if target is not None and weight * len(tokens) >= 1:
         raise UserError(f"--contrast-weight {weight:g} with {len(tokens)} contrast languages: the weight times their "
                         "number must stay below 1 (a token all languages write alike, such as punctuation or a name, "
                         f"would be ruled out): at most {1 / len(tokens):.3g}, exclusive")

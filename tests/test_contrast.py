@@ -198,6 +198,9 @@ def test_contrast_errors_are_one_line(ckpt, tmp_path):
         Translator(ckpt, tgt_lang="de").translate(LINES, contrast_lang="xx")
     with pytest.raises(UserError, match="choose one with --tgt-lang"):  # (no target: nothing to leave out)
         Translator(ckpt, contrast_lang="fr").translate(LINES)
+    later = Translator(ckpt, contrast_lang="fr,de", contrast_weight=0.6)  # the target comes with each call
+    assert [r.text for r in later.translate(LINES, tgt_lang="de", contrast_weight=0.5)] == \
+        [r.text for r in Translator(ckpt, tgt_lang="de").translate(LINES, contrast_lang="fr", contrast_weight=0.5)]
     bilingual = make_tiny_checkpoint(str(tmp_path / "bi.pt"))
     with pytest.raises(UserError, match="no target-language tokens"):
         Translator(bilingual, contrast_lang="de")
