@@ -60,7 +60,7 @@ def main() -> int:
                     help="another variant: the plain command plus FLAGS (repeatable)")
     args = ap.parse_args()
     variants = {name: flags for name, flags in VARIANTS.items() if name == "plain" or name in args.only.split(",")}
-    variants.update((v.split("=", 1)[0], v.split("=", 1)[1].split()) for v in args.variant)
+    variants.update((name, flags.split()) for name, _, flags in (v.partition("=") for v in args.variant))
     from nmt.textio import read_lines
 
     lines = [x for x in read_lines(args.input) if x][: args.sentences]
