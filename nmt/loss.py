@@ -79,3 +79,33 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         if eps:
             grad.sub_(w * (g_loss * (eps / V)))
         return grad.to(ctx.in_dtype), None, None, None
+
+
+def smoothed_nll_formula(
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = PAD_ID
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`label_smoothed_nll` written as plain autograd ops over logsumexp (no [N,V] log-probabilities
+    kept): what `compiled_smoothed_nll` compiles, so that Inductor fuses the fp32 casts, the
+    reduction and the gradient into a few kernels. Same values (tests/test_loss.py); the NLL sum is
+    returned detached (training differentiates only the loss)."""
+    V = logits.size(-1)
+    flat, target = logits.reshape(-1, V).float(), target.reshape(-1)  # one cast: the gradient is summed in fp32
+    keep = target != ignore_index
+    lse = torch.logsumexp(flat, dim=-1)  # [N]
+    nll = (lse - flat.gather(-1, target.masked_fill(~keep, 0).unsqueeze(-1)).squeeze(-1)).masked_fill(~keep, 0.0)
+    nll_sum = nll.sum()
+    if not epsilon:
+        return nll_sum, nll_sum.detach()
+    smooth = (V * lse - flat.sum(-1)).masked_fill(~keep, 0.0)  # sum over classes of -log p
+    return (1.0 - epsilon) * nll_sum + (epsilon / V) * smooth.sum(), nll_sum.detach()
+
+
+_COMPILED: list = []
+
+
+def compiled_smoothed_nll():
+    """`smoothed_nll_formula` through torch.compile (dynamic shapes: one compilation for every batch
+    shape), made once per process; what `train.compile: true` trains with."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(smoothed_nll_formula, dynamic=True))
+    return _COMPILED[0]

@@ -339,6 +339,19 @@ class Transformer(nn.Module):
         if self.output_proj.bias is not None:
             nn.init.zeros_(self.output_proj.bias)
 
+    def compile_layers(self) -> None:
+        """torch.compile each encoder and decoder layer in place (`train.compile`), dynamic shapes: regional
+        compilation. The layers of a stack share one compiled graph (compiled once, not once per layer) and
+        every batch shape reuses it; parameter names do not change (checkpoints are the same). Only
+        `forward` (training, validation loss) is compiled, not the decoding steps. Duck sizing is turned off
+        (process-wide): a first batch whose row count equals its length would otherwise specialise the
+        graph to that equality and cost a second compilation."""
+        import torch.fx.experimental._config as fx_config
+
+        fx_config.use_duck_shape = False
+        for layer in [*self.encoder.layers, *self.decoder.layers]:
+            layer.compile(dynamic=True)
+
     def num_parameters(self) -> int:
         """Distinct trainable parameters (shared/tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())

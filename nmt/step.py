@@ -76,7 +76,8 @@ class StepResult:
 def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.optim.Optimizer,
                scheduler: Any, precision: Precision, *, label_smoothing: float, clip_norm: float,
                grad_denominator: float | None = None,
-               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, pad_id: int = PAD_ID) -> StepResult:
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, pad_id: int = PAD_ID,
+               loss_fn: Callable = label_smoothed_nll) -> StepResult:
     """One optimizer update over `batches` (micro-batches already on the device).
 
     Each micro-batch's loss sum is divided by `grad_denominator` (default: the total
@@ -86,7 +87,8 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
     micro-batch (`model.no_sync()` on the others), and `reduce` (an in-place sum
     over ranks) makes the returned loss sums global, so the finiteness check sees
     the same loss and (all-reduced) gradient norm on every rank and all ranks
-    skip or apply the update together. One host sync per step: that check.
+    skip or apply the update together. One host sync per step: that check. `loss_fn`: the
+    (loss_sum, nll_sum) function of nmt/loss.py (`train.compile`: the compiled formula).
     """
     optimizer.zero_grad(set_to_none=True)
     n_tokens = sum(b.n_tgt_tokens for b in batches)
@@ -98,7 +100,7 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
         with sync_ctx:
             with precision.autocast():
                 logits = model(batch.src, batch.src_mask, batch.tgt_in)  # [B,T,V]
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, label_smoothing, pad_id)
+            loss, nll = loss_fn(logits, batch.tgt_out, label_smoothing, pad_id)
             scaled = loss / denom
             (precision.scaler.scale(scaled) if precision.scaler is not None else scaled).backward()
         loss_acc = loss.detach() if loss_acc is None else loss_acc + loss.detach()

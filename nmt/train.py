@@ -50,6 +50,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -66,6 +67,7 @@ from nmt.ema import EMA
 from nmt.errors import UserError
 from nmt.langid import LanguageIdentifier
 from nmt.logging_utils import RunLogger
+from nmt.loss import compiled_smoothed_nll, label_smoothed_nll
 from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
 from nmt.step import Precision, setup_precision
@@ -89,7 +91,7 @@ class Training:
     train_data: EncodedCorpus
     valid_data: EncodedCorpus
     model: nn.Module  # the plain Transformer (checkpoints, validation)
-    forward: nn.Module  # what the step calls: the model, wrapped by DDP and/or torch.compile
+    forward: nn.Module  # what the step calls: the model, or DDP around it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     precision: Precision
@@ -98,6 +100,7 @@ class Training:
     valid_sets: tuple = ()  # nmt.data.ValidSet per validation corpus
     langid: LanguageIdentifier | None = None  # rank 0's (validation, checkpoints); nmt/langid.py
     ema: EMA | None = None  # train.ema_decay: the moving average of the weights (nmt/ema.py)
+    loss_fn: Callable = label_smoothed_nll  # train.compile: nmt.loss.compiled_smoothed_nll
 
 
 # --------------------------------------------------------------------------- main entry
@@ -159,14 +162,16 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
             torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
     clock.before = state.elapsed
     ema = _build_ema(cfg, model, saved)
+    if cfg.train.compile:  # regional compilation, before DDP wraps it (nmt/model.py)
+        model.compile_layers()
     ddp = dist.wrap_model(env, model, device)
-    forward = torch.compile(ddp) if cfg.train.compile else ddp
     log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"
              f"{', compiled' if cfg.train.compile else ''}"
              f"{f'; DDP over {env.world_size} processes' if env.distributed else ''}")
     log.start_progress(cfg.train.max_steps or None, state.step)
-    return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, model, forward,
-                    optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema)
+    return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, model, ddp,
+                    optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema,
+                    compiled_smoothed_nll() if cfg.train.compile else label_smoothed_nll)
 
 
 def _build_ema(cfg: Config, model, saved: ckpt.ModelRecord | None) -> EMA | None:
@@ -192,11 +197,12 @@ def _load_latest(run_dir: str) -> ckpt.ModelRecord:
 
 def _build_model(cfg: Config, tokenizer: TokenizerLike, device: torch.device) -> Transformer:
     """The Transformer, initialised from `cfg.seed` (the same on every rank); dropout continues from
-    this generator. On CPU with nmt/fast.py's numpy dropout."""
+    this generator. On CPU with nmt/fast.py's numpy dropout (not with train.compile, whose graphs draw
+    their own masks)."""
     torch.manual_seed(cfg.seed)
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.specials.pad)
     model = model.to(device)
-    if device.type == "cpu":
+    if device.type == "cpu" and not cfg.train.compile:
         from nmt import fast
 
         fast.install_for_training(model)

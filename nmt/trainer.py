@@ -244,7 +244,7 @@ class Trainer:
         state, t, tr, env = self.state, self.t, self.tr, self.env
         sync = dict(grad_denominator=n_tokens / env.world_size, reduce=env.all_reduce_sum) if env.distributed else {}
         res = train_step(tr.forward, group, tr.optimizer, tr.scheduler, tr.precision, label_smoothing=t.label_smoothing,
-                         clip_norm=t.clip_norm, pad_id=tr.tokenizer.specials.pad, **sync)
+                         clip_norm=t.clip_norm, pad_id=tr.tokenizer.specials.pad, loss_fn=tr.loss_fn, **sync)
         state.batch_offset += len(group)
         self.meter.add(res, group, n_tokens)
         if res.updated:

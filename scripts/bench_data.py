@@ -202,7 +202,7 @@ def child_steps(config: str, steps: int, out: str) -> None:
         t_start = time.perf_counter()
         batch = collate(tr.train_data, batches[i], specials)
         train_step(tr.forward, [batch], tr.optimizer, tr.scheduler, tr.precision, label_smoothing=t.label_smoothing,
-                   clip_norm=t.clip_norm, pad_id=specials.pad)
+                   clip_norm=t.clip_norm, pad_id=specials.pad, loss_fn=tr.loss_fn)
         times.append(time.perf_counter() - t_start)
     t_start = time.perf_counter()
     for b in batches[:200]:  # the data part of a step alone: the model's part cannot depend on the corpus size

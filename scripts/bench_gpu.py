@@ -4,6 +4,7 @@
     python3 scripts/bench_gpu.py --device cpu --quick --json OUT    # every part on tiny shapes, < 1 minute
     python3 scripts/bench_gpu.py --parts decode --json OUT          # only some parts (train, nmt_train, decode)
     python3 scripts/bench_gpu.py --parts train --models base --profile DIR   # where a training step's time goes
+    python3 scripts/bench_gpu.py --compile --parts train,nmt_train --json OUT  # + nmt with train.compile: true
 
 Progress goes to stderr, one table to stdout, everything to --json OUT. Data: the shipped Bible
 corpus (data/bible-es-en, es->en), a joint SentencePiece model trained on its training split by nmt
@@ -56,14 +57,22 @@ embeddings. Randomly initialised (speed only). Parts, in order:
    steps run eagerly instead of replayed as CUDA graphs (`NMT_CUDA_GRAPHS=0`, nmt/cuda_graphs.py):
    the before/after of that change in one run; its `same_lines` compares it with nmt's lines.
 
+`--compile` adds a third system to part 2, "nmt compiled" (the JSON's `train_compiled` rows): the same
+model and step with `train.compile: true` (each layer and the loss compiled, nmt/model.py
+`compile_layers`), built from the same seed (its weights are checked equal to nmt's before any step),
+timed in the same alternating rounds; its compilation falls in the warm-up steps (`warmup_s`, every
+row has it) and `vs_eager` divides its rate by nmt's. Part 3 then trains with `train.compile: true`
+too, and its `vs_step` compares with the compiled step.
+
 transformers is optional: without it its rows are skipped, with a note. cuDNN's attention is off
 for both systems (nmt turns it off process-wide on CUDA: nmt/device.py). Each part runs in its own
 try/except: a failure is printed, recorded (an `error` row and the JSON's `errors`), and the exit
 status is 1; the other parts still run.
 
-JSON: {device, torch, transformers, quick, peak_flops_per_s, peak_dtype, part_seconds, notes,
-errors, parts, train: [{model, batch_tokens, system, tgt_tok_per_s, tflops, mfu, ...}], decode:
-[{precision, beam, batch, system, sent_per_s, tok_per_s, same_lines, ...}], decode_eager: [the same]}.
+JSON: {device, torch, transformers, quick, compile, peak_flops_per_s, peak_dtype, part_seconds, notes,
+errors, parts, train: [{model, batch_tokens, system, tgt_tok_per_s, tflops, mfu, warmup_s, ...}],
+train_compiled: [the same, system "nmt compiled", with vs_eager], decode: [{precision, beam, batch,
+system, sent_per_s, tok_per_s, same_lines, ...}], decode_eager: [the same]}.
 """
 
 from __future__ import annotations
@@ -199,10 +208,8 @@ def bench_config(plan: Plan, output_dir: str, name: str, model: str, batch_token
 class NmtSide:
     """nmt's real training step over a `Training` (nmt/train.py)."""
 
-    name = "nmt"
-
-    def __init__(self, tr):
-        self.tr, self.model, self.optimizer = tr, tr.model, tr.optimizer
+    def __init__(self, tr, name: str = "nmt"):
+        self.tr, self.model, self.optimizer, self.name = tr, tr.model, tr.optimizer, name
 
     def logits(self, batch, hf_mask):
         with self.tr.precision.autocast():
@@ -213,7 +220,7 @@ class NmtSide:
 
         tr, t = self.tr, self.tr.cfg.train
         train_step(tr.forward, [batch], tr.optimizer, tr.scheduler, tr.precision, label_smoothing=t.label_smoothing,
-                   clip_norm=t.clip_norm, pad_id=tr.tokenizer.specials.pad)
+                   clip_norm=t.clip_norm, pad_id=tr.tokenizer.specials.pad, loss_fn=tr.loss_fn)
 
 
 class HFSide:
@@ -329,13 +336,16 @@ def time_sides(sides: list, batches: list, plan: Plan, device) -> dict:
     import torch
 
     cuda = device.type == "cuda"
-    stats = {s.name: dict(seconds=0.0, flops=0.0, tokens=0, steps=0, peak=0) for s in sides}
+    stats = {s.name: dict(seconds=0.0, flops=0.0, tokens=0, steps=0, peak=0, warmup_s=0.0) for s in sides}
     done = {s.name: 0 for s in sides}
-    for side in sides:
+    for side in sides:  # (torch.compile compiles in the first warm-up steps: warmup_s)
+        sync(device)
+        t0 = time.perf_counter()
         for i in range(plan.warmup):
             side.step(*batches[i][:2])
+        sync(device)
+        stats[side.name]["warmup_s"] = time.perf_counter() - t0
         done[side.name] = plan.warmup
-    sync(device)
     for r in range(plan.rounds):
         for side in (sides if r % 2 == 0 else sides[::-1]):
             others = [o for o in sides if o is not side]
@@ -384,6 +394,8 @@ def train_ab(plan: Plan, work: str, device, peak: float | None, have_hf: bool, e
 def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool, errors: list,
                 name: str) -> list[dict]:
     """Part 2 for one model: nmt's training and its transformers twin, built once, timed at each batch budget."""
+    import torch
+
     from nmt.config import replace
     from nmt.logging_utils import RunLogger
     from nmt.train import build_training
@@ -394,23 +406,43 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
     sides = [NmtSide(tr)]
     if have_hf:
         sides.append(HFSide(hf_twin(tr, os.path.join(work, f"hf-{name}"), device), tr, device))
+    rows, start, compiled = [], None, None
+    if COMPILE:  # the same model (same seed), with train.compile: true
+        try:
+            ccfg = bench_config(plan, work, "ab", name, plan.batch_tokens[0], str(device), compile=True)
+            compiled = NmtSide(build_training(ccfg, ccfg.run_dir, device, RunLogger(ccfg.run_dir, enabled=False)),
+                               COMPILED)
+            a, b = tr.model.state_dict(), compiled.model.state_dict()
+            if list(a) != list(b) or not all(torch.equal(a[k], b[k]) for k in a):
+                raise RuntimeError("the compiled twin does not start from the same weights")
+        except Exception as e:  # noqa: BLE001 (the other systems still run)
+            compiled = None
+            rows.append(fail(errors, "train", f"{name} compiled", e, model=name, batch_tokens=None, system=COMPILED))
     need = plan.warmup + plan.rounds * plan.round_steps
-    rows, start = [], None
     for bt in plan.batch_tokens:
         try:
             batches = precollate(tr, replace(cfg, data=replace(cfg.data, batch_tokens=bt)), need, device)
-            if start is None:  # before any step: the same weights in both
+            if start is None:  # before any step: the same weights in both (the compiled twin: checked above)
                 start = start_losses(sides, *batches[0][:2], cfg.train.label_smoothing, tr.tokenizer.specials.pad)
-            log(f"train A/B: {name}, {bt} batch tokens, {len(sides)} systems x {need} steps")
-            stats = time_sides(sides, batches, plan, device)
+            timed = sides + ([compiled] if compiled else [])
+            log(f"train A/B: {name}, {bt} batch tokens, {len(timed)} systems x {need} steps")
+            try:
+                stats = time_sides(timed, batches, plan, device)
+            except Exception as e:  # noqa: BLE001 (a compiled system that fails leaves the others measured)
+                if compiled is None:
+                    raise
+                rows.append(fail(errors, "train", f"{name} {bt} compiled", e, model=name, batch_tokens=bt,
+                                 system=COMPILED))
+                timed, compiled = sides, None
+                stats = time_sides(timed, batches, plan, device)
             rows += train_rows(name, bt, stats, peak, device, tr.model.num_parameters(), start)
-            if PROFILE_DIR:
+            for side in [sides[0]] + ([compiled] if compiled else []) if PROFILE_DIR else ():
                 try:
-                    profile_steps(sides[0], batches[:plan.round_steps], device,
-                                  os.path.join(PROFILE_DIR, f"profile-{name}-{bt}.txt"))
+                    profile_steps(side, batches[:plan.round_steps], device, os.path.join(
+                        PROFILE_DIR, f"profile-{name}-{bt}{'-compiled' if side is compiled else ''}.txt"))
                 except Exception as e:  # noqa: BLE001 (the timed rows stand; the profile's failure is recorded)
                     fail(errors, "profile", f"{name} {bt}", e)
-            log("train A/B: " + ", ".join(f"{r['system']} {r['tgt_tok_per_s']:,.0f} tok/s" for r in rows[-len(sides):]))
+            log("train A/B: " + ", ".join(f"{r['system']} {r['tgt_tok_per_s']:,.0f} tok/s" for r in rows[-len(timed):]))
         except Exception as e:  # noqa: BLE001 (recorded, reported, exit status 1)
             rows.append(fail(errors, "train", f"{name} {bt}", e, model=name, batch_tokens=bt, system="nmt"))
         finally:
@@ -420,6 +452,8 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
 
 
 PROFILE_DIR: str | None = None  # --profile
+COMPILE = False  # --compile: a third system, nmt with train.compile: true (the JSON's `train_compiled` rows)
+COMPILED = "nmt compiled"
 
 
 def profile_steps(side, batches: list, device, path: str) -> None:
@@ -466,12 +500,17 @@ def train_rows(name: str, bt: int, stats: dict, peak: float | None, device, para
     for system, s in stats.items():
         rate, flops_per_s = s["tokens"] / s["seconds"], s["flops"] / s["seconds"]
         rows.append(dict(model=name, batch_tokens=bt, system=system, parameters=parameters, steps=s["steps"],
-                         tgt_tok_per_s=rate, step_ms=1000 * s["seconds"] / s["steps"],
+                         tgt_tok_per_s=rate, step_ms=1000 * s["seconds"] / s["steps"], warmup_s=s["warmup_s"],
                          tflops=flops_per_s / 1e12, mfu=flops_per_s / peak if peak else None,
-                         flops_per_tgt_token=s["flops"] / s["tokens"], start_loss=start[system],
+                         flops_per_tgt_token=s["flops"] / s["tokens"], start_loss=start.get(system),
                          peak_mem_mb=s["peak"] / 2 ** 20 if device.type == "cuda" else None))
-    if "transformers" in stats:
-        rows[-1]["nmt_speedup"] = rows[0]["tgt_tok_per_s"] / rows[-1]["tgt_tok_per_s"]
+    by = {r["system"]: r for r in rows}
+    if "transformers" in by:
+        by["transformers"]["nmt_speedup"] = by["nmt"]["tgt_tok_per_s"] / by["transformers"]["tgt_tok_per_s"]
+    if COMPILED in by:
+        by[COMPILED]["vs_eager"] = by[COMPILED]["tgt_tok_per_s"] / by["nmt"]["tgt_tok_per_s"]
+        if "transformers" in by:
+            by[COMPILED]["nmt_speedup"] = by[COMPILED]["tgt_tok_per_s"] / by["transformers"]["tgt_tok_per_s"]
     return rows
 
 
@@ -491,7 +530,7 @@ def train_e2e(plan: Plan, work: str, device, peak: float | None, step_rows: list
     warmup = plan.e2e_steps - 1
     cfg = bench_config(plan, output_dir, "e2e", model, bt, str(device), spm_model=spm if os.path.isfile(spm) else None,
                        max_steps=plan.e2e_steps, warmup_steps=warmup, lr=LR * warmup / WARMUP,
-                       log_every=plan.e2e_log_every, valid_every=0, keep_last=0)
+                       log_every=plan.e2e_log_every, valid_every=0, keep_last=0, compile=COMPILE)
     path = os.path.join(output_dir, "e2e.yaml")
     save_config(cfg, path)
     log(f"nmt train: {model}, {bt} batch tokens, {plan.e2e_steps} steps")
@@ -507,12 +546,13 @@ def train_e2e(plan: Plan, work: str, device, peak: float | None, step_rows: list
     if len(rates) < 2:
         raise RuntimeError(f"train.log has {len(rates)} tokens_per_s lines; 2 or more expected")
     rate = sum(rates[1:]) / len(rates[1:])  # the first interval holds the start-up
-    step = next((r for r in step_rows if (r.get("model"), r.get("batch_tokens"), r.get("system")) == (model, bt, "nmt")
+    system = COMPILED if COMPILE else "nmt"  # the step-only rate of the same code
+    step = next((r for r in step_rows if (r.get("model"), r.get("batch_tokens"), r.get("system")) == (model, bt, system)
                  and "error" not in r), None)
     per_token = step["flops_per_tgt_token"] if step else None
     row = dict(model=model, batch_tokens=bt, system="nmt train", steps=plan.e2e_steps, tgt_tok_per_s=rate,
                log_intervals=len(rates) - 1, wall_s=wall, tflops=rate * per_token / 1e12 if per_token else None,
-               mfu=rate * per_token / peak if per_token and peak else None,
+               mfu=rate * per_token / peak if per_token and peak else None, compiled=COMPILE,
                vs_step=rate / step["tgt_tok_per_s"] if step else None)
     log(f"nmt train: {rate:,.0f} tok/s" + (f" ({row['vs_step']:.2f}x the step-only rate)" if step else ""))
     return row, os.path.join(cfg.run_dir, "checkpoints", "best.pt")
@@ -669,15 +709,15 @@ def print_table(out: dict) -> None:
           f"peak {cell(out['peak_flops_per_s'] and out['peak_flops_per_s'] / 1e12, ',.1f')} TFLOP/s "
           f"({out['peak_dtype']} matmul){' | --quick' if out['quick'] else ''}")
     print(f"{'model':>10} {'batch tok':>9} {'system':>12} {'tgt tok/s':>11} {'TFLOP/s':>8} {'MFU':>6} "
-          f"{'peak MB':>8} {'nmt x':>6} {'vs step':>7}")
-    for r in out["train"]:
+          f"{'peak MB':>8} {'nmt x':>6} {'vs step':>7} {'warm-up s':>9}")
+    for r in out["train"] + out["train_compiled"]:
         head = f"{r['model']:>10} {cell(r['batch_tokens']):>9} {r['system']:>12}"
         if "error" in r:
             print(f"{head}  ERROR {r['error']}")
             continue
         print(f"{head} {r['tgt_tok_per_s']:>11,.0f} {cell(r.get('tflops'), '.2f'):>8} {cell(r.get('mfu'), '.1%'):>6} "
               f"{cell(r.get('peak_mem_mb'), ',.0f'):>8} {cell(r.get('nmt_speedup'), '.2f'):>6} "
-              f"{cell(r.get('vs_step'), '.2f'):>7}")
+              f"{cell(r.get('vs_step') or r.get('vs_eager'), '.2f'):>7} {cell(r.get('warmup_s'), '.1f'):>9}")
     print(f"{'precision':>9} {'beam':>4} {'batch':>5} {'system':>12} {'sent/s':>9} {'tok/s':>10} {'same lines':>10}")
     for r in out["decode"] + out["decode_eager"]:
         head = f"{cell(r['precision']):>9} {cell(r['beam']):>4} {cell(r['batch']):>5} {r['system']:>12}"
@@ -701,6 +741,9 @@ def main() -> int:
     ap.add_argument("--models", help="comma-separated models of the training A/B (default all: base,big)")
     ap.add_argument("--profile", metavar="DIR", help="after each training A/B shape, profile nmt's steps "
                     "(torch.profiler) into DIR/profile-MODEL-TOKENS.txt: host-bound or device-bound")
+    ap.add_argument("--compile", action="store_true", help="a third system in the training A/B, nmt with "
+                    "train.compile: true (rows in the JSON's `train_compiled`, with the compilation in warmup_s); "
+                    "the `nmt train` part then compiles too")
     args = ap.parse_args()
     parts = {p.strip() for p in args.parts.split(",")}
     if not parts <= {"train", "nmt_train", "decode"}:
@@ -720,7 +763,8 @@ def main() -> int:
         if unknown:
             ap.error(f"--models: unknown model(s) {', '.join(sorted(unknown))} (this plan has {', '.join(plan.models)})")
         plan = dataclasses.replace(plan, ab_models=tuple(m for m in plan.models if m in chosen))
-    global PROFILE_DIR
+    global PROFILE_DIR, COMPILE
+    COMPILE = args.compile
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         PROFILE_DIR = args.profile
@@ -736,7 +780,7 @@ def main() -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     out = dict(device=f"{device} ({name})", torch=torch.__version__, transformers=hf_version, quick=args.quick,
                peak_flops_per_s=None, peak_dtype=None, part_seconds={}, notes=notes, errors=errors, train=[], decode=[],
-               decode_eager=[], parts=sorted(parts))
+               decode_eager=[], train_compiled=[], compile=COMPILE, parts=sorted(parts))
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         work = args.workdir or tmp
         os.makedirs(work, exist_ok=True)
@@ -759,12 +803,15 @@ def main() -> int:
         peak_flops = out["peak_flops_per_s"]  # None: no MFU
         if "train" in parts:
             train = part("train", lambda: train_ab(plan, work, device, peak_flops, bool(hf_version), errors))
-            out["train"] = train if train is not None else [dict(model=None, batch_tokens=None, system="nmt",
-                                                                 error=errors[-1]["error"])]
+            train = train if train is not None else [dict(model=None, batch_tokens=None, system="nmt",
+                                                          error=errors[-1]["error"])]
+            out["train"] = [r for r in train if r["system"] != COMPILED]
+            out["train_compiled"] = [r for r in train if r["system"] == COMPILED]
         if not parts & {"nmt_train", "decode"}:
             e2e = False
         else:
-            e2e = part("nmt_train", lambda: train_e2e(plan, work, device, peak_flops, out["train"]))
+            e2e = part("nmt_train", lambda: train_e2e(plan, work, device, peak_flops,
+                                                      out["train"] + out["train_compiled"]))
         if e2e is False:
             pass
         elif e2e is None:  # (its error is recorded); decoding needs its checkpoint

@@ -123,7 +123,7 @@ def main() -> int:
         t0 = time.perf_counter()
         group = [b.to(device) for b in group]
         res = train_step(fwd, group, optimizer, scheduler, precision, label_smoothing=t.label_smoothing,
-                         clip_norm=t.clip_norm, pad_id=tokenizer.specials.pad)
+                         clip_norm=t.clip_norm, pad_id=tokenizer.specials.pad, loss_fn=tr.loss_fn)
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0

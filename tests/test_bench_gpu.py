@@ -82,6 +82,31 @@ def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path, device):
             assert pair["transformers"]["same_lines"] >= 0.9
 
 
+@pytest.mark.slow
+def test_bench_gpu_compile_adds_the_compiled_system(tmp_path):
+    """--compile: a third training system, nmt with train.compile (same weights, checked by the script),
+    in `train_compiled`, its compilation in warmup_s (one model and the A/B only: compiling is slow on
+    CPU; `nmt train` with train.compile is tests/test_compile.py's)."""
+    pytest.importorskip("transformers", reason="the A/B rows compare against transformers")
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--compile", "--parts", "train",
+                           "--models", "tiny", "--json", str(out)],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["errors"] == [] and res["compile"] is True
+    assert {r["system"] for r in res["train"]} == {"nmt", "transformers"}
+    compiled = res["train_compiled"]
+    assert sorted(r["batch_tokens"] for r in compiled) == [512, 1024]
+    for r in compiled:
+        eager = next(e for e in res["train"] if e["system"] == "nmt" and e["batch_tokens"] == r["batch_tokens"])
+        assert r["system"] == "nmt compiled" and r["tgt_tok_per_s"] > 0 and r["mfu"] > 0
+        assert r["flops_per_tgt_token"] == eager["flops_per_tgt_token"]  # the same batches
+        assert r["vs_eager"] == pytest.approx(r["tgt_tok_per_s"] / eager["tgt_tok_per_s"])
+    first = min(compiled, key=lambda r: r["batch_tokens"])  # its warm-up compiled the layers and the loss
+    assert first["warmup_s"] > max(r["warmup_s"] for r in res["train"])
+
+
 @pytest.mark.parametrize("args, message", [(["--parts", "train,nope"], "--parts: unknown part(s) nope"),
                                            (["--quick", "--models", "base"], "--models: unknown model(s) base")])
 def test_bench_gpu_refuses_unknown_parts_and_models(args, message):

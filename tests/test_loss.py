@@ -109,3 +109,29 @@ def test_reduced_precision_logits_give_the_loss_of_their_fp32_copy(dtype):
     assert a.grad.dtype == dtype
     # the same fp32 gradient rounded to dtype: equal, or one unit of rounding apart
     torch.testing.assert_close(a.grad.float(), b.grad.to(dtype).float(), rtol=torch.finfo(dtype).eps, atol=1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_formula_train_compile_uses_equals_the_fused_loss(eps, dtype):
+    """nmt.loss.smoothed_nll_formula (what `train.compile` compiles) gives label_smoothed_nll's loss, NLL
+    and gradient, also from bf16 logits (both compute in fp32)."""
+    from nmt.loss import smoothed_nll_formula
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(4, 6, 13, generator=g) * 3
+    target = torch.randint(1, 13, (4, 6), generator=g)
+    target[1, 2:] = 0
+    target[3, 4:] = 0
+    out = []
+    for fn in (label_smoothed_nll, smoothed_nll_formula):
+        logits = base.to(dtype).requires_grad_()
+        loss, nll = fn(logits, target, eps)
+        (grad,) = torch.autograd.grad(loss, logits)
+        assert loss.dtype == nll.dtype == torch.float32 and grad.dtype == dtype
+        out.append((loss.detach(), nll.detach(), grad.float()))
+    (l1, n1, g1), (l2, n2, g2) = out
+    torch.testing.assert_close(l2, l1, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(n2, n1, rtol=1e-6, atol=1e-5)
+    tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=0.01, atol=1e-3)
+    torch.testing.assert_close(g2, g1, **tol)
