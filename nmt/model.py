@@ -340,17 +340,23 @@ class Transformer(nn.Module):
             nn.init.zeros_(self.output_proj.bias)
 
     def compile_layers(self) -> None:
-        """torch.compile each encoder and decoder layer in place (`train.compile`), dynamic shapes: regional
-        compilation. The layers of a stack share one compiled graph (compiled once, not once per layer) and
-        every batch shape reuses it; parameter names do not change (checkpoints are the same). Only
-        `forward` (training, validation loss) is compiled, not the decoding steps. Duck sizing is turned off
-        (process-wide): a first batch whose row count equals its length would otherwise specialise the
-        graph to that equality and cost a second compilation."""
+        """torch.compile each encoder and decoder layer's training forward in place (`train.compile`),
+        dynamic shapes: regional compilation. The layers of a stack share one compiled graph (compiled once,
+        not once per layer) and every batch shape reuses it; parameter names do not change (checkpoints are
+        the same). In eval mode (validation) and in decoding steps the layers run eagerly: no second set of
+        graphs to compile for a few validation batches. Duck sizing is turned off (process-wide): a first
+        batch whose row count equals its length would otherwise specialise the graph to that equality and
+        cost a second compilation."""
         import torch.fx.experimental._config as fx_config
 
         fx_config.use_duck_shape = False
         for layer in [*self.encoder.layers, *self.decoder.layers]:
-            layer.compile(dynamic=True)
+            eager = layer.forward
+            compiled = torch.compile(eager, dynamic=True)
+
+            def forward(*args, _eager=eager, _compiled=compiled, _layer=layer):
+                return (_compiled if _layer.training else _eager)(*args)
+            layer.forward = forward
 
     def num_parameters(self) -> int:
         """Distinct trainable parameters (shared/tied weights counted once)."""

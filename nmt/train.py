@@ -67,7 +67,7 @@ from nmt.ema import EMA
 from nmt.errors import UserError
 from nmt.langid import LanguageIdentifier
 from nmt.logging_utils import RunLogger
-from nmt.loss import compiled_smoothed_nll, label_smoothed_nll
+from nmt.loss import compiled_smoothed_nll
 from nmt.model import Transformer
 from nmt.optim import build_optimizer, build_scheduler
 from nmt.step import Precision, setup_precision
@@ -100,7 +100,7 @@ class Training:
     valid_sets: tuple = ()  # nmt.data.ValidSet per validation corpus
     langid: LanguageIdentifier | None = None  # rank 0's (validation, checkpoints); nmt/langid.py
     ema: EMA | None = None  # train.ema_decay: the moving average of the weights (nmt/ema.py)
-    loss_fn: Callable = label_smoothed_nll  # train.compile: nmt.loss.compiled_smoothed_nll
+    loss_fn: Callable | None = None  # train_step's: None = nmt.loss.label_smoothed_nll; train.compile: compiled_smoothed_nll
 
 
 # --------------------------------------------------------------------------- main entry
@@ -171,7 +171,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     log.start_progress(cfg.train.max_steps or None, state.step)
     return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, model, ddp,
                     optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema,
-                    compiled_smoothed_nll() if cfg.train.compile else label_smoothed_nll)
+                    compiled_smoothed_nll() if cfg.train.compile else None)
 
 
 def _build_ema(cfg: Config, model, saved: ckpt.ModelRecord | None) -> EMA | None:
