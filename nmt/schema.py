@@ -234,9 +234,11 @@ class TrainConfig:
     update_freq: int = _f(1, "Gradient accumulation: batches per optimizer step.", min=1)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto", "auto: bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU.")
     compile: bool = _f(False, "torch.compile each encoder/decoder layer (one compiled graph per layer stack, dynamic "
-                       "shapes) and the loss (fused label-smoothed cross-entropy). Costs compilation time at the "
-                       "start (measured in BENCHMARKS.md \"On a GPU\"); worth it for runs of more than a few minutes "
-                       "on a GPU.")
+                       "shapes; validation and decoding stay eager) and the loss (fused label-smoothed cross-entropy). "
+                       "Costs compilation time at the start (70 s for the base model on a 2-core CPU, where compiled "
+                       "steps are slower: leave it off there). On an H200, the model and loss compiled whole trained "
+                       "the base model 1.35x faster; this per-layer form is not yet timed on a GPU (BENCHMARKS.md "
+                       "\"The training step compiled\"). Needs a GPU that Triton supports.")
     max_steps: int = _f(0, "Stop after this many optimizer steps; 0 = no limit.", min=0)
     max_epochs: int = _f(0, "Stop after this many epochs; 0 = no limit.", min=0)
     max_time: float = _f(0.0, "Stop after this many seconds of wall clock; 0 = no limit.", min=0.0)

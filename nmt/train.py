@@ -108,7 +108,8 @@ class Training:
 def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet: bool = False) -> dict:
     """Train `cfg` (module docstring); returns the final metrics (the same on every torchrun rank).
     The process-wide settings it changes (torch's intra-op threads, TF32 and cuDNN attention on CUDA)
-    are restored on return."""
+    are restored on return, except torch.fx's duck sizing, which `train.compile` turns off for the
+    process (nmt/model.py `compile_layers`)."""
     env = DistEnv.from_env()
     threads = torch.get_num_threads()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32

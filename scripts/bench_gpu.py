@@ -709,7 +709,7 @@ def print_table(out: dict) -> None:
           f"peak {cell(out['peak_flops_per_s'] and out['peak_flops_per_s'] / 1e12, ',.1f')} TFLOP/s "
           f"({out['peak_dtype']} matmul){' | --quick' if out['quick'] else ''}")
     print(f"{'model':>10} {'batch tok':>9} {'system':>12} {'tgt tok/s':>11} {'TFLOP/s':>8} {'MFU':>6} "
-          f"{'peak MB':>8} {'nmt x':>6} {'vs step':>7} {'warm-up s':>9}")
+          f"{'peak MB':>8} {'nmt x':>6} {'vs step/eager':>13} {'warm-up s':>9}")
     for r in out["train"] + out["train_compiled"]:
         head = f"{r['model']:>10} {cell(r['batch_tokens']):>9} {r['system']:>12}"
         if "error" in r:
@@ -717,7 +717,7 @@ def print_table(out: dict) -> None:
             continue
         print(f"{head} {r['tgt_tok_per_s']:>11,.0f} {cell(r.get('tflops'), '.2f'):>8} {cell(r.get('mfu'), '.1%'):>6} "
               f"{cell(r.get('peak_mem_mb'), ',.0f'):>8} {cell(r.get('nmt_speedup'), '.2f'):>6} "
-              f"{cell(r.get('vs_step') or r.get('vs_eager'), '.2f'):>7} {cell(r.get('warmup_s'), '.1f'):>9}")
+              f"{cell(r.get('vs_step') or r.get('vs_eager'), '.2f'):>13} {cell(r.get('warmup_s'), '.1f'):>9}")
     print(f"{'precision':>9} {'beam':>4} {'batch':>5} {'system':>12} {'sent/s':>9} {'tok/s':>10} {'same lines':>10}")
     for r in out["decode"] + out["decode_eager"]:
         head = f"{cell(r['precision']):>9} {cell(r['beam']):>4} {cell(r['batch']):>5} {r['system']:>12}"
