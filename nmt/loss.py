@@ -19,6 +19,8 @@ batches. Computed in fp32 (logits may come from autocast).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -100,12 +102,8 @@ def smoothed_nll_formula(
     return (1.0 - epsilon) * nll_sum + (epsilon / V) * smooth.sum(), nll_sum.detach()
 
 
-_COMPILED: list = []
-
-
+@functools.cache
 def compiled_smoothed_nll():
     """`smoothed_nll_formula` through torch.compile (dynamic shapes: one compilation for every batch
     shape), made once per process; what `train.compile: true` trains with."""
-    if not _COMPILED:
-        _COMPILED.append(torch.compile(smoothed_nll_formula, dynamic=True))
-    return _COMPILED[0]
+    return torch.compile(smoothed_nll_formula, dynamic=True)
