@@ -201,6 +201,12 @@ def _tune_parser(sub) -> None:
                    "target language (default: the model's default language)")
     p.add_argument("--src-lang", metavar="L", help="an imported M2M100/NLLB model's source language, the language of "
                    "the dev sources (--src); default: the model's decode.src_lang, else its data.src_lang)")
+    _add_glossary_options(p, "then also choose decode.glossary_length_penalty, the length penalty of the lines the "
+                          "glossary's constrained search takes, with the glossary applied to the dev set (a dev set "
+                          "whose references hold the terms: what the glossary is for)")
+    p.add_argument("--glossary-constrain", choices=("always", "missing"), help="with --glossary: which lines get the "
+                   "constrained search while tuning, written into the checkpoint with the penalty (default: the "
+                   "checkpoint's decode.glossary_constrain)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 
@@ -361,7 +367,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
                         max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
-                        quiet=args.quiet, tgt_lang=args.tgt_lang, src_lang=args.src_lang)
+                        quiet=args.quiet, tgt_lang=args.tgt_lang, src_lang=args.src_lang, glossary=args.glossary,
+                        glossary_ignore_case=args.glossary_ignore_case, glossary_constrain=args.glossary_constrain)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

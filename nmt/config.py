@@ -19,7 +19,7 @@ import os
 import re
 import types
 import typing
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import yaml
 
@@ -184,6 +184,9 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_nee
     if dec.nbest > dec.beam_size and dec.sampling == "none":
         errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
                       "or set sampling: nbest samples per line)")
+    if dec.glossary_beam_size is not None and dec.nbest > dec.glossary_beam_size and dec.sampling == "none":
+        errors.append(f"invalid value for '{prefix}.glossary_beam_size': {dec.glossary_beam_size} (must be >= "
+                      f"{prefix}.nbest={dec.nbest}: the lines with glossary terms give nbest hypotheses too)")
     if dec.patience > 0 and dec.beam_size > 1 and dec.sampling == "none":
         most = max_finished(dec.beam_size, dec.patience)
         if most < 1:
@@ -530,7 +533,7 @@ def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, 
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if isinstance(value, str) and hints.get(key) in (int, float, bool):
+        if isinstance(value, str) and hints.get(key) in (int, float, bool, Optional[int], Optional[float]):
             try:
                 value = _load_yaml(value)
             except yaml.YAMLError:

@@ -23,12 +23,15 @@ detokenizes, restores protected spans and the input order. Guarantees:
   that of the line as written). With `decode.glossary_constrain: missing` (default `always`) every
   line is first searched as without the glossary, and keeps those outputs when every one of them
   already holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use);
-  only the other lines get the constrained search. With decode.protect, terms are matched in the masked line (protected
+  only the other lines get the constrained search, with `decode.glossary_beam_size` and
+  `decode.glossary_length_penalty` where set (else the line's own beam size and penalty; `nmt tune
+  --glossary` chooses them). With decode.protect, terms are matched in the masked line (protected
   spans are copied as they are).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -233,6 +236,18 @@ def _encode_annotated(engine, lines: list[str], annotated: list[str], src_ids, t
     return ids, cut
 
 
+def glossary_sources(engine, lines: list[str], glossary, decode: DecodeConfig, src_ids, truncated):
+    """(the ids each line's constrained search reads: annotated where decode.glossary_annotate applies,
+    else `src_ids`; the lines' `_LineTerms`, None without a glossary or a match) for `nmt tune --glossary`,
+    as `translate_chunk` makes them (lines: already masked with decode.protect)."""
+    annotated, terms = _glossary_terms(engine, lines, glossary, list(range(len(lines))), decode)
+    if terms is None:
+        return src_ids, None
+    lang = target_prefix(engine.tokenizer, decode.tgt_lang)
+    _check_room(engine, terms.seqs, [lang] * len(lines), [[]] * len(lines), list(range(len(lines))))
+    return _encode_annotated(engine, lines, annotated, src_ids, truncated, decode.src_lang)[0], terms
+
+
 def _check_room(engine, seqs, prefix_ids, spans, keys) -> None:
     """UserError naming the first line whose terms (with its prefix, placeholders and an EOS) do not fit
     in the model's positions."""
@@ -258,28 +273,35 @@ def _without_tokens(src_ids, prefixes, spans, nbest: int) -> list[tuple[Translat
 
 # --------------------------------------------------------------------------- the core
 
-def _search_lines(engine, options, rows: list[int], src_ids, term_ids, prefix_ids, keys, terms: _LineTerms | None,
-                  constrain: str, cancel) -> tuple[list[list], list[bool]]:
+def _search_lines(engine, options, term_options, rows: list[int], src_ids, term_ids, prefix_ids, keys,
+                  terms: _LineTerms | None, constrain: str, cancel) -> tuple[list[list], list[bool]]:
     """(the n-best hypotheses of lines `rows`, whether each was searched with its terms as constraints,
-    from `term_ids`, its source annotated for a data.terms model; else from `src_ids`). `constrain`
-    (decode.glossary_constrain): "always" searches lines with terms with constraints at once;
-    "missing" searches every line without them first, then again with them the lines whose outputs do
-    not all hold their terms (module docstring)."""
+    from `term_ids`, its source annotated for a data.terms model, and `term_options`; else from `src_ids`
+    and `options`). `constrain` (decode.glossary_constrain): "always" searches lines with terms with
+    constraints at once; "missing" searches every line without them first, then again with them the
+    lines whose outputs do not all hold their terms (module docstring)."""
     from nmt.search_options import SearchInputs
 
     def search(part: list[int], constrained: bool) -> list[list]:
         inputs = SearchInputs(prefixes=[prefix_ids[i] for i in part] if prefix_ids is not None else None,
                               keys=[keys[i] for i in part], constraints=terms.batch(part) if constrained else None,
                               source_lengths=[len(src_ids[i]) + 1 for i in part] if constrained else None)
-        return engine.search_batch([(term_ids if constrained else src_ids)[i] for i in part], options, inputs,
-                                   cancel=cancel)
+        return engine.search_batch([(term_ids if constrained else src_ids)[i] for i in part],
+                                   term_options if constrained else options, inputs, cancel=cancel)
 
     if terms is None or not any(terms.seqs[i] for i in rows):
         return search(rows, False), [False] * len(rows)
-    if constrain == "always":
-        return search(rows, True), [bool(terms.seqs[i]) for i in rows]
-    nbests = search(rows, False)
     with_terms = [k for k, i in enumerate(rows) if terms.seqs[i]]
+    if constrain == "always" and term_options is options:  # one search: a line without terms is searched as without
+        return search(rows, True), [bool(terms.seqs[i]) for i in rows]
+    if constrain == "always":  # (a penalty of their own: the lines with terms apart)
+        nbests = [[]] * len(rows)
+        without = [k for k, i in enumerate(rows) if not terms.seqs[i]]
+        for part, constrained in ((without, False), (with_terms, True)):
+            for k, nbest in zip(part, search([rows[k] for k in part], constrained) if part else []):
+                nbests[k] = nbest
+        return nbests, [bool(terms.seqs[i]) for i in rows]
+    nbests = search(rows, False)
     texts = iter(engine.tokenizer.decode_tgt([h.tokens for k in with_terms for h in nbests[k]]))
     again = [k for k in with_terms if not all([terms.held(rows[k], next(texts)) for _ in nbests[k]])]
     if again:
@@ -287,6 +309,16 @@ def _search_lines(engine, options, rows: list[int], src_ids, term_ids, prefix_id
             nbests[k] = nbest
     again_set = set(again)
     return nbests, [k in again_set for k in range(len(rows))]
+
+
+def _term_options(options, decode: DecodeConfig):
+    """The search options of lines with glossary terms: `options` itself unless decode.glossary_beam_size or
+    decode.glossary_length_penalty set others."""
+    beam = decode.glossary_beam_size if decode.glossary_beam_size is not None else options.beam_size
+    alpha = decode.glossary_length_penalty if decode.glossary_length_penalty is not None else options.length_penalty
+    if (beam, alpha) == (options.beam_size, options.length_penalty):
+        return options
+    return dataclasses.replace(options, beam_size=beam, length_penalty=alpha)
 
 
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
@@ -318,12 +350,13 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     from nmt.search_options import SearchOptions  # (torch: loaded with the model)
 
     options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
+    term_options = _term_options(options, decode)
 
     def search(batch: list[int]) -> tuple[list[list], list | None, list[bool]]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None, whether
         each sentence was searched with its terms as constraints)."""
         rows = [todo[j] for j in batch]
-        nbests, constrained = _search_lines(engine, options, rows, src_ids, term_ids, prefix_ids, keys, terms,
+        nbests, constrained = _search_lines(engine, options, term_options, rows, src_ids, term_ids, prefix_ids, keys, terms,
                                             decode.glossary_constrain, cancel)
         if not decode.alignment:
             return nbests, None, constrained

@@ -1,7 +1,7 @@
 """Choosing a model's decode settings on a dev set, within a time budget (`nmt tune`, `train.tune_decode`).
 
     nmt tune --checkpoint CK --src dev.es --ref dev.en [-o TUNED.pt | --in-place] [--max-time 600] [--metric bleu|chrf]
-             [--max-loops 0.02] [--tgt-lang L]
+             [--max-loops 0.02] [--tgt-lang L] [--glossary FILE [--glossary-ignore-case] [--glossary-constrain M]]
 
 What is searched: the beam size (greedy, 5), n-gram blocking (off, 3, 4, 6), and for beam search
 the length penalty (gnmt and average, alpha 0.5 ... 2.0 in steps of 0.1, and none). Outputs that loop (a word
@@ -25,6 +25,15 @@ arm has the whole dev set or the time budget would run out (the next round's tim
 from the measured speed of each arm; the first round always runs). The chosen setting is the best
 one on the largest set of lines its arm decoded; the table printed shows each arm's best setting
 per round and, for the winner, every penalty on its last round.
+
+With a glossary (`--glossary`), once the setting is chosen, the lines the glossary's constrained search
+takes (decode.glossary_constrain: every line with a term, or those whose free output lacks one) get their
+own beam size and length penalty (`decode.glossary_beam_size`, `decode.glossary_length_penalty`): the
+setting's beam size and twice it, every alpha of its penalty type, scored on the same dev lines with the
+glossary applied as `nmt translate` applies it (`tune_glossary`; the same one-search-per-beam-size trick:
+the constrained search's live beams and its stop after beam_size endings do not depend on the penalty).
+Forced terms make outputs longer under the free search's penalty, and dynamic beam allocation spreads the
+beam over hypotheses with more and fewer terms written (BENCHMARKS.md "Glossaries").
 
 Scores are sacreBLEU's (corpus BLEU or chrF), computed from per-line sufficient statistics so
 that each setting costs a sum. Settings are chosen on the dev set only.
@@ -145,10 +154,10 @@ class Decoder:
     """Decodes dev lines with a TorchEngine: greedy outputs, or every finished beam hypothesis."""
 
     def __init__(self, engine, src_lines: Sequence[str], decode: DecodeConfig,
-                 stop: Callable[[], bool] = lambda: False):
+                 stop: Callable[[], bool] = lambda: False, glossary=None):
         from nmt.languages import target_prefix
         from nmt.search_options import SearchOptions
-        from nmt.translate import check_protect, encode_sources
+        from nmt.translate import check_protect, encode_sources, glossary_sources
 
         self.engine, self.decode, self.stop = engine, decode, stop
         lines, self.spans = list(src_lines), [[] for _ in src_lines]
@@ -156,7 +165,9 @@ class Decoder:
             check_protect(engine.tokenizer)
             masked = [protect.mask(x, decode.protect_pattern) for x in lines]
             lines, self.spans = [m for m, _ in masked], [s for _, s in masked]
-        self.src_ids, _ = encode_sources(engine, lines, decode.src_lang)
+        self.src_ids, cut = encode_sources(engine, lines, decode.src_lang)
+        # with a glossary: each line's terms and the source its constrained search reads (nmt/translate.py)
+        self.term_ids, self.terms = glossary_sources(engine, lines, glossary, decode, self.src_ids, cut)
         self.lang = target_prefix(engine.tokenizer, decode.tgt_lang)
         self.options = SearchOptions.from_decode(decode, engine.tokenizer)
         self._texts: dict[tuple, str] = {}
@@ -171,22 +182,27 @@ class Decoder:
         return dataclasses.replace(self.options, beam_size=beam, nbest=1, no_repeat_ngram=ngram, keep_all=True,
                                    stopping="exact", length_penalty=1.0, length_penalty_type="gnmt")
 
-    def run(self, arm: tuple[int, int], lines: list[int]) -> dict[int, list[tuple]]:
-        """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines.
+    def run(self, arm: tuple[int, int], lines: list[int], constrained: bool = False) -> dict[int, list[tuple]]:
+        """{line: [(tokens, log_prob, length, finished), ...]} for arm (beam size, n-gram) on these lines;
+        `constrained`: lines with glossary terms, searched with them as constraints (a beam arm).
         Raises `Stopped` between two batches once `stop()` is true."""
         from nmt.batching import run_engine
         from nmt.search_options import SearchInputs
 
-        todo = [i for i in lines if self.src_ids[i]]
-        out: dict[int, list[tuple]] = {i: [((), 0.0, 1, True)] for i in lines if not self.src_ids[i]}
+        src_ids = self.term_ids if constrained else self.src_ids
+        todo = [i for i in lines if src_ids[i]]
+        out: dict[int, list[tuple]] = {i: [((), 0.0, 1, True)] for i in lines if not src_ids[i]}
         options = self.arm_options(arm)
 
         def search(batch: list[int]) -> list[list]:
-            ids = [self.src_ids[todo[j]] for j in batch]
-            inputs = SearchInputs(prefixes=[list(self.lang)] * len(ids) if self.lang else None)
-            return self.engine.search(ids, options, inputs)  # the engine's precision, entered in this thread
+            rows = [todo[j] for j in batch]
+            inputs = SearchInputs(prefixes=[list(self.lang)] * len(rows) if self.lang else None,
+                                  constraints=self.terms.batch(rows) if constrained else None,
+                                  source_lengths=[len(self.src_ids[i]) + 1 for i in rows] if constrained else None)
+            # the engine's precision, entered in this thread
+            return self.engine.search([src_ids[i] for i in rows], options, inputs)
 
-        for batch, nbests in run_engine(self.engine, search, [len(self.src_ids[i]) + 1 for i in todo], self.decode):
+        for batch, nbests in run_engine(self.engine, search, [len(src_ids[i]) + 1 for i in todo], self.decode):
             if self.stop():
                 raise Stopped
             for j, hyps in zip(batch, nbests):
@@ -204,14 +220,15 @@ class Decoder:
         return [self._texts[(line, h[0])] for h in hyps]
 
 
-def pick(hyps: Sequence[tuple], setting: Setting) -> tuple:
-    """The hypothesis beam search returns under `setting`'s length penalty (greedy: the one there is)."""
+def pick(hyps: Sequence[tuple], setting: Setting, terms: bool = False) -> tuple:
+    """The hypothesis beam search returns under `setting`'s length penalty (greedy: the one there is);
+    `terms`: a constrained search's, whose hypotheses that ended with EOS come first (nmt/beam.py)."""
     from nmt.search_options import length_penalty_factor
 
     if setting.beam_size == 1:
         return hyps[0]
-    return max(hyps, key=lambda h: h[1] / length_penalty_factor(h[2], setting.length_penalty,
-                                                                   setting.length_penalty_type))
+    return max(hyps, key=lambda h: (terms and h[3], h[1] / length_penalty_factor(h[2], setting.length_penalty,
+                                                                                setting.length_penalty_type)))
 
 
 # --------------------------------------------------------------------------- the race
@@ -226,6 +243,16 @@ class TuneResult:
     baseline: Row | None = None  # the checkpoint's own settings, where the search space holds them
     max_loops: float = MAX_LOOPS
     tgt_lang: str | None = None  # the language the dev set was decoded into (a multilingual model)
+    glossary: list[Row] | None = None  # with a glossary: every glossary_length_penalty scored (`tune_glossary`)
+    glossary_row: Row | None = None  # the best (its setting's beam and alpha; None: greedy, no penalty, no term line)
+
+    def keys(self) -> dict:
+        """The decode keys to write: the setting's, and with a glossary its glossary_length_penalty."""
+        if self.glossary is None:
+            return self.best.keys()
+        g = self.glossary_row.setting if self.glossary_row is not None else None
+        return {**self.best.keys(), "glossary_beam_size": g.beam_size if g else None,
+                "glossary_length_penalty": g.length_penalty if g else None}
 
     @property
     def within_limit(self) -> bool:
@@ -305,6 +332,36 @@ class Race:
         return self.best(last[winner]), last[winner]
 
 
+def tune_glossary(race: Race, best: Row, constrain: str, log: Callable[[str], None]) -> list[Row]:
+    """Every glossary_beam_size (the setting's beam size and twice it) and glossary_length_penalty (alpha
+    of the setting's penalty type) scored on the chosen setting's dev lines with the glossary applied as
+    `nmt translate` applies it (`constrain`: "always", every line with a term constrained; "missing", those
+    whose free output lacks one of its terms): per beam size one constrained search keeping every
+    hypothesis gives every alpha (as for the free search); the other lines keep the chosen setting's
+    output. [] when there is nothing to tune (greedy, no penalty, no line the constrained search takes)."""
+    setting, decoder = best.setting, race.decoder
+    if setting.beam_size == 1 or setting.length_penalty_type == "none" or decoder.terms is None:
+        return []
+    arm, lines = (setting.beam_size, setting.no_repeat_ngram), race.order[:best.lines]
+    free = {i: decoder.texts(i, [pick(race.outputs[arm][i], setting)])[0] for i in lines}
+    todo = [i for i in lines if decoder.terms.seqs[i]]
+    if constrain == "missing":
+        todo = [i for i in todo if not decoder.terms.held(i, free[i])]
+    if not todo:
+        return []
+    rows = []
+    for beam in (setting.beam_size, 2 * setting.beam_size):
+        forced = decoder.run((beam, setting.no_repeat_ngram), todo, constrained=True)
+        for kind, alpha in PENALTIES:
+            if kind == setting.length_penalty_type:
+                s = dataclasses.replace(setting, beam_size=beam, length_penalty=alpha)
+                texts = [decoder.texts(i, [pick(forced[i], s, terms=True)])[0] if i in forced else free[i]
+                         for i in lines]
+                rows.append(Row(best.round, best.lines, s, *race.scorer.score(lines, texts)))
+                log("glossary " + _format_row(rows[-1]))
+    return rows
+
+
 def _rank_key(row: Row, max_loops: float) -> tuple:
     """Sort key, best first: rows within the loop limit by score, then the others by loops."""
     return (0, -row.score) if row.loops <= max_loops else (1, row.loops, -row.score)
@@ -321,12 +378,13 @@ def _format_row(row: Row) -> str:
 def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: str = "bleu", max_time: float = 600.0,
          max_loops: float = MAX_LOOPS, beams: Sequence[int] = BEAMS, ngrams: Sequence[int] = NGRAMS,
          log: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False,
-         tgt_lang: str | None = None, src_lang: str | None = None) -> TuneResult:
+         tgt_lang: str | None = None, src_lang: str | None = None, glossary=None) -> TuneResult:
     """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring).
     tgt_lang: a multilingual model's target language, the references' (default: the engine's decode
     setting, else the model's default); src_lang: the dev sources' language where a token gives it
-    (imported M2M100/NLLB; default: the engine's decode setting). `stop()` is asked between batches and once more at the end:
-    true raises `Stopped`. Check `within_limit` before using the result."""
+    (imported M2M100/NLLB; default: the engine's decode setting). glossary: a `nmt.glossary.Glossary`; with
+    it, once the setting is chosen, its glossary_length_penalty too (`tune_glossary`). `stop()` is asked between
+    batches and once more at the end: true raises `Stopped`. Check `within_limit` before using the result."""
     if metric not in ("bleu", "chrf"):
         raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
     if len(src_lines) != len(ref_lines):
@@ -337,29 +395,45 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
     decode = dataclasses.replace(engine.decode, nbest=1, sampling="none", alignment=False,
                                  tgt_lang=tgt_lang if tgt_lang is not None else engine.decode.tgt_lang,
                                  src_lang=src_lang if src_lang is not None else engine.decode.src_lang)
-    race = Race(Decoder(engine, src_lines, decode, stop), Scorer(ref_lines, metric), len(src_lines), max_time,
-                max_loops, log)
+    race = Race(Decoder(engine, src_lines, decode, stop, glossary), Scorer(ref_lines, metric), len(src_lines),
+                max_time, max_loops, log)
     arms = [(b, n) for b in beams for n in ngrams]
     best, final = race.run(arms)
+    gloss = tune_glossary(race, best, decode.glossary_constrain, log) if glossary is not None else None
     if stop():  # (arrived while the last round was scored)
         raise Stopped
     own = Setting(decode.beam_size, decode.no_repeat_ngram, decode.length_penalty_type, decode.length_penalty)
     baseline = next((r for r in final if r.setting.keys() == own.keys()), None)
     return TuneResult(best.setting, best, race.table + final, best.lines, time.perf_counter() - t0, baseline,
-                      max_loops, decode.tgt_lang)
+                      max_loops, decode.tgt_lang, gloss, race.best(gloss) if gloss else None)
 
 
-def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str, src: str) -> None:
-    """Write `result`'s settings into the decode section of the checkpoint at `path`, saved to `output`
-    (atomically; `output` may be `path`). Everything else is written back as it was read."""
+def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str, src: str,
+                        keys: dict | None = None) -> None:
+    """Write `result`'s settings (`keys`: these instead) into the decode section of the checkpoint at `path`,
+    saved to `output` (atomically; `output` may be `path`). Everything else is written back as it was read,
+    but a glossary_length_penalty that `result` does not set, where the penalty type changed (an alpha of
+    another formula): it goes back to null."""
     from nmt import checkpoint as ckpt
 
     state = ckpt.load_record(path, mmap=False)
-    config = {**state.config, "decode": to_dict(decode_config(state.config.get("decode", {}), result.best.keys()))}
-    tuned = {"settings": result.best.keys(), "metric": metric, "score": result.row.score, "dev": src,
+    keys = dict(result.keys() if keys is None else keys)
+    old = decode_config(state.config.get("decode", {}), {})
+    if "glossary_length_penalty" not in keys and keys.get("length_penalty_type", old.length_penalty_type) != \
+            old.length_penalty_type:
+        keys["glossary_length_penalty"] = None
+    config = {**state.config, "decode": to_dict(decode_config({**to_dict(old), **keys}))}  # (None values too)
+    tuned = {"settings": keys, "metric": metric, "score": result.row.score, "dev": src,
              "lines": result.lines, "seconds": round(result.seconds, 1), "tgt_lang": result.tgt_lang,
-             "table": [r.as_dict() for r in result.table]}
+             "table": [r.as_dict() for r in result.table],
+             **({"glossary": [r.as_dict() for r in result.glossary]} if result.glossary is not None else {})}
     ckpt.save_checkpoint(dataclasses.replace(state, config=config, tuned=tuned), output)
+
+
+def _at_own(result: TuneResult) -> str:
+    """"; with the setting's own beam and penalty: SCORE" (the glossary rows hold it)."""
+    own = next((r for r in result.glossary or [] if r.setting == result.best), None)
+    return f"; with the setting's own: {own.score:.2f}" if own is not None else ""
 
 
 def format_result(result: TuneResult, metric: str) -> str:
@@ -369,6 +443,13 @@ def format_result(result: TuneResult, metric: str) -> str:
              f"{result.lines} lines); {name}:"]
     lines += [_format_row(r) for r in result.table]
     own = f"; the checkpoint's settings: {result.baseline.score:.2f}" if result.baseline is not None else ""
-    lines.append(f"tune: chose {result.best.label()} ({name} {result.row.score:.2f} on {result.lines} dev lines"
-                 f"{own}) in {result.seconds:.0f} s")
+    chose = f"tune: chose {result.best.label()} ({name} {result.row.score:.2f} on {result.lines} dev lines{own})"
+    if result.glossary is not None:
+        lines += ["glossary " + _format_row(r) for r in result.glossary]
+        g = result.glossary_row
+        chose += (f"; with the glossary, beam {g.setting.beam_size} and length penalty {g.setting.length_penalty:.1f}"
+                  f" ({name} {g.score:.2f}"
+                  f"{_at_own(result)})" if g is not None else "; with the glossary: nothing to tune (greedy, no "
+                  "length penalty, or no dev line the constrained search takes)")
+    lines.append(f"{chose} in {result.seconds:.0f} s")
     return "\n".join(lines)

@@ -47,7 +47,9 @@ def test_lines_split_between_matched_and_not():
 @pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 2}, {"beam_size": 3, "nbest": 2},
                                      {"beam_size": 2, "no_repeat_ngram": 1},
                                      {"beam_size": 2, "glossary_constrain": "missing"},
-                                     {"beam_size": 3, "nbest": 2, "glossary_constrain": "missing"}])
+                                     {"beam_size": 3, "nbest": 2, "glossary_constrain": "missing"},
+                                     {"beam_size": 2, "glossary_beam_size": 4, "glossary_length_penalty": 0.3},
+                                     {"beam_size": 1, "glossary_beam_size": 3, "glossary_constrain": "missing"}])
 def test_every_output_holds_every_matched_term(translator, options):
     with_terms = translator.translate(LINES, glossary=GLOSSARY, **options)
     plain = translator.translate(LINES, **options)
@@ -56,10 +58,30 @@ def test_every_output_holds_every_matched_term(translator, options):
         targets = _targets(line)
         for h in got.hypotheses:
             assert all(appears(t, h.text) for t in targets), (line, h.text, targets)
-        if not targets:
-            assert [(h.text, h.score) for h in got.hypotheses] == [(h.text, h.score) for h in base.hypotheses]
+        if not targets:  # (with glossary settings of their own, lines without terms form batches of their own:
+            # the same search, its scores up to float rounding of another padding)
+            assert [h.text for h in got.hypotheses] == [h.text for h in base.hypotheses]
+            assert [h.score for h in got.hypotheses] == pytest.approx([h.score for h in base.hypotheses], rel=1e-5)
         missed_without += any(not appears(t, base.text) for t in targets)
     assert missed_without >= 3  # without the glossary the model misses terms: the check can fail
+
+
+@pytest.mark.parametrize("constrain", ["always", "missing"])
+def test_lines_with_terms_get_the_glossary_beam_and_penalty(translator, constrain):
+    """decode.glossary_beam_size / glossary_length_penalty: a line with a term that the constrained search
+    takes is searched as with beam_size / length_penalty set to them; every other line as without them."""
+    own = {"beam_size": 2, "length_penalty": 1.0, "glossary_constrain": constrain}
+    got = translator.translate(LINES, glossary=GLOSSARY, glossary_beam_size=4, glossary_length_penalty=0.2, **own)
+    free = translator.translate(LINES, **own)
+    same = translator.translate(LINES, glossary=GLOSSARY, **own)
+    wide = translator.translate(LINES, glossary=GLOSSARY, **{**own, "beam_size": 4, "length_penalty": 0.2})
+    changed = 0
+    for line, g, f, s, w in zip(LINES, got, free, same, wide):
+        searched = bool(_targets(line)) and (constrain == "always" or not all(appears(t, f.text) for t in _targets(line)))
+        want = w if searched else f
+        assert g.text == want.text and g.score == pytest.approx(want.score, rel=1e-5), line  # (batches: see above)
+        changed += searched and (s.text, s.score) != (w.text, w.score)
+    assert changed >= 2  # the settings change those lines: the check can fail
 
 
 @pytest.mark.parametrize("beam_size", [1, 2])

@@ -124,6 +124,79 @@ def test_errors_are_one_line(trained, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+GLOSSARY = [("perro", "dog"), ("gato", "cat"), ("rojo", "red"), ("mesa", "sun")]  # the last one the refs never use
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("constrain", ["always", "missing"])
+def test_with_a_glossary_every_scored_setting_is_what_translate_gives(trained, constrain, monkeypatch):
+    """`nmt tune --glossary` scores each (glossary_beam_size, glossary_length_penalty) from one constrained
+    keep_all search per beam size: each score must equal translating the dev lines with the glossary
+    under those settings (nmt/translate.py, lines without a term and, with `missing`, lines whose free
+    output holds their terms searched as without the glossary) and scoring them with sacreBLEU."""
+    import random
+
+    from nmt import tune as tuning
+    from nmt.glossary import Glossary, check_entries
+    from nmt.torch_engine import TorchEngine
+    from nmt.translate import translate_chunk
+
+    checkpoint, src, ref = trained
+    monkeypatch.setattr(tuning, "PENALTIES", tuple(("gnmt", a / 10) for a in range(0, 31, 3)))  # (a penalty to tune)
+    engine = TorchEngine.load(checkpoint, "cpu")
+    engine.decode = decode_config(engine.decode, {"glossary_constrain": constrain})
+    glossary = Glossary(check_entries(GLOSSARY))
+    src_lines, ref_lines = read_lines(src), read_lines(ref)
+    result = tuning.tune(engine, src_lines, ref_lines, max_time=600, log=lambda m: None, beams=(2,), ngrams=(0,),
+                         glossary=glossary, max_loops=1.0)  # (the briefly trained model loops: the best score wins)
+    assert result.lines == len(src_lines) and result.best.beam_size == 2
+    assert {r.setting.beam_size for r in result.glossary} == {2, 4} and len(result.glossary) == 22
+    assert len({round(r.score, 6) for r in result.glossary}) > 3  # the settings change the outputs: the check can fail
+    order = list(range(len(src_lines)))
+    random.Random(1).shuffle(order)
+    lines, refs = [src_lines[i] for i in order], [ref_lines[i] for i in order]
+    for row in result.glossary[::5] + [result.glossary_row]:
+        decode = decode_config(engine.decode, {**result.best.keys(), "min_len": 0, "glossary_beam_size":
+                                               row.setting.beam_size,
+                                               "glossary_length_penalty": row.setting.length_penalty})
+        hyps = [r.text for r in translate_chunk(engine, lines, decode, glossary=glossary)]
+        want = corpus_metrics(hyps, refs, ("bleu",))["bleu"]
+        assert row.score == pytest.approx(want["score"], abs=1e-9), row.setting
+    assert result.glossary_row.score == max(r.score for r in result.glossary)
+    keys = result.keys()
+    assert (keys["glossary_beam_size"], keys["glossary_length_penalty"]) == \
+        (result.glossary_row.setting.beam_size, result.glossary_row.setting.length_penalty)
+
+
+@pytest.mark.slow
+def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys):
+    from nmt.commands.tune import tune_command
+
+    checkpoint, src, ref = trained
+    tsv = tmp_path / "glossary.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in GLOSSARY), encoding="utf-8")
+    out = str(tmp_path / "tuned.pt")
+    assert tune_command(checkpoint, src, ref, output=out, max_time=60, device="cpu", quiet=True, glossary=str(tsv),
+                        glossary_constrain="missing") == 0
+    printed = capsys.readouterr().out
+    assert "glossary round" in printed and "with the glossary" in printed
+    decode = ckpt.load_checkpoint(out)["config"]["decode"]
+    assert decode["glossary_constrain"] == "missing"
+    if decode["beam_size"] > 1 and decode["length_penalty_type"] != "none":
+        assert decode["glossary_beam_size"] in (decode["beam_size"], 2 * decode["beam_size"])
+        assert decode["glossary_length_penalty"] is not None
+    else:  # greedy or no penalty: nothing to tune, both left to the setting's own
+        assert decode["glossary_beam_size"] is None and decode["glossary_length_penalty"] is None
+    with pytest.raises(UserError, match="go with --glossary"):
+        tune_command(checkpoint, src, ref, glossary_ignore_case=True)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("perro\tdog\ngato\n", encoding="utf-8")
+    with pytest.raises(UserError, match="line 2"):
+        tune_command(checkpoint, src, ref, glossary=str(bad), device="cpu", quiet=True)
+    with pytest.raises(UserError):
+        tune_command(checkpoint, src, ref, glossary=str(tmp_path / "none.tsv"), device="cpu", quiet=True)
+
+
 @pytest.mark.slow
 def test_train_tune_decode_tunes_best_pt(tmp_path):
     raw = tiny_config_dict(str(tmp_path), max_steps=40, warmup_steps=20, valid_every=1000, valid_bleu=False,

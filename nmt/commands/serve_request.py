@@ -126,13 +126,13 @@ LENGTH_KEYS = ("min_len", "max_len_a", "max_len_b")
 
 
 def over_limits(decode: DecodeConfig, lengths_given, max_beam: int, max_positions: int) -> list[str]:
-    """What in `decode` is over the server's limits, one message each: beam_size and nbest over
-    --max-beam; min_len, max_len_a, max_len_b (those in `lengths_given`: the model's own defaults
+    """What in `decode` is over the server's limits, one message each: beam_size, nbest and
+    glossary_beam_size over --max-beam; min_len, max_len_a, max_len_b (those in `lengths_given`: the model's own defaults
     may exceed them, and are capped as in `nmt translate`) past what the model can write, an output
     of at most max_positions - 1 tokens, EOS included (a request asking more would search to the
     model's limit and return less than it asked for)."""
     errors = [f"{key} {getattr(decode, key)} is over this server's limit {max_beam} (nmt serve --max-beam)"
-              for key in ("beam_size", "nbest") if getattr(decode, key) > max_beam]
+              for key in ("beam_size", "nbest", "glossary_beam_size") if (getattr(decode, key) or 0) > max_beam]
     longest = max_positions - 1
     for key, limit in zip(LENGTH_KEYS, (longest - 1, longest, longest)):
         if key in lengths_given and getattr(decode, key) > limit:

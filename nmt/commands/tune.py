@@ -7,15 +7,21 @@ import math
 import sys
 
 from nmt import textio, tune as tuning
+from nmt.config import decode_config
 from nmt.errors import UserError
+from nmt.glossary import load_glossary
 from nmt.tune import MAX_LOOPS, MAX_TIME, apply_to_checkpoint, format_result
 
 
 def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
                  max_time: float = MAX_TIME, metric: str = "bleu", max_loops: float = MAX_LOOPS, device: str = "auto",
-                 quiet: bool = False, tgt_lang: str | None = None, src_lang: str | None = None) -> int:
+                 quiet: bool = False, tgt_lang: str | None = None, src_lang: str | None = None,
+                 glossary: str | None = None, glossary_ignore_case: bool = False,
+                 glossary_constrain: str | None = None) -> int:
     """`nmt tune` (module docstring). Returns 0; a UserError, with nothing written, when no setting keeps
-    its looping outputs within `max_loops`."""
+    its looping outputs within `max_loops`. glossary: a glossary file; with it the setting's
+    glossary_length_penalty is chosen too (nmt/tune.py `tune_glossary`), for `glossary_constrain`
+    (default: the checkpoint's decode.glossary_constrain), which is written with it."""
     from nmt.torch_engine import TorchEngine
 
     if output is not None and in_place:
@@ -25,18 +31,25 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
     if not 0 <= max_loops <= 1:
         raise UserError(f"--max-loops is a share of the lines, between 0 and 1; got {max_loops:g}")
     outputs = {"--output": output} if output is not None else {}
-    textio.check_paths({"--checkpoint": checkpoint, "--src": src, "--ref": ref}, outputs)
+    if glossary is None and (glossary_ignore_case or glossary_constrain is not None):
+        raise UserError("--glossary-ignore-case and --glossary-constrain go with --glossary FILE")
+    inputs = {"--checkpoint": checkpoint, "--src": src, "--ref": ref, **({"--glossary": glossary} if glossary else {})}
+    textio.check_paths(inputs, outputs)
     src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
+    terms = load_glossary(glossary, glossary_ignore_case)
     engine = TorchEngine.load(checkpoint, device)
+    if glossary_constrain is not None:
+        engine.decode = decode_config(engine.decode, {"glossary_constrain": glossary_constrain})
     log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     result = tuning.tune(engine, src_lines, ref_lines, metric=metric, max_time=max_time, max_loops=max_loops,
-                         log=log, tgt_lang=tgt_lang, src_lang=src_lang)
+                         log=log, tgt_lang=tgt_lang, src_lang=src_lang, glossary=terms)
     if not result.within_limit:
         accept = math.ceil(round(result.row.loops * 1000, 6)) / 1000  # rounded up to 0.1%: it accepts that share
         raise UserError(f"{result.over_limit()}; nothing written (--max-loops {accept:g} would accept it)")
     print(format_result(result, metric), flush=True)
     target = checkpoint if in_place else output
     if target is not None:
-        apply_to_checkpoint(checkpoint, target, result, metric, src)
-        print(f"tune: wrote decode settings {result.best.keys()} into {target}", file=sys.stderr, flush=True)
+        keys = {**result.keys(), **({"glossary_constrain": glossary_constrain} if glossary_constrain else {})}
+        apply_to_checkpoint(checkpoint, target, result, metric, src, keys)
+        print(f"tune: wrote decode settings {keys} into {target}", file=sys.stderr, flush=True)
     return 0
