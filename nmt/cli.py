@@ -192,7 +192,8 @@ def _tune_parser(sub) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="write a copy of the checkpoint with the chosen settings")
     p.add_argument("--in-place", action="store_true", help="write the chosen settings into CKPT itself (atomically)")
     p.add_argument("--max-time", type=float, default=MAX_TIME, metavar="SECONDS",
-                   help=f"time budget (default {MAX_TIME:g}); the first round (100 lines per setting) always runs")
+                   help=f"time budget (default {MAX_TIME:g}); the first round (100 lines per setting) always runs; "
+                   "with --glossary its two constrained searches of the chosen setting's lines come after it")
     p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
     p.add_argument("--max-loops", type=float, default=MAX_LOOPS, metavar="SHARE",
                    help=f"largest share of looping output lines allowed (a word 3-gram 3+ times; default {MAX_LOOPS:g})")

@@ -243,11 +243,12 @@ class TuneResult:
     baseline: Row | None = None  # the checkpoint's own settings, where the search space holds them
     max_loops: float = MAX_LOOPS
     tgt_lang: str | None = None  # the language the dev set was decoded into (a multilingual model)
-    glossary: list[Row] | None = None  # with a glossary: every glossary_length_penalty scored (`tune_glossary`)
+    glossary: list[Row] | None = None  # with a glossary: every (glossary beam, penalty) scored (`tune_glossary`)
     glossary_row: Row | None = None  # the best (its setting's beam and alpha; None: greedy, no penalty, no term line)
 
     def keys(self) -> dict:
-        """The decode keys to write: the setting's, and with a glossary its glossary_length_penalty."""
+        """The decode keys to write: the setting's, and with a glossary its glossary_beam_size and
+        glossary_length_penalty (both None where there was nothing to tune: they follow the setting's own)."""
         if self.glossary is None:
             return self.best.keys()
         g = self.glossary_row.setting if self.glossary_row is not None else None
@@ -383,7 +384,7 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
     tgt_lang: a multilingual model's target language, the references' (default: the engine's decode
     setting, else the model's default); src_lang: the dev sources' language where a token gives it
     (imported M2M100/NLLB; default: the engine's decode setting). glossary: a `nmt.glossary.Glossary`; with
-    it, once the setting is chosen, its glossary_length_penalty too (`tune_glossary`). `stop()` is asked between
+    it, once the setting is chosen, its glossary_beam_size and glossary_length_penalty too (`tune_glossary`). `stop()` is asked between
     batches and once more at the end: true raises `Stopped`. Check `within_limit` before using the result."""
     if metric not in ("bleu", "chrf"):
         raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
