@@ -279,7 +279,7 @@ def _serve_parser(sub) -> None:
     g.add_argument("--max-chars", type=int, default=100_000, metavar="N",
                    help="characters of text and prefixes per request (more: 413; default: 100000)")
     g.add_argument("--max-beam", type=int, default=16, metavar="N",
-                   help="the largest beam_size and nbest a request may ask for (more: 400; default: 16)")
+                   help="the largest beam_size, nbest and glossary_beam_size a request may ask for (more: 400; default: 16)")
     g.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="requests waiting for the model (more: 503 with Retry-After; default: 256)")
     g.add_argument("--timeout", type=float, default=60.0, metavar="S",

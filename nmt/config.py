@@ -184,9 +184,6 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_nee
     if dec.nbest > dec.beam_size and dec.sampling == "none":
         errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
                       "or set sampling: nbest samples per line)")
-    if dec.glossary_beam_size is not None and dec.nbest > dec.glossary_beam_size and dec.sampling == "none":
-        errors.append(f"invalid value for '{prefix}.glossary_beam_size': {dec.glossary_beam_size} (must be >= "
-                      f"{prefix}.nbest={dec.nbest}: the lines with glossary terms give nbest hypotheses too)")
     if dec.patience > 0 and dec.beam_size > 1 and dec.sampling == "none":
         most = max_finished(dec.beam_size, dec.patience)
         if most < 1:

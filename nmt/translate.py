@@ -25,7 +25,8 @@ detokenizes, restores protected spans and the input order. Guarantees:
   already holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use);
   only the other lines get the constrained search, with `decode.glossary_beam_size` and
   `decode.glossary_length_penalty` where set (else the line's own beam size and penalty; `nmt tune
-  --glossary` chooses them). With decode.protect, terms are matched in the masked line (protected
+  --glossary` chooses them; with `always` the lines without a term are then searched in batches of their
+  own: the same search, its scores equal up to float rounding). With decode.protect, terms are matched in the masked line (protected
   spans are copied as they are).
 """
 
@@ -185,6 +186,8 @@ def check_glossary(engine, decode: DecodeConfig | None = None) -> None:
                         "translate with the checkpoint (PyTorch engine)")
     if decode is not None and decode.sampling != "none":
         raise UserError("a glossary is not guaranteed with sampling: use greedy or beam search")
+    if decode is not None:
+        glossary_search(decode)  # (its UserError)
 
 
 def _glossary_terms(engine, lines: list[str], glossary, keys: list[int], decode: DecodeConfig):
@@ -236,15 +239,15 @@ def _encode_annotated(engine, lines: list[str], annotated: list[str], src_ids, t
     return ids, cut
 
 
-def glossary_sources(engine, lines: list[str], glossary, decode: DecodeConfig, src_ids, truncated):
+def glossary_sources(engine, lines: list[str], glossary, decode: DecodeConfig, src_ids, truncated, spans):
     """(the ids each line's constrained search reads: annotated where decode.glossary_annotate applies,
     else `src_ids`; the lines' `_LineTerms`, None without a glossary or a match) for `nmt tune --glossary`,
-    as `translate_chunk` makes them (lines: already masked with decode.protect)."""
+    as `translate_chunk` makes them (lines: already masked with decode.protect, their protected `spans`)."""
     annotated, terms = _glossary_terms(engine, lines, glossary, list(range(len(lines))), decode)
     if terms is None:
         return src_ids, None
     lang = target_prefix(engine.tokenizer, decode.tgt_lang)
-    _check_room(engine, terms.seqs, [lang] * len(lines), [[]] * len(lines), list(range(len(lines))))
+    _check_room(engine, terms.seqs, [lang] * len(lines), spans, list(range(len(lines))))
     return _encode_annotated(engine, lines, annotated, src_ids, truncated, decode.src_lang)[0], terms
 
 
@@ -311,11 +314,29 @@ def _search_lines(engine, options, term_options, rows: list[int], src_ids, term_
     return nbests, [k in again_set for k in range(len(rows))]
 
 
+def glossary_search(decode: DecodeConfig) -> tuple[int, float]:
+    """(beam size, length penalty alpha) of the constrained search of lines with glossary terms:
+    decode.glossary_beam_size (at least nbest) and decode.glossary_length_penalty (where a penalty applies:
+    beam search, a penalty type), else the search's own. UserError where `patience` would stop those lines
+    before nbest hypotheses."""
+    from nmt.schema import max_finished
+
+    beam = max(decode.glossary_beam_size, decode.nbest) if decode.glossary_beam_size is not None else decode.beam_size
+    alpha = decode.length_penalty
+    if decode.glossary_length_penalty is not None and beam > 1 and decode.length_penalty_type != "none":
+        alpha = decode.glossary_length_penalty
+    most = max_finished(beam, decode.patience)
+    if beam != decode.beam_size and beam > 1 and decode.patience > 0 and most < decode.nbest:
+        raise UserError(f"decode.glossary_beam_size {beam} with patience {decode.patience:g} stops a line with "
+                        f"terms after round(beam * patience) = {most} finished hypotheses, fewer than nbest "
+                        f"{decode.nbest}: raise glossary_beam_size or patience")
+    return beam, alpha
+
+
 def _term_options(options, decode: DecodeConfig):
-    """The search options of lines with glossary terms: `options` itself unless decode.glossary_beam_size or
-    decode.glossary_length_penalty set others."""
-    beam = decode.glossary_beam_size if decode.glossary_beam_size is not None else options.beam_size
-    alpha = decode.glossary_length_penalty if decode.glossary_length_penalty is not None else options.length_penalty
+    """The search options of lines with glossary terms (`glossary_search`): `options` itself where the
+    glossary keys do not change the search."""
+    beam, alpha = glossary_search(decode)
     if (beam, alpha) == (options.beam_size, options.length_penalty):
         return options
     return dataclasses.replace(options, beam_size=beam, length_penalty=alpha)
@@ -350,7 +371,7 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     from nmt.search_options import SearchOptions  # (torch: loaded with the model)
 
     options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
-    term_options = _term_options(options, decode)
+    term_options = _term_options(options, decode) if terms is not None else options
 
     def search(batch: list[int]) -> tuple[list[list], list | None, list[bool]]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None, whether

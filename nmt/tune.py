@@ -167,7 +167,7 @@ class Decoder:
             lines, self.spans = [m for m, _ in masked], [s for _, s in masked]
         self.src_ids, cut = encode_sources(engine, lines, decode.src_lang)
         # with a glossary: each line's terms and the source its constrained search reads (nmt/translate.py)
-        self.term_ids, self.terms = glossary_sources(engine, lines, glossary, decode, self.src_ids, cut)
+        self.term_ids, self.terms = glossary_sources(engine, lines, glossary, decode, self.src_ids, cut, self.spans)
         self.lang = target_prefix(engine.tokenizer, decode.tgt_lang)
         self.options = SearchOptions.from_decode(decode, engine.tokenizer)
         self._texts: dict[tuple, str] = {}
@@ -247,13 +247,13 @@ class TuneResult:
     glossary_row: Row | None = None  # the best (its setting's beam and alpha; None: greedy, no penalty, no term line)
 
     def keys(self) -> dict:
-        """The decode keys to write: the setting's, and with a glossary its glossary_beam_size and
-        glossary_length_penalty (both None where there was nothing to tune: they follow the setting's own)."""
-        if self.glossary is None:
+        """The decode keys to write: the setting's, and where the glossary's were tuned glossary_beam_size and
+        glossary_length_penalty (None where the setting's own won: they follow it)."""
+        if self.glossary_row is None:
             return self.best.keys()
-        g = self.glossary_row.setting if self.glossary_row is not None else None
-        return {**self.best.keys(), "glossary_beam_size": g.beam_size if g else None,
-                "glossary_length_penalty": g.length_penalty if g else None}
+        g, own = self.glossary_row.setting, self.best
+        return {**own.keys(), "glossary_beam_size": g.beam_size if g.beam_size != own.beam_size else None,
+                "glossary_length_penalty": g.length_penalty if g.length_penalty != own.length_penalty else None}
 
     @property
     def within_limit(self) -> bool:
@@ -344,10 +344,12 @@ def tune_glossary(race: Race, best: Row, constrain: str, log: Callable[[str], No
     if setting.beam_size == 1 or setting.length_penalty_type == "none" or decoder.terms is None:
         return []
     arm, lines = (setting.beam_size, setting.no_repeat_ngram), race.order[:best.lines]
-    free = {i: decoder.texts(i, [pick(race.outputs[arm][i], setting)])[0] for i in lines}
+    picked = {i: pick(race.outputs[arm][i], setting) for i in lines}
+    free = {i: decoder.texts(i, [picked[i]])[0] for i in lines}
     todo = [i for i in lines if decoder.terms.seqs[i]]
-    if constrain == "missing":
-        todo = [i for i in todo if not decoder.terms.held(i, free[i])]
+    if constrain == "missing":  # (held as translate checks it: the decoded tokens, protected spans masked)
+        raw = decoder.engine.tokenizer.decode_tgt([list(picked[i][0]) for i in todo])
+        todo = [i for i, text in zip(todo, raw) if not decoder.terms.held(i, text)]
     if not todo:
         return []
     rows = []
@@ -413,17 +415,17 @@ def apply_to_checkpoint(path: str, output: str, result: TuneResult, metric: str,
                         keys: dict | None = None) -> None:
     """Write `result`'s settings (`keys`: these instead) into the decode section of the checkpoint at `path`,
     saved to `output` (atomically; `output` may be `path`). Everything else is written back as it was read,
-    but a glossary_length_penalty that `result` does not set, where the penalty type changed (an alpha of
-    another formula): it goes back to null."""
+    but glossary_beam_size and glossary_length_penalty where `keys` does not set them and the setting
+    changed (they were chosen for another one): they go back to null."""
     from nmt import checkpoint as ckpt
 
     state = ckpt.load_record(path, mmap=False)
     keys = dict(result.keys() if keys is None else keys)
     old = decode_config(state.config.get("decode", {}), {})
-    if "glossary_length_penalty" not in keys and keys.get("length_penalty_type", old.length_penalty_type) != \
-            old.length_penalty_type:
-        keys["glossary_length_penalty"] = None
-    config = {**state.config, "decode": to_dict(decode_config({**to_dict(old), **keys}))}  # (None values too)
+    write = dict(keys)
+    if any(k in keys and keys[k] != getattr(old, k) for k in ("beam_size", "length_penalty_type", "length_penalty")):
+        write = {"glossary_beam_size": None, "glossary_length_penalty": None, **keys}
+    config = {**state.config, "decode": to_dict(decode_config({**to_dict(old), **write}))}  # (None values too)
     tuned = {"settings": keys, "metric": metric, "score": result.row.score, "dev": src,
              "lines": result.lines, "seconds": round(result.seconds, 1), "tgt_lang": result.tgt_lang,
              "table": [r.as_dict() for r in result.table],

@@ -122,6 +122,18 @@ def test_prefixes_and_ignore_case(translator):
     assert appears("moon", translator.translate(line, glossary=GLOSSARY, glossary_ignore_case=True)[0].text)
 
 
+def test_a_glossary_beam_that_patience_would_stop_before_nbest_is_a_one_line_error(translator):
+    """glossary_beam_size with patience: round(3 * 0.4) = 1 finished hypothesis < nbest 2 (an error only
+    where a glossary is used: the lines without one never take that search)."""
+    options = {"beam_size": 5, "nbest": 2, "patience": 0.4, "glossary_beam_size": 3}
+    with pytest.raises(UserError, match=r"glossary_beam_size 3 with patience 0.4 .* fewer than nbest 2"):
+        translator.translate(LINES, glossary=GLOSSARY, **options)
+    assert len(translator.translate(LINES, **options)) == len(LINES)
+    with pytest.raises(UserError, match=r"= 0 finished hypotheses"):  # greedy ignores patience; a beam of 3 does not
+        translator.translate(LINES, glossary=GLOSSARY, beam_size=1, patience=0.1, glossary_beam_size=3)
+    assert len(translator.translate(LINES, beam_size=1, patience=0.1, glossary_beam_size=3)) == len(LINES)
+
+
 def test_api_errors_are_one_line(translator):
     with pytest.raises(UserError, match=r"glossary\[1\]"):
         translator.translate(LINES, glossary=[("perro", "moon"), ("gato",)])

@@ -163,30 +163,35 @@ def test_with_a_glossary_every_scored_setting_is_what_translate_gives(trained, c
         want = corpus_metrics(hyps, refs, ("bleu",))["bleu"]
         assert row.score == pytest.approx(want["score"], abs=1e-9), row.setting
     assert result.glossary_row.score == max(r.score for r in result.glossary)
-    keys = result.keys()
-    assert (keys["glossary_beam_size"], keys["glossary_length_penalty"]) == \
-        (result.glossary_row.setting.beam_size, result.glossary_row.setting.length_penalty)
+    g, own = result.glossary_row.setting, result.best  # written as None where the setting's own won
+    assert result.keys() == {**own.keys(), "glossary_beam_size": g.beam_size if g.beam_size != 2 else None,
+                             "glossary_length_penalty": g.length_penalty if g.length_penalty != own.length_penalty
+                             else None}
 
 
 @pytest.mark.slow
-def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys):
+def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys, monkeypatch):
+    import functools
+    import re
+
+    from nmt import tune as tuning
     from nmt.commands.tune import tune_command
 
     checkpoint, src, ref = trained
+    monkeypatch.setattr(tuning, "PENALTIES", tuple(("gnmt", a / 10) for a in range(0, 31, 3)))
+    monkeypatch.setattr(tuning, "tune", functools.partial(tuning.tune, beams=(2,), ngrams=(0,)))  # (a beam to tune)
     tsv = tmp_path / "glossary.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in GLOSSARY), encoding="utf-8")
     out = str(tmp_path / "tuned.pt")
     assert tune_command(checkpoint, src, ref, output=out, max_time=60, device="cpu", quiet=True, glossary=str(tsv),
-                        glossary_constrain="missing") == 0
+                        glossary_constrain="missing", max_loops=1.0) == 0
     printed = capsys.readouterr().out
-    assert "glossary round" in printed and "with the glossary" in printed
+    assert "glossary round" in printed
+    beam, alpha = re.search(r"with the glossary, beam (\d+) and length penalty ([\d.]+)", printed).groups()
     decode = ckpt.load_checkpoint(out)["config"]["decode"]
-    assert decode["glossary_constrain"] == "missing"
-    if decode["beam_size"] > 1 and decode["length_penalty_type"] != "none":
-        assert decode["glossary_beam_size"] in (decode["beam_size"], 2 * decode["beam_size"])
-        assert decode["glossary_length_penalty"] is not None
-    else:  # greedy or no penalty: nothing to tune, both left to the setting's own
-        assert decode["glossary_beam_size"] is None and decode["glossary_length_penalty"] is None
+    assert decode["glossary_constrain"] == "missing" and decode["beam_size"] == 2
+    assert decode["glossary_beam_size"] == (int(beam) if int(beam) != 2 else None)  # None: the setting's own won
+    assert decode["glossary_length_penalty"] == (float(alpha) if float(alpha) != decode["length_penalty"] else None)
     with pytest.raises(UserError, match="go with --glossary"):
         tune_command(checkpoint, src, ref, glossary_ignore_case=True)
     bad = tmp_path / "bad.tsv"
@@ -195,6 +200,41 @@ def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys):
         tune_command(checkpoint, src, ref, glossary=str(bad), device="cpu", quiet=True)
     with pytest.raises(UserError):
         tune_command(checkpoint, src, ref, glossary=str(tmp_path / "none.tsv"), device="cpu", quiet=True)
+
+
+def test_a_new_setting_drops_glossary_settings_chosen_for_the_old_one(trained, tmp_path):
+    """apply_to_checkpoint: glossary_beam_size / glossary_length_penalty were chosen for the setting they
+    were tuned with; a tune without --glossary that changes the setting resets them, one that keeps it
+    keeps them."""
+    from nmt.tune import Row, Setting, TuneResult, apply_to_checkpoint
+
+    checkpoint = trained[0]
+
+    def result(setting: Setting) -> TuneResult:
+        row = Row(1, 10, setting, 1.0, None, None, 0.0)
+        return TuneResult(setting, row, [row], 10, 1.0)
+
+    own = Setting(3, 0, "gnmt", 1.0)
+    first = str(tmp_path / "first.pt")
+    apply_to_checkpoint(checkpoint, first, result(own), "bleu", "dev", {**own.keys(), "glossary_beam_size": 6,
+                                                                         "glossary_length_penalty": 0.4})
+    for setting, kept in ((own, True), (Setting(3, 2, "gnmt", 1.0), True), (Setting(3, 0, "gnmt", 1.2), False),
+                          (Setting(3, 0, "average", 1.0), False), (Setting(5, 0, "gnmt", 1.0), False),
+                          (Setting(1, 0), False)):
+        out = str(tmp_path / "out.pt")
+        apply_to_checkpoint(first, out, result(setting), "bleu", "dev")
+        decode = ckpt.load_checkpoint(out)["config"]["decode"]
+        assert (decode["glossary_beam_size"], decode["glossary_length_penalty"]) == ((6, 0.4) if kept else (None, None)), setting
+
+
+def test_glossary_keys_from_the_command_line():
+    assert decode_config(None, {"glossary_beam_size": "4", "glossary_length_penalty": "0.5"}).glossary_beam_size == 4
+    tuned = decode_config(None, {"glossary_beam_size": 4, "glossary_length_penalty": 0.5})
+    back = decode_config(tuned, {"glossary_beam_size": "null", "glossary_length_penalty": "null"})
+    assert (back.glossary_beam_size, back.glossary_length_penalty) == (None, None)
+    for key, value in (("glossary_beam_size", "0"), ("glossary_beam_size", "x"), ("glossary_length_penalty", "-1")):
+        with pytest.raises(Exception, match=f"decode.{key}"):
+            decode_config(None, {key: value})
 
 
 @pytest.mark.slow

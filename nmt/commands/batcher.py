@@ -53,7 +53,7 @@ class Settings:
 
     max_lines: int = 256  # sentences in one request (more: 413)
     max_chars: int = 100_000  # characters of text and prefixes in one request (more: 413)
-    max_beam: int = 16  # the largest beam_size and nbest a request may ask for (more: 400)
+    max_beam: int = 16  # the largest beam_size, nbest and glossary_beam_size a request may ask for (more: 400)
     max_queue: int = 256  # requests waiting for the model (more: 503)
     timeout: float = 60.0  # seconds from a request's arrival to its answer (more: 504)
     window: float = 0.005  # seconds the batcher waits for company after a request arrives, at least
