@@ -185,7 +185,8 @@ def _tune_parser(sub) -> None:
         "set within a time budget (successive halving; every length penalty is scored from one search), print the "
         "table explored, and write the best settings into the decode section of a new checkpoint (-o) or of this "
         "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines: when no setting is "
-        "within it, nothing is written (a one-line error gives the share found).")
+        "within it, nothing is written (a one-line error gives the share found). With --glossary, then also the beam "
+        "size and length penalty of the lines the glossary's constrained search takes.")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to tune")
     p.add_argument("--src", required=True, metavar="FILE", help="dev source sentences")
     p.add_argument("--ref", required=True, metavar="FILE", help="dev reference translations")

@@ -84,6 +84,24 @@ def test_lines_with_terms_get_the_glossary_beam_and_penalty(translator, constrai
     assert changed >= 2  # the settings change those lines: the check can fail
 
 
+@pytest.mark.parametrize("options", [{"glossary_constrain": "missing"}, {"glossary_constrain": "always"},
+                                     {"glossary_constrain": "missing", "glossary_beam_size": 3, "max_batch_size": 3}])
+def test_progress_counts_each_line_once(ckpt, options):
+    """`missing` searches the lines that miss a term again after the first search: progress counts each
+    line once, when its output is final (a bar reaches the total only at the end)."""
+    from nmt.config import decode_config
+    from nmt.glossary import Glossary
+    from nmt.torch_engine import TorchEngine
+    from nmt.translate import translate_chunk
+
+    engine = TorchEngine.load(ckpt, "cpu")
+    done: list[int] = []
+    results = translate_chunk(engine, LINES, decode_config(engine.decode, {"beam_size": 2, **options}),
+                              on_batch=done.append, glossary=Glossary(check_entries(GLOSSARY)))
+    assert sum(done) == len(LINES) == len(results) and len(done) >= 2
+    assert all(all(appears(t, r.text) for t in _targets(line)) for line, r in zip(LINES, results))
+
+
 @pytest.mark.parametrize("beam_size", [1, 2])
 def test_missing_searches_again_only_the_lines_whose_free_output_misses_a_term(translator, beam_size):
     """decode.glossary_constrain: missing: a line whose output without the glossary holds
