@@ -23,8 +23,7 @@ detokenizes, restores protected spans and the input order. Guarantees:
   that of the line as written). With `decode.glossary_constrain: missing` (default `always`) every
   line is first searched as without the glossary, and keeps those outputs when every one of them
   already holds every term of the line (whole words, as `nmt evaluate --glossary` counts term use);
-  only the other lines get the constrained search, all of them together once the first search has
-  ended (full batches, not the few of each first batch), with `decode.glossary_beam_size` and
+  only the other lines get the constrained search, with `decode.glossary_beam_size` and
   `decode.glossary_length_penalty` where set (else the line's own beam size and penalty; `nmt tune
   --glossary` chooses them; with `always` the lines without a term are then searched in batches of their
   own: the same search, its scores equal up to float rounding). With decode.protect, terms are matched in the masked line (protected
@@ -278,11 +277,12 @@ def _without_tokens(src_ids, prefixes, spans, nbest: int) -> list[tuple[Translat
 # --------------------------------------------------------------------------- the core
 
 def _search_lines(engine, options, term_options, rows: list[int], src_ids, term_ids, prefix_ids, keys,
-                  terms: _LineTerms | None, constrained: bool, cancel) -> tuple[list[list], list[bool]]:
+                  terms: _LineTerms | None, constrain: str, cancel) -> tuple[list[list], list[bool]]:
     """(the n-best hypotheses of lines `rows`, whether each was searched with its terms as constraints,
     from `term_ids`, its source annotated for a data.terms model, and `term_options`; else from `src_ids`
-    and `options`). `constrained` false: every line as without the glossary (the first search of
-    decode.glossary_constrain `missing`); true: the lines with terms with them (the others without)."""
+    and `options`). `constrain` (decode.glossary_constrain): "always" searches lines with terms with
+    constraints at once; "missing" searches every line without them first, then again with them the
+    lines whose outputs do not all hold their terms (module docstring)."""
     from nmt.search_options import SearchInputs
 
     def search(part: list[int], constrained: bool) -> list[list]:
@@ -292,16 +292,26 @@ def _search_lines(engine, options, term_options, rows: list[int], src_ids, term_
         return engine.search_batch([(term_ids if constrained else src_ids)[i] for i in part],
                                    term_options if constrained else options, inputs, cancel=cancel)
 
-    if not constrained or terms is None or not any(terms.seqs[i] for i in rows):
+    if terms is None or not any(terms.seqs[i] for i in rows):
         return search(rows, False), [False] * len(rows)
-    if term_options is options:  # one search: a line without terms is searched as without
+    with_terms = [k for k, i in enumerate(rows) if terms.seqs[i]]
+    if constrain == "always" and term_options is options:  # one search: a line without terms is searched as without
         return search(rows, True), [bool(terms.seqs[i]) for i in rows]
-    nbests: list[list] = [[]] * len(rows)  # (a beam or penalty of their own: the lines with terms apart)
-    for part, with_terms in (([k for k, i in enumerate(rows) if not terms.seqs[i]], False),
-                             ([k for k, i in enumerate(rows) if terms.seqs[i]], True)):
-        for k, nbest in zip(part, search([rows[k] for k in part], with_terms) if part else []):
+    if constrain == "always":  # (a penalty of their own: the lines with terms apart)
+        nbests = [[]] * len(rows)
+        without = [k for k, i in enumerate(rows) if not terms.seqs[i]]
+        for part, constrained in ((without, False), (with_terms, True)):
+            for k, nbest in zip(part, search([rows[k] for k in part], constrained) if part else []):
+                nbests[k] = nbest
+        return nbests, [bool(terms.seqs[i]) for i in rows]
+    nbests = search(rows, False)
+    texts = iter(engine.tokenizer.decode_tgt([h.tokens for k in with_terms for h in nbests[k]]))
+    again = [k for k in with_terms if not all([terms.held(rows[k], next(texts)) for _ in nbests[k]])]
+    if again:
+        for k, nbest in zip(again, search([rows[k] for k in again], True)):
             nbests[k] = nbest
-    return nbests, [bool(terms.seqs[i]) for i in rows]
+    again_set = set(again)
+    return nbests, [k in again_set for k in range(len(rows))]
 
 
 def glossary_search(decode: DecodeConfig) -> tuple[int, float]:
@@ -330,44 +340,6 @@ def _term_options(options, decode: DecodeConfig):
     if (beam, alpha) == (options.beam_size, options.length_penalty):
         return options
     return dataclasses.replace(options, beam_size=beam, length_penalty=alpha)
-
-
-def _alignments(engine, rows, used, nbests, src_ids, term_ids, lang, alignment: bool) -> list | None:
-    """With decode.alignment: each hypothesis' (source, target) pairs, in the flat order of `nbests`
-    (the source it was translated from; the language token out); else None."""
-    if not alignment:
-        return None
-    pairs = [((term_ids if c else src_ids)[i], h.tokens) for i, c, nbest in zip(rows, used, nbests) for h in nbest]
-    aligned = engine.align_batch([x for x, _ in pairs], [y for _, y in pairs])
-    return [[(i, j - len(lang)) for i, j in a if j >= len(lang)] for a in aligned]
-
-
-def _phases(engine, todo: list[int], terms: _LineTerms | None, constrain: str, found: dict,
-            on_batch: Progress | None):
-    """The searches of `translate_chunk`, as (lines, constrained, progress(lines done)): one, constrained
-    (lines without terms searched as without them); with decode.glossary_constrain `missing`, first every
-    line without constraints, then, once that search has ended, the lines whose outputs (`found`) do not all
-    hold their terms, together (in full batches, not a few per batch of the first search). Progress counts
-    each line once, when its output is final."""
-    report = (lambda rows: on_batch(len(rows))) if on_batch is not None else (lambda rows: None)
-    if terms is None or constrain != "missing":
-        yield todo, True, report
-        return
-
-    def misses(i: int) -> bool:
-        texts = engine.tokenizer.decode_tgt([h.tokens for h in found[i][0]])
-        return bool(terms.seqs[i]) and not all(terms.held(i, text) for text in texts)
-
-    again: list[int] = []
-
-    def first(rows: list[int]) -> None:
-        missed = [i for i in rows if misses(i)]
-        again.extend(missed)
-        report([i for i in rows if i not in set(missed)])
-
-    yield todo, False, first
-    if again:
-        yield sorted(again), True, report
 
 
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
@@ -401,31 +373,32 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     options = SearchOptions.from_decode(decode, engine.tokenizer)  # once for the whole call
     term_options = _term_options(options, decode) if terms is not None else options
 
-    def search(rows_of: list[int], constrained: bool):
-        def fn(batch: list[int]) -> tuple[list[list], list | None, list[bool]]:
-            """(n-best hypotheses per sentence, their alignments in the same flat order or None, whether
-            each sentence was searched with its terms as constraints)."""
-            rows = [rows_of[j] for j in batch]
-            nbests, used = _search_lines(engine, options, term_options, rows, src_ids, term_ids, prefix_ids, keys,
-                                         terms, constrained, cancel)
-            return nbests, _alignments(engine, rows, used, nbests, src_ids, term_ids, lang, decode.alignment), used
-        return fn
+    def search(batch: list[int]) -> tuple[list[list], list | None, list[bool]]:
+        """(n-best hypotheses per sentence, their alignments in the same flat order or None, whether
+        each sentence was searched with its terms as constraints)."""
+        rows = [todo[j] for j in batch]
+        nbests, constrained = _search_lines(engine, options, term_options, rows, src_ids, term_ids, prefix_ids, keys, terms,
+                                            decode.glossary_constrain, cancel)
+        if not decode.alignment:
+            return nbests, None, constrained
+        pairs = [((term_ids if c else src_ids)[i], h.tokens) for i, c, nbest in zip(rows, constrained, nbests)
+                 for h in nbest]
+        aligned = engine.align_batch([x for x, _ in pairs], [y for _, y in pairs])
+        return nbests, [[(i, j - len(lang)) for i, j in a if j >= len(lang)] for a in aligned], constrained  # (language token out)
 
-    found: dict[int, tuple] = {}  # line -> (its n-best, their alignments, whether it was constrained)
-    for rows_of, constrained, progress in _phases(engine, todo, terms, decode.glossary_constrain, found, on_batch):
-        for batch, (nbests, alignments, used) in run_engine(engine, search(rows_of, constrained),
-                                                            [len(src_ids[i]) + 1 for i in rows_of], decode):
-            aligned = iter(alignments or [None] * sum(map(len, nbests)))
-            for j, nbest, c in zip(batch, nbests, used):
-                found[rows_of[j]] = (nbest, [next(aligned) for _ in nbest], c)
-            progress([rows_of[j] for j in batch])
-    texts = iter(engine.tokenizer.decode_tgt([h.tokens for nbest, _, _ in found.values() for h in nbest]))
-    for i, (nbest, aligned, c) in found.items():
-        if c:  # the result says whether the source it was translated from was truncated
-            truncated[i] = term_cut[i]
-        keep = (lambda t, i=i: _keep_prefix_text(t, prefixes[i], prefix_ids[i][len(lang):], engine.tokenizer)) \
-            if prefixes is not None and prefixes[i] else (lambda t: t)
-        hyps[i] = tuple(_translation(keep(next(texts)), h, spans[i], a) for h, a in zip(nbest, aligned))
+    for batch, (nbests, alignments, constrained) in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo],
+                                                               decode, on_batch):
+        for j, c in zip(batch, constrained):
+            if c:  # the result says whether the source it was translated from was truncated
+                truncated[todo[j]] = term_cut[todo[j]]
+        flat = [h for nbest in nbests for h in nbest]
+        texts = iter(engine.tokenizer.decode_tgt([h.tokens for h in flat]))
+        aligned = iter(alignments or [None] * len(flat))
+        for j, nbest in zip(batch, nbests):
+            i = todo[j]
+            keep = (lambda t, i=i: _keep_prefix_text(t, prefixes[i], prefix_ids[i][len(lang):], engine.tokenizer)) \
+                if prefixes is not None and prefixes[i] else (lambda t: t)
+            hyps[i] = tuple(_translation(keep(next(texts)), h, spans[i], next(aligned)) for h in nbest)
     return [TranslationResult(h, t, p) for h, t, p in zip(hyps, truncated, prefix_cut)]
 
 

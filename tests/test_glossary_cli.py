@@ -87,8 +87,7 @@ def test_lines_with_terms_get_the_glossary_beam_and_penalty(translator, constrai
 @pytest.mark.parametrize("options", [{"glossary_constrain": "missing"}, {"glossary_constrain": "always"},
                                      {"glossary_constrain": "missing", "glossary_beam_size": 3, "max_batch_size": 3}])
 def test_progress_counts_each_line_once(ckpt, options):
-    """`missing` searches the lines that miss a term again after the first search: progress counts each
-    line once, when its output is final (a bar reaches the total only at the end)."""
+    """`missing` searches the lines that miss a term a second time: progress still counts each line once."""
     from nmt.config import decode_config
     from nmt.glossary import Glossary
     from nmt.torch_engine import TorchEngine
