@@ -20,12 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.constraints import ConstraintState, allocate
 from nmt.decoding import check_cancel, start
-from nmt.rules import NEG_INF, StepRules
+from nmt.rules import StepRules
 from nmt.schema import max_finished
-from nmt.search_options import (NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions,
-                                length_penalty_factor)
+from nmt.search_options import (NEG_INF, NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps,
+                                SearchOptions, length_penalty_factor)
 
 
 @torch.inference_mode()
@@ -76,25 +75,27 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     if src.shape[0] == 0:
         return []
     decoder, max_lens = start(model, src, src_mask, options, ops, inputs, rules.needed)
-    beams = _Beams.start(options, max_lens, stop_counts(options, rules.needed, src.shape[0], src.device))
+    beams = _Beams.start(options, max_lens, stop_counts(options, rules.constrained, src.shape[0], src.device))
     for t in range(1, int(max_lens.max()) + 1):
         check_cancel(cancel)
         logits = decoder.step(beams.tokens)
         if t == 1:
-            beams.terms = rules.constraint_state(beams.sent, logits.shape[1])  # None without terms
-        cand = _candidates(beams, rules, logits, t, options.beam_size, ops, options.glossary_margin)
+            rules.start(beams.sent, logits.shape[1], beams.max_lens)
+        cand = _candidates(beams, rules, logits, t, options.beam_size, ops)
         _finish(beams, cand, t, options)
         scores, rows, word = _select(cand, options.beam_size)
-        if not beams.advance(_keep(beams, scores, t, options), scores, rows, word, decoder):
+        if not beams.advance(_keep(beams, scores, t, options), scores, rows, word, decoder, rules):
             break
-    return _best_first(beams.finished, rules.needed, None if options.keep_all else options.nbest)
+    finished = beams.record.hypotheses(src.shape[0], options.specials.eos)
+    return _best_first(finished, rules.constrained, None if options.keep_all else options.nbest)
 
 
-def _best_first(finished: list[list[Hypothesis]], needed: list[int] | None, n: int | None) -> list[list[Hypothesis]]:
-    """Each sentence's first n finished hypotheses (all: None) by score; a sentence with terms (`needed`
-    > 0) puts those that ended with EOS before those the length limit ended (`beam_search`)."""
-    terms = needed or [0] * len(finished)
-    return [sorted(hyps, key=lambda h: (bool(t) and not h.finished, -h.score))[:n] for hyps, t in zip(finished, terms)]
+def _best_first(finished: list[list[Hypothesis]], constrained: list[bool] | None,
+                n: int | None) -> list[list[Hypothesis]]:
+    """Each sentence's first n finished hypotheses (all: None) by score; a sentence whose beams a rule
+    allocates (glossary terms) puts those that ended with EOS before those the length limit ended."""
+    flags = constrained or [False] * len(finished)
+    return [sorted(hyps, key=lambda h: (c and not h.finished, -h.score))[:n] for hyps, c in zip(finished, flags)]
 
 
 @dataclass
@@ -108,10 +109,8 @@ class _Beams:
     n_done: Tensor  # [N] candidates ended so far (counted with patience)
     scores: Tensor  # [N, k] summed log-prob of each live beam; -inf = empty
     tokens: Tensor  # [N*k] input of the next step
-    history: Tensor  # [N*k, t-1] generated tokens
     most: Tensor  # [N] endings after which the sentence stops (`stop_counts`): 0 = the stopping rule alone
-    finished: list[list[Hypothesis]]  # per original sentence, in the order they ended
-    terms: ConstraintState | None = None  # [N*k rows] the live beams' constraints (None: no terms)
+    record: _Record  # what ended, and each live beam's parent and token, step by step (on the device)
 
     @classmethod
     def start(cls, options: SearchOptions, max_lens: Tensor, most: Tensor) -> _Beams:
@@ -124,26 +123,89 @@ class _Beams:
                    n_done=torch.zeros(B, dtype=torch.long, device=device),
                    scores=torch.zeros(B, 1, device=device),
                    tokens=torch.full((B,), options.specials.start, dtype=torch.long, device=device),
-                   history=torch.empty(B, 0, dtype=torch.long, device=device),
-                   most=most, finished=[[] for _ in range(B)])
+                   most=most, record=_Record())
 
-    def advance(self, keep: Tensor, scores: Tensor, rows: Tensor, word: Tensor, decoder) -> bool:
+    def advance(self, keep: Tensor, scores: Tensor, rows: Tensor, word: Tensor, decoder, rules: StepRules) -> bool:
         """Continue the sentences `keep` [N] with live beams scores, rows (their parent rows), word
-        [N, K]: the others leave the batch, the decoder's rows follow. -> False when none is left."""
-        if not bool(keep.all()):
-            if not bool(keep.any()):
-                return False
+        [N, K]: the others leave the batch, the decoder's and the rules' rows follow. -> False when
+        none is left. The step's one host read: how many sentences go on."""
+        N, K = word.shape
+        n = int(keep.sum())
+        if n == 0:
+            return False
+        sources = None
+        if n < N:
+            sources = torch.nonzero_static(keep, size=n).squeeze(1)  # [N'] (no host read: N' is known)
             self.sent, self.max_lens, self.best_possible_lp, self.kth_best, scores, rows, word, self.n_done, \
-                self.most = (x[keep] for x in (self.sent, self.max_lens, self.best_possible_lp, self.kth_best, scores,
-                                               rows, word, self.n_done, self.most))
-        flat = rows.reshape(-1)  # [N'*K] parent rows of the next step's beams
-        decoder.reorder(flat)
-        if self.terms is not None:
-            self.terms.reorder(flat)
-            self.terms.advance(word.reshape(-1))
-        self.history = torch.cat([self.history.index_select(0, flat), word.reshape(-1, 1)], dim=1)
-        self.tokens, self.scores = word.reshape(-1), scores
+                self.most = (x.index_select(0, sources) for x in (self.sent, self.max_lens, self.best_possible_lp,
+                                                                  self.kth_best, scores, rows, word, self.n_done,
+                                                                  self.most))
+        flat, tokens = rows.reshape(-1), word.reshape(-1)  # [N'*K] parent rows and tokens of the next beams
+        decoder.reorder(flat, sources, K)
+        rules.reorder(flat)
+        rules.advance(tokens)
+        self.record.beams(flat, tokens)
+        self.tokens, self.scores = tokens, scores
         return True
+
+
+class _Record:
+    """Beam search's history on the device, read once when the search ends: per step the candidates that
+    ended and entered their sentence's n-best (`ended`), and each live beam's parent row and token
+    (`beams`), from which every finished hypothesis' tokens are traced back (`hypotheses`)."""
+
+    def __init__(self):
+        self.steps: list[tuple[int, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+        self.parents: list[Tensor] = []  # per step s, [R_s+1]: the row of step s each next row continues
+        self.tokens: list[Tensor] = []  # per step s, [R_s+1]: its token
+
+    def ended(self, t: int, enters: Tensor, sent: Tensor, rows: Tensor, word: Tensor, log_prob: Tensor,
+              score: Tensor) -> None:
+        """The candidates of step t marked in enters [N,K] (rows: their parent rows, word: their last token)."""
+        self.steps.append((t, enters, sent[:, None].expand_as(enters), rows, word, log_prob, score))
+
+    def beams(self, parents: Tensor, tokens: Tensor) -> None:
+        self.parents.append(parents)
+        self.tokens.append(tokens)
+
+    def hypotheses(self, B: int, eos: int) -> list[list[Hypothesis]]:
+        """Per sentence its finished hypotheses, in the order they ended (step, then rank)."""
+        out: list[list[Hypothesis]] = [[] for _ in range(B)]
+        if not self.steps:
+            return out
+        parts = list(zip(*[s[1:] for s in self.steps]))  # per field, one tensor per step
+        enters, sent, rows, word, log_prob, score = (torch.cat([x.reshape(-1) for x in f]) for f in parts)
+        step = torch.cat([torch.full((x.numel(),), t, dtype=torch.long, device=x.device)
+                          for (t, *_), x in zip(self.steps, parts[0])])
+        sel = enters.nonzero().squeeze(1)
+        step, sent, rows, word, log_prob, score = (x.index_select(0, sel) for x in (step, sent, rows, word,
+                                                                                     log_prob, score))
+        tokens = self._trace(step, rows, word)  # [M, T]
+        for s, toks, t, w, lp, sc in zip(sent.tolist(), tokens.tolist(), step.tolist(), word.tolist(),
+                                         log_prob.tolist(), score.tolist()):
+            toks = toks[:t]
+            out[s].append(Hypothesis(toks[:-1] if w == eos else toks, sc, lp, w == eos))
+        return out
+
+    def _trace(self, step: Tensor, rows: Tensor, word: Tensor) -> Tensor:
+        """[M, T] the tokens of M candidates that ended at steps `step` [M] from parent rows `rows` of
+        their step with last token `word`: token t is `word`, the earlier ones traced back step by step."""
+        M, T = step.shape[0], self.steps[-1][0]
+        out = torch.zeros(M, T, dtype=torch.long, device=step.device)
+        out.scatter_(1, (step - 1)[:, None], word[:, None])
+        if not self.parents:
+            return out
+        offsets = [0]
+        for p in self.parents[:-1]:
+            offsets.append(offsets[-1] + p.shape[0])  # where step s's rows start
+        parents, tokens = torch.cat(self.parents), torch.cat(self.tokens)
+        p = rows  # each candidate's row in the layout of step s + 1 (while step > s)
+        for s in range(len(self.parents), 0, -1):
+            on = step > s  # [M] the candidates with a token s before their last
+            idx = (offsets[s - 1] + p).clamp(max=parents.shape[0] - 1)
+            out[:, s - 1] = torch.where(on, tokens.index_select(0, idx), out[:, s - 1])
+            p = torch.where(on, parents.index_select(0, idx), p)
+        return out
 
 
 class _Candidates(NamedTuple):
@@ -156,25 +218,21 @@ class _Candidates(NamedTuple):
     ends: Tensor  # it ends: EOS, or the maximum length
 
 
-def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int, ops: SearchOps,
-                margin: float = float("inf")) -> _Candidates:
-    """Rank the extensions of the live beams (logits [N*k, V] of step t) by summed log-probability
-    (with terms: dynamic beam allocation, `margin` its decode.glossary_margin)."""
+def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int, ops: SearchOps) -> _Candidates:
+    """Rank the extensions of the live beams (logits [N*k, V] of step t) by summed log-probability, or
+    in the order a rule allocates them (glossary terms: dynamic beam allocation)."""
     N, k = beams.scores.shape  # k = 1 at the first step (all beams share the prefix BOS), then K
     device, EOS = logits.device, rules.specials.eos
-    limit = beams.max_lens.repeat_interleave(k) if rules.ph_ids is not None or beams.terms is not None else None
-    logp = rules.log_probs(logits, t, beams.history, beams.sent.repeat_interleave(k), limit, beams.terms)  # [N*k, V]
+    logp = rules.log_probs(logits, t)  # [N*k, V]
     V = logp.shape[1]
     cand = logp.add_(beams.scores.view(-1, 1)).view(N, k * V)  # in place: logp is fresh
-    if beams.terms is None:
-        top, idx = _topk(cand, 2 * K, ops)  # [N, 2K]
-    else:  # dynamic beam allocation: the top 2K in the order that keeps every bank of met terms
-        top, idx = allocate(beams.terms, cand, K, ops.topk, ops.argmax, margin)
+    found = rules.candidates(cand, K, ops.topk, ops.argmax)
+    top, idx = found if found is not None else _topk(cand, 2 * K, ops)  # [N, 2K]
     word = idx % V  # [N, 2K] token of each candidate
     rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
     alive = top > NEG_INF
     ends = (word == EOS) | (beams.max_lens <= t)[:, None]  # [N, 2K]
-    empty = _after_prefix(rules, beams.sent, t, word, K, EOS)  # [N, 2K] or None: EOS ranked 2..K after a prefix
+    empty = rules.empty_slots(word, t, K)  # [N, 2K] or None: EOS ranked 2..K after a prefix
     if empty is not None:
         top, ends = top.masked_fill(empty, NEG_INF), ends & ~empty  # a live slot with no hypothesis
     return _Candidates(top, word, rows, alive, ends)
@@ -187,12 +245,10 @@ def _finish(beams: _Beams, c: _Candidates, t: int, options: SearchOptions) -> No
     ended = c.ends & c.alive & (torch.arange(2 * K, device=c.top.device) < K)  # endings in the top K finish
     score = c.top / length_penalty_factor(t, options.length_penalty, options.length_penalty_type)  # if it ends now
     enters = ended & (score > beams.kth_best[:, -1:])  # can still be in the n-best (keep_all: kth_best stays -inf)
-    if bool(enters.any()):
-        _collect(beams.finished, enters, beams.sent, beams.history, c.rows, c.word, c.top, score,
-                 options.specials.eos)
-        if not options.keep_all:
-            new = score.masked_fill(~ended, NEG_INF)
-            beams.kth_best = torch.cat([beams.kth_best, new], dim=1).topk(beams.kth_best.shape[1], dim=1).values
+    beams.record.ended(t, enters[:, :K], beams.sent, c.rows[:, :K], c.word[:, :K], c.top[:, :K], score[:, :K])
+    if not options.keep_all:
+        new = score.masked_fill(~ended, NEG_INF)
+        beams.kth_best = torch.cat([beams.kth_best, new], dim=1).topk(beams.kth_best.shape[1], dim=1).values
     beams.n_done = beams.n_done + ended.sum(dim=1)
 
 
@@ -215,33 +271,17 @@ def _keep(beams: _Beams, scores: Tensor, t: int, options: SearchOptions) -> Tens
     return keep & ((beams.most == 0) | (beams.n_done < beams.most))
 
 
-def stop_counts(options: SearchOptions, needed: list[int] | None, B: int, device) -> Tensor:
-    """[B] the endings after which each sentence stops (0: the stopping rule alone):
-    `max_finished(K, patience)`, and for a sentence with terms K (patience 1) when patience is 0.
-    needed: `StepRules.needed` (per sentence the room its terms need, 0 without terms; None: no terms).
-
-    Why the terms change the default: their search cannot end a hypothesis before it holds every term,
-    and with a length penalty the exact stop's bound stays loose, so it searches on to the length
-    limit, where the length rule forces the missing terms in at the end, and such rambling
-    hypotheses, long enough to be favoured by the penalty, beat the ones that took the terms in early
-    and ended (BENCHMARKS.md, "Glossaries": 108 of 500 Bible outputs reached the limit, 12 with
-    this rule). fairseq's constrained search and Sockeye's stop at K finished hypotheses too."""
+def stop_counts(options: SearchOptions, constrained: list[bool] | None, B: int, device) -> Tensor:
+    """[B] the endings after which each sentence stops (0: the stopping rule alone): `max_finished(K,
+    patience)`, and K (patience 1) when patience is 0 for a sentence whose beams a rule allocates
+    (`StepRules.constrained`: glossary terms). Their search cannot end a hypothesis before it holds every
+    term, and with a length penalty the exact stop's bound stays loose, so it would search on to the
+    length limit, where the missing terms are forced in, and such long hypotheses win under the penalty
+    (BENCHMARKS.md, "Glossaries"); fairseq's and Sockeye's constrained searches stop at K too."""
     plain = max_finished(options.beam_size, options.patience)
     with_terms = max_finished(options.beam_size, 1.0) if options.patience == 0 else plain
-    return torch.tensor([with_terms if n else plain for n in needed or [0] * B], dtype=torch.long, device=device)
-
-
-def _after_prefix(rules: StepRules, sent: Tensor, t: int, word: Tensor, K: int, eos: int) -> Tensor | None:
-    """[N, 2K]: the EOS candidates ranked 2..K at the first step after a sentence's forced prefix
-    (they leave their beam slot empty: CTranslate2's rule), or None when no sentence is at that step."""
-    if rules.prefix is None or t > rules.longest_prefix + 1:  # no sentence can be right after its prefix
-        return None
-    plen = rules.prefix_lengths(sent)
-    first_free = (plen > 0) & (plen + 1 == t)  # [N]
-    if not bool(first_free.any()):
-        return None
-    rank = torch.arange(word.shape[1], device=word.device)
-    return first_free[:, None] & (word == eos) & (rank >= 1) & (rank < K)
+    return torch.tensor([with_terms if c else plain for c in constrained or [False] * B], dtype=torch.long,
+                        device=device)
 
 
 def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor | float) -> Tensor:
@@ -277,13 +317,3 @@ def _topk(cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor]:
         top = F.pad(top, (0, pad), value=NEG_INF)
         idx = F.pad(idx, (0, pad), value=0)
     return top, idx
-
-
-def _collect(finished: list[list[Hypothesis]], enters: Tensor, sent: Tensor, history: Tensor,
-             rows: Tensor, word: Tensor, log_prob: Tensor, score: Tensor, eos: int) -> None:
-    """Append the candidates marked in enters [N,K] to `finished` (one host transfer per tensor)."""
-    s, j = enters.nonzero(as_tuple=True)
-    prefixes = history.index_select(0, rows[s, j]).tolist()  # each t-1 tokens
-    for sid, prefix, w, lp, sc in zip(sent[s].tolist(), prefixes, word[s, j].tolist(),
-                                      log_prob[s, j].tolist(), score[s, j].tolist()):
-        finished[sid].append(Hypothesis(prefix if w == eos else prefix + [w], sc, lp, w == eos))

@@ -136,23 +136,26 @@ class DecoderCache:
         `group` rows of a source sentence share its entry."""
         return self.cross_k[layer], self.cross_v[layer], self.cross_mask
 
-    def reorder(self, indices: Tensor) -> None:
+    def reorder(self, indices: Tensor, sources: Tensor | None = None, group: int | None = None) -> None:
         """Row i becomes row indices[i] of the old rows. indices [B'] (long, any B').
 
-        Self-attention K/V: the filled positions of every layer are gathered into new
-        buffers. Cross-attention K/V: when the new rows form consecutive runs of one length
-        with the same source (beam expansion, reordering, dropping whole sentences), one copy
-        per run is kept (no copy at all if the sources are unchanged); otherwise one copy
-        per row (group 1).
+        Self-attention K/V: the filled positions of every layer are gathered into new buffers.
+        Cross-attention K/V: the caller that knows its layout says it (the searches: no host read):
+        the new rows come in runs of `group` rows of one source, `sources` [N'] the old sources
+        they keep (None: the same ones, and no copy). group None: found from `indices` (a host read),
+        one copy per run when the new rows form runs of one length with the same source (beam
+        expansion, reordering, dropping whole sentences), else one copy per row (group 1).
         """
         indices = indices.to(device=self.src_mask.device, dtype=torch.long)
-        sources, group = _source_groups((indices // self.group).tolist())
+        if group is None:
+            found, group = source_groups((indices // self.group).tolist())
+            if found != list(range(self.src_mask.shape[0])):
+                sources = torch.tensor(found, dtype=torch.long, device=indices.device)
         self._reorder_self(indices)
-        if sources != list(range(self.src_mask.shape[0])):
-            idx = torch.tensor(sources, dtype=torch.long, device=indices.device)
-            self.cross_k = [t.index_select(0, idx) for t in self.cross_k]
-            self.cross_v = [t.index_select(0, idx) for t in self.cross_v]
-            self.src_mask = self.src_mask.index_select(0, idx)
+        if sources is not None:
+            self.cross_k = [t.index_select(0, sources) for t in self.cross_k]
+            self.cross_v = [t.index_select(0, sources) for t in self.cross_v]
+            self.src_mask = self.src_mask.index_select(0, sources)
             self.cross_mask = attention_mask(self.src_mask)
         self.group = group
 
@@ -169,7 +172,7 @@ class DecoderCache:
         self.self_v = [select(t) for t in self.self_v]
 
 
-def _source_groups(row_sources: list[int]) -> tuple[list[int], int]:
+def source_groups(row_sources: list[int]) -> tuple[list[int], int]:
     """Per-row source ids -> (one source id per run, run length) when the rows form
     consecutive runs of one equal length; else (row_sources, 1).
 
@@ -240,24 +243,29 @@ class StaticDecoderCache(DecoderCache):
         self.pos.add_(1)
         self.length += 1
 
-    def reorder(self, indices: Tensor) -> None:
-        """Row i becomes row indices[i] of the batch's rows (see the class docstring for where)."""
+    def reorder(self, indices: Tensor, sources: Tensor | None = None, group: int | None = None) -> None:
+        """Row i becomes row indices[i] of the batch's rows (see the class docstring for where;
+        sources and group as for `DecoderCache.reorder`)."""
         indices = indices.to(device=self.src_mask.device, dtype=torch.long)
-        sources, group = _source_groups((indices // self.group).tolist())
-        rows, n_src, capacity, L = indices.shape[0], len(sources), self.kv.shape[2], self.length
+        if group is None:
+            found, group = source_groups((indices // self.group).tolist())
+            if found != list(range(self.rows // self.group)):
+                sources = torch.tensor(found, dtype=torch.long, device=indices.device)
+        rows, capacity, L = indices.shape[0], self.kv.shape[2], self.length
+        n_src = rows // group
         if group == self.group and rows <= capacity and 2 * rows > capacity:  # in place
             if L:
                 self.kv[:, :, :rows, :, :L] = self.kv[:, :, :, :, :L].index_select(2, indices)
-            if sources != list(range(n_src)):
-                idx = torch.tensor(sources, dtype=torch.long, device=indices.device)
-                self.ckv[:, :, :n_src] = self.ckv.index_select(2, idx)
-                self.src_mask[:n_src] = self.src_mask.index_select(0, idx)  # (cross_mask is a view of it)
+            if sources is not None:
+                self.ckv[:, :, :n_src] = self.ckv.index_select(2, sources)
+                self.src_mask[:n_src] = self.src_mask.index_select(0, sources)  # (cross_mask is a view of it)
             self.rows = rows
             return
         kv = self.kv.new_zeros(self.kv.shape[:2] + (rows,) + self.kv.shape[3:])
         if L:
             kv[:, :, :, :, :L] = self.kv[:, :, :, :, :L].index_select(2, indices)
-        idx = torch.tensor(sources, dtype=torch.long, device=indices.device)
-        new = type(self)._over(kv, self.ckv.index_select(2, idx), self.src_mask.index_select(0, idx),
-                                       group=group, length=L, pos=self.pos, generation=self.generation + 1)
+        if sources is None:
+            sources = torch.arange(n_src, device=indices.device)
+        new = type(self)._over(kv, self.ckv.index_select(2, sources), self.src_mask.index_select(0, sources),
+                               group=group, length=L, pos=self.pos, generation=self.generation + 1)
         self.__dict__.update(new.__dict__)

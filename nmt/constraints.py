@@ -1,53 +1,33 @@
-"""Lexical constraints for the search: token sequences every output must contain (glossary terms, issue 37).
+"""What an output must contain, as step rules (nmt/rules.py's protocol): glossary terms (`TermRule`:
+token sequences) and placeholders (`PlaceholderRule`: single tokens, exactly once). Both say what a row
+still needs, and the one length budget of `StepRules` forces it before the limit. Shapes: B sentences,
+R rows (row r belongs to sentence `sent[r]`), C constraints per sentence, L tokens per constraint (both
+padded), V vocabulary, N sentences in a beam step with k live beams each (candidates [N, k*V]), K beam
+size, M candidates.
 
-Tensor code apart from the search loop, which calls it (greedy: `ConstraintState.apply` at each step, through
-nmt.rules.StepRules; beam, nmt/beam.py: also `allocate` in place of its top-k, and it stops a sentence with
-terms after K endings, `beam.stop_counts`); tests/constrained_ref.py's reference searches call it too. Shapes: B sentences, R rows (hypotheses; row r belongs
-to sentence `sent[r]`), C constraints per sentence, L tokens per constraint (both padded), V vocabulary,
-N sentences in a beam step with k live beams each (candidates [N, k*V]), K beam size, M candidates.
+Tracking a term (`ConstraintState`): per row and constraint, `progress` is the length of the longest
+prefix of the constraint that ends the row's output, updated as Knuth-Morris-Pratt does (so `a a a b`
+holds `a a b`). A constraint is *done* once its whole sequence has been generated contiguously, and
+stays done. With a `joins` vocabulary mask (`nmt.glossary.joining_tokens`), a term that ends inside a
+word (`open_end`) is *complete* but not yet done when its last token is written: a next token that
+continues the word (`perro` then `s`) breaks the match; any other token, EOS or the limit makes it
+count. `met` = done or complete.
 
-Tracking (`ConstraintState`): per row and constraint, `progress` is the length of the longest prefix
-of the constraint that ends the row's output, updated as Knuth-Morris-Pratt does: a token that breaks
-a partial match falls back to the longest prefix that still ends the output (so `a a a b` holds
-`a a b`; simply restarting would miss it). A constraint is *done* once its whole sequence has been
-generated contiguously, and stays done. With a `joins` vocabulary mask (`nmt.glossary.word_joining`),
-a constraint whose term ends inside a word (`open_end`) is *complete* but not yet done when its last
-token is written: the next token decides. One that continues the word (`perro` then `s`: "perros"
-holds no whole word "perro") breaks the match as above; any other token, EOS or the length limit
-(the output ends) makes it count. `met` = done or complete.
-
-The rules (`apply`, on a step's logits before the softmax, as nmt.search.StepRules masks):
-- EOS only when every constraint is met;
-- the length limit: `missing` = (sum of L over the unmet constraints) - (the largest progress among
-  them) bounds the tokens still needed (continue the furthest started one, then write each other one
-  whole); `full` = the sum of L over the constraints not done is what a free token can leave to write
-  (it may break every partial match, or take back a complete one). A row is free while full + extra
-  (placeholders still missing) < steps left (t..limit); from then on it may only write: the next
-  token of its furthest started constraint when one is started (`exclusive`: anything else would
-  break it), else the first token of an unmet constraint or one of `extra_tokens` (a missing
-  placeholder), and after a complete term waiting for its word end no token that would take it back
-  (any token that ends the word, when nothing else is missing). So missing + extra <= steps left holds
-  when the row is first forced, and each forced token lowers missing + extra by one: every constraint
-  is met by the limit when the limit leaves room for them all, at least len(prefix) +
-  `Constraints.total` (+ placeholders) tokens, which the search must ensure.
-- n-gram blocking never removes a token that advances an unmet constraint (`next_token_mask`: the
-  search restores those logits after blocking): the constraints win over no_repeat_ngram.
-A forced token takes a complete term back only in a contrived glossary: where no other token is
-allowed, i.e. a term started inside another one's last word continues that word (targets `New York`
-and `Yorker`).
+The rules of a term: EOS only when every term is met; n-gram blocking spares the tokens that advance an
+unmet term (`next_token_mask`). The budget: `missing` (continue the furthest started term, then write
+each other one whole) is what a row needs at least; `full`, the tokens of every term not done, is what a
+free token could leave it to write. Once full plus what other rules need reaches the steps left, a row
+may only write the next token of its furthest started term (`exclusive`: nothing else), else the first
+token of an unmet term or another rule's token, and after a complete term waiting for its word end no
+token that would take it back. Each forced token lowers what is needed by one, so every term is met by
+the limit when the limit leaves room for them all (`StepRules.needed` raises it so).
 
 Beam search (`allocate`): dynamic beam allocation (Post & Vilar, 2018) in the vectorized form of Hu et
 al. (2019), as fairseq's LexicallyConstrainedBeamSearch. Candidates: the top 2K by score, plus for
-every live beam the tokens that advance its unmet constraints and its own best token; duplicates
-dropped. With a `margin` (decode.glossary_margin) a beam's constraint tokens join only where their
-log-prob is at most `margin` below its best token's: the allocation keeps the best candidate of every
-bank first, so a term token the model finds absurd at a step would otherwise be written there ("Take
-from night" for "go up by night"); the length rule still forces what is missing. Each candidate's bank is the number of constraint tokens it has met (sum over constraints of
-L when met, else progress). Candidates are sorted by (bank, score), ranked inside their bank, and
-taken round-robin: the best of every bank (highest bank first), then the second of every bank, and
-so on; the search takes this order as it takes its top-k (endings among the first K finish, the
-first K live ones continue). A sentence whose candidates all have one bank (no constraints, or all
-done) gets exactly its top 2K, in order.
+every live beam the tokens that advance its unmet terms (only within `margin` nats of its best token)
+and its own best token; duplicates dropped. Each candidate's bank is the number of term tokens it has
+met; candidates are taken round-robin over the banks (highest first), best first inside each, and the
+search takes this order as its top-k. A sentence whose candidates all have one bank gets its top 2K.
 """
 
 from __future__ import annotations
@@ -59,7 +39,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-NEG_INF = float("-inf")
+from nmt.search_options import NEG_INF, Rule, Terms
 
 
 def _failure(seq: Sequence[int]) -> list[int]:
@@ -176,15 +156,21 @@ class ConstraintState:
         unmet, started = self._started()
         return torch.where(unmet, self.lengths, 0).sum(dim=1) - started
 
+    def pending(self) -> Tensor:
+        """[R] bool: a constraint is unmet, or a complete term waits for its word end."""
+        return (self.missing() > 0) | (self._met() & ~self.done).any(dim=1)
+
+    def full(self) -> Tensor:
+        """[R] what a free token could leave to write: the tokens of every constraint not done."""
+        return torch.where(self.done, 0, self.lengths).sum(dim=1)
+
     def must_write(self, steps_left: Tensor, extra: Tensor | None = None) -> Tensor:
         """[R] bool: rows that must write toward their constraints now (module docstring). steps_left
         [R] = limit - t + 1; extra [R]: other tokens the row must still write (missing placeholders)."""
         extra = extra if extra is not None else torch.zeros_like(steps_left)
-        pending = (self._met() & ~self.done).any(dim=1)  # [R] a term waits for its word end
-        full = torch.where(self.done, 0, self.lengths).sum(dim=1)  # what a free token could leave to write
-        return ((self.missing() + extra > 0) | pending) & (full + extra >= steps_left)
+        return (self.pending() | (extra > 0)) & (self.full() + extra >= steps_left)
 
-    def _allowed(self, V: int, extra: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def allowed(self, V: int, extra: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(allowed [R, V]: the constraint tokens a row that must write may write; exclusive [R]: a
         constraint is started, so no placeholder either)."""
         unmet, started = self._started()
@@ -202,32 +188,113 @@ class ConstraintState:
         return allowed, started > 0
 
     def forced(self, steps_left: Tensor, V: int, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """(must [R] (`must_write`), allowed [R, V], exclusive [R]) for every row (`_allowed`)."""
-        return (self.must_write(steps_left, extra), *self._allowed(V, extra))
+        """(must [R] (`must_write`), allowed [R, V], exclusive [R]) for every row (`allowed`)."""
+        return (self.must_write(steps_left, extra), *self.allowed(V, extra))
 
-    def _take(self, rows: Tensor) -> "ConstraintState":
-        """A copy of rows [F] of the state."""
-        sub = ConstraintState.__new__(ConstraintState)
-        sub.cons = self.cons
-        sub.sent, sub.lengths, sub.progress, sub.done = (x.index_select(0, rows) for x in
-                                                         (self.sent, self.lengths, self.progress, self.done))
-        return sub
 
-    def apply(self, logits: Tensor, steps_left: Tensor, eos: int, extra: Tensor | None = None,
-              extra_tokens: Tensor | None = None) -> Tensor:
-        """logits [R, V] (before the softmax) with what the constraints forbid at -inf, in place: EOS
-        until every constraint is met; for the rows that `must_write`, all but the tokens `forced`
-        allows (and the row's `extra_tokens` [R, V], its missing placeholders, unless exclusive). With
-        placeholders the search leaves their length-limit rule to this call (extra, extra_tokens): two
-        separate rules would each allow only their own tokens. One host sync (the rows that must write)."""
-        logits[:, eos] = logits[:, eos].masked_fill(~self.eos_allowed(), NEG_INF)
-        rows = self.must_write(steps_left, extra).nonzero().squeeze(1)  # [F]
-        if rows.numel():
-            allowed, exclusive = self._take(rows)._allowed(logits.shape[1], None if extra is None else extra[rows])
-            if extra_tokens is not None:
-                allowed |= extra_tokens[rows] & ~exclusive[:, None]
-            logits[rows] = logits[rows].masked_fill(~allowed, NEG_INF)
-        return logits
+class TermRule(Rule):
+    """Glossary terms as a step rule (nmt/rules.py's protocol): EOS only once every term is met, the
+    length budget forces what is missing, n-gram blocking spares the tokens that advance a term, and
+    beam search allocates its beams by the terms met (`allocate`). `margin`: decode.glossary_margin."""
+
+    needs = True
+
+    def __init__(self, terms: Terms, margin: float, eos: int):
+        self.terms, self.margin, self.eos = terms, margin, eos
+        self.constrained = [bool(cs) for cs in terms.seqs]
+        self.state: ConstraintState | None = None
+
+    def start(self, sent: Tensor, V: int) -> None:
+        t = self.terms
+        cons = Constraints.build([[list(q) for q in cs] for cs in t.seqs], sent.device, joins=t.joins,
+                                 open_end=t.open_end, vocab_size=V)
+        self.state = cons.state(sent)
+
+    def advance(self, tokens: Tensor) -> None:
+        self.state.advance(tokens)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.state.reorder(rows)
+
+    def exempt(self, V: int) -> Tensor:
+        return self.state.next_token_mask(V)
+
+    def mask(self, logits: Tensor, t: int) -> None:
+        logits[:, self.eos] = logits[:, self.eos].masked_fill(~self.state.eos_allowed(), NEG_INF)
+
+    def pending(self) -> Tensor:
+        return self.state.pending()
+
+    def missing(self) -> Tensor:
+        return self.state.missing()
+
+    def budget(self) -> Tensor:
+        return self.state.full()
+
+    def forced(self, V: int, others: Tensor) -> tuple[Tensor, Tensor]:
+        return self.state.allowed(V, others)
+
+    def tokens_needed(self) -> list[int]:
+        return [sum(len(q) for q in cs) for cs in self.terms.seqs]
+
+    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor]:
+        return allocate(self.state, cand, K, topk, argmax, self.margin)
+
+
+class PlaceholderRule(Rule):
+    """Placeholders (decode.protect) as a step rule: each placeholder <ph_k> of a sentence's source is
+    written exactly once, others never; EOS waits for the missing ones and the length budget forces them.
+    tokens[k]: the target ids that write <ph_k>; required[b]: the placeholders of sentence b's source."""
+
+    needs = True
+
+    def __init__(self, tokens: Sequence[Sequence[int]], required: Sequence[Sequence[int]], eos: int, device):
+        P = len(tokens)
+        pairs = [(i, k) for k, ids in enumerate(tokens) for i in ids]
+        self.ids = torch.tensor([i for i, _ in pairs], dtype=torch.long, device=device)  # [Q] token ids
+        self.of = torch.tensor([k for _, k in pairs], dtype=torch.long, device=device)  # [Q] their placeholder
+        self.onehot = torch.nn.functional.one_hot(self.of, P).float()  # [Q, P]
+        self.sentences = torch.tensor([[k in set(req) for k in range(P)] for req in required], dtype=torch.bool,
+                                      device=device)  # [B, P]
+        self.counts, self.eos = [len(req) for req in required], eos
+
+    def start(self, sent: Tensor, V: int) -> None:
+        self.required = self.sentences.index_select(0, sent)  # [R, P]
+        self.used = torch.zeros_like(self.required)  # [R, P]: written already
+
+    def advance(self, tokens: Tensor) -> None:
+        self.used = self.used | (((tokens[:, None] == self.ids).float() @ self.onehot) > 0)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.required, self.used = self.required.index_select(0, rows), self.used.index_select(0, rows)
+
+    def _forbidden(self) -> Tensor:
+        """[R, Q]: the placeholder tokens a row may not write (not in its source, or written)."""
+        return (~self.required | self.used).index_select(1, self.of)
+
+    def removes(self, t: int) -> int:
+        return self.ids.numel() + 1
+
+    def mask(self, logits: Tensor, t: int) -> None:
+        logits[:, self.ids] = logits[:, self.ids].masked_fill(self._forbidden(), NEG_INF)
+        logits[:, self.eos] = logits[:, self.eos].masked_fill(self.missing() > 0, NEG_INF)
+
+    def pending(self) -> Tensor:
+        return self.missing() > 0
+
+    def missing(self) -> Tensor:
+        return (self.required & ~self.used).sum(dim=1)
+
+    def budget(self) -> Tensor:
+        return self.missing()
+
+    def forced(self, V: int, others: Tensor) -> tuple[Tensor, Tensor]:
+        allowed = torch.zeros(self.required.shape[0], V, dtype=torch.bool, device=self.ids.device)
+        allowed[:, self.ids] = ~self._forbidden()  # the missing placeholders' tokens
+        return allowed, torch.zeros_like(allowed[:, 0])
+
+    def tokens_needed(self) -> list[int]:
+        return self.counts
 
 
 def _advance(cons: Constraints, sent: Tensor, lengths: Tensor, progress: Tensor, done: Tensor,

@@ -75,9 +75,10 @@ class GraphedDecoder:
             return self._eager(tokens)
         return self._record(tokens)
 
-    def reorder(self, indices: Tensor) -> None:
-        """Keep rows `indices` [B'] (beam reordering, expansion, dropping sentences)."""
-        self.cache.reorder(indices)
+    def reorder(self, indices: Tensor, sources: Tensor | None, group: int) -> None:
+        """Keep rows `indices` [B'] (beam reordering, expansion, dropping sentences; the layout as for
+        nmt/decoding.py's decoders)."""
+        self.cache.reorder(indices, sources, group)
 
     def _padded(self, tokens: Tensor) -> Tensor:
         """tokens [B] -> [Bcap]: the padding rows repeat the last token (any id will do)."""

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from nmt.cache import source_groups
 from nmt.errors import Cancelled
 from nmt.rules import StepRules
 from nmt.search_options import (NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions,
@@ -36,9 +37,11 @@ class _CachedDecoder:
         """tokens [R] (position t-1) -> logits [R,V] for token t."""
         return self.model.decode_step(tokens, self.cache)
 
-    def reorder(self, indices: Tensor) -> None:
-        """Keep rows `indices` [R'] (beam reordering, expansion, dropping sentences)."""
-        self.cache.reorder(indices)
+    def reorder(self, indices: Tensor, sources: Tensor | None, group: int) -> None:
+        """Row i becomes old row indices[i] [R'] (beam reordering, expansion, dropping sentences); the
+        new rows come in runs of `group` rows of one source, sources [N'] the old sources kept (None:
+        the same ones). The search knows its layout, so nothing is read back from the device."""
+        self.cache.reorder(indices, sources, group)
 
 
 class _UncachedDecoder:
@@ -53,7 +56,7 @@ class _UncachedDecoder:
         self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)  # [R, t]
         return self.model.decode(self.prefix, self.memory, self.src_mask)[:, -1]  # [R, V]
 
-    def reorder(self, indices: Tensor) -> None:
+    def reorder(self, indices: Tensor, sources: Tensor | None, group: int) -> None:
         self.memory = self.memory.index_select(0, indices)
         self.src_mask = self.src_mask.index_select(0, indices)
         self.prefix = self.prefix.index_select(0, indices)
@@ -83,6 +86,7 @@ class _ContrastDecoder:
 
     def __init__(self, inner, rows: int, tokens: Sequence[int], weight: float):
         self.inner, self.n, self.tokens, self.weight, self.t = inner, rows, tokens, weight, 0
+        self.n_src = rows  # sources of each group (one per row at first)
 
     def step(self, tokens: Tensor) -> Tensor:
         self.t += 1
@@ -90,8 +94,12 @@ class _ContrastDecoder:
         logits, *others = self.inner.step(torch.cat(inputs)).split(self.n)
         return logits if self.t == 1 else contrast(logits, others, self.weight)
 
-    def reorder(self, indices: Tensor) -> None:
-        self.inner.reorder(torch.cat([indices + g * self.n for g in range(len(self.tokens) + 1)]))
+    def reorder(self, indices: Tensor, sources: Tensor | None, group: int) -> None:
+        groups = range(len(self.tokens) + 1)
+        if sources is not None:
+            sources = torch.cat([sources + g * self.n_src for g in groups])
+            self.n_src = sources.shape[0] // len(groups)
+        self.inner.reorder(torch.cat([indices + g * self.n for g in groups]), sources, group)
         self.n = indices.shape[0]
 
 
@@ -135,51 +143,85 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions,
                    cancel: Cancel | None = None) -> list[list[Hypothesis]]:
     """One token per row per step: the best one (choose None) or choose(logp, t, rows) -> tokens.
     per_sentence rows per sentence (samples). Finished rows leave the batch. -> per sentence its rows'
-    hypotheses, in row order. cancel: see `Cancel`."""
+    hypotheses, in row order. cancel: see `Cancel`. One host read per step: which rows ended."""
     B, device = src.shape[0], src.device
     if B == 0:
         return []
     decoder, max_lens = start(model, src, src_mask, options, ops, inputs, rules.needed)
-    R = B * per_sentence
-    rows = torch.arange(R, device=device)  # [N] original row of each active row (sentence * per_sentence + k)
+    R, T = B * per_sentence, int(max_lens.max())
+    layout = _Layout(R, per_sentence)
     if per_sentence > 1:
-        decoder.reorder(torch.arange(B, device=device).repeat_interleave(per_sentence))
+        decoder.reorder(torch.arange(B, device=device).repeat_interleave(per_sentence), None, per_sentence)
         max_lens = max_lens.repeat_interleave(per_sentence)
     EOS = rules.specials.eos
+    rows = torch.arange(R, device=device)  # [N] original row of each active row (sentence * per_sentence + k)
     tokens = torch.full((R,), rules.specials.start, dtype=torch.long, device=device)  # [N] input of this step
     log_prob = torch.zeros(R, device=device)  # [N]
-    history = torch.empty(R, 0, dtype=torch.long, device=device)  # [N, t-1]
-    out: list[list[Hypothesis | None]] = [[None] * per_sentence for _ in range(B)]
-    state = None  # the rows' terms (set at the first step)
-    for t in range(1, int(max_lens.max()) + 1):
+    out = torch.zeros(R, T, dtype=torch.long, device=device)  # [R, T] each original row's tokens
+    final = torch.zeros(R, device=device)  # [R] each original row's log_prob when it ended
+    for t in range(1, T + 1):
         check_cancel(cancel)
         logits = decoder.step(tokens)  # [N,V]
         if t == 1:
-            state = rules.constraint_state(rows // per_sentence, logits.shape[1])  # None without terms
-        logp = rules.log_probs(logits, t, history, rows // per_sentence, max_lens, state)  # [N,V]
+            rules.start(rows // per_sentence, logits.shape[1], max_lens)
+        logp = rules.log_probs(logits, t)  # [N,V]
         if choose is None:
             best, tokens = ops.argmax(logp)  # [N], [N]
         else:
             tokens = choose(logp, t, rows)
             best = logp.gather(1, tokens[:, None]).squeeze(1)
-        if state is not None:
-            state.advance(tokens)
+        rules.advance(tokens)
         log_prob = log_prob + best
-        history = torch.cat([history, tokens[:, None]], dim=1)
+        out.select(1, t - 1).index_copy_(0, rows, tokens)
+        final.index_copy_(0, rows, log_prob)
         ends = (tokens == EOS) | (max_lens <= t)  # [N]
-        if not bool(ends.any()):
+        ended = ends.tolist()  # the step's one host read
+        if not any(ended):
             continue
-        idx = ends.nonzero().squeeze(1)
-        for r, toks, lp in zip(rows[idx].tolist(), history[idx].tolist(), log_prob[idx].tolist()):
-            finished = toks[-1] == EOS
-            if finished:
-                toks.pop()
-            out[r // per_sentence][r % per_sentence] = Hypothesis(toks, lp, lp, finished)
-        keep = (~ends).nonzero().squeeze(1)  # [N']
-        if keep.numel() == 0:
+        kept = layout.end(ended, t)
+        if not kept:
             break
-        decoder.reorder(keep)
-        if state is not None:
-            state.reorder(keep)
-        rows, tokens, log_prob, history, max_lens = (x[keep] for x in (rows, tokens, log_prob, history, max_lens))
-    return out  # type: ignore[return-value]
+        keep = torch.nonzero_static(~ends, size=len(kept)).squeeze(1)  # [N'] (no host read: N' is known)
+        decoder.reorder(keep, *layout.sources(keep, kept))
+        rules.reorder(keep)
+        rows, tokens, log_prob, max_lens = (x.index_select(0, keep) for x in (rows, tokens, log_prob, max_lens))
+    return layout.hypotheses(out.tolist(), final.tolist(), EOS)
+
+
+class _Layout:
+    """The host's record of a token-by-token search's rows: which original row each active row is, the
+    step each original row ended at, and how the active rows map to the decoder's sources (runs of
+    `group` rows of one source, as the cache keeps them; nmt/cache.py's `source_groups`)."""
+
+    def __init__(self, R: int, per_sentence: int):
+        self.active = list(range(R))  # original row of each active row
+        self.ended_at = [0] * R
+        self.per_sentence = per_sentence
+        self.source_of = [r // per_sentence for r in range(R)]  # each active row's source in the decoder
+
+    def end(self, ended: list[bool], t: int) -> list[int]:
+        """Rows `ended` ended at step t -> the active rows kept (their positions)."""
+        for r, e in zip(self.active, ended):
+            if e:
+                self.ended_at[r] = t
+        kept = [i for i, e in enumerate(ended) if not e]
+        self.active = [self.active[i] for i in kept]
+        return kept
+
+    def sources(self, keep: Tensor, kept: list[int]) -> tuple[Tensor | None, int]:
+        """(the decoder's sources kept [N'] or None, rows per source) once rows `kept` stay."""
+        if self.per_sentence == 1:  # one source per row: the rows kept are the sources kept
+            return keep, 1
+        sources, group = source_groups([self.source_of[i] for i in kept])
+        self.source_of = [i // group for i in range(len(kept))]
+        return torch.tensor(sources, dtype=torch.long).to(keep.device, non_blocking=True), group
+
+    def hypotheses(self, out: list[list[int]], final: list[float], eos: int) -> list[list[Hypothesis]]:
+        """Per sentence its rows' hypotheses (out: each original row's tokens, final: its log_prob)."""
+        hyps = []
+        for r, (toks, lp) in enumerate(zip(out, final)):
+            toks = toks[: self.ended_at[r]]
+            finished = toks[-1] == eos
+            hyps.append(Hypothesis(toks[:-1] if finished else toks, lp, lp, finished))
+        S = self.per_sentence
+        return [hyps[b * S:(b + 1) * S] for b in range(len(hyps) // S)]

@@ -1,205 +1,268 @@
-"""The step rules: what each search may generate at each step (nmt/search.py's docstring has the
-conventions). `StepRules(options, inputs, device)` is the one place they are built, once per batch
-(they hold the batch's prefixes and placeholders as tensors); every search calls its `log_probs` at
-every step.
+"""The step rules: what a search may generate at each step (nmt/search.py's docstring has the
+conventions), as a list of rules with one protocol, as CTranslate2's `logits_processors`.
 
-Shapes: B sentences, R rows (each row belongs to sentence `sent[r]`), V vocabulary, P placeholders,
-Q placeholder tokens, t the current step (1-based).
+`StepRules(options, inputs, B, device)` builds a batch's list once (`build_rules`: the forced prefix,
+the never-generated tokens, min_len, n-gram blocking, placeholders and glossary terms, each only where
+the batch uses it) and runs it; the searches know `StepRules`, not the rules. Per step a search calls
+`log_probs(logits, t)`, then `advance(tokens)` with what its rows chose, and `reorder(rows)` when its
+rows change (beams reordered, sentences leaving); `start(sent, V, limits)` before the first step. Each
+rule owns the state of its rows and reorders it itself.
+
+A step, in order: each rule's `mask` of the logits (before the softmax, in place: the search's
+distribution is the model's renormalised over what they allow); the one length budget: a row whose
+rules still need at least as many tokens as steps are left before its limit may write only what they
+need (`Rule.budget`, `Rule.forced`); a row left with nothing may end (EOS with its own logit); the
+log-softmax; each rule's `mask_log_probs` (PAD/start never, forced prefix tokens). No step reads a
+tensor value on the host.
+
+Shapes: B sentences, R rows (row r belongs to sentence `sent[r]`), V vocabulary, t the step (1-based).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.constraints import Constraints, ConstraintState
-from nmt.search_options import SearchInputs, SearchOptions, Terms, room_needed
+from nmt.constraints import PlaceholderRule, TermRule
+from nmt.search_options import NEG_INF, Rule, SearchInputs, SearchOptions, Terms
 
-NEG_INF = float("-inf")
+
+class Never(Rule):
+    """PAD and the start token are never generated: removed after the softmax (their probability, ~0
+    for a trained model, is not redistributed)."""
+
+    def __init__(self, ids: Sequence[int], device):
+        self.ids = torch.tensor(list(ids), dtype=torch.long, device=device)
+
+    def mask_log_probs(self, logp: Tensor, t: int) -> None:
+        logp.index_fill_(1, self.ids, NEG_INF)
+
+
+class MinLength(Rule):
+    """EOS is forbidden while t <= min_len."""
+
+    def __init__(self, min_len: int, eos: int):
+        self.min_len, self.eos = min_len, eos
+
+    def removes(self, t: int) -> int:
+        return int(t <= self.min_len)
+
+    def mask(self, logits: Tensor, t: int) -> None:
+        if t <= self.min_len:
+            logits[:, self.eos] = NEG_INF
+
+
+class Prefix(Rule):
+    """A forced target prefix per sentence: at steps t <= len(prefix) only prefix[t-1], with the
+    model's own log-probability (0 for the first `free` tokens); at the first step after it beam
+    search lets only the best candidate end (CTranslate2's rule)."""
+
+    def __init__(self, prefixes: Sequence[Sequence[int]], free: int, pad: int, eos: int, device):
+        self.longest, self.free, self.eos = max(len(p) for p in prefixes), free, eos
+        self.tokens = torch.tensor([list(p) + [pad] * (self.longest - len(p)) for p in prefixes], dtype=torch.long,
+                                   device=device)  # [B, P]
+        self.lengths = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=device)  # [B]
+        self.value: Tensor | None = None
+
+    def start(self, sent: Tensor, V: int) -> None:
+        self.tokens, self.lengths = self.tokens.index_select(0, sent), self.lengths.index_select(0, sent)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.tokens, self.lengths = self.tokens.index_select(0, rows), self.lengths.index_select(0, rows)
+
+    def mask(self, logits: Tensor, t: int) -> None:
+        """Called first: the forced token's log-probability before any rule masks."""
+        self.value = None
+        if t <= self.longest:
+            token = self.tokens[:, t - 1 : t]  # [R,1]
+            value = F.log_softmax(logits, dim=-1).gather(1, token) if t > self.free else torch.zeros_like(
+                token, dtype=logits.dtype)
+            self.value = token, value, (self.lengths >= t)[:, None]  # rows still in their prefix
+
+    def mask_log_probs(self, logp: Tensor, t: int) -> None:
+        if self.value is not None:
+            token, value, forced = self.value
+            value = torch.where(forced, value, logp.gather(1, token))
+            logp.masked_fill_(forced, NEG_INF).scatter_(1, token, value)
+
+    def empty_slots(self, word: Tensor, t: int, K: int) -> Tensor | None:
+        if t > self.longest + 1:  # no sentence can be right after its prefix
+            return None
+        N = word.shape[0]
+        plen = self.lengths.view(N, -1)[:, 0]  # [N] (rows are sentence-major)
+        rank = torch.arange(word.shape[1], device=word.device)
+        return ((plen > 0) & (plen + 1 == t))[:, None] & (word == self.eos) & (rank >= 1) & (rank < K)
+
+
+class NoRepeatNgram(Rule):
+    """No n-gram of the row's output (prefix included) occurs twice: a token that would complete one
+    already there is forbidden, unless another rule needs it (`Rule.exempt`: glossary terms win)."""
+
+    def __init__(self, n: int, rules: Sequence[Rule]):
+        self.n, self.rules, self.history = n, rules, None  # history [R, t-1]: the row's tokens so far
+
+    def start(self, sent: Tensor, V: int) -> None:
+        self.history = torch.empty(sent.shape[0], 0, dtype=torch.long, device=sent.device)
+
+    def advance(self, tokens: Tensor) -> None:
+        self.history = torch.cat([self.history, tokens[:, None]], dim=1)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.history = self.history.index_select(0, rows)
+
+    def removes(self, t: int) -> int:
+        L = t - 1
+        return L if self.n == 1 else max(0, L - self.n + 1)  # one token per earlier window
+
+    def mask(self, logits: Tensor, t: int) -> None:
+        if self.history.shape[1] < max(self.n - 1, 1):
+            return
+        exempt = [m for m in (r.exempt(logits.shape[1]) for r in self.rules) if m is not None]
+        raw = logits.clone() if exempt else None
+        block_repeats(logits, self.history, self.n)
+        for m in exempt:
+            logits.copy_(torch.where(m, raw, logits))
 
 
 class StepRules:
-    """What may be generated at each step: PAD/start never, EOS not before min_len, the forced
-    prefix, no repeated N-gram, placeholders copied exactly once. Rows are mapped to their sentence
-    by `sent`.
-
-    The rules that depend on the hypothesis (min_len, n-gram blocking, placeholders) remove tokens
-    *before* the softmax: the search's distribution is the model's, renormalised over what they
-    allow (CTranslate2's semantics; without it a hypothesis whose favourite token is blocked looks
-    worse than it is, and beam search drops it for a shorter one). PAD and the start token are
-    removed after it (their probability, ~0 for a trained model, is not redistributed), and a
-    forced prefix token keeps the model's own log-probability (0 for the first `free_prefix` tokens).
-
-    Built from the search's options and one batch's inputs (`inputs.check`: ValueError when they do
-    not fit a batch of B sentences).
-    """
+    """A batch's rules (`build_rules`) and the step they make together (module docstring). Built from
+    the search's options and one batch's inputs (`inputs.check`: ValueError when they do not fit a
+    batch of B sentences). `needed`: per sentence the room in output tokens its constrained rules need
+    (its prefix, what they must write and an EOS; 0 for a sentence they leave free), None when no
+    rule constrains a sentence; `constrained`: per sentence whether a rule allocates its beams."""
 
     def __init__(self, options: SearchOptions, inputs: SearchInputs, B: int, device):
         inputs.check(B, options)
-        specials = options.specials
-        self.min_len, self.n, self.specials = options.min_len, options.no_repeat_ngram, specials
-        self.free_prefix = options.free_prefix
-        self.banned = torch.tensor(list(specials.never_generated), dtype=torch.long, device=device)
-        self.prefix = self.prefix_len = None
-        self.longest_prefix = 0
-        prefixes = inputs.prefixes
-        if prefixes is not None and any(prefixes):
-            self.longest_prefix = max(len(p) for p in prefixes)
-            self.prefix = torch.tensor([list(p) + [specials.pad] * (self.longest_prefix - len(p)) for p in prefixes],
-                                       dtype=torch.long, device=device)  # [B, P]
-            self.prefix_len = torch.tensor([len(p) for p in prefixes], dtype=torch.long, device=device)  # [B]
-        self.ph_ids = self.ph_of = self.ph_required = self.ph_onehot = None
-        tokens = options.placeholder_tokens
-        if tokens is not None and any(tokens):
-            if inputs.placeholders is None:
-                raise ValueError("placeholder_tokens need each sentence's placeholders (SearchInputs.placeholders)")
-            P = len(tokens)
-            pairs = [(i, k) for k, ids in enumerate(tokens) for i in ids]
-            self.ph_ids = torch.tensor([i for i, _ in pairs], dtype=torch.long, device=device)  # [Q] token ids
-            self.ph_of = torch.tensor([k for _, k in pairs], dtype=torch.long, device=device)  # [Q] their placeholder
-            self.ph_required = torch.tensor([[k in set(req) for k in range(P)] for req in inputs.placeholders],
-                                            dtype=torch.bool, device=device)  # [B, P]
-            self.ph_onehot = F.one_hot(self.ph_of, P).float()  # [Q, P]
-        self.terms, self.needed, self.device = None, None, device
-        seqs = inputs.constraints_of()
-        if any(seqs):  # a batch without terms takes none of the constraint paths
-            c = inputs.constraints
-            self.terms = c if isinstance(c, Terms) else Terms(c)
-            prefixes, placeholders = inputs.prefixes or [[]] * B, inputs.placeholders or [[]] * B
-            self.needed = [room_needed(len(p), cs, len(ph) if self.ph_ids is not None else 0)
-                           for p, cs, ph in zip(prefixes, seqs, placeholders)]
+        self.specials = options.specials
+        self.rules = build_rules(options, inputs, B, device)
+        self.budgeted = [r for r in self.rules if r.needs]
+        self.limit: Tensor | None = None  # [R] each row's maximum output length
+        self.never = torch.tensor(list(options.specials.never_generated), dtype=torch.long, device=device)
+        flags = [r.constrained for r in self.rules if r.constrained is not None]
+        self.constrained = [any(f) for f in zip(*flags)] if flags else None
+        self.needed = None
+        if self.constrained is not None:
+            prefixes = inputs.prefixes or [[]] * B
+            counts = [r.tokens_needed() for r in self.budgeted]
+            self.needed = [len(p) + sum(c[b] for c in counts) + 1 if self.constrained[b] else 0
+                           for b, p in enumerate(prefixes)]
 
-    def constraint_state(self, sent: Tensor, V: int) -> ConstraintState | None:
-        """The constraints' state of rows of sentences sent [R] before their first token (None
-        without terms); V: the model's output size."""
-        if self.terms is None:
-            return None
-        terms = self.terms
-        cons = Constraints.build([[list(q) for q in cs] for cs in terms.seqs], self.device, joins=terms.joins,
-                                 open_end=terms.open_end, vocab_size=V)
-        return cons.state(sent)
+    def start(self, sent: Tensor, V: int, limits: Tensor) -> None:
+        """Rows of sentences sent [R], each with its maximum output length limits [R]."""
+        self.limit = limits
+        for rule in self.rules:
+            rule.start(sent, V)
 
-    def prefix_lengths(self, sent: Tensor) -> Tensor | None:
-        """len(prefix) of each row's sentence [R], or None without prefixes."""
-        return None if self.prefix_len is None else self.prefix_len.index_select(0, sent)
+    def advance(self, tokens: Tensor) -> None:
+        for rule in self.rules:
+            rule.advance(tokens)
 
-    def log_probs(self, logits: Tensor, t: int, history: Tensor, sent: Tensor, limit: Tensor | None = None,
-                  state: ConstraintState | None = None) -> Tensor:
-        """logits [R,V] of step t -> fp32 log-probabilities [R,V] with the forbidden tokens at -inf.
-        history [R, t-1]: the tokens generated so far; sent [R]: each row's sentence; limit [R]: each
-        row's maximum output length (placeholders and terms: what is missing is forced before it);
-        state: the rows' constraints (`constraint_state`), which the search advances. `logits` is
-        the search's own (a decoding step's fresh output): the rules mask it in place."""
+    def reorder(self, rows: Tensor) -> None:
+        self.limit = self.limit.index_select(0, rows)
+        for rule in self.rules:
+            rule.reorder(rows)
+
+    def log_probs(self, logits: Tensor, t: int) -> Tensor:
+        """logits [R,V] of step t (the search's own fresh output: masked in place) -> fp32
+        log-probabilities [R,V] with what the rules forbid at -inf."""
         logits = logits.float()
-        forced = None
-        if self.prefix is not None and t <= self.longest_prefix:
-            rows = (self.prefix_len.index_select(0, sent) >= t).nonzero().squeeze(1)  # rows still in their prefix
-            if rows.numel():
-                token = self.prefix.index_select(0, sent.index_select(0, rows))[:, t - 1]  # [F]
-                if t > self.free_prefix:  # the model's own log-probability, before any rule masks
-                    value = F.log_softmax(logits.index_select(0, rows), dim=-1).gather(1, token[:, None]).squeeze(1)
-                else:
-                    value = 0.0  # a free prefix token (the language token of an imported model) counts 0
-                forced = rows, token, value
-        logp = F.log_softmax(self._apply_rules(logits, t, history, sent, limit, state), dim=-1)
-        if self.banned.numel():
-            logp.index_fill_(1, self.banned, NEG_INF)
-        if forced is not None:
-            rows, token, value = forced
-            logp[rows] = NEG_INF
-            logp[rows, token] = value
+        V, EOS = logits.shape[1], self.specials.eos
+        emptied = bool(self.budgeted) or sum(r.removes(t) for r in self.rules) >= V - self.never.numel()
+        eos = logits[:, EOS].clone() if emptied else None  # [R]: for a row left with nothing
+        for rule in self.rules:
+            rule.mask(logits, t)
+        if self.budgeted:
+            self._force(logits, t)
+        if emptied:  # a row left with nothing it may generate may end
+            logits[:, EOS] = torch.where(self._dead_rows(logits), eos, logits[:, EOS])
+        logp = F.log_softmax(logits, dim=-1)
+        for rule in self.rules:
+            rule.mask_log_probs(logp, t)
         return logp
 
-    def _apply_rules(self, logits: Tensor, t: int, history: Tensor, sent: Tensor,
-                     limit: Tensor | None = None, state: ConstraintState | None = None) -> Tensor:
-        """logits with the tokens min_len, n-gram blocking, the placeholders and the terms forbid at
-        -inf (in place). A row left with nothing it may generate may end (with the model's EOS logit).
-        Terms (nmt/constraints.py): n-gram blocking never removes a token that advances one, and the
-        length limit forces placeholders and terms by one rule (`ConstraintState.apply`)."""
-        EOS = self.specials.eos
-        blocks_eos, blocks_ngram = t <= self.min_len, bool(self.n) and history.shape[1] >= self.n - 1
-        if not (blocks_eos or blocks_ngram or self.ph_ids is not None or state is not None):
-            return logits
-        eos = logits[:, EOS].clone()  # [R]: for a row left with nothing
-        most = int(blocks_eos)  # how many tokens a row can have lost, at most (for the check below)
-        if blocks_eos:
-            logits[:, EOS] = NEG_INF
-        if blocks_ngram:
-            raw = logits.clone() if state is not None else None
-            if block_repeats(logits, history, self.n):
-                most += history.shape[1] if self.n == 1 else history.shape[1] - self.n + 1  # one per earlier window
-                if raw is not None:  # the terms win over no_repeat_ngram
-                    logits = torch.where(state.next_token_mask(logits.shape[1]), raw, logits)
-        forced_rows, missing = False, None
-        if self.ph_ids is not None:
-            forced_rows, missing = self._placeholders(logits, t, history, sent, None if state is not None else limit)
-            most += self.ph_ids.numel() + 1
-        if state is not None:
-            extra, extra_tokens = missing if missing is not None else (None, None)
-            state.apply(logits, limit - t + 1, EOS, extra, extra_tokens)
-            forced_rows = True
-        if forced_rows or most >= logits.shape[1] - self.banned.numel():  # else every row keeps some token
-            dead = self._dead_rows(logits)
-            if bool(dead.any()):
-                logits[dead, EOS] = eos[dead]
-        return logits
+    def _force(self, logits: Tensor, t: int) -> None:
+        """The length budget: rows whose rules need at least as many tokens as steps are left (t ..
+        limit) may write only what those rules allow (`Rule.forced`); each forced token lowers what
+        they need by one, so all of it is written by the limit when the limit leaves room for it."""
+        rules, V = self.budgeted, logits.shape[1]
+        must = torch.stack([r.pending() for r in rules]).any(dim=0) & (
+            torch.stack([r.budget() for r in rules]).sum(dim=0) >= self.limit - t + 1)  # [R]
+        missing = [r.missing() for r in rules]
+        total = torch.stack(missing).sum(dim=0)
+        forced = [r.forced(V, total - m) for r, m in zip(rules, missing)]
+        exclusive = torch.stack([x for _, x in forced]).any(dim=0)  # [R]
+        allowed = torch.zeros_like(logits, dtype=torch.bool)
+        for ok, own in forced:  # an exclusive rule's tokens only, where one is
+            allowed |= ok & (own | ~exclusive)[:, None]
+        logits.masked_fill_(must[:, None] & ~allowed, NEG_INF)
 
     def _dead_rows(self, logits: Tensor) -> Tensor:
-        """[R] bool: rows whose every token but the never-generated ones is at -inf. One reduction over
-        the row (the banned columns set to -inf for it, then put back: log_softmax still sees them)."""
-        if not self.banned.numel():
+        """[R] bool: rows whose every token but the never-generated ones is at -inf (those set to -inf
+        for one reduction, then put back: the softmax still sees them)."""
+        ids = self.never
+        if not ids.numel():
             return logits.amax(dim=1) == NEG_INF
-        saved = logits.index_select(1, self.banned)
-        logits.index_fill_(1, self.banned, NEG_INF)
+        saved = logits.index_select(1, ids)
+        logits.index_fill_(1, ids, NEG_INF)
         dead = logits.amax(dim=1) == NEG_INF
-        logits.index_copy_(1, self.banned, saved)
+        logits.index_copy_(1, ids, saved)
         return dead
 
-    def _placeholders(self, logits: Tensor, t: int, history: Tensor, sent: Tensor,
-                      limit: Tensor | None) -> tuple[bool, tuple[Tensor, Tensor]]:
-        """Mask (in place) the placeholders a row may not write and EOS while one is missing; once no
-        more steps are left than placeholders are missing (with `limit`), only a missing one. ->
-        (whether any row was so forced, (missing [R]: how many each row still needs, their tokens
-        [R, V] bool)): with terms, `ConstraintState.apply` forces them, not this."""
-        required = self.ph_required.index_select(0, sent)  # [R, P]
-        used = torch.zeros_like(required)
-        if history.shape[1]:
-            written = (history[:, :, None] == self.ph_ids).any(dim=1)  # [R, Q]: tokens already written
-            used = (written.float() @ self.ph_onehot) > 0  # [R, P]: placeholders already written
-        forbid = (~required | used).index_select(1, self.ph_of)  # [R, Q]
-        logits[:, self.ph_ids] = logits[:, self.ph_ids].masked_fill(forbid, NEG_INF)
-        missing = (required & ~used).sum(dim=1)  # [R]: EOS waits for every placeholder
-        logits[:, self.specials.eos] = logits[:, self.specials.eos].masked_fill(missing > 0, NEG_INF)
-        if limit is None:
-            tokens = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-            tokens[:, self.ph_ids] = ~forbid  # the missing placeholders' tokens
-            return False, (missing, tokens)
-        must = ((missing > 0) & (missing >= limit - t + 1)).nonzero().squeeze(1)  # steps t..limit are left
-        if not must.numel():
-            return False, None
-        only = torch.full((must.numel(), logits.shape[1]), NEG_INF, dtype=logits.dtype, device=logits.device)
-        only[:, self.ph_ids] = logits[must][:, self.ph_ids]  # the allowed (missing) placeholders
-        logits[must] = only
-        return True, None
+    # ---- beam search
+    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor] | None:
+        """The first rule's candidate order (dynamic beam allocation), or None: the plain top 2K."""
+        for rule in self.rules:
+            found = rule.candidates(cand, K, topk, argmax)
+            if found is not None:
+                return found
+        return None
+
+    def empty_slots(self, word: Tensor, t: int, K: int) -> Tensor | None:
+        """[N, 2K]: candidates the rules leave empty at step t (or None)."""
+        masks = [m for m in (r.empty_slots(word, t, K) for r in self.rules) if m is not None]
+        return None if not masks else masks[0] if len(masks) == 1 else torch.stack(masks).any(dim=0)
 
 
-def block_repeats(logp: Tensor, history: Tensor, n: int) -> bool:
-    """Forbid (in place) every token that would complete an n-gram already in its row's history;
-    returns whether any token was forbidden. logp [R,V]; history [R,L]. The last n-1 tokens are
-    compared with every earlier window; where one matches, the token that followed it is banned."""
+def build_rules(options: SearchOptions, inputs: SearchInputs, B: int, device) -> list[Rule]:
+    """The rules of a batch, in the order they mask: the prefix first (it reads the model's own
+    log-probabilities), PAD/start, min_len, n-gram blocking, then the rules that need tokens written
+    (placeholders, glossary terms: nmt/constraints.py)."""
+    specials = options.specials
+    rules: list[Rule] = []
+    if inputs.prefixes is not None and any(inputs.prefixes):
+        rules.append(Prefix(inputs.prefixes, options.free_prefix, specials.pad, specials.eos, device))
+    rules.append(Never(specials.never_generated, device))
+    if options.min_len:
+        rules.append(MinLength(options.min_len, specials.eos))
+    if options.no_repeat_ngram:
+        rules.append(NoRepeatNgram(options.no_repeat_ngram, rules))
+    tokens = options.placeholder_tokens
+    if tokens is not None and any(tokens):
+        if inputs.placeholders is None:
+            raise ValueError("placeholder_tokens need each sentence's placeholders (SearchInputs.placeholders)")
+        rules.append(PlaceholderRule(tokens, inputs.placeholders, specials.eos, device))
+    if any(inputs.constraints_of()):  # a batch without terms takes none of the constraint paths
+        c = inputs.constraints
+        rules.append(TermRule(c if isinstance(c, Terms) else Terms(c), options.glossary_margin, specials.eos))
+    return rules
+
+
+def block_repeats(logits: Tensor, history: Tensor, n: int) -> None:
+    """Forbid (in place) every token that would complete an n-gram already in its row's history.
+    logits [R,V]; history [R,L]. The last n-1 tokens are compared with every earlier window; where one
+    matches, the token that followed it is banned."""
     R, L = history.shape
     if n == 1:
         if L:
-            logp.scatter_(1, history, NEG_INF)
-        return bool(L)
+            logits.scatter_(1, history, NEG_INF)
+        return
     if L < n:
-        return False
+        return
     windows = history.unfold(1, n - 1, 1)[:, : L - n + 1]  # [R, L-n+1, n-1]: windows that have a successor
     key = history[:, L - n + 1:]  # [R, n-1]: the current context
     match = (windows == key[:, None, :]).all(dim=2)  # [R, L-n+1]
-    if not bool(match.any()):
-        return False
     follow = history[:, n - 1:]  # [R, L-n+1]: the token after each window
-    logp.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logp.dtype))
-    return True
+    logits.scatter_add_(1, follow, torch.where(match, NEG_INF, 0.0).to(logits.dtype))

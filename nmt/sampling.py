@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.decoding import token_by_token
-from nmt.rules import NEG_INF, StepRules
-from nmt.search_options import NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions
+from nmt.rules import StepRules
+from nmt.search_options import NEG_INF, NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions
 
 
 @torch.inference_mode()

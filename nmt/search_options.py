@@ -23,7 +23,7 @@ from nmt.cache import DecoderCache
 from nmt.languages import contrast_tokens, free_prefix
 from nmt.layout import NMT_SPECIALS, Specials
 from nmt.protect import target_placeholders
-from nmt.schema import max_finished
+from nmt.schema import GLOSSARY_MARGIN, max_finished
 
 if TYPE_CHECKING:
     from nmt.config import DecodeConfig
@@ -32,6 +32,17 @@ PENALTY_TYPES = ("gnmt", "average", "none")
 STOPPING = ("exact", "hf")
 SAMPLING = ("topk", "topp")
 Cancel = Callable[[], bool]  # checked before every decoding step: True stops the search (nmt.errors.Cancelled)
+NEG_INF = float("-inf")
+# What a search can be asked beyond plain greedy and beam search, and how a user asks for it: an engine
+# declares the ones it searches (`Engine.supports`, nmt/engine.py); the others are refused by name.
+FEATURES = {
+    "sampling": "--sampling",
+    "contrast": "--contrast-lang",
+    "hf_stopping": "--stopping hf with a length penalty",
+    "patience_gnmt": "--patience with the gnmt length penalty",
+    "terms": "a glossary",
+    "alignment": "--alignment",
+}
 
 
 @dataclass(frozen=True)
@@ -70,26 +81,17 @@ class SearchOptions:
     """The settings of a search (nmt/search.py's docstring has the conventions), checked when built
     (ValueError). Greedy when beam_size == 1, sampling when `sampling` is not "none".
 
-    Beam search: beam_size K, nbest (hypotheses per sentence, <= K), the length penalty
-    (`length_penalty` alpha, `length_penalty_type`), `patience` (> 0: a sentence also stops after
-    `max_finished(K, patience)` finished candidates; 0: a sentence with terms stops after K,
-    `beam.stop_counts`), `stopping` ("exact" or transformers' "hf"),
-    `keep_all` (every finished hypothesis, no pruning by the penalty: nmt/tune.py; needs "exact").
-    Sampling: `sampling` "topk" | "topp", nbest samples per sentence, topk, topp, temperature, seed.
-    Every search: the length limit `max_len_a` * source length + `max_len_b`, `min_len`,
-    `no_repeat_ngram`; `glossary_margin` (beam search with terms: a beam's term tokens are extra
-    candidates only within that many nats of its best token, `constraints.allocate`; default inf here,
-    plain dynamic beam allocation; decode.glossary_margin's default is 6); the tokenizer's `specials`; `free_prefix` (how many leading forced prefix
-    tokens count log-prob 0: an imported M2M100/NLLB model's language token, counted only where a
-    sentence has a prefix); `placeholder_tokens` (with decode.protect: per placeholder <ph_k> the
-    target ids that write it; each sentence's own placeholders are in `SearchInputs.placeholders`);
-    `use_cache` (False: re-decode the whole prefix at each step, the reference path for tests and
-    benchmarks); `contrast_tokens`, `contrast_weight` (language-contrastive decoding, Sennrich et al.
-    2024: after the language token, the search's distribution is p(y | x, target language) -
-    contrast_weight * sum_c p(y | x, c) over the contrast languages c, floored and renormalised:
-    `nmt.decoding.contrast`; contrast_tokens: their language tokens, each of which replaces the target
-    language's in the input of a decoder of its own; a multilingual model's outputs start with their
-    language token).
+    Beam search: beam_size K, nbest (<= K), the length penalty (`length_penalty` alpha,
+    `length_penalty_type`), `patience` (> 0: a sentence also stops after `max_finished(K, patience)`
+    endings), `stopping` ("exact" or transformers' "hf"), `keep_all` (every finished hypothesis, no
+    pruning by the penalty: nmt/tune.py; needs "exact"). Sampling: `sampling` "topk" | "topp", nbest
+    samples per sentence, topk, topp, temperature, seed. Every search: the length limit `max_len_a` *
+    source length + `max_len_b`, `min_len`, `no_repeat_ngram`, `glossary_margin` (nmt/constraints.py
+    `allocate`); the tokenizer's `specials`; `free_prefix` (leading forced prefix tokens that count
+    log-prob 0: an imported M2M100/NLLB model's language token); `placeholder_tokens` (with
+    decode.protect: per placeholder <ph_k> the target ids that write it); `use_cache` (False: re-decode
+    the whole prefix at each step, the reference path for tests and benchmarks); `contrast_tokens`,
+    `contrast_weight` (language-contrastive decoding: nmt/decoding.py `contrast`).
     """
 
     beam_size: int = 1
@@ -108,7 +110,7 @@ class SearchOptions:
     max_len_b: int
     min_len: int = 0
     no_repeat_ngram: int = 0
-    glossary_margin: float = math.inf
+    glossary_margin: float = GLOSSARY_MARGIN
     specials: Specials = NMT_SPECIALS
     free_prefix: int = 0
     placeholder_tokens: tuple[tuple[int, ...], ...] | None = None
@@ -137,6 +139,10 @@ class SearchOptions:
                    placeholder_tokens=target_placeholders(tokenizer) if decode.protect else None,
                    contrast_tokens=contrast_tokens(tokenizer, decode.contrast_lang, decode.tgt_lang, decode.contrast_weight),
                    contrast_weight=decode.contrast_weight)
+
+    def features(self) -> set[str]:
+        """The `FEATURES` these settings use (glossary terms and alignment come with the inputs)."""
+        return features(self, bool(self.contrast_tokens))
 
     @property
     def rows_per_sentence(self) -> int:
@@ -208,6 +214,81 @@ class SearchInputs:
 
 
 NO_INPUTS = SearchInputs()
+
+
+class Rule:
+    """One restriction of what the search generates. Every method has a no-op default: a rule
+    overrides what it uses. Row state (anything per row) is the rule's own: `start` creates it,
+    `advance` and `reorder` keep it in step with the search's rows."""
+
+    def start(self, sent: Tensor, V: int) -> None:
+        """Rows of sentences sent [R], nothing generated yet; V: the model's output size."""
+
+    def removes(self, t: int) -> int:
+        """At most how many tokens of a row `mask` removes at step t (a row may be left with none
+        when the rules together remove V)."""
+        return 0
+
+    def mask(self, logits: Tensor, t: int) -> None:
+        """Set what the rule forbids at step t to -inf in logits [R,V] (before the softmax)."""
+
+    def mask_log_probs(self, logp: Tensor, t: int) -> None:
+        """Change the step's log-probabilities logp [R,V] in place (after the softmax)."""
+
+    def advance(self, tokens: Tensor) -> None:
+        """Each row generated tokens [R]."""
+
+    def reorder(self, rows: Tensor) -> None:
+        """Row i becomes old row rows[i] [R']."""
+
+    def exempt(self, V: int) -> Tensor | None:
+        """[R,V] bool: tokens other rules must not forbid (n-gram blocking asks), or None."""
+        return None
+
+    # ---- a rule that needs tokens written before the length limit (placeholders, glossary terms)
+    needs = False  # True: the rule implements the four methods below and `tokens_needed`
+
+    def pending(self) -> Tensor:
+        """[R] bool: the row still needs something written."""
+        raise NotImplementedError
+
+    def missing(self) -> Tensor:
+        """[R] long: tokens the row needs at least."""
+        raise NotImplementedError
+
+    def budget(self) -> Tensor:
+        """[R] long: tokens the row may need after a free token (what the length budget reserves)."""
+        raise NotImplementedError
+
+    def forced(self, V: int, others: Tensor) -> tuple[Tensor, Tensor]:
+        """(allowed [R,V] bool: the tokens a row that must write now may write; exclusive [R]: only
+        these, no other rule's). others [R]: what the other rules still miss."""
+        raise NotImplementedError
+
+    def tokens_needed(self) -> list[int]:
+        """Per sentence the tokens its outputs must hold (the room a limit must leave)."""
+        return []
+
+    # ---- beam search
+    constrained: Sequence[bool] | None = None  # sentences whose beams the rule allocates (`candidates`)
+
+    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor] | None:
+        """The top 2K of cand [N, k*V] in the order the search takes them, or None (plain top-k)."""
+        return None
+
+    def empty_slots(self, word: Tensor, t: int, K: int) -> Tensor | None:
+        """[N, 2K] bool: candidates that leave their beam slot empty at step t, or None."""
+        return None
+
+
+def features(o, contrast: bool) -> set[str]:
+    """The `FEATURES` that search settings `o` (SearchOptions or DecodeConfig: their keys of the same
+    names) use, `contrast` whether they contrast languages."""
+    penalty = o.beam_size > 1 and o.length_penalty_type != "none" and o.length_penalty > 0
+    used = {"sampling"} if o.sampling != "none" else set()
+    used |= {"contrast"} if contrast else set()
+    used |= {"hf_stopping"} if o.stopping == "hf" and penalty else set()
+    return used | ({"patience_gnmt"} if o.patience and penalty and o.length_penalty_type == "gnmt" else set())
 
 
 def _check_common(o: SearchOptions) -> None:

@@ -89,7 +89,11 @@ def step_log_probs(logits, t, histories, sent, state, rules: Rules):
             if missing:
                 logits[r, EOS_ID] = float("-inf")
     limits = torch.tensor(rules.limits)[sent]
-    state.apply(logits, limits - t + 1, EOS_ID, extra, extra_tokens)
+    logits[:, EOS_ID] = logits[:, EOS_ID].masked_fill(~state.eos_allowed(), float("-inf"))
+    must, allowed, exclusive = state.forced(limits - t + 1, V, extra)
+    if extra_tokens is not None:  # the missing placeholders, unless a started term must go on
+        allowed |= extra_tokens & ~exclusive[:, None]
+    logits[must] = logits[must].masked_fill(~allowed[must], float("-inf"))
     allowed = torch.isfinite(logits)
     allowed[:, list(BANNED)] = False
     dead = ~allowed.any(dim=1)

@@ -218,7 +218,7 @@ class FakeCache:
     def length(self) -> int:
         return self.prefix.shape[1]
 
-    def reorder(self, indices: torch.Tensor) -> None:
+    def reorder(self, indices: torch.Tensor, sources=None, group=None) -> None:
         assert indices.dtype == torch.long and int(indices.max()) < self.src.shape[0]
         self.src, self.prefix = self.src.index_select(0, indices), self.prefix.index_select(0, indices)
 

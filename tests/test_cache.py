@@ -4,7 +4,7 @@ for the plain DecoderCache and nmt/fast.py's ReusingDecoderCache alike."""
 import pytest
 import torch
 
-from nmt.cache import GROW_CHUNK, DecoderCache, _source_groups
+from nmt.cache import GROW_CHUNK, DecoderCache, source_groups
 from nmt.fast import ReusingDecoderCache
 from nmt.config import ModelConfig
 from nmt.masks import padding_mask
@@ -113,15 +113,15 @@ def test_beam_reorder_keeps_cross_attention_once_per_sentence():
     torch.testing.assert_close(cache.src_mask, src_mask[1:])
 
 
-def test_source_groups():
-    assert _source_groups([0, 0, 1, 1, 4, 4]) == ([0, 1, 4], 2)
-    assert _source_groups([2, 0, 1]) == ([2, 0, 1], 1)
-    assert _source_groups([0, 0, 1]) == ([0, 0, 1], 1)  # unequal runs
-    assert _source_groups([0, 0, 0, 1]) == ([0, 0, 0, 1], 1)  # unequal runs, 4 = 2 x 2
-    assert _source_groups([0, 1, 0, 1]) == ([0, 1, 0, 1], 1)  # a source in two runs
-    assert _source_groups([3, 3, 3]) == ([3], 3)
-    assert _source_groups([]) == ([], 1)
-    assert _source_groups([0, 0, 1, 1, 0, 0]) == ([0, 1, 0], 2)  # a repeated source is fine
+def testsource_groups():
+    assert source_groups([0, 0, 1, 1, 4, 4]) == ([0, 1, 4], 2)
+    assert source_groups([2, 0, 1]) == ([2, 0, 1], 1)
+    assert source_groups([0, 0, 1]) == ([0, 0, 1], 1)  # unequal runs
+    assert source_groups([0, 0, 0, 1]) == ([0, 0, 0, 1], 1)  # unequal runs, 4 = 2 x 2
+    assert source_groups([0, 1, 0, 1]) == ([0, 1, 0, 1], 1)  # a source in two runs
+    assert source_groups([3, 3, 3]) == ([3], 3)
+    assert source_groups([]) == ([], 1)
+    assert source_groups([0, 0, 1, 1, 0, 0]) == ([0, 1, 0], 2)  # a repeated source is fine
 
 
 @torch.no_grad()

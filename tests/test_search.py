@@ -418,3 +418,82 @@ def test_min_len_and_forced_length(model):
                 len(g.tokens) for (g,) in greedy_search(m, src, src_mask, SearchOptions(min_len=min_len, **kw))]
             assert min(lens) >= min_len and max(lens) <= 9
             assert min_len < 9 or set(lens) == {9}
+
+
+# --------------------------------------------------------------------------- host reads per step
+
+HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero", "masked_select",
+              "unique", "equal", "allclose", "is_nonzero"}  # values copied to the host (a device sync on a GPU)
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that read tensor values on the host: HOST_READS, boolean-mask indexing, and
+    repeat_interleave with tensor repeats (its output size depends on the values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
+        masks = index if isinstance(index, tuple) else (index,)
+        if name in HOST_READS or any(isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks) or (
+                name == "repeat_interleave" and len(args) > 1 and isinstance(args[1], torch.Tensor)):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _NoEos(torch.nn.Module):
+    """A tiny random Transformer that never ends by itself (EOS logit -30): outputs run to their limit."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        cfg = ModelConfig(d_model=16, n_heads=2, layers=1, ffn_dim=32, dropout=0.0, max_positions=40, tie_output=False)
+        self.inner = Transformer(cfg, 14, 14).eval()
+        self.max_positions = self.inner.max_positions
+
+    def encode(self, src, src_mask):
+        return self.inner.encode(src, src_mask)
+
+    def init_cache(self, *args, **kwargs):
+        return self.inner.init_cache(*args, **kwargs)
+
+    def decode_step(self, tokens, cache):
+        logits = self.inner.decode_step(tokens, cache)
+        logits[:, EOS_ID] = -30.0
+        return logits
+
+
+@pytest.mark.parametrize("case", ["greedy", "greedy+ngram", "beam", "beam+ngram", "placeholders", "terms", "greedy+terms",
+                                  "prefix+terms+placeholders", "fast greedy", "fast beam+terms"])
+def test_decoding_reads_the_host_at_most_once_per_step(case):
+    """Two searches whose outputs are forced to 10 and to 20 tokens: the extra steps of the second cost at
+    most one host read each (what ends and what stays) on the search a GPU runs (plain ops), where each
+    read is a device sync. On the CPU's fast ops (nmt/fast.py) the reusing cache also looks up which beams
+    moved (tensors on the host already: no device to wait for), one more per beam search step."""
+    from nmt.fast import FAST_OPS
+    from nmt.search import PLAIN_OPS
+
+    model = _NoEos()
+    src, mask = fake_batch([5, 3, 4], seed=2)
+    beam = 1 if "greedy" in case else 3
+    extra = dict(no_repeat_ngram=2) if "ngram" in case else {}
+    if "placeholders" in case:
+        extra["placeholder_tokens"] = ((10,), (11,))
+    inputs = SearchInputs(
+        placeholders=[[0], [1], [0, 1]] if "placeholders" in case else None,
+        constraints=[[[7, 8]], [], [[9], [12, 13]]] if "terms" in case else None,
+        prefixes=[[5], [], [6, 7]] if "prefix" in case else None)
+    ops = FAST_OPS if case.startswith("fast") else PLAIN_OPS
+    reads, lengths = [], []
+    for limit in (10, 20):
+        options = SearchOptions(beam_size=beam, max_len_a=0.0, max_len_b=limit, **extra)
+        with _HostReads() as counter:
+            out = search(model, src, mask, options, inputs, ops=ops)
+        reads.append(counter.count)
+        lengths.append(max(len(h.tokens) for hyps in out for h in hyps))
+    assert lengths == [10, 20]
+    most = 2 if case == "fast beam+terms" else 1
+    assert (reads[1] - reads[0]) / (lengths[1] - lengths[0]) <= most, reads
