@@ -25,10 +25,11 @@ from typing import Any, Callable, Sequence
 
 from nmt.batching import Progress
 from nmt.config import DecodeConfig, decode_config
-from nmt.engine import load_engine
+from nmt.engine import check_decode, load_engine
 from nmt.errors import UserError
 from nmt.languages import check_source_language, contrast_tokens, target_prefix
-from nmt.translate import TranslationResult, check_glossary, check_protect, translate_chunk
+from nmt.line_terms import check as check_glossary
+from nmt.translate import TranslationResult, check_protect, translate_chunk
 
 _CALLS = threading.Lock()  # one call at a time in the process (module docstring)
 
@@ -77,14 +78,14 @@ class Translator:
         return self._checked(decode_config(self.decode, decode_options)) if decode_options else self.decode
 
     def _checked(self, decode: DecodeConfig) -> DecodeConfig:
-        self._engine.check(decode)  # settings an engine refuses (nmt/ct2.py)
         self._engine.check_precision(decode.precision)
         if decode.protect:
             check_protect(self._engine.tokenizer)
         if decode.tgt_lang is not None:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         check_source_language(self._engine.tokenizer, decode.src_lang)
-        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang, decode.contrast_weight)
+        contrast_tokens(self._engine.tokenizer, decode.contrast.lang, decode.tgt_lang, decode.contrast.weight)
+        check_decode(self._engine, decode)  # settings an engine refuses (nmt/ct2.py)
         return decode
 
     def check_language(self, settings: DecodeConfig | None = None, **decode_options: Any) -> None:
@@ -95,7 +96,7 @@ class Translator:
         decode = self._given(settings, decode_options)
         target_prefix(self._engine.tokenizer, decode.tgt_lang)
         check_source_language(self._engine.tokenizer, decode.src_lang)
-        contrast_tokens(self._engine.tokenizer, decode.contrast_lang, decode.tgt_lang, decode.contrast_weight)
+        contrast_tokens(self._engine.tokenizer, decode.contrast.lang, decode.tgt_lang, decode.contrast.weight)
 
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,

@@ -36,27 +36,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_decode_options(p: argparse.ArgumentParser, keys: tuple[str, ...] | None = None) -> None:
-    """One flag per `decode` key (nmt/config.py DecodeConfig), so every key can be set from the
-    command line; values are validated by `config.decode_config`, like the config file's."""
-    import dataclasses
+    """One flag per `decode` key (nmt/schema.py `decode_options`: a section's keys by their flat names), so
+    every key can be set from the command line; values are validated by `config.decode_config`."""
     import typing
 
-    from nmt.config import DecodeConfig
+    from nmt.config import decode_options
 
-    g = p.add_argument_group("search settings (default: the model's `decode` section; keys in configs/README.md)")
-    hints = typing.get_type_hints(DecodeConfig)
-    for f in dataclasses.fields(DecodeConfig):
-        if keys is not None and f.name not in keys:
+    g = p.add_argument_group("search settings (default: the model's `decode` section; configs/README.md)")
+    for name, f, tp in decode_options():
+        if keys is not None and name not in keys:
             continue
-        flags = DECODE_FLAGS.get(f.name, []) + ["--" + f.name.replace("_", "-")]
-        tp = hints[f.name]
-        help = f"{f.metadata['help']} (decode.{f.name})".replace("%", "%%")  # argparse formats help with %
+        flags = DECODE_FLAGS.get(name, []) + ["--" + name.replace("_", "-")]
+        help = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
         if tp is bool:
-            g.add_argument(*flags, dest=f"decode_{f.name}", action=argparse.BooleanOptionalAction, default=None, help=help)
+            g.add_argument(*flags, dest=f"decode_{name}", action=argparse.BooleanOptionalAction, default=None, help=help)
             continue
         choices = typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else None
-        metavar = "{" + ",".join(choices) + "}" if choices else f.name.split("_")[-1].upper()
-        g.add_argument(*flags, dest=f"decode_{f.name}", metavar=metavar, default=None, help=help)
+        metavar = "{" + ",".join(choices) + "}" if choices else name.split("_")[-1].upper()
+        g.add_argument(*flags, dest=f"decode_{name}", metavar=metavar, default=None, help=help)
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
 
 

@@ -24,11 +24,14 @@ from typing import Any, Literal, Optional
 import yaml
 
 from nmt.protect import PLACEHOLDERS
-from nmt.schema import (LANG_FORMAT, REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError, CorpusConfig, DataConfig,
-                        DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig, iter_fields, max_finished)
+from nmt.schema import (DECODE_FLAT, DECODE_REMOVED, LANG_FORMAT, REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError,
+                        ContrastConfig, CorpusConfig, DataConfig, DecodeConfig, GlossaryConfig, ModelConfig,
+                        SamplingConfig, TokenizerConfig, TrainConfig, decode_options, decode_value,
+                        iter_fields, max_finished)
 from nmt.terms import TERM_SYMBOLS
 
-__all__ = ["Config", "ConfigError", "CorpusConfig", "DataConfig", "DecodeConfig", "ModelConfig", "REQUIRED",
+__all__ = ["Config", "ConfigError", "ContrastConfig", "CorpusConfig", "DataConfig", "DecodeConfig", "GlossaryConfig",
+           "ModelConfig", "REQUIRED", "SamplingConfig", "decode_options", "decode_value",
            "TokenizerConfig", "TrainConfig", "apply_overrides", "config_from_dict", "decode_config", "dump_config",
            "init_from_problem", "iter_fields", "load_config", "parse_override", "replace", "save_config", "to_dict"]
 
@@ -149,7 +152,30 @@ def _check_range(value: Any, f: dataclasses.Field, key: str, errors: list[str]) 
         errors.append(f"invalid value for '{key}': {value!r} (must be {op} {hi:g})")
 
 
+def _decode_sections(raw: dict, prefix: str, errors: list[str]) -> dict:
+    """A raw decode mapping with the keys given by their flat names (`DECODE_FLAT`: flags, options,
+    configs and checkpoints written before the sections) moved into their sections (a flat name wins over
+    the same key in its section), and the removed keys dropped where they hold their old default."""
+    out: dict = {}
+    for key, value in raw.items():
+        if key in DECODE_REMOVED:
+            if value not in (None, DECODE_REMOVED[key]):
+                errors.append(f"'{prefix}.{key}' was removed (docs/glossaries.md): leave it out")
+            continue
+        if key in DECODE_FLAT and not (key == "sampling" and isinstance(value, dict)):
+            section, name = DECODE_FLAT[key]
+            given = out.get(section)
+            out[section] = {**(given if isinstance(given, dict) else {}), name: value}
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):  # a section after some of its flat keys
+            out[key] = {**value, **out[key]}
+        else:
+            out[key] = value
+    return out
+
+
 def _build(cls: type, raw: dict, prefix: str, errors: list[str]) -> Any:
+    if cls is DecodeConfig:
+        raw = _decode_sections(raw, prefix, errors)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -181,10 +207,10 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_nee
     """Rules between decode keys (each key's own type and range are checked by `_build`).
     pattern_needs_protect: a protect_pattern without protect is an error (in a config file, or
     given as a flag: not in a checkpoint's decode section, which a flag may turn protect off in)."""
-    if dec.nbest > dec.beam_size and dec.sampling == "none":
+    if dec.nbest > dec.beam_size and dec.sampling.method == "none":
         errors.append(f"invalid value for '{prefix}.nbest': {dec.nbest} (must be <= {prefix}.beam_size={dec.beam_size}, "
                       "or set sampling: nbest samples per line)")
-    if dec.patience > 0 and dec.beam_size > 1 and dec.sampling == "none":
+    if dec.patience > 0 and dec.beam_size > 1 and dec.sampling.method == "none":
         most = max_finished(dec.beam_size, dec.patience)
         if most < 1:
             errors.append(f"invalid value for '{prefix}.patience': {dec.patience:g} (beam_size * patience rounds to 0 "
@@ -526,11 +552,11 @@ def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, 
     check_rules the rules between keys, e.g. nbest <= beam_size).
     """
     raw = to_dict(base) if isinstance(base, DecodeConfig) else dict(base or {})
-    hints = typing.get_type_hints(DecodeConfig)
+    types = {name: tp for name, _, tp in decode_options()}
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if isinstance(value, str) and hints.get(key) in (int, float, bool, Optional[int], Optional[float]):
+        if isinstance(value, str) and types.get(key) in (int, float, bool, Optional[int], Optional[float]):
             try:
                 value = _load_yaml(value)
             except yaml.YAMLError:

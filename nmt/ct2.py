@@ -4,7 +4,7 @@ The text pipeline is nmt/translate.py's, the same as for PyTorch models (batches
 empty lines, truncation, order). This module only searches and scores batches of ids.
 The search settings arrive as the one `SearchOptions` that nmt.search takes (nmt/search_options.py),
 mapped here onto `translate_batch`'s arguments. They follow nmt.search exactly; what CTranslate2 cannot
-do the same way is refused (`Ct2Engine.check`, a one-line error) instead of giving other outputs:
+do the same way is refused (`nmt.engine.check_decode` by its `supports`, a one-line error) instead of giving other outputs:
 
 - Maximum output length per sentence: `nmt.search.max_output_lengths` (EOS counted, as
   CTranslate2's `max_decoding_length` does). CTranslate2 takes one limit per call: a batch
@@ -53,15 +53,15 @@ import contextlib
 import os
 from typing import Iterator, Sequence
 
-from nmt.config import ConfigError, DecodeConfig, decode_config
+from nmt.config import ConfigError, decode_config
 from nmt.device import parse_device, resolve_workers
 from nmt.errors import Cancelled, UserError
 from nmt.export_dir import read_metadata, require_ctranslate2, vocabularies
 from nmt.precision import CT2_COMPUTE_TYPES
 from nmt.protect import PLACEHOLDERS
 from nmt.schema import max_finished
-from nmt.search_options import (NO_INPUTS, Cancel, Hypothesis, SearchInputs, SearchOptions, length_penalty_factor,
-                                max_output_lengths)
+from nmt.search_options import (FEATURES, NO_INPUTS, Cancel, Hypothesis, SearchInputs, SearchOptions,
+                                length_penalty_factor, max_output_lengths)
 from nmt.tokenizer import Tokenizer
 
 NO_EARLY_EXIT = 1e-6  # a length penalty that changes no ranking but turns off CTranslate2's early exit
@@ -90,7 +90,7 @@ class Ct2Engine:
     """
 
     name = "ctranslate2"
-    guarantees_terms = False  # no constrained search: a glossary is refused (nmt/translate.py)
+    supports = frozenset()  # none of nmt.search_options.FEATURES (module docstring): each is refused by name
     torch_device = None
 
     def __init__(self, model_dir: str, device: str | None = "auto", *, compute_type: str = "default",
@@ -139,33 +139,6 @@ class Ct2Engine:
     def running(self) -> Iterator[None]:
         yield
 
-    def check(self, decode: DecodeConfig) -> None:
-        """UserError for the settings this engine cannot search as nmt.search does (module docstring)."""
-        if decode.alignment:
-            raise UserError("--alignment is not supported by the ctranslate2 engine (translate with the checkpoint "
-                            "and --engine torch)")
-        self._check_options(SearchOptions.from_decode(decode, self.tokenizer))
-
-    @staticmethod
-    def _check_options(options: SearchOptions) -> None:
-        """UserError for the search settings CTranslate2 cannot search as nmt.search does."""
-        if options.contrast_tokens:
-            raise UserError("--contrast-lang is not supported by the ctranslate2 engine: it would need more "
-                            "decoders in step with the first (translate with the checkpoint and --engine torch)")
-        if options.sampling != "none":
-            raise UserError("--sampling is not supported by the ctranslate2 engine: CTranslate2 draws its own random "
-                            "numbers, so its samples cannot match the PyTorch engine's (translate with the checkpoint "
-                            "and --engine torch)")
-        if options.stopping == "hf" and options.beam_size > 1 and options.length_penalty_type != "none" \
-                and options.length_penalty:
-            raise UserError("--stopping hf with a length penalty is not supported by the ctranslate2 engine: CTranslate2 "
-                            "cannot stop a sentence by transformers' heuristic (use --stopping exact, or the checkpoint "
-                            "and --engine torch)")
-        if options.patience and options.beam_size > 1 and options.length_penalty_type == "gnmt" and options.length_penalty:
-            raise UserError("--patience with the gnmt length penalty is not supported by the ctranslate2 engine: "
-                            "CTranslate2 keeps the hypotheses it stops with by length ** alpha (use "
-                            "--length-penalty-type average, --patience 0, or --engine torch)")
-
     def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
                      cancel: Cancel | None = None) -> list[list[Hypothesis]]:
         """Per source (ids without EOS) up to `options.nbest` hypotheses, best first; greedy when
@@ -174,15 +147,16 @@ class Ct2Engine:
         whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
         grouped by limit, so no output exceeds its sentence's maximum length. Of the inputs only the
         prefixes are used: `keys` are for sampling, which is refused, and the placeholders the search
-        cannot enforce are checked by name (`_rank`), and `source_lengths` where given (the limits come
-        from them, as in nmt.search). cancel: checked before each search (CTranslate2 cannot stop one
-        that runs)."""
+        cannot enforce are checked by name (`_rank`). cancel: checked before each search (CTranslate2
+        cannot stop one that runs)."""
         prefixes = inputs.prefixes
-        self._check_options(options)
+        refused = options.features() - self.supports
+        if refused:
+            raise UserError(f"{FEATURES[sorted(refused)[0]]} is not supported by the ctranslate2 engine")
         _check_cancel(cancel)
         batch = list(range(len(src_ids)))
-        lengths = inputs.source_lengths if inputs.source_lengths is not None else [len(ids) + 1 for ids in src_ids]
-        limits = max_output_lengths(lengths, options.max_len_a, options.max_len_b, self.max_positions, prefixes)
+        limits = max_output_lengths([len(ids) + 1 for ids in src_ids], options.max_len_a, options.max_len_b,
+                                    self.max_positions, prefixes)
         limit = max(limits)
         found = self._search_safe(src_ids, batch, limit, options, prefixes)
         again: dict[int, list[int]] = {}

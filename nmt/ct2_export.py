@@ -268,12 +268,12 @@ hypotheses with its own length penalty, see nmt/ct2.py).
 def ct2_decode(decode) -> tuple[Any, str | None]:
     """The decode defaults an export writes for the ctranslate2 engine, and a note when they differ from
     the checkpoint's: `stopping: hf` (transformers' heuristic, an imported model's) cannot be searched by
-    CTranslate2 with a length penalty (nmt/ct2.py `Ct2Engine.check`), so the export says `exact`; and
+    CTranslate2 with a length penalty (nmt/engine.py `check_decode`), so the export says `exact`; and
     `contrast_lang` (a decoder per contrast language in step) is left out: the export searches without it."""
     notes = []
-    if (decode.contrast_lang or "").strip():
-        decode = dataclasses.replace(decode, contrast_lang=None)
-        notes.append("decode.contrast_lang (language-contrastive decoding) has no CTranslate2 counterpart: the "
+    if (decode.contrast.lang or "").strip():
+        decode = dataclasses.replace(decode, contrast=dataclasses.replace(decode.contrast, lang=None))
+        notes.append("decode.contrast.lang (language-contrastive decoding) has no CTranslate2 counterpart: the "
                      "export's decode defaults leave it out (translate with the checkpoint to use it)")
     if decode.stopping == "hf" and decode.beam_size > 1 and decode.length_penalty_type != "none" and decode.length_penalty:
         decode = dataclasses.replace(decode, stopping="exact")

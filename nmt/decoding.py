@@ -106,10 +106,9 @@ class _ContrastDecoder:
 def start(model, src: Tensor, src_mask: Tensor, options: SearchOptions, ops: SearchOps,
           inputs: SearchInputs = NO_INPUTS, needed: Sequence[int] | None = None):
     """Encode and set up decoding. -> (decoder over B rows, max output lengths [B] long). The limits
-    come from the sources' lengths (`inputs.source_lengths` where given) and prefixes; needed: per
+    come from the sources' lengths and prefixes; needed: per
     sentence the room its terms need (`StepRules.needed`), which raises its limit."""
-    lengths = inputs.source_lengths if inputs.source_lengths is not None else src_mask.sum(dim=1)
-    limits = max_output_lengths(lengths, options.max_len_a, options.max_len_b, model.max_positions,
+    limits = max_output_lengths(src_mask.sum(dim=1), options.max_len_a, options.max_len_b, model.max_positions,
                                 inputs.prefixes)
     if needed is not None:
         limits = room_for_terms(limits, needed, model.max_positions)

@@ -15,9 +15,9 @@ a Transformer and nmt/search.py) and `Ct2Engine` (nmt/ct2.py: a model exported w
         torch_device: torch.device | None   a PyTorch model's device (None: the engine runs its own threads)
         workers: int | None             batches the engine searches at once (None: decided per call, `resolve_workers`)
         precision: str                  decode.precision it was loaded with (nmt/precision.py)
-        guarantees_terms: bool          whether it searches `inputs.constraints` (glossary terms)
+        supports: frozenset[str]        the nmt.search_options.FEATURES it searches as nmt.search does
+                                        (`check_decode` refuses the others; "terms": glossary terms)
         def check_precision(p)           UserError unless calls with decode.precision p can run (fixed at load)
-        def check(decode)                UserError for decode settings this engine cannot search as nmt.search does
         def running() -> ContextManager  around a run of calls: the model in eval mode
         def search_batch(src_ids, options, inputs=NO_INPUTS, cancel=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
@@ -33,8 +33,7 @@ per source up to `options.nbest` hypotheses, best first (Hypothesis: tokens with
 log_prob, finished). `inputs` (nmt.search_options.SearchInputs) carry the per-source data: `keys`
 (one integer per source, the input line number) fix the (PyTorch engine's) samples with
 `options.sampling`; `prefixes` (target ids per source) are forced; `constraints` (glossary terms,
-only where `guarantees_terms`) must appear in every output; `source_lengths`, where given, are what
-the length limit is computed from (both engines). `cancel()` (or None)
+only where it `supports` "terms") must appear in every output. `cancel()` (or None)
 is checked at every decoding step (CTranslate2: before each of its calls, which it cannot stop) and
 True raises nmt.errors.Cancelled.
 `score_batch` returns per pair the log-probability of each target token and of the
@@ -62,11 +61,9 @@ class Engine(Protocol):
     torch_device: object
     workers: int | None
     precision: str
-    guarantees_terms: bool
+    supports: frozenset[str]
 
     def check_precision(self, precision: str) -> None: ...
-
-    def check(self, decode: DecodeConfig) -> None: ...
 
     def running(self) -> ContextManager: ...
 
@@ -76,6 +73,19 @@ class Engine(Protocol):
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]: ...
 
     def align_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[tuple[int, int]]]: ...
+
+
+def check_decode(engine: Engine, decode: DecodeConfig) -> None:
+    """UserError naming the first setting of `decode` that `engine` does not search (its `supports`)."""
+    from nmt.search_options import FEATURES, features
+
+    used = features(beam_size=decode.beam_size, length_penalty=decode.length_penalty, sampling=decode.sampling.method,
+                    length_penalty_type=decode.length_penalty_type, stopping=decode.stopping, patience=decode.patience,
+                    contrast=bool(decode.contrast.lang)) | ({"alignment"} if decode.alignment else set())
+    refused = [f for f in FEATURES if f in used and f not in engine.supports]
+    if refused:
+        raise UserError(f"{FEATURES[refused[0]]} is not supported by the {engine.name} engine (translate with the "
+                        "checkpoint and --engine torch)")
 
 
 def load_engine(path: str, kind: str = "auto", device: str = "auto", *, workers: int | None = None,

@@ -111,7 +111,7 @@ class DataConfig:
     sampling_temperature: float = _f(1.0, "Temperature T of the epoch mix between directions (a direction = the corpora with one `src_lang`/`tgt_lang` pair): direction d gets a share proportional to w_d x N_d^(1/T), N_d = the pairs (after filtering) of its corpora, w_d = the mean weight of its corpora (1 by default); inside a direction its corpora share by weight, as with one direction. T = 1: directions in proportion to their size; larger T flattens toward the small directions (T -> infinity: equal shares). One direction: no effect.", min=0.0, exclusive_min=True)
     langid: Optional[bool] = _f(None, "Train a character n-gram language identifier (nmt/langid.py) on the training corpora (the first 50,000 lines of each language, sources and targets) and store it in the checkpoints: validation and `nmt evaluate` then count off-target outputs. null = only for a multilingual model.")
     protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions instead (1-3 names or numbers that occur once, identically, on both sides; else one at the start or the end of both sides), so that a corpus with few or no spans still teaches copying them. 0 = off.", min=0.0, max=1.0)
-    terms: float = _f(0.0, "Train-time terminology (Dinu et al., 2019; issue 37): the share of training pairs, among those a term dictionary entry applies to (its source term in the source and its target term in the target, as whole words: nmt/glossary.py), whose source gets each such term annotated inline, `source term <term> target term </term>`; `<term>` and `</term>` become SentencePiece symbols. The model learns to put the annotated target term where it belongs; `nmt translate --glossary` guarantees the terms by constrained search, and with `decode.glossary_annotate: true` annotates the input the same way first (off by default: on the shipped corpora the constraints alone did as well or better, BENCHMARKS.md \"Glossaries\"). Validation pairs are not annotated. 0 = off; e.g. 0.5.", min=0.0, max=1.0)
+    terms: float = _f(0.0, "Train-time terminology (Dinu et al., 2019): the share of training pairs, among those a term dictionary entry applies to (its source term in the source and its target term in the target, as whole words: nmt/glossary.py), whose source gets each such term annotated inline, `source term <term> target term </term>`; `<term>` and `</term>` become SentencePiece symbols. The model learns to put a target term where it belongs; `nmt translate --glossary` guarantees the terms by constrained search. Validation pairs are not annotated. 0 = off; e.g. 0.5.", min=0.0, max=1.0)
     term_dictionary: Optional[str] = _f(None, "With `data.terms`: the term dictionary, a TSV file (source term, tab, target term; `#` comments and blank lines skipped: nmt/glossary.py `read_glossary`). null = extracted from each training corpus: single words that align strongly by co-occurrence, words translated by themselves (names, identifiers) left out unless `data.term_identical` (nmt/terms.py; `scripts/extract_glossary.py --no-identical` writes the same list, without that flag the list with them).")
     term_identical: bool = _f(False, "With `data.terms` and no `data.term_dictionary`: keep the words the extracted dictionary finds translated by themselves (names, identifiers: `GNOME <term> GNOME </term>`). false = left out: a model copies them anyway, and on the gettext corpus they were half of the annotations; without them the terms model gained 0.7 and 1.9 BLEU (two seeds; BENCHMARKS.md \"Glossaries\").")
     add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the source model does not know, as a mapping new code -> the existing language whose token initialises the new one's (null: the mean of the model's language tokens), e.g. `{it: es}`. Each gets a token in the model's own convention (NLLB `ita_Latn`, M2M100 `__it__`, nmt's multilingual models `__it__`) when it is a target language of data.train; a corpus naming a language the model does not know and that is not listed here is an error. See `data.tokenizer.add_pieces` and README \"Add a language\".")
@@ -284,45 +284,88 @@ def max_finished(beam_size: int, patience: float) -> int:
     return math.floor(f32(f32(float(beam_size)) * f32(patience)) + 0.5)
 
 
-GLOSSARY_MARGIN = 6.0  # decode.glossary_margin's default (nmt.search_options.SearchOptions shares it)
+GLOSSARY_MARGIN = 6.0  # decode.glossary.margin's default (nmt.search_options.SearchOptions shares it)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    method: Literal["none", "topk", "topp"] = _f("none", "Sample instead of searching (back-translation): `topk` or `topp` (nucleus); nbest samples per line; none = search.")
+    topk: int = _f(10, "Tokens to sample each token from (method topk).", min=1)
+    topp: float = _f(0.9, "Probability mass to sample each token from (method topp).", min=0.0, max=1.0, exclusive_min=True)
+    temperature: float = _f(1.0, "Divides the log-probabilities before sampling: < 1 sharper, > 1 flatter.", min=0.0, exclusive_min=True)
+    seed: int = _f(1, "With it, a line's samples depend only on the line and its line number.", min=0)
+
+
+@dataclass(frozen=True)
+class GlossaryConfig:
+    constrain: Literal["always", "missing"] = _f("always", "Lines searched with their glossary terms as constraints: `always` every line with a term; `missing` those whose free output misses one.")
+    margin: float = _f(GLOSSARY_MARGIN, "Beam search: a hypothesis tries a term's next token only within this many nats of its best token.", min=0.0)
+    beam_size: Optional[int] = _f(None, "Beam size of the constrained search (at least nbest); null = beam_size. `nmt tune --glossary` chooses it.", min=1)
+    length_penalty: Optional[float] = _f(None, "Length penalty alpha of the constrained search; null = length_penalty. `nmt tune --glossary` chooses it.", min=0.0, max=10.0)
+
+
+@dataclass(frozen=True)
+class ContrastConfig:
+    lang: Optional[str] = _f(None, "Contrastive decoding (multilingual models): languages the outputs must not be in, comma-separated; the target is left out.")
+    weight: float = _f(0.1, "The weight of each contrast language; their sum must stay below 1.", min=0.0, max=1.0, exclusive_max=True)
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     beam_size: int = _f(5, "Beam size; 1 = greedy search.", min=1)
-    nbest: int = _f(1, "Hypotheses to output per sentence (<= beam_size).", min=1)
-    length_penalty: float = _f(1.0, "Length penalty alpha.", min=0.0, max=10.0)
-    length_penalty_type: Literal["gnmt", "average", "none"] = _f("gnmt", "gnmt: score / ((5+len)/6)^alpha; average: score / len^alpha; none: raw log-probability.")
-    patience: float = _f(0.0, "Beam search's stopping rule, with `stopping`. 0 = that rule alone. > 0: a sentence also stops once round(beam_size * patience) hypotheses have finished: fairseq's rule (1.0), CTranslate2's `patience` (Kasai et al., 2022) and, at 1.0, transformers' `early_stopping: true`. Faster with a length penalty, whose exact bound is loose; a longer hypothesis that would have scored better can then be missed. At 0 a sentence with glossary terms stops as with 1.0 (fairseq's constrained search; the exact stop runs on to the length limit, where terms are forced in).", min=0.0, max=1000.0)
-    stopping: Literal["exact", "hf"] = _f("exact", "When beam search stops a sentence (with `patience` > 0 it also stops at that count). `exact`: once no live beam can still beat its best finished hypotheses, whatever it generates up to the length limit (the same result as searching to the limit). `hf`: transformers' `generate()` rule (its default, `early_stopping: false`; what `nmt import` chooses when a model's generation_config says so or says nothing): the sentence keeps its beam_size best finished hypotheses and stops once it has that many and its best live beam, penalised at its current length, does not beat the worst of them; with transformers' length penalty (`length_penalty_type: average`, alpha = its `length_penalty`) it gives generate()'s outputs. A heuristic: with a length penalty a longer hypothesis that would have scored better can be missed (without one it is exact). Not supported by the ctranslate2 engine with a length penalty.")
-    max_len_a: float = _f(1.2, "Maximum output length = a * source_length + b.", min=0.0)
+    nbest: int = _f(1, "Hypotheses (or samples) to output per line, best first; at most beam_size.", min=1)
+    length_penalty: float = _f(1.0, "Length penalty alpha (beam search).", min=0.0, max=10.0)
+    length_penalty_type: Literal["gnmt", "average", "none"] = _f("gnmt", "gnmt: score / ((5+len)/6)^alpha; average: score / len^alpha; none: the log-probability.")
+    patience: float = _f(0.0, "> 0: beam search also stops a sentence once round(beam_size * patience) hypotheses ended (fairseq: 1); 0 = `stopping` alone.", min=0.0, max=1000.0)
+    stopping: Literal["exact", "hf"] = _f("exact", "`exact`: stop once no live beam can still win; `hf`: transformers' generate() rule (a heuristic with a length penalty).")
+    max_len_a: float = _f(1.2, "Maximum output length = a * source length + b.", min=0.0)
     max_len_b: int = _f(10, "See max_len_a.", min=1)
-    min_len: int = _f(0, "Minimum output length (EOS forbidden before it; the other tokens' probabilities are renormalised, as in CTranslate2).", min=0)
-    batch_tokens: int = _f(8192, "Source-token budget of a translation batch (padded).", min=1)
-    max_batch_size: int = _f(256, "Cap on sentences per translation batch.", min=1)
-    workers: int = _f(0, "CPU: batches decoded at once, each with torch threads / workers intra-op threads "
-                      "(as CTranslate2's inter_threads); 0 = auto: 2 on a CPU with at least 2 threads, else 1. "
-                      "Each worker holds its own batch in memory. PyTorch on GPU: ignored; CTranslate2: replicas "
-                      "(inter_threads) on any device.", min=0)
-    sampling: Literal["none", "topk", "topp"] = _f("none", "Sample instead of searching: `topk` draws each token from the `topk` most probable, `topp` from the smallest set reaching probability `topp` (nucleus); `nbest` samples per line. For back-translation.")
-    topk: int = _f(10, "Tokens to sample from with `sampling: topk`.", min=1)
-    topp: float = _f(0.9, "Probability mass to sample from with `sampling: topp`.", min=0.0, max=1.0, exclusive_min=True)
-    temperature: float = _f(1.0, "Sampling temperature: the distribution is p^(1/T), renormalised (< 1 sharper, > 1 flatter).", min=0.0, exclusive_min=True)
-    seed: int = _f(1, "Sampling seed: with it, each input line's samples depend only on the line number and the line (sampling needs the PyTorch engine: CTranslate2's own random numbers could not give the same samples).", min=0)
-    no_repeat_ngram: int = _f(0, "Forbid any n-gram of this many target tokens (subwords) from occurring twice in an output (greedy, beam and sampling; the other tokens' probabilities are renormalised, as in CTranslate2); 0 = off.", min=0)
-    protect: bool = _f(False, "Replace placeholders and markup (`%s`, `%1$s`, `%(name)s`, `{0}`, `{name}`, `<b>`, `&amp;`, ...) by placeholder tokens before translating and restore them after; the search writes each placeholder of the source exactly once, before the length limit (CTranslate2: the best hypothesis of its beam that has them all); needs a model trained with `data.protect: true`.")
-    protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with `protect`).")
-    glossary_constrain: Literal["always", "missing"] = _f("always", "Which lines with a glossary term get the constrained search. `always`: every one, once. `missing`: every line is first translated as without the glossary and keeps those outputs when each already holds every term of its line (whole words, as `nmt evaluate --glossary` counts term use); only the others are searched again, with constraints (and, for a model trained with `data.terms`, an annotated source). Constrained search moves words that a free search placed well, to make room for terms that were already there: `missing` gave more BLEU on the lines with a term in 11 of 15 runs (-0.14 to +0.63; two corpora, plain and terms models, the other defaults), and costs a second search of the lines that miss a term (1.53x / 1.83x the time without a glossary where `always` took 1.27x / 1.03x: BENCHMARKS.md \"Glossaries\"). Both guarantee every term.")
-    glossary_annotate: bool = _f(False, "With a glossary and a model trained with `data.terms`: also annotate each matched term in the source as in training, `source term <term> target term </term>` (Dinu et al., 2019), before the constrained search. Off by default: the constraints alone gave more BLEU on the lines with a term on gettext (three seeds, Dinu et al.'s protocol: +1.7 to +2.7 with `always`, +0.4 to +1.3 with `missing`) and about the same on the Bible (four models: -0.8 to +0.9, mean -0.1), the dev splits agreeing (BENCHMARKS.md \"Glossaries\"). Models without the markers are never annotated.")
-    glossary_margin: float = _f(GLOSSARY_MARGIN, "Beam search with glossary terms (dynamic beam allocation, Post & Vilar 2018): a hypothesis tries a term's next token as an extra candidate only where the model gives it at most this many nats less than its best token (6: about 1/400 of its probability). Allocation otherwise tries every term at every step, and since a hypothesis that has written more of its terms is kept first, terms get written where they do not belong (\"Take from night\" for \"Now therefore, go up by night\"). Terms still come in through the beam's top candidates, and the length rule forces whatever is missing before the limit, so every term is guaranteed as before. Chosen on the dev splits of both shipped corpora (4 gave 0.1-0.4 BLEU more on their term lines but 4-17x the outputs at the length limit, terms appended there; 8 and more less BLEU: BENCHMARKS.md \"Glossaries\"); a huge value (1e9) tries every term token (plain dynamic beam allocation).", min=0.0)
-    glossary_beam_size: Optional[int] = _f(None, "The beam size of the constrained search of lines with glossary terms (those `glossary_constrain` sends to it), at least `nbest`; null = `beam_size`. Dynamic beam allocation shares the beam among hypotheses that have written more and fewer of the terms, leaving fewer beams for each than a free search has (Post & Vilar, 2018, found constrained search gaining from larger beams). `nmt tune --glossary FILE` chooses it (`beam_size` or twice it) with `glossary_length_penalty`. Lines without a term are searched with `beam_size`, as without a glossary. Bible dev, two 3,000-step models, `missing`: 10 instead of 5 gave +0.6 to +0.7 BLEU with the tuned penalty; it costs time on the lines it searches (Bible test, 500 lines, `missing`: 1.94x the time without a glossary, against 1.67x at beam 5 and 1.14x with `always` at beam 5: BENCHMARKS.md \"Glossaries\").", min=1)
-    glossary_length_penalty: Optional[float] = _f(None, "The length penalty alpha (of `length_penalty_type`) of the constrained search of lines with glossary terms (beam search); null = `length_penalty`. A forced term comes in beside the words the model had chosen around its absence, so under the free search's penalty constrained outputs run long (Bible dev: 3% longer at the tuned 1.2-1.3); a smaller alpha for them gives that back. `nmt tune --glossary FILE` chooses it on a dev set with the glossary applied (with `glossary_beam_size`: Bible dev, two models, 0.5 and 0.6, and the whole dev set +0.13 / +0.22 BLEU above the run without a glossary, where the models' own settings lost 0.6 / 0.7). Lines without a term are searched with `length_penalty`, as without a glossary.", min=0.0, max=10.0)
-    alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (last decoder layer's cross-attention, averaged over heads), as Pharaoh `src-tgt` subword indices.")
-    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = _f("auto", "Arithmetic of the model's forward passes, chosen when the model loads: `fp32`; `bf16`/`fp16`: autocast (GPU; bf16 also on a CPU with AVX-512 BF16/AMX); `int8`: CPU only, linear layers with int8 weights quantized once at load and PyTorch's dynamic int8 kernel (nmt/precision.py). `auto`: fp32 for PyTorch, the exported weights' type for CTranslate2 (which maps the names onto its compute_type). Combinations a device cannot run fast are refused.")
-    tgt_lang: Optional[str] = _f(None, "Target language of a multilingual model (one of its language codes, e.g. `de` or `deu_Latn`): its language token is forced as the first target token (the M2M100/NLLB convention, nmt/languages.py). Required for a model with several target languages and no default; not allowed for a bilingual model.")
-    contrast_lang: Optional[str] = _f(None, "Language-contrastive decoding (Sennrich et al., 2024) for a multilingual model: languages the outputs must not be in, one code or several comma-separated, usually the source language (e.g. `eng_Latn`) and those the model confuses with the target; the target language is left out where listed, so one list serves every direction. After the language token, every step's distribution becomes p(token | source, tgt_lang) - contrast_weight * the sum over them of p(token | source, contrast language), renormalised (a token whose difference is not positive keeps 1e-9 of its probability, so forced prefixes, placeholders and glossary terms stay possible): copies of the source and other off-target tokens lose to the target language's. Each contrast language adds the search's rows once more to every decoder step (stacked: one forward pass); the PyTorch engine only. Unset or empty (`--contrast-lang ''`) = off.")
-    contrast_weight: float = _f(0.1, "The weight lambda of `contrast_lang`, for each of its languages (Sennrich et al. used 0.1 for M2M100-style models); times the number of contrast languages it must stay below 1, since a token all languages write alike (punctuation, names, numbers) keeps 1 - that share of its probability.", min=0.0, max=1.0, exclusive_max=True)
-    src_lang: Optional[str] = _f(None, "Source language of an imported M2M100/NLLB model (one of its language codes, e.g. `ita_Latn`): its language token goes before every source; default: the model's data.src_lang (`nmt import --src-lang`, or the fine-tuning config's). Other models carry no source-language token and ignore it.")
+    min_len: int = _f(0, "Minimum output length (EOS forbidden before it).", min=0)
+    no_repeat_ngram: int = _f(0, "Forbid any n-gram of this many target tokens from occurring twice in an output; 0 = off.", min=0)
+    batch_tokens: int = _f(8192, "Padded source tokens per translation batch, at most.", min=1)
+    max_batch_size: int = _f(256, "Sentences per translation batch, at most.", min=1)
+    workers: int = _f(0, "CPU: batches decoded at once (CTranslate2: replicas on any device); 0 = 2 with 2+ CPU threads, else 1.", min=0)
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = _f("auto", "Arithmetic, fixed when the model loads: fp32, bf16/fp16 (GPU), int8 (CPU); auto = fp32, or the CTranslate2 export's type.")
+    protect: bool = _f(False, "Copy placeholders and markup (`%s`, `{0}`, `<b>`, `&amp;`, ...) exactly once; needs a model trained with data.protect.")
+    protect_pattern: Optional[str] = _f(None, "An extra regular expression whose matches are protected too (with protect).")
+    alignment: bool = _f(False, "Also output, after ` ||| `, the source token each output token attends to most (`src-tgt` subword indices).")
+    tgt_lang: Optional[str] = _f(None, "Target language of a multilingual model, e.g. `de` or `deu_Latn` (its language token starts the output).")
+    src_lang: Optional[str] = _f(None, "Source language of an imported M2M100/NLLB model; default: the model's data.src_lang.")
+    sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata={"help": "Sampling instead of search."})
+    glossary: GlossaryConfig = field(default_factory=GlossaryConfig, metadata={"help": "The constrained search of lines with glossary terms (`--glossary`)."})
+    contrast: ContrastConfig = field(default_factory=ContrastConfig, metadata={"help": "Language-contrastive decoding (Sennrich et al., 2024)."})
+
+
+# The decode keys by their flat names (flags, `Translator` and `nmt serve` options, configs and checkpoints
+# written before the sections): each name -> its (section, key).
+DECODE_FLAT = {"sampling": ("sampling", "method"), "topk": ("sampling", "topk"), "topp": ("sampling", "topp"),
+               "temperature": ("sampling", "temperature"), "seed": ("sampling", "seed"),
+               "glossary_constrain": ("glossary", "constrain"), "glossary_margin": ("glossary", "margin"),
+               "glossary_beam_size": ("glossary", "beam_size"), "glossary_length_penalty": ("glossary", "length_penalty"),
+               "contrast_lang": ("contrast", "lang"), "contrast_weight": ("contrast", "weight")}
+DECODE_REMOVED = {"glossary_annotate": False}  # removed keys: their old default is still accepted (and dropped)
+
+
+def decode_value(decode: DecodeConfig, name: str) -> Any:
+    """The value of the decode key with the flat name `name` (`decode_options`)."""
+    if name in DECODE_FLAT:
+        section, key = DECODE_FLAT[name]
+        return getattr(getattr(decode, section), key)
+    return getattr(decode, name)
+
+
+def decode_options() -> list[tuple[str, dataclasses.Field, Any]]:
+    """(flat name, field, type) of every decode key: the names of the flags, `Translator`'s and the
+    server's options (a section's keys by their `DECODE_FLAT` name)."""
+    hints, flat = typing.get_type_hints(DecodeConfig), {v: k for k, v in DECODE_FLAT.items()}
+    out = []
+    for f in dataclasses.fields(DecodeConfig):
+        if dataclasses.is_dataclass(hints[f.name]):
+            inner = typing.get_type_hints(hints[f.name])
+            out += [(flat[(f.name, g.name)], g, inner[g.name]) for g in dataclasses.fields(hints[f.name])]
+        else:
+            out.append((f.name, f, hints[f.name]))
+    return out
 
 
 # --------------------------------------------------------------------------- top

@@ -40,8 +40,7 @@ Conventions (shared by all searches; nmt/rules.py's `StepRules` applies them at 
 - After a forced prefix, the first free step lets only the best candidate end (beam search).
 - Maximum output length per sentence: `min(floor(a * src_len + b), model.max_positions - 1)`
   tokens (at least 1; at least len(prefix) + 1 with a prefix), src_len = `src_mask.sum(1)`
-  (real source tokens, EOS included), or `SearchInputs.source_lengths` where given (the line as
-  written, for a source annotated with its glossary terms).
+  (real source tokens, EOS included).
 - A hypothesis ends when it generates EOS (`tokens` excludes it, `log_prob`
   includes it) or when it reaches the maximum length without EOS (truncated:
   no EOS, nothing added). Either way its **length for the penalty is the

@@ -129,20 +129,23 @@ class SearchOptions:
     def from_decode(cls, decode: DecodeConfig, tokenizer) -> SearchOptions:
         """The search settings of `decode` (a checked DecodeConfig) for a model with this tokenizer
         (its special ids, its free language token, its placeholder tokens with decode.protect)."""
+        sampling, contrast = decode.sampling, decode.contrast
         return cls(beam_size=decode.beam_size, nbest=decode.nbest, length_penalty=decode.length_penalty,
                    length_penalty_type=decode.length_penalty_type, patience=decode.patience,
-                   stopping=decode.stopping, sampling=decode.sampling, topk=decode.topk, topp=decode.topp,
-                   temperature=decode.temperature, seed=decode.seed, max_len_a=decode.max_len_a,
+                   stopping=decode.stopping, sampling=sampling.method, topk=sampling.topk, topp=sampling.topp,
+                   temperature=sampling.temperature, seed=sampling.seed, max_len_a=decode.max_len_a,
                    max_len_b=decode.max_len_b, min_len=decode.min_len, no_repeat_ngram=decode.no_repeat_ngram,
-                   glossary_margin=decode.glossary_margin, specials=tokenizer.specials,
+                   glossary_margin=decode.glossary.margin, specials=tokenizer.specials,
                    free_prefix=free_prefix(tokenizer, []),  # ([]: any prefix) it applies where a sentence has one
                    placeholder_tokens=target_placeholders(tokenizer) if decode.protect else None,
-                   contrast_tokens=contrast_tokens(tokenizer, decode.contrast_lang, decode.tgt_lang, decode.contrast_weight),
-                   contrast_weight=decode.contrast_weight)
+                   contrast_tokens=contrast_tokens(tokenizer, contrast.lang, decode.tgt_lang, contrast.weight),
+                   contrast_weight=contrast.weight)
 
     def features(self) -> set[str]:
         """The `FEATURES` these settings use (glossary terms and alignment come with the inputs)."""
-        return features(self, bool(self.contrast_tokens))
+        return features(beam_size=self.beam_size, length_penalty=self.length_penalty,
+                        length_penalty_type=self.length_penalty_type, stopping=self.stopping, patience=self.patience,
+                        sampling=self.sampling, contrast=bool(self.contrast_tokens))
 
     @property
     def rows_per_sentence(self) -> int:
@@ -177,17 +180,13 @@ class SearchInputs:
     TorchEngine fills them from the sources). keys: one integer per sentence that, with the seed,
     fixes its samples (default 0..B-1). constraints: the terms each output must contain (glossary
     terms: a `Terms`, or per sentence its list of target id sequences; greedy and beam search, not
-    sampling). A batch without constraints is searched exactly as before. source_lengths: the source
-    length (tokens, EOS counted) the length limit is computed from, in place of the source's own: a
-    line searched from its annotated form (a data.terms model's glossary terms, nmt.terms.annotate)
-    keeps the limit of the line as written (the annotation is no text to translate).
+    sampling). A batch without constraints is searched exactly as before.
     """
 
     prefixes: Sequence[list[int]] | None = None
     placeholders: Sequence[Sequence[int]] | None = None
     keys: Sequence[int] | None = None
     constraints: Terms | Sequence[Sequence[Sequence[int]]] | None = None
-    source_lengths: Sequence[int] | None = None
 
     def take(self, part: slice) -> SearchInputs:
         """The inputs of sentences `part` of the batch."""
@@ -281,14 +280,14 @@ class Rule:
         return None
 
 
-def features(o, contrast: bool) -> set[str]:
-    """The `FEATURES` that search settings `o` (SearchOptions or DecodeConfig: their keys of the same
-    names) use, `contrast` whether they contrast languages."""
-    penalty = o.beam_size > 1 and o.length_penalty_type != "none" and o.length_penalty > 0
-    used = {"sampling"} if o.sampling != "none" else set()
+def features(*, beam_size: int, length_penalty: float, length_penalty_type: str, stopping: str, patience: float,
+             sampling: str, contrast: bool) -> set[str]:
+    """The `FEATURES` a search with these settings uses (`contrast`: it contrasts languages)."""
+    penalty = beam_size > 1 and length_penalty_type != "none" and length_penalty > 0
+    used = {"sampling"} if sampling != "none" else set()
     used |= {"contrast"} if contrast else set()
-    used |= {"hf_stopping"} if o.stopping == "hf" and penalty else set()
-    return used | ({"patience_gnmt"} if o.patience and penalty and o.length_penalty_type == "gnmt" else set())
+    used |= {"hf_stopping"} if stopping == "hf" and penalty else set()
+    return used | ({"patience_gnmt"} if patience and penalty and length_penalty_type == "gnmt" else set())
 
 
 def _check_common(o: SearchOptions) -> None:

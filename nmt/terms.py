@@ -9,10 +9,8 @@ markers, `source term <term> target term </term>`:
 (one token each) of a model trained with `data.terms > 0`. Training (`TermAnnotator`) annotates a
 share of the pairs a dictionary entry applies to, an entry applying to a pair when its source term
 matches in the source and its target term appears in the target (nmt/glossary.py's whole-word rule),
-so the model learns to copy the annotated target term to where it belongs; at translation time, with
-decode.glossary_annotate (off by default: BENCHMARKS.md "Glossaries"), the same annotation of a
-glossary's matches (`known_by`: the model has the symbols) tells the model the terms the search then
-guarantees (nmt/translate.py, `nmt translate --glossary --glossary-annotate`). With
+so the model learns to put a target term where it belongs; at translation time `nmt translate
+--glossary` guarantees the terms by constrained search (nmt/line_terms.py; the source is not annotated). With
 data.protect the pair is masked first, then annotated (the markers look like markup, which
 protection would otherwise take for a span).
 

@@ -16,6 +16,7 @@ from nmt.device import avoid_cudnn_attention, resolve_torch_device
 from nmt.errors import UserError
 from nmt.layout import source_tensors, target_tensors
 from nmt.search import NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions, search
+from nmt.search_options import FEATURES
 
 
 MAX_CPU_ROWS = 256  # decoder rows (sentences x beams) searched at once on CPU (search_batch)
@@ -38,7 +39,7 @@ class TorchEngine:
 
     name = "torch"
     workers = None
-    guarantees_terms = True  # glossary terms: constrained search (nmt/constraints.py)
+    supports = frozenset(FEATURES)  # every search feature is nmt.search's own
 
     def __init__(self, model, tokenizer, decode: DecodeConfig, ops: SearchOps | None = None, *,
                  autocast: torch.dtype | None = None):
@@ -78,9 +79,6 @@ class TorchEngine:
         engine = cls(model, tokenizer, cfg.decode, ops, autocast=autocast)
         engine.precision = precision
         return engine
-
-    def check(self, decode: DecodeConfig) -> None:
-        """Every decode setting is this engine's own (nothing to refuse)."""
 
     def check_precision(self, precision: str) -> None:
         """UserError unless calls with decode.precision `precision` can run on this engine (fixed at load)."""

@@ -27,8 +27,8 @@ one on the largest set of lines its arm decoded; the table printed shows each ar
 per round and, for the winner, every penalty on its last round.
 
 With a glossary (`--glossary`), once the setting is chosen, the lines the glossary's constrained search
-takes (decode.glossary_constrain: every line with a term, or those whose free output lacks one) get their
-own beam size and length penalty (`decode.glossary_beam_size`, `decode.glossary_length_penalty`): the
+takes (decode.glossary.constrain: every line with a term, or those whose free output lacks one) get their
+own beam size and length penalty (`decode.glossary.beam_size`, `decode.glossary.length_penalty`): the
 setting's beam size and twice it, every alpha of its penalty type, scored on the same dev lines with the
 glossary applied as `nmt translate` applies it (`tune_glossary`; the same one-search-per-beam-size trick:
 the constrained search's live beams and its stop after beam_size endings do not depend on the penalty).
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from nmt import protect, textio
-from nmt.config import DecodeConfig, decode_config, to_dict
+from nmt.config import DecodeConfig, SamplingConfig, decode_config, to_dict
 from nmt.degeneration import loops
 from nmt.errors import UserError
 
@@ -157,7 +157,8 @@ class Decoder:
                  stop: Callable[[], bool] = lambda: False, glossary=None):
         from nmt.languages import target_prefix
         from nmt.search_options import SearchOptions
-        from nmt.translate import check_protect, encode_sources, glossary_sources
+        from nmt.line_terms import LineTerms
+        from nmt.translate import check_protect, encode_sources
 
         self.engine, self.decode, self.stop = engine, decode, stop
         lines, self.spans = list(src_lines), [[] for _ in src_lines]
@@ -165,11 +166,12 @@ class Decoder:
             check_protect(engine.tokenizer)
             masked = [protect.mask(x, decode.protect_pattern) for x in lines]
             lines, self.spans = [m for m, _ in masked], [s for _, s in masked]
-        self.src_ids, cut = encode_sources(engine, lines, decode.src_lang)
-        # with a glossary: each line's terms and the source its constrained search reads (nmt/translate.py)
-        self.term_ids, self.terms = glossary_sources(engine, lines, glossary, decode, self.src_ids, cut, self.spans)
+        self.src_ids, _ = encode_sources(engine, lines, decode.src_lang)
         self.lang = target_prefix(engine.tokenizer, decode.tgt_lang)
         self.options = SearchOptions.from_decode(decode, engine.tokenizer)
+        # with a glossary: each line's terms, as nmt translate finds them (nmt/line_terms.py)
+        self.terms = LineTerms.of(engine, lines, glossary, range(len(lines)), decode, self.options,
+                                  [list(self.lang)] * len(lines) if self.lang else None, self.spans)
         self._texts: dict[tuple, str] = {}
 
     def arm_options(self, arm: tuple[int, int]) -> SearchOptions:
@@ -189,7 +191,7 @@ class Decoder:
         from nmt.batching import run_engine
         from nmt.search_options import SearchInputs
 
-        src_ids = self.term_ids if constrained else self.src_ids
+        src_ids = self.src_ids
         todo = [i for i in lines if src_ids[i]]
         out: dict[int, list[tuple]] = {i: [((), 0.0, 1, True)] for i in lines if not src_ids[i]}
         options = self.arm_options(arm)
@@ -197,8 +199,7 @@ class Decoder:
         def search(batch: list[int]) -> list[list]:
             rows = [todo[j] for j in batch]
             inputs = SearchInputs(prefixes=[list(self.lang)] * len(rows) if self.lang else None,
-                                  constraints=self.terms.batch(rows) if constrained else None,
-                                  source_lengths=[len(self.src_ids[i]) + 1 for i in rows] if constrained else None)
+                                  constraints=self.terms.batch(rows) if constrained else None)
             # the engine's precision, entered in this thread
             return self.engine.search([src_ids[i] for i in rows], options, inputs)
 
@@ -395,14 +396,14 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
     if not src_lines:
         raise UserError("nothing to tune on: the dev set is empty")
     t0 = time.perf_counter()
-    decode = dataclasses.replace(engine.decode, nbest=1, sampling="none", alignment=False,
+    decode = dataclasses.replace(engine.decode, nbest=1, sampling=SamplingConfig(), alignment=False,
                                  tgt_lang=tgt_lang if tgt_lang is not None else engine.decode.tgt_lang,
                                  src_lang=src_lang if src_lang is not None else engine.decode.src_lang)
     race = Race(Decoder(engine, src_lines, decode, stop, glossary), Scorer(ref_lines, metric), len(src_lines),
                 max_time, max_loops, log)
     arms = [(b, n) for b in beams for n in ngrams]
     best, final = race.run(arms)
-    gloss = tune_glossary(race, best, decode.glossary_constrain, log) if glossary is not None else None
+    gloss = tune_glossary(race, best, decode.glossary.constrain, log) if glossary is not None else None
     if stop():  # (arrived while the last round was scored)
         raise Stopped
     own = Setting(decode.beam_size, decode.no_repeat_ngram, decode.length_penalty_type, decode.length_penalty)

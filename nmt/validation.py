@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from nmt.config import Config
+from nmt.config import Config, SamplingConfig
 from nmt.data import ValidSet, batch_indices
 from nmt.languages import target_languages
 from nmt.layout import iter_batches
@@ -130,7 +130,7 @@ def _bleu(model, cfg: Config, tokenizer, vs: ValidSet, device, precision: Precis
     src, ref = vs.lines
     n = cfg.train.valid_max_sentences or len(src)
     src, ref = src[:n], ref[:n]
-    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling="none", alignment=False,
+    decode = dataclasses.replace(cfg.decode, beam_size=1, nbest=1, sampling=SamplingConfig(), alignment=False,
                                  protect=cfg.data.protect,
                                  tgt_lang=vs.tgt_lang if target_languages(tokenizer).multilingual else None,
                                  src_lang=vs.src_lang)  # (a tokenizer without source-language tokens ignores it)

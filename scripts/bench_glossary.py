@@ -12,7 +12,7 @@ rule; words translated by themselves, mostly names, left out unless --identical)
   plain            the plain model, no glossary;
   plain+glossary   the plain model with the glossary (constrained search);
   terms            the model trained with data.terms (annotations), no glossary;
-  terms+glossary   that model with the glossary (constrained search; its sources annotated too with --annotate).
+  terms+glossary   that model with the glossary (constrained search).
 Per system: term use (matched entries whose target term appears in the output, nmt.glossary.term_use), BLEU and
 chrF on all lines and on the lines with a term (sacreBLEU's API, as `nmt evaluate`), loops and too-long lines
 (nmt's degeneration report), lines that reached the length limit. `--consistent`: each line gets only the matched
@@ -55,10 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--constrain", choices=("always", "missing"), default="always",
-                   help="decode.glossary_constrain: which lines with a term get the constrained search")
-    p.add_argument("--margin", type=float, help="decode.glossary_margin (default: the models' own)")
-    p.add_argument("--annotate", action="store_true", help="decode.glossary_annotate: annotate the terms model's "
-                   "sources (`term <term> target </term>`) before the constrained search")
+                   help="decode.glossary.constrain: which lines with a term get the constrained search")
+    p.add_argument("--margin", type=float, help="decode.glossary.margin (default: the models' own)")
     p.add_argument("--batch", type=int, default=32, help="sentences per batch (decode.max_batch_size)")
     p.add_argument("--test-lines", type=int, default=0, help="the first N test lines (0 = all)")
     p.add_argument("--repeats", type=int, default=3)
@@ -185,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     per_line = consistent_entries(srcs, refs, glossary) if args.consistent else None
     rows = [i for i, e in enumerate(per_line) if e] if per_line is not None else lines_with_terms(srcs, glossary)
     options = {"beam_size": args.beam, "max_batch_size": args.batch, "batch_tokens": 1_000_000, "nbest": 1,
-               "glossary_constrain": args.constrain, "glossary_annotate": args.annotate,
+               "glossary_constrain": args.constrain,
                **({"glossary_margin": args.margin} if args.margin is not None else {})}
     models = {"plain": args.plain, "terms": args.terms}
     wanted = {model for name, model, _ in SYSTEMS if name in args.systems.split(",")} | {"plain"}

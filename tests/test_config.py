@@ -413,3 +413,29 @@ def test_config_docs_show_the_alignment_separator():
     with open(os.path.join(ROOT, "configs", "README.md"), encoding="utf-8") as f:
         row = next(line for line in f if line.startswith("| `decode.alignment`"))
     assert "after ` ||| `" in row.replace("\\|", "|") and "///" not in row
+
+
+def test_decode_keys_written_before_the_sections_load_into_them(tmp_path):
+    """Configs and checkpoints written with the flat decode keys (sampling, topk, ..., glossary_beam_size,
+    contrast_lang, ...) load into the sections with the same values, as the flags and options name them;
+    a flat key wins over the same key in its section; the removed glossary_annotate is dropped at its old
+    default and refused otherwise."""
+    from nmt.config import decode_config, decode_value, to_dict
+    from nmt.schema import DECODE_FLAT
+
+    flat = {"sampling": "topp", "topk": 3, "topp": 0.5, "temperature": 0.7, "seed": 4, "glossary_constrain": "missing",
+            "glossary_margin": 2.0, "glossary_beam_size": 8, "glossary_length_penalty": 0.6, "contrast_lang": "fr",
+            "contrast_weight": 0.2, "glossary_annotate": False}
+    assert set(flat) - {"glossary_annotate"} == set(DECODE_FLAT)
+    raw = tiny_config_dict(str(tmp_path))
+    raw["decode"] = {**raw.get("decode", {}), **flat}
+    for dec in (config_from_dict(raw, check_files=False).decode, decode_config(flat)):
+        assert {k: decode_value(dec, k) for k in DECODE_FLAT} == {k: flat[k] for k in DECODE_FLAT}
+        assert dec.sampling.method == "topp" and dec.glossary.beam_size == 8 and dec.contrast.lang == "fr"
+        assert decode_config(dec) == dec and decode_config(yaml.safe_load(yaml.safe_dump(to_dict(dec)))) == dec
+    both = decode_config({"glossary": {"beam_size": 4, "margin": 3.0}, "glossary_beam_size": 6})
+    assert (both.glossary.beam_size, both.glossary.margin) == (6, 3.0)
+    assert decode_config(None, {"sampling": "topk", "seed": "7"}).sampling == decode_config(
+        {"sampling": {"method": "topk", "seed": 7}}).sampling
+    with pytest.raises(ConfigError, match="'decode.glossary_annotate' was removed"):
+        decode_config({"glossary_annotate": True})

@@ -1,4 +1,4 @@
-"""Language-contrastive decoding (`decode.contrast_lang`, `decode.contrast_weight`; Sennrich et al., 2024):
+"""Language-contrastive decoding (`decode.contrast`: `lang`, `weight`; Sennrich et al., 2024):
 the search's distribution after the language token is p(y | x, target) - weight * sum_c p(y | x, c) over
 the contrast languages c,
 floored and renormalised.
@@ -205,14 +205,17 @@ def test_contrast_errors_are_one_line(ckpt, tmp_path):
     with pytest.raises(UserError, match="no target-language tokens"):
         Translator(bilingual, contrast_lang="de")
     for flags, message in ((["--contrast-lang", "xx"], "unknown contrast language"),
-                           (["--contrast-lang", "fr", "--contrast-weight", "1"], "contrast_weight")):
+                           (["--contrast-lang", "fr", "--contrast-weight", "1"], "decode.contrast.weight")):
         r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", ckpt, "-q", "--tgt-lang", "de", *flags],
                            input="la luna\n", capture_output=True, text=True, env=ENV)
         one_line_error(r, 2, message)
+    from types import SimpleNamespace
+
     from nmt.ct2 import Ct2Engine
 
     with pytest.raises(UserError, match="--contrast-lang is not supported by the ctranslate2 engine"):
-        Ct2Engine._check_options(SearchOptions(max_len_a=1.0, max_len_b=2, contrast_tokens=(5,), contrast_weight=0.1))
+        options = SearchOptions(max_len_a=1.0, max_len_b=2, contrast_tokens=(5,), contrast_weight=0.1)
+        Ct2Engine.search_batch(SimpleNamespace(supports=Ct2Engine.supports), [[5]], options)
 
 
 def test_several_contrast_languages_keep_their_weights_sum_below_one():
@@ -245,7 +248,7 @@ def test_a_ctranslate2_export_leaves_the_contrast_out_of_its_defaults(ckpt, tmp_
                                                                                       contrast_weight=0.5)]
     r = subprocess.run([sys.executable, "-m", "nmt", "export", "-c", path, "-o", str(out)], capture_output=True,
                        text=True, env=ENV)
-    assert r.returncode == 0 and "decode.contrast_lang (language-contrastive decoding) has no CTranslate2" in r.stderr
+    assert r.returncode == 0 and "decode.contrast.lang (language-contrastive decoding) has no CTranslate2" in r.stderr
     assert [r.text for r in Translator(str(out), tgt_lang="de", workers=1).translate(LINES)] == plain
     r = subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", path, "-q", "--tgt-lang", "de", "--contrast-lang",
                         ""], input="\n".join(LINES) + "\n", capture_output=True, text=True, env=ENV)
@@ -257,7 +260,7 @@ def test_the_server_refuses_an_unknown_contrast_language(ckpt):
     from nmt.commands.serve_request import RequestError, check_options
 
     translator = Translator(ckpt, tgt_lang="de")
-    assert check_options(translator, {"contrast_lang": "fr"}, Settings()).contrast_lang == "fr"
+    assert check_options(translator, {"contrast_lang": "fr"}, Settings()).contrast.lang == "fr"
     with pytest.raises(RequestError, match="unknown contrast language") as e:
         check_options(translator, {"contrast_lang": "xx"}, Settings())
     assert e.value.status == 400

@@ -299,9 +299,9 @@ def test_alignment_weights_are_the_attention_sdpa_computes():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags,message", [
-    (["--sampling", "beam"], "decode.sampling"), (["--topp", "0"], "decode.topp"), (["--topp", "1.5"], "decode.topp"),
-    (["--topk", "0"], "decode.topk"), (["--temperature", "0"], "decode.temperature"),
-    (["--no-repeat-ngram", "-1"], "decode.no_repeat_ngram"), (["--seed", "x"], "decode.seed"),
+    (["--sampling", "beam"], "decode.sampling.method"), (["--topp", "0"], "decode.sampling.topp"), (["--topp", "1.5"], "decode.sampling.topp"),
+    (["--topk", "0"], "decode.sampling.topk"), (["--temperature", "0"], "decode.sampling.temperature"),
+    (["--no-repeat-ngram", "-1"], "decode.no_repeat_ngram"), (["--seed", "x"], "decode.sampling.seed"),
     (["--protect-pattern", "(a"], "not a regular expression"), (["--protect"], "data.protect: true"),
     (["--nbest", "3", "--beam", "2"], "decode.nbest")])
 def test_bad_values_are_one_line_errors(ckpt, flags, message):

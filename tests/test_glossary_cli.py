@@ -341,45 +341,20 @@ def _searches(engine, record):
         del engine.search_batch
 
 
-@pytest.mark.parametrize("annotate", [True, False])
 @pytest.mark.parametrize("constrain", ["missing", "always"])
-def test_a_terms_model_reads_the_terms_inline(terms_ckpt, constrain, annotate):
-    """With glossary_annotate, a model trained with data.terms (its vocabulary has the markers) gets
-    `term <term> target </term>` in its source where an entry matches, and only there, in the
-    constrained search; without it (the default) the source as given. With glossary_constrain: missing
-    the line is first searched as without the glossary (source as given, no constraints). Its outputs
-    hold the terms."""
+def test_a_terms_model_searches_the_source_as_written(terms_ckpt, constrain):
+    """A model trained with data.terms gets its source as given (no translate-time annotation), with the
+    terms as constraints; with glossary_constrain: missing the line is first searched as without the
+    glossary (no constraints). Its outputs hold the terms."""
     translator = Translator(terms_ckpt, device="cpu")
     engine = translator._engine
-    *plain, annotated = engine.tokenizer.encode_src(["el perro come", "la casa", "el perro <term> moon </term> come"])
+    plain = engine.tokenizer.encode_src(["el perro come", "la casa"])
     with _searches(engine, lambda srcs, inputs: (sorted(srcs), inputs.constraints is not None)) as calls:
-        result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY, glossary_constrain=constrain,
-                                      **({"glossary_annotate": True} if annotate else {}))
+        result = translator.translate(["el perro come", "la casa"], glossary=GLOSSARY, glossary_constrain=constrain)
         free = translator.translate(["el perro come"])[0]
     assert not appears("moon", free.text)  # so the constrained search runs in both modes
-    searched = annotated if annotate else plain[0]
-    first = sorted([plain[0], plain[1]]) if constrain == "missing" else sorted([searched, plain[1]])
-    assert calls[0] == (first, constrain == "always")
+    assert calls[0] == (sorted(plain), constrain == "always")
     if constrain == "missing":
-        assert calls[1] == ([searched], True)
+        assert calls[1] == ([plain[0]], True)
     assert len(calls) == 2 + (constrain == "missing")  # (the last: `free`)
     assert appears("moon", result[0].text)
-
-
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_a_terms_model_keeps_the_length_limit_of_the_line_as_written(terms_ckpt, beam_size):
-    """The annotation is no text to translate: the constrained search of an annotated line stops at the
-    limit max_len_a * (the line's own tokens + EOS) + max_len_b, not at the annotated source's (which
-    would let a search that has written its terms ramble on for every annotation token)."""
-    translator = Translator(terms_ckpt, device="cpu", max_len_a=1.0, max_len_b=1, beam_size=beam_size,
-                            glossary_annotate=True)
-    engine = translator._engine
-    line = "el perro come y la casa"
-    plain, annotated = engine.tokenizer.encode_src([line, "el perro <term> moon </term> come y la casa"])
-    with _searches(engine, lambda srcs, inputs: inputs.source_lengths) as limits:
-        free = translator.translate([line])[0]
-        result = translator.translate([line], glossary=GLOSSARY)[0]
-    assert limits == [None, [len(plain) + 1]] and len(annotated) > len(plain)
-    free_ids, ids = engine.tokenizer.encode_tgt([free.text, result.text])
-    assert not free.finished and len(free_ids) == len(plain) + 2  # the untrained model writes to the limit
-    assert appears("moon", result.text) and len(ids) <= len(plain) + 2 < len(annotated) + 2

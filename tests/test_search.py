@@ -228,17 +228,17 @@ def test_options_carry_every_search_setting_of_the_decode_section():
     would silently fall back to the search's default), and the tokenizer's ids and placeholder tokens."""
     import dataclasses
 
-    from nmt.config import DecodeConfig, decode_config
+    from nmt.config import DecodeConfig, decode_config, decode_options, decode_value
     from nmt.layout import Specials
 
-    shared = {f.name for f in dataclasses.fields(SearchOptions)} & {f.name for f in dataclasses.fields(DecodeConfig)}
+    shared = {f.name for f in dataclasses.fields(SearchOptions)} & {name for name, _, _ in decode_options()}
     assert shared == {"beam_size", "nbest", "length_penalty", "length_penalty_type", "patience", "stopping", "sampling",
                       "topk", "topp", "temperature", "seed", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram",
                       "glossary_margin", "contrast_weight"}
     changed = dict(beam_size=7, nbest=3, length_penalty=0.7, length_penalty_type="average", patience=2.0,
                    stopping="hf", sampling="topp", topk=4, topp=0.5, temperature=0.8, seed=9, max_len_a=0.5,
                    max_len_b=3, min_len=2, no_repeat_ngram=4, glossary_margin=2.5, contrast_weight=0.3, protect=True)
-    assert all(changed[k] != getattr(DecodeConfig(), k) for k in shared)  # each one differs from its default
+    assert all(changed[k] != decode_value(DecodeConfig(), k) for k in shared)  # each one differs from its default
 
     class Tok:  # what from_decode reads of a tokenizer
         specials = Specials(pad=1, unk=0, start=2, eos=5)

@@ -189,9 +189,9 @@ def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys, 
     assert "glossary round" in printed
     beam, alpha = re.search(r"with the glossary, beam (\d+) and length penalty ([\d.]+)", printed).groups()
     decode = ckpt.load_checkpoint(out)["config"]["decode"]
-    assert decode["glossary_constrain"] == "missing" and decode["beam_size"] == 2
-    assert decode["glossary_beam_size"] == (int(beam) if int(beam) != 2 else None)  # None: the setting's own won
-    assert decode["glossary_length_penalty"] == (float(alpha) if float(alpha) != decode["length_penalty"] else None)
+    assert decode["glossary"]["constrain"] == "missing" and decode["beam_size"] == 2
+    assert decode["glossary"]["beam_size"] == (int(beam) if int(beam) != 2 else None)  # None: the setting's own won
+    assert decode["glossary"]["length_penalty"] == (float(alpha) if float(alpha) != decode["length_penalty"] else None)
     with pytest.raises(UserError, match="go with --glossary"):
         tune_command(checkpoint, src, ref, glossary_ignore_case=True)
     bad = tmp_path / "bad.tsv"
@@ -224,16 +224,16 @@ def test_a_new_setting_drops_glossary_settings_chosen_for_the_old_one(trained, t
         out = str(tmp_path / "out.pt")
         apply_to_checkpoint(first, out, result(setting), "bleu", "dev")
         decode = ckpt.load_checkpoint(out)["config"]["decode"]
-        assert (decode["glossary_beam_size"], decode["glossary_length_penalty"]) == ((6, 0.4) if kept else (None, None)), setting
+        assert (decode["glossary"]["beam_size"], decode["glossary"]["length_penalty"]) == ((6, 0.4) if kept else (None, None)), setting
 
 
 def test_glossary_keys_from_the_command_line():
-    assert decode_config(None, {"glossary_beam_size": "4", "glossary_length_penalty": "0.5"}).glossary_beam_size == 4
+    assert decode_config(None, {"glossary_beam_size": "4", "glossary_length_penalty": "0.5"}).glossary.beam_size == 4
     tuned = decode_config(None, {"glossary_beam_size": 4, "glossary_length_penalty": 0.5})
     back = decode_config(tuned, {"glossary_beam_size": "null", "glossary_length_penalty": "null"})
-    assert (back.glossary_beam_size, back.glossary_length_penalty) == (None, None)
+    assert (back.glossary.beam_size, back.glossary.length_penalty) == (None, None)
     for key, value in (("glossary_beam_size", "0"), ("glossary_beam_size", "x"), ("glossary_length_penalty", "-1")):
-        with pytest.raises(Exception, match=f"decode.{key}"):
+        with pytest.raises(Exception, match=f"decode.{key.replace('glossary_', 'glossary.')}"):
             decode_config(None, {key: value})
 
 

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from nmt.commands.batcher import Settings
-from nmt.config import ConfigError, DecodeConfig
+from nmt.config import ConfigError, DecodeConfig, decode_options, decode_value
 from nmt.errors import UserError
 
 # Decode keys fixed for the whole server (`nmt serve` flags), with why a request may not set them.
@@ -18,7 +18,7 @@ SERVER_KEYS = {
     "workers": "the server's threads",
     "protect_pattern": "a regular expression run on every line (a slow one would stall every request)",
 }
-REQUEST_KEYS = tuple(k for k in DecodeConfig.__dataclass_fields__ if k not in SERVER_KEYS)
+REQUEST_KEYS = tuple(name for name, _, _ in decode_options() if name not in SERVER_KEYS)
 FIELDS = ("text", "options", "prefix", "glossary", "glossary_ignore_case")  # of a POST /translate body
 SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate (from JSON's \ud800 escape): not Unicode text
 
@@ -131,8 +131,8 @@ def over_limits(decode: DecodeConfig, lengths_given, max_beam: int, max_position
     may exceed them, and are capped as in `nmt translate`) past what the model can write, an output
     of at most max_positions - 1 tokens, EOS included (a request asking more would search to the
     model's limit and return less than it asked for)."""
-    errors = [f"{key} {getattr(decode, key)} is over this server's limit {max_beam} (nmt serve --max-beam)"
-              for key in ("beam_size", "nbest", "glossary_beam_size") if (getattr(decode, key) or 0) > max_beam]
+    errors = [f"{key} {decode_value(decode, key)} is over this server's limit {max_beam} (nmt serve --max-beam)"
+              for key in ("beam_size", "nbest", "glossary_beam_size") if (decode_value(decode, key) or 0) > max_beam]
     longest = max_positions - 1
     for key, limit in zip(LENGTH_KEYS, (longest - 1, longest, longest)):
         if key in lengths_given and getattr(decode, key) > limit:

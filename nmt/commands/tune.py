@@ -21,7 +21,7 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
     """`nmt tune` (module docstring). Returns 0; a UserError, with nothing written, when no setting keeps
     its looping outputs within `max_loops`. glossary: a glossary file; with it the setting's
     glossary_beam_size and glossary_length_penalty are chosen too (nmt/tune.py `tune_glossary`), for `glossary_constrain`
-    (default: the checkpoint's decode.glossary_constrain), which is written with it."""
+    (default: the checkpoint's decode.glossary.constrain), which is written with it."""
     from nmt.torch_engine import TorchEngine
 
     if output is not None and in_place:
