@@ -100,7 +100,7 @@ class Translator:
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
                   cancel: Callable[[], bool] | None = None, settings: DecodeConfig | None = None,
-                  glossary: Any = None, glossary_ignore_case: bool = False,
+                  glossary: Any = None, glossary_ignore_case: bool | None = None,
                   **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
@@ -116,7 +116,7 @@ class Translator:
         TypeError that names the argument. glossary: `[(source term, target term), ...]` (or a
         `nmt.glossary.Glossary`): every output of a line holds the target term of each entry whose
         source term occurs in the line (whole words, longest match first; case-insensitive with
-        glossary_ignore_case); lines no entry matches translate as without it (nmt/glossary.py; the
+        glossary_ignore_case=True; a Glossary keeps its own ignore_case, another value is a UserError); lines no entry matches translate as without it (nmt/glossary.py; the
         PyTorch engine only: CTranslate2 cannot guarantee terms, a UserError)."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
@@ -169,16 +169,17 @@ def _texts(value: Any, name: str) -> list[str]:
     return texts
 
 
-def _glossary(glossary: Any, ignore_case: bool):
-    """A compiled `Glossary` from the API's forms (None stays None): a Glossary as it is, else a list
-    of [source, target] pairs (`check_entries`: one-line UserError naming the bad item)."""
+def _glossary(glossary: Any, ignore_case: bool | None):
+    """A compiled `Glossary` from the API's forms (None stays None): a Glossary as it is (`ignore_case`
+    None or its own), else a list of [source, target] pairs (`check_entries`: one-line UserError naming
+    the bad item) compiled with `ignore_case` (None: False)."""
     from nmt.glossary import Glossary, check_entries
 
+    if ignore_case is not None and not isinstance(ignore_case, bool):
+        raise TypeError(f"glossary_ignore_case must be True or False, got {ignore_case!r:.40}")
     if glossary is None or isinstance(glossary, Glossary):
-        if isinstance(glossary, Glossary) and ignore_case != glossary.ignore_case:
+        if isinstance(glossary, Glossary) and ignore_case not in (None, glossary.ignore_case):
             raise UserError("glossary_ignore_case: the Glossary was compiled with ignore_case="
                             f"{glossary.ignore_case}")
         return glossary
-    if not isinstance(ignore_case, bool):
-        raise TypeError(f"glossary_ignore_case must be True or False, got {ignore_case!r:.40}")
-    return Glossary(check_entries(glossary), ignore_case)
+    return Glossary(check_entries(glossary), bool(ignore_case))

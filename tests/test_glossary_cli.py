@@ -177,6 +177,43 @@ def test_translate_command_equals_the_api(translator, ckpt, tmp_path, capsys):
         assert f.read().splitlines() == [r.text for r in translator.translate(LINES, glossary=GLOSSARY, beam_size=2)]
 
 
+def test_ignore_case_from_the_command_line_and_the_server(ckpt, translator, tmp_path, capsys):
+    """Issue 59 item 2: --glossary-ignore-case (nmt translate, nmt evaluate) and "glossary_ignore_case": true
+    (POST /translate) match as the API's glossary_ignore_case=True does (they failed: the compiled
+    Glossary's ignore_case was taken for a conflict with the API's default)."""
+    lines = ["el Perro come la mesa", "la casa ve el gato GRANDE"] + LINES[:4]
+    want = [r.text for r in translator.translate(lines, glossary=GLOSSARY, glossary_ignore_case=True)]
+    assert appears("moon", want[0]) and appears("big river", want[1])
+    src = _write(tmp_path / "in.txt", lines)
+    ref = _write(tmp_path / "ref.txt", ["the dog eats the table", "the house sees the big cat"] + LINES[:4])
+    tsv = _write(tmp_path / "terms.tsv", [f"{s}\t{t}" for s, t in GLOSSARY])
+    out = str(tmp_path / "out.txt")
+    code = cli.main(["translate", "-c", ckpt, "-i", src, "-o", out, "--glossary", tsv, "--glossary-ignore-case", "-q"])
+    assert code == 0, capsys.readouterr().err
+    with open(out, encoding="utf-8") as f:
+        assert f.read().splitlines() == want
+    code = cli.main(["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--glossary", tsv, "--glossary-ignore-case",
+                     "--json", "-q"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["term_use"] == 100.0
+    pytest.importorskip("starlette", reason="nmt serve's stack is the serve extra")
+    import asyncio
+
+    from nmt.commands.batcher import Settings
+    from nmt.commands.serve_app import Service
+
+    service = Service(translator, Settings(), "tiny")
+
+    async def answer():
+        async with service.lifespan(None):
+            loop = asyncio.get_running_loop()
+            body = json.dumps({"text": lines, "glossary": [list(e) for e in GLOSSARY], "glossary_ignore_case": True})
+            return await service.answer(body.encode(), loop.time() + 60, loop.create_future())
+
+    assert [t["text"] for t in asyncio.run(answer())["translations"]] == want
+
+
 def test_translate_command_reports_the_glossary(ckpt, tmp_path, capsys):
     """Without -q, `nmt translate --glossary` ends with how many entries matched on how many lines and
     how many target terms the outputs hold (all: the guarantee); a glossary that matches nothing says
