@@ -62,10 +62,16 @@ class Translator:
 
         return protect.known_by(self._engine.tokenizer)
 
-    def check_glossary(self, settings: DecodeConfig | None = None) -> None:
+    def check_glossary(self, settings: DecodeConfig | None = None, glossary: Any = None) -> None:
         """UserError unless `translate(glossary=...)` can guarantee terms: this engine has constrained
-        search (PyTorch; not CTranslate2) and, with `settings`, they search greedily or by beam (not sampling)."""
+        search (PyTorch; not CTranslate2), with `settings` they search greedily or by beam (not sampling),
+        and the model can write every target term of `glossary` (a `nmt.glossary.Glossary`) exactly as
+        given (`nmt.glossary.check_targets`: every entry, matched or not; once per glossary)."""
         check_glossary(self._engine, settings)
+        if glossary is not None:
+            from nmt.glossary import check_targets
+
+            check_targets(glossary, self._engine.tokenizer, self._engine.max_positions)
 
     @property
     def max_positions(self) -> int:
@@ -116,10 +122,14 @@ class Translator:
         TypeError that names the argument. glossary: `[(source term, target term), ...]` (or a
         `nmt.glossary.Glossary`): every output of a line holds the target term of each entry whose
         source term occurs in the line (whole words, longest match first; case-insensitive with
-        glossary_ignore_case=True; a Glossary keeps its own ignore_case, another value is a UserError); lines no entry matches translate as without it (nmt/glossary.py; the
-        PyTorch engine only: CTranslate2 cannot guarantee terms, a UserError)."""
+        glossary_ignore_case=True; a Glossary keeps its own ignore_case, another value is a UserError);
+        lines no entry matches translate as without it (nmt/glossary.py; the PyTorch engine only:
+        CTranslate2 cannot guarantee terms, a UserError). Every target term is checked before any
+        work (`check_glossary`)."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
+        if glossary is not None:
+            self.check_glossary(glossary=glossary)  # every entry, before any work
         prefixes = _texts(prefixes, "prefixes") if prefixes is not None else None
         decode = self._given(settings, decode_options)
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):

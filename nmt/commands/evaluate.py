@@ -227,7 +227,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     terms = _glossary(glossary, glossary_ignore_case, src, stdin)
     translator = _translator(checkpoint, engine, device, overrides) if checkpoint is not None else None
     if translator is not None and terms is not None:
-        translator.check_glossary()  # before any work
+        translator.check_glossary(glossary=terms)  # before any work
     lang, tokenize, identifier = _language(checkpoint, engine, langid, overrides.get("tgt_lang"), tokenize,
                                            lambda msg: print(f"nmt evaluate: warning: {msg}", file=stderr, flush=True))
     refs = textio.read_lines(ref)

@@ -89,7 +89,7 @@ class Service:
         decode = check_options(self.translator, options, self.settings)
         if glossary is not None:
             try:
-                self.translator.check_glossary(decode)
+                self.translator.check_glossary(decode, glossary)
             except UserError as e:
                 raise RequestError(400, str(e)) from None
         loop = asyncio.get_running_loop()

@@ -109,7 +109,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     translator = Translator(path, engine=engine, device=device, **(overrides or {}))
     translator.check_language()  # before any output
     if terms is not None:
-        translator.check_glossary()  # before any output
+        translator.check_glossary(glossary=terms)  # before any output
     decode = translator.decode
     total = textio.count_lines(input) if textio.rereadable(input) and not quiet else None  # (a pipe: no total)
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():

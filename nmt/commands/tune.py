@@ -9,7 +9,7 @@ import sys
 from nmt import textio, tune as tuning
 from nmt.config import decode_config
 from nmt.errors import UserError
-from nmt.glossary import load_glossary
+from nmt.glossary import check_targets, load_glossary
 from nmt.tune import MAX_LOOPS, MAX_TIME, apply_to_checkpoint, format_result
 
 
@@ -38,6 +38,8 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
     src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
     terms = load_glossary(glossary, glossary_ignore_case)
     engine = TorchEngine.load(checkpoint, device)
+    if terms is not None:
+        check_targets(terms, engine.tokenizer, engine.max_positions)  # every entry, before any work
     if glossary_constrain is not None:
         engine.decode = decode_config(engine.decode, {"glossary_constrain": glossary_constrain})
     log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
