@@ -242,6 +242,28 @@ def test_output_directory_never_contains_the_checkpoint(ct2, tmp_path, capsys, f
 
 
 @pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_exported_files_follow_the_umask(ct2, tmp_path, capsys, fmt):
+    """Issue 59 item 7: the Hugging Face export's model.safetensors was written 0600 whatever the umask
+    (another user, or a container's, could not load it); every file of an export follows the umask, as
+    checkpoints do."""
+    from helpers import make_tiny_checkpoint
+
+    from nmt.cli import main
+
+    ckpt = make_tiny_checkpoint(str(tmp_path / "ck.pt"))
+    old = os.umask(0o022)
+    try:
+        for mask in (0o022, 0o077):
+            os.umask(mask)
+            out = tmp_path / f"out{mask:o}"
+            assert main(["export", "-c", ckpt, "--format", fmt, "-o", str(out)]) == 0, capsys.readouterr().err
+            modes = {name: oct(os.stat(out / name).st_mode & 0o777) for name in os.listdir(out)}
+            assert modes == dict.fromkeys(os.listdir(out), oct(0o666 & ~mask)), modes
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
 def test_weights_that_are_not_finite_are_refused(ct2, tmp_path, capsys, fmt):
     from helpers import make_tiny_checkpoint
 
