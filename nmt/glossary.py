@@ -45,7 +45,6 @@ UNSPACED = ("\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf\u
             "\u3100-\u312f\u31a0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
 # Whitespace a TSV line is stripped of (every character str.isspace() accepts, except the tab).
 _BLANKS = "".join(chr(c) for c in range(0x3001) if chr(c).isspace() and c != 9)
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class GlossaryTooLarge(UserError):
@@ -284,10 +283,9 @@ def match(line: str, entries: Glossary | Sequence[Entry], ignore_case: bool = Fa
 
 def _no_surrogate(term: str, side: str, where: str) -> None:
     """UserError for a lone surrogate (JSON's `\\ud800` escape; no UTF-8 text has one): not Unicode text."""
-    bad = _SURROGATE.search(term)
+    bad = textio.lone_surrogate(term)
     if bad:
-        raise UserError(f"{where}: the {side} term {term!r} is not Unicode text: a lone surrogate "
-                        f"U+{ord(bad.group()):04X} at character {bad.start()}")
+        raise UserError(f"{where}: the {side} term {term!r} is not Unicode text: {bad}")
 
 
 def _check_term(text: str, side: str, where: str) -> str:

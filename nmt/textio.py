@@ -26,7 +26,8 @@ same file as an input (also through symlinks, standard input or standard output)
 same file as another output; an output directory that a command replaces (an export) may
 not contain an input.
 
-`one_line` makes a hypothesis safe to print as one line.
+`one_line` makes a hypothesis safe to print as one line; `lone_surrogate` says why a str is not
+Unicode text.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -51,6 +53,7 @@ STDIN = "-"
 # Every character str.splitlines() splits on, and NUL: never inside an output line.
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029\x00"
 _NO_BREAKS = str.maketrans({c: " " for c in _LINE_BREAKS})
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def is_stdin(path: str | None) -> bool:
@@ -225,6 +228,20 @@ def one_line(text: str) -> str:
     """`text` with every line-breaking character (anything str.splitlines splits on) and NUL
     replaced by a space: a hypothesis always stays one output line."""
     return text.translate(_NO_BREAKS)
+
+
+def cr_as_space(lines: list[str]) -> list[str]:
+    """`lines` with each "\\r" inside a line (lines are split on "\\n" only, so one may hold a stray "\\r") as the
+    space the tokenizers read it as: how the commands pass file lines to `nmt.Translator`, which takes no
+    line break in a line."""
+    return [line.replace("\r", " ") if "\r" in line else line for line in lines]
+
+
+def lone_surrogate(text: str) -> str | None:
+    """Why `text` is not Unicode text, `a lone surrogate U+D800 at character N` (JSON's `\\ud800` escape
+    makes one; no UTF-8 input has one), or None."""
+    bad = _SURROGATE.search(text)
+    return None if bad is None else f"a lone surrogate U+{ord(bad.group()):04X} at character {bad.start()}"
 
 
 @contextlib.contextmanager

@@ -164,7 +164,7 @@ def _translate(translator, lines: list[str], quiet: bool, stderr: IO[str], gloss
     from tqdm import tqdm
 
     with tqdm(total=len(lines), disable=quiet, unit="sent", file=stderr, dynamic_ncols=True) as bar:
-        results = translator.translate(lines, on_batch=bar.update, glossary=glossary)
+        results = translator.translate(textio.cr_as_space(lines), on_batch=bar.update, glossary=glossary)
     n_truncated = sum(r.truncated for r in results)
     if n_truncated and not quiet:
         print(truncation_warning(n_truncated, translator.max_positions), file=stderr)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
+from nmt import textio
 from nmt.commands.batcher import Settings
 from nmt.config import ConfigError, DecodeConfig
 from nmt.errors import UserError
@@ -20,7 +20,6 @@ SERVER_KEYS = {
 }
 REQUEST_KEYS = tuple(k for k in DecodeConfig.__dataclass_fields__ if k not in SERVER_KEYS)
 FIELDS = ("text", "options", "prefix", "glossary", "glossary_ignore_case")  # of a POST /translate body
-SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate (from JSON's \ud800 escape): not Unicode text
 
 
 class RequestError(Exception):
@@ -83,10 +82,9 @@ def _string_list(value: Any, name: str) -> list[str]:
     for i, line in enumerate(value):
         if "\n" in line or "\r" in line:
             raise RequestError(400, f"{name}[{i}] contains a line break (one sentence per item)")
-        bad = SURROGATE.search(line)
+        bad = textio.lone_surrogate(line)
         if bad:  # no UTF-8 text has one (nmt translate refuses such input as invalid UTF-8)
-            raise RequestError(400, f"{name}[{i}] is not Unicode text: a lone surrogate U+{ord(bad.group()):04X} at "
-                                    f"character {bad.start()}")
+            raise RequestError(400, f"{name}[{i}] is not Unicode text: {bad}")
     return value
 
 

@@ -119,9 +119,10 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     with textio.open_output(output, stdout) as out, \
             tqdm(total=total, disable=quiet or not from_file, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         for chunk in textio.iter_chunks(textio.iter_lines(input, stdin), chunk_lines):
+            chunk = textio.cr_as_space(chunk)
             prefixes = None
             if prefix_lines is not None:
-                prefixes = [line for _, line in zip(chunk, prefix_lines)]
+                prefixes = textio.cr_as_space([line for _, line in zip(chunk, prefix_lines)])
                 if len(prefixes) < len(chunk):
                     raise UserError(f"{prefix} has fewer lines ({index + len(prefixes)}) than the input")
             results = translator.translate(chunk, prefixes=prefixes, first_line=index, on_batch=bar.update,
