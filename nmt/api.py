@@ -123,13 +123,13 @@ class Translator:
         serve` validates a request's options once), instead of decode_options. `lines` and `prefixes`
         are lists (any ordered iterables) of str, `line_numbers` of int: one str, a mapping or a set,
         or an item of another type, is a one-line TypeError that names the argument; a line break
-        ("\\n", "\\r") or a lone surrogate in an item is a ValueError naming it. glossary: `[(source term, target term), ...]` (or a
-        `nmt.glossary.Glossary`): every output of a line holds the target term of each entry whose
-        source term occurs in the line (whole words, longest match first; case-insensitive with
-        glossary_ignore_case=True; a Glossary keeps its own ignore_case, another value is a UserError);
-        lines no entry matches translate as without it (nmt/glossary.py; the PyTorch engine only:
-        CTranslate2 cannot guarantee terms, a UserError). Every target term is checked before any
-        work (`check_glossary`)."""
+        ("\\n", "\\r") or a lone surrogate in an item is a ValueError naming it. glossary:
+        `[(source term, target term), ...]` (or a `nmt.glossary.Glossary`): every output of a line
+        holds the target term of each entry whose source term occurs in the line (whole words,
+        longest match first; case-insensitive with glossary_ignore_case=True; a Glossary keeps its
+        own ignore_case, another value is a UserError); lines no entry matches translate as without
+        it (nmt/glossary.py; the PyTorch engine only: CTranslate2 cannot guarantee terms, a
+        UserError). Every target term is checked before any work (`check_glossary`)."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
         if glossary is not None:
