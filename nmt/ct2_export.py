@@ -275,7 +275,7 @@ def ct2_decode(decode) -> tuple[Any, str | None]:
         decode = dataclasses.replace(decode, contrast_lang=None)
         notes.append("decode.contrast_lang (language-contrastive decoding) has no CTranslate2 counterpart: the "
                      "export's decode defaults leave it out (translate with the checkpoint to use it)")
-    if decode.stopping == "hf" and decode.beam_size > 1 and decode.length_penalty_type != "none" and decode.length_penalty:
+    if decode.stopping == "hf" and decode.length_penalty_type != "none" and decode.length_penalty:  # (greedy too: --beam)
         decode = dataclasses.replace(decode, stopping="exact")
         notes.append("decode.stopping hf (transformers' heuristic stop) has no CTranslate2 counterpart with a length "
                      "penalty: the export's decode defaults say stopping exact (translate with the checkpoint for the "

@@ -131,10 +131,11 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     - min_length m (counts the start) -> min_len m - 1; no_repeat_ngram_size -> no_repeat_ngram.
     - bad_words_ids: nmt never generates <pad> and a decoder start other than EOS (Specials.
       never_generated); MarianMT's [[pad]] is exactly that, other entries are noted as not applied.
-    - early_stopping (beam search's stopping rule): false or absent (transformers' default, a
-      heuristic) -> stopping `hf`, the same rule; true (stop once num_beams hypotheses have finished)
-      -> patience 1.0, the same rule; "never" -> nmt's exact stop (stopping `exact`), which is
-      transformers' "never" (its bound at the maximum length) for nmt's best hypotheses.
+    - early_stopping (beam search's stopping rule, also for a greedy config: `--beam 4` then searches
+      as generate(num_beams=4)): false or absent (transformers' default, a heuristic) -> stopping
+      `hf`, the same rule; true (stop once num_beams hypotheses have finished) -> patience 1.0, the
+      same rule; "never" -> nmt's exact stop (stopping `exact`), which is transformers' "never" (its
+      bound at the maximum length) for nmt's best hypotheses.
     Not mapped (noted): sampling, renormalize_logits (nmt masks forbidden tokens without
     renormalising).
     """
@@ -156,12 +157,11 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     other = [ids for ids in gen.get("bad_words_ids") or [] if not (len(ids) == 1 and ids[0] in never)]
     if other:
         notes.append(f"bad_words_ids {other} not applied (nmt forbids only {sorted(never)})")
-    stop = gen.get("early_stopping", False)
-    if decode["beam_size"] > 1:
-        if stop is True:
-            decode["patience"] = 1.0
-        elif stop is False:
-            decode["stopping"] = "hf"
+    stop = gen.get("early_stopping", False)  # (whatever the beam size: a greedy model may be asked for a beam)
+    if stop is True:
+        decode["patience"] = 1.0
+    elif stop is False:
+        decode["stopping"] = "hf"
     if gen.get("do_sample"):
         notes.append("do_sample not applied: nmt translates with beam search by default (--sampling topk|topp samples)")
     if gen.get("renormalize_logits"):
