@@ -78,8 +78,10 @@ def _is_int(value: Any, minimum: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+MAX_BEAMS = 128  # the largest num_beams `nmt import` takes (hub models use a few; 100000 would run for minutes a line)
+
 GENERATION_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "num_beams": ("an integer >= 1", lambda v: _is_int(v, 1)),
+    "num_beams": (f"an integer from 1 to {MAX_BEAMS}", lambda v: _is_int(v, 1) and v <= MAX_BEAMS),
     "length_penalty": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
     "max_length": ("an integer >= 2 (it counts the decoder start token)", lambda v: _is_int(v, 2)),
     "max_new_tokens": ("an integer >= 1", lambda v: _is_int(v, 1)),

@@ -423,6 +423,19 @@ def test_generation_settings_map_onto_decode_keys():
             assert decode["beam_size"] == beams.get("num_beams", 1) and not notes
 
 
+def test_a_beam_size_beyond_the_bound_is_refused():
+    """Issue 59 item 11: num_beams 100000 was imported without a word (one line then ran for minutes): a
+    generation config's num_beams is at most hf_io.MAX_BEAMS, else a one-line error naming the key."""
+    from nmt.hf_io import MAX_BEAMS, checked_generation
+
+    assert checked_generation({"num_beams": MAX_BEAMS}, "generation_config.json") == {"num_beams": MAX_BEAMS}
+    for beams in (MAX_BEAMS + 1, 100000):
+        with pytest.raises(UserError) as e:
+            checked_generation({"num_beams": beams}, "generation_config.json")
+        assert str(e.value) == (f"generation_config.json: num_beams must be an integer from 1 to {MAX_BEAMS}, got "
+                                f"{beams} (fix the file, or remove the key for transformers' default)")
+
+
 @pytest.fixture(scope="module")
 def no_beam_size(imported, tmp_path_factory):
     """{family: nmt checkpoint} of the `imported` models with a generation_config.json that names no num_beams
@@ -587,7 +600,9 @@ def _nan_weight(d: str) -> None:
 @pytest.mark.parametrize("case, edit, flags, message", [
     ("not-a-model", lambda d: os.remove(os.path.join(d, "config.json")), [], "is not a Hugging Face model directory"),
     ("num-beams-string", _generation(num_beams="4"), [],
-     r"generation_config.json: num_beams must be an integer >= 1, got '4' \(fix the file, or remove the key"),
+     r"generation_config.json: num_beams must be an integer from 1 to 128, got '4' \(fix the file, or remove the key"),
+    ("num-beams-huge", _generation(num_beams=100000), [],
+     r"generation_config.json: num_beams must be an integer from 1 to 128, got 100000 \(fix the file"),
     ("length-penalty-string", _generation(length_penalty="x"), [],
      "generation_config.json: length_penalty must be a number, got 'x'"),
     ("max-length-list", _generation(max_length=[60]), [], r"max_length must be an integer >= 2 .*got \[60\]"),
