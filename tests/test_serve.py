@@ -632,6 +632,32 @@ def test_a_request_is_validated_once_and_its_settings_reach_the_translator(ckpt,
                                                                                                      "nbest": 2})
 
 
+def test_errors_name_the_request_keys_not_the_command_line_flags(ckpt):
+    """Issue 59 item 12: a request's errors quoted the command's flags (`leave --contrast-lang out`, `choose
+    one with --tgt-lang`) where the request key is meant; flags of the server itself (`nmt serve --max-beam`)
+    are still named as flags."""
+    from nmt import api
+    from nmt.commands.serve_app import Service
+    from nmt.commands.serve_request import RequestError
+
+    service = Service(api.Translator(ckpt, device="cpu"), Settings(), "tiny")
+
+    async def answer(body: dict):
+        async with service.lifespan(None):
+            loop = asyncio.get_running_loop()
+            return await service.answer(json.dumps(body).encode(), loop.time() + 60, loop.create_future())
+
+    for options, message in (({"tgt_lang": "de"}, "tgt_lang de: this model translates into one language only (it "
+                                                   "has no target-language tokens); leave tgt_lang out"),
+                             ({"contrast_lang": "de"}, "leave contrast_lang out"),
+                             ({"precision": "fp16"}, "precision fp16"),
+                             ({"beam_size": 17}, "beam_size 17 is over this server's limit 16 (nmt serve --max-beam)")):
+        with pytest.raises(RequestError) as e:
+            asyncio.run(answer({"text": ["el sol"], "options": options}))
+        assert e.value.status == 400 and message in str(e.value), str(e.value)
+        assert "--" not in str(e.value).replace("nmt serve --max-beam", ""), str(e.value)
+
+
 # --------------------------------------------------------------------------- the batcher alone
 
 def _job(loop, lines, decode="d", prefixes=None) -> Job:

@@ -10,7 +10,8 @@ import json
 from urllib.parse import urlsplit
 
 from nmt.commands.batcher import Batcher, Job, Settings
-from nmt.commands.serve_request import REQUEST_KEYS, RequestError, check_options, parse_request, result_json
+from nmt.commands.serve_request import (REQUEST_KEYS, RequestError, check_options, parse_request, request_message,
+                                        result_json)
 from nmt.errors import UserError
 
 RETRY_AFTER = "1"  # seconds, with 503 for a full queue
@@ -91,7 +92,7 @@ class Service:
             try:
                 self.translator.check_glossary(decode, glossary)
             except UserError as e:
-                raise RequestError(400, str(e)) from None
+                raise RequestError(400, request_message(e)) from None
         loop = asyncio.get_running_loop()
         job = Job(lines, prefixes, decode, loop.create_future(), loop.time(), glossary)
         try:
@@ -109,7 +110,7 @@ class Service:
         try:
             results = job.future.result()
         except UserError as e:
-            raise RequestError(400, str(e)) from None
+            raise RequestError(400, request_message(e)) from None
         return {"translations": [result_json(r, decode, prefixes is not None) for r in results]}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from nmt import textio
@@ -20,6 +21,19 @@ SERVER_KEYS = {
 }
 REQUEST_KEYS = tuple(k for k in DecodeConfig.__dataclass_fields__ if k not in SERVER_KEYS)
 FIELDS = ("text", "options", "prefix", "glossary", "glossary_ignore_case")  # of a POST /translate body
+
+
+_FLAG = re.compile(r"(?<![\w-])(?<!serve )--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")  # `--tgt-lang`, not `nmt serve --x`
+
+
+def request_message(error: Exception) -> str:
+    """The one-line message of a library error as a request's answer says it: the command-line flag of a
+    request key (`--tgt-lang`, `--contrast-lang`) becomes that key (`tgt_lang`); other flags stay."""
+    def key(m: re.Match) -> str:
+        name = m.group(1).replace("-", "_")
+        return name if name in REQUEST_KEYS else m.group(0)
+
+    return _FLAG.sub(key, str(error))
 
 
 class RequestError(Exception):
@@ -73,7 +87,7 @@ def parse_glossary(data: dict):
     except GlossaryTooLarge as e:
         raise RequestError(413, f"{e} in one request") from None
     except UserError as e:
-        raise RequestError(400, str(e)) from None
+        raise RequestError(400, request_message(e)) from None
 
 
 def _string_list(value: Any, name: str) -> list[str]:
@@ -113,7 +127,7 @@ def check_options(translator, options: dict, settings: Settings) -> DecodeConfig
     except ConfigError as e:
         raise RequestError(400, "; ".join(e.errors)) from None
     except UserError as e:
-        raise RequestError(400, str(e)) from None
+        raise RequestError(400, request_message(e)) from None
     errors = over_limits(decode, options, settings.max_beam, translator.max_positions)
     if errors:
         raise RequestError(400, errors[0])
