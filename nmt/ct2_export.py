@@ -302,7 +302,7 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
     with textio.atomic_dir(output_dir, what="export") as tmp:
         _converter_class()(model, tokenizer, cfg).convert(tmp, quantization=quantization, force=True)
         tokenizer.save(tmp)
-        meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.abspath(checkpoint) if checkpoint else "",
+        meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.basename(checkpoint),
                 "step": step, "quantization": quantization or "float32", "joint": tokenizer.joint,
                 "max_positions": cfg.model.max_positions,
                 "config": to_dict(dataclasses.replace(cfg, decode=ct2_decode(cfg.decode)[0])),

@@ -448,8 +448,8 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
     symlinks, hard links and the file behind standard input or output are caught (devices and
     pipes, e.g. /dev/null, are written, never replaced: they may be an input too). Two outputs may
     not name the same file either. Outputs whose option is in `output_dirs` are directories that the
-    command replaces as a whole (an export): such a directory may exist, but must neither be nor
-    contain an input (compared through symlinks). Outputs whose option is in `new_files` must not
+    command replaces as a whole (an export): such a directory may exist, must have an existing
+    parent directory, and must neither be nor contain an input (compared through symlinks). Outputs whose option is in `new_files` must not
     exist yet (a file the user may have edited, e.g. `nmt import --config`).
     """
     named: list[tuple[str, tuple[int, int]]] = []
@@ -507,8 +507,11 @@ def _check_output_file(option: str, path: str, *, new: bool) -> None:
 
 
 def _check_output_dir(option: str, path: str, places: list[tuple[str, str]]) -> None:
-    """An output directory (replaced as a whole; it may not exist yet, nor its parents) must not be, or
-    contain, an input."""
+    """An output directory (replaced as a whole; it may not exist yet) must be in an existing directory and
+    must not be, or contain, an input."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{option} {path}: directory {parent} does not exist")
     real = os.path.realpath(path)
     for what, other in places:
         if other == real or other.startswith(real.rstrip(os.sep) + os.sep):
