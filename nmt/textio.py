@@ -461,6 +461,8 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
                 named.append((f"{option} (standard input)", ident))
             continue
         if option not in input_dirs:
+            if os.path.isdir(path):  # (a file is read: nothing else names the option)
+                raise UserError(f"{option} {path} is a directory, not a file")
             _check_readable(path)
         elif not os.path.exists(path):
             raise UserError(f"{option} not found: {path}")

@@ -4,6 +4,7 @@ table explored, and write the chosen settings into a copy of the checkpoint (-o)
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 from nmt import textio, tune as tuning
@@ -33,6 +34,9 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
     outputs = {"--output": output} if output is not None else {}
     if glossary is None and (glossary_ignore_case or glossary_constrain is not None):
         raise UserError("--glossary-ignore-case and --glossary-constrain go with --glossary FILE")
+    if os.path.isdir(checkpoint):
+        raise UserError(f"--checkpoint {checkpoint} is a directory: nmt tune takes a checkpoint file (a CTranslate2 "
+                        "export is tuned as the checkpoint it was exported from, then exported again)")
     inputs = {"--checkpoint": checkpoint, "--src": src, "--ref": ref, **({"--glossary": glossary} if glossary else {})}
     textio.check_paths(inputs, outputs)
     src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
