@@ -264,7 +264,7 @@ def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     (b'{"text": ["a"], "options": {"protect_pattern": "x+"}}', "option 'protect_pattern' is not set per request"),
     (b'{"text": ["a"], "options": {"beam_size": 5}}', "beam_size 5 is over this server's limit 4"),
     (b'{"text": ["a"], "options": {"glossary_beam_size": 8}}', "glossary_beam_size 8 is over this server's limit 4"),
-    (b'{"text": ["a"], "options": {"protect": true}}', "--protect needs a model trained with data.protect: true"),
+    (b'{"text": ["a"], "options": {"protect": true}}', "protect needs a model trained with data.protect: true"),
     (b'{"text": ["a"], "options": {"tgt_lang": "de"}}', "this model translates into one language only"),
     (b'{"text": ["Hola \\ud800"]}', "text[0] is not Unicode text: a lone surrogate U+D800 at character 5"),
     (b'{"text": ["a", "b"], "prefix": ["", "\\udfff"]}', "prefix[1] is not Unicode text: a lone surrogate U+DFFF"),
