@@ -21,8 +21,11 @@ for several threads or requests at once, gather their lines into one call.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Set as AbstractSet
+from numbers import Integral
 from typing import Any, Callable, Sequence
 
+from nmt import textio
 from nmt.batching import Progress
 from nmt.config import DecodeConfig, decode_config
 from nmt.engine import check_decode, load_engine
@@ -63,10 +66,16 @@ class Translator:
 
         return protect.known_by(self._engine.tokenizer)
 
-    def check_glossary(self, settings: DecodeConfig | None = None) -> None:
+    def check_glossary(self, settings: DecodeConfig | None = None, glossary: Any = None) -> None:
         """UserError unless `translate(glossary=...)` can guarantee terms: this engine has constrained
-        search (PyTorch; not CTranslate2) and, with `settings`, they search greedily or by beam (not sampling)."""
+        search (PyTorch; not CTranslate2), with `settings` they search greedily or by beam (not sampling),
+        and the model can write every target term of `glossary` (a `nmt.glossary.Glossary`) exactly as
+        given (`nmt.glossary.check_targets`: every entry, matched or not; once per glossary)."""
         check_glossary(self._engine, settings)
+        if glossary is not None:
+            from nmt.glossary import check_targets
+
+            check_targets(glossary, self._engine.tokenizer, self._engine.max_positions)
 
     @property
     def max_positions(self) -> int:
@@ -101,7 +110,7 @@ class Translator:
     def translate(self, lines: Sequence[str], *, prefixes: Sequence[str] | None = None, first_line: int = 0,
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
                   cancel: Callable[[], bool] | None = None, settings: DecodeConfig | None = None,
-                  glossary: Any = None, glossary_ignore_case: bool = False,
+                  glossary: Any = None, glossary_ignore_case: bool | None = None,
                   **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
@@ -113,15 +122,21 @@ class Translator:
         `nmt serve` stops the work of a request nobody waits for any more). settings: decode settings
         this translator's `decode_settings` returned (validated there, so used as they are; how `nmt
         serve` validates a request's options once), instead of decode_options. `lines` and `prefixes`
-        are lists (any iterables) of str: one str, or an item that is not a str, is a one-line
-        TypeError that names the argument. glossary: `[(source term, target term), ...]` (or a
-        `nmt.glossary.Glossary`): every output of a line holds the target term of each entry whose
-        source term occurs in the line (whole words, longest match first; case-insensitive with
-        glossary_ignore_case); lines no entry matches translate as without it (nmt/glossary.py; the
-        PyTorch engine only: CTranslate2 cannot guarantee terms, a UserError)."""
+        are lists (any ordered iterables) of str, `line_numbers` of int: one str, a mapping or a set,
+        or an item of another type, is a one-line TypeError that names the argument; a line break
+        ("\\n", "\\r") or a lone surrogate in an item is a ValueError naming it. glossary:
+        `[(source term, target term), ...]` (or a `nmt.glossary.Glossary`): every output of a line
+        holds the target term of each entry whose source term occurs in the line (whole words,
+        longest match first; case-insensitive with glossary_ignore_case=True; a Glossary keeps its
+        own ignore_case, another value is a UserError); lines no entry matches translate as without
+        it (nmt/glossary.py; the PyTorch engine only: CTranslate2 cannot guarantee terms, a
+        UserError). Every target term is checked before any work (`check_glossary`)."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
+        if glossary is not None:
+            self.check_glossary(glossary=glossary)  # every entry, before any work
         prefixes = _texts(prefixes, "prefixes") if prefixes is not None else None
+        line_numbers = _line_numbers(line_numbers) if line_numbers is not None else None
         decode = self._given(settings, decode_options)
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
             if given is not None and len(given) != len(lines):
@@ -157,29 +172,51 @@ class Translator:
         return settings
 
 
+def _items(value: Any, name: str, what: str) -> list:
+    """`value` as a list: a one-line TypeError naming the argument for one str or bytes (its characters would
+    be taken for lines), a mapping or a set (keys, in no set order), or anything not iterable."""
+    if isinstance(value, (str, bytes, Mapping, AbstractSet)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a list of {what}, one per line, not a {type(value).__name__}"
+                        + (" (for one line: [text])" if isinstance(value, str) and what == "strings" else ""))
+    return list(value)
+
+
 def _texts(value: Any, name: str) -> list[str]:
-    """`value` (any iterable of str) as a list; a one-line TypeError naming the argument when it is one
-    string (its characters would be taken for lines) or holds something else than str."""
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"{name} must be a list of strings, one per line, not a {type(value).__name__}"
-                        + (" (for one line: [text])" if isinstance(value, str) else ""))
-    texts = list(value)
+    """`value` (any ordered iterable of str) as a list; a one-line TypeError naming the argument when it is
+    not one (`_items`) or holds something else than str, a ValueError naming the item for a line break
+    ("\\n", "\\r": one line per item, as the server refuses it) or a lone surrogate (not Unicode text)."""
+    texts = _items(value, name, "strings")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"{name}[{i}] must be a string, not {type(text).__name__}")
+        if "\n" in text or "\r" in text:
+            raise ValueError(f"{name}[{i}] contains a line break (one line per item)")
+        bad = textio.lone_surrogate(text)
+        if bad:
+            raise ValueError(f"{name}[{i}] is not Unicode text: {bad}")
     return texts
 
 
-def _glossary(glossary: Any, ignore_case: bool):
-    """A compiled `Glossary` from the API's forms (None stays None): a Glossary as it is, else a list
-    of [source, target] pairs (`check_entries`: one-line UserError naming the bad item)."""
+def _line_numbers(value: Any) -> list[int]:
+    """`line_numbers` as a list of int; a one-line TypeError naming the argument or its item otherwise."""
+    given = _items(value, "line_numbers", "ints")
+    for i, n in enumerate(given):
+        if not isinstance(n, Integral) or isinstance(n, bool):
+            raise TypeError(f"line_numbers[{i}] must be an int, not {type(n).__name__}")
+    return [int(n) for n in given]
+
+
+def _glossary(glossary: Any, ignore_case: bool | None):
+    """A compiled `Glossary` from the API's forms (None stays None): a Glossary as it is (`ignore_case`
+    None or its own), else a list of [source, target] pairs (`check_entries`: one-line UserError naming
+    the bad item) compiled with `ignore_case` (None: False)."""
     from nmt.glossary import Glossary, check_entries
 
+    if ignore_case is not None and not isinstance(ignore_case, bool):
+        raise TypeError(f"glossary_ignore_case must be True or False, got {ignore_case!r:.40}")
     if glossary is None or isinstance(glossary, Glossary):
-        if isinstance(glossary, Glossary) and ignore_case != glossary.ignore_case:
+        if isinstance(glossary, Glossary) and ignore_case not in (None, glossary.ignore_case):
             raise UserError("glossary_ignore_case: the Glossary was compiled with ignore_case="
                             f"{glossary.ignore_case}")
         return glossary
-    if not isinstance(ignore_case, bool):
-        raise TypeError(f"glossary_ignore_case must be True or False, got {ignore_case!r:.40}")
-    return Glossary(check_entries(glossary), ignore_case)
+    return Glossary(check_entries(glossary), bool(ignore_case))

@@ -253,10 +253,20 @@ def build_model_from_checkpoint(rec: ModelRecord, path: str) -> tuple[nn.Module,
 
 
 def load_for_inference(path: str, device: str | torch.device = "cpu") -> tuple[nn.Module, Any, Any]:
-    """(model.eval() on `device`, Tokenizer, Config): everything needed to translate."""
+    """(model.eval() on `device`, Tokenizer, Config): everything needed to translate. UserError for weights
+    that are not finite (`check_weights`)."""
     record = load_record(path)  # mapped: the optimizer state is never read
+    check_weights(record, path)
     model, tokenizer, cfg = build_model_from_checkpoint(record, path)
     return model.to(device).eval(), tokenizer, cfg
+
+
+def check_weights(rec: ModelRecord, path: str) -> None:
+    """UserError naming the checkpoint and its tensors that hold NaN or infinite values (what import and export
+    refuse: `nmt.export_dir.check_finite`): such weights translate to garbage or crash the search."""
+    from nmt.export_dir import check_finite
+
+    check_finite(rec.model, f"checkpoint {path}")
 
 
 # --------------------------------------------------------------------------- averaging
@@ -267,16 +277,19 @@ def average_checkpoints(paths: list[str], out_path: str) -> ModelRecord:
     Floating-point tensors are summed in float64 and divided by N; the config,
     tokenizer, vocab, counters and language identifier of the first file are kept (all
     files must have the same architecture, vocabulary and tokenizer, else UserError).
-    Optimizer state is dropped: the output translates but cannot resume training.
+    Optimizer state is dropped: the output translates but cannot resume training. Weights that
+    are not finite are refused (`check_weights`).
     Returns the written record (without the model weights).
     """
     if not paths:
         raise UserError("average: no checkpoints given")
     first = load_record(paths[0])  # only the model weights are read
+    check_weights(first, paths[0])
     sums = {k: v.double() if v.is_floating_point() else v.clone() for k, v in first.model.items()}
     for path in paths[1:]:
         other = load_record(path)
         _check_same_architecture(first, paths[0], other, path)
+        check_weights(other, path)
         for k, v in other.model.items():
             if v.is_floating_point():
                 sums[k] += v.double()

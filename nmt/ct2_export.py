@@ -275,7 +275,7 @@ def ct2_decode(decode) -> tuple[Any, str | None]:
         decode = dataclasses.replace(decode, contrast=dataclasses.replace(decode.contrast, lang=None))
         notes.append("decode.contrast.lang (language-contrastive decoding) has no CTranslate2 counterpart: the "
                      "export's decode defaults leave it out (translate with the checkpoint to use it)")
-    if decode.stopping == "hf" and decode.beam_size > 1 and decode.length_penalty_type != "none" and decode.length_penalty:
+    if decode.stopping == "hf" and decode.length_penalty_type != "none" and decode.length_penalty:  # (greedy too: --beam)
         decode = dataclasses.replace(decode, stopping="exact")
         notes.append("decode.stopping hf (transformers' heuristic stop) has no CTranslate2 counterpart with a length "
                      "penalty: the export's decode defaults say stopping exact (translate with the checkpoint for the "
@@ -302,7 +302,7 @@ def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | 
     with textio.atomic_dir(output_dir, what="export") as tmp:
         _converter_class()(model, tokenizer, cfg).convert(tmp, quantization=quantization, force=True)
         tokenizer.save(tmp)
-        meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.abspath(checkpoint) if checkpoint else "",
+        meta = {"format": FORMAT, "version": VERSION, "checkpoint": os.path.basename(checkpoint),
                 "step": step, "quantization": quantization or "float32", "joint": tokenizer.joint,
                 "max_positions": cfg.model.max_positions,
                 "config": to_dict(dataclasses.replace(cfg, decode=ct2_decode(cfg.decode)[0])),

@@ -3,6 +3,7 @@
 
 - `nmt_export.json` (`METADATA_FILE`) marks a directory nmt wrote: a CTranslate2 export's holds the checkpoint's
   config (`FORMAT`, `VERSION`; `read_metadata` reads and checks it), a Hugging Face export's says "nmt-hf".
+  Both name the checkpoint by its file name and step (not its path: an export is made to be shared).
   `langid.json` (`LANGID_FILE`, `read_langid`): the checkpoint's language identifier, when it has one.
 - Before writing: `check_export_paths` (the output directory is not, and does not hold, the checkpoint),
   `check_output_dir` (only an earlier export or an empty directory is replaced, and only with --force),

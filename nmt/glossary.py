@@ -162,16 +162,28 @@ def joining_tokens(tokenizer) -> list[bool]:
     return _JOINS[tokenizer]
 
 
+def _unwritable(term: str, ids: list[int], written: str, tokenizer) -> str | None:
+    """Why the model cannot write `term` exactly as given (its tokens `ids`, decoded `written`), or None."""
+    if not ids or tokenizer.specials.unk in ids:
+        return "cannot be written by this model (its vocabulary has no token for some of its characters)"
+    if units(written)[:2] != units(term)[:2]:  # its units (NFC, case kept) and where whitespace separates them
+        return (f"would be written {written!r} by this model (its tokenizer normalises it): give it as "
+                "the model writes it")
+    return None
+
+
 def term_tokens(targets: Sequence[str], tokenizer) -> tuple[list[list[int]], list[bool]]:
     """The constraints of one line: per target term (`Glossary.targets`) its target token ids and
     whether it `needs_word_end`; terms with the same ids count once. UserError for a term the model
-    cannot write (no token, or the unknown token)."""
+    cannot write exactly as given (no token, the unknown token, or tokens that decode to other text:
+    `check_targets`)."""
     seqs: list[list[int]] = []
     ends: list[bool] = []
-    for term, ids in zip(targets, tokenizer.encode_tgt(list(targets))):
-        if not ids or tokenizer.specials.unk in ids:
-            raise UserError(f"the glossary target term {term!r} cannot be written by this model (its vocabulary "
-                            "has no token for some of its characters)")
+    encoded = tokenizer.encode_tgt(list(targets))
+    for term, ids, written in zip(targets, encoded, tokenizer.decode_tgt(encoded)):
+        problem = _unwritable(term, ids, written, tokenizer)
+        if problem:
+            raise UserError(f"the glossary target term {term!r} {problem}")
         if ids not in seqs:
             seqs.append(ids)
             ends.append(needs_word_end(term))
@@ -190,6 +202,8 @@ class Glossary:
         self._index: dict[str, list[tuple[tuple[str, ...], tuple[bool, ...], Entry]]] = {}
         seen: dict[tuple, Entry] = {}
         for e in entries:
+            _no_surrogate(e.source, "source", "glossary")
+            _no_surrogate(e.target, "target", "glossary")
             keys, gaps, _ = units(e.source, ignore_case)
             term = (tuple(keys), tuple(gaps))
             if not keys:
@@ -236,16 +250,49 @@ class Glossary:
         return list(dict.fromkeys(m.entry.target for m in self.match(line)))
 
 
+_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Glossary -> WeakSet of tokenizers
+
+
+def check_targets(glossary: Glossary, tokenizer, max_positions: int) -> None:
+    """UserError naming the first entry whose target term the model (its tokenizer, its output positions)
+    cannot write exactly as given: no token or the unknown token for some character, a tokenizer that
+    normalises it into other text (NFKC: `™` -> `TM`, `ﬁ` -> `fi`, full-width letters; a zero-width space
+    dropped), or more tokens than the positions hold with an EOS. Every entry, matched or not, when a
+    glossary is loaded; checked once per glossary and tokenizer."""
+    done = _CHECKED.setdefault(glossary, weakref.WeakSet())
+    if tokenizer in done:
+        return
+    targets = list(dict.fromkeys(e.target for e in glossary.entries))
+    encoded = tokenizer.encode_tgt(targets)
+    written = dict(zip(targets, zip(encoded, tokenizer.decode_tgt(encoded))))
+    for e in glossary.entries:
+        ids, text = written[e.target]
+        problem = _unwritable(e.target, ids, text, tokenizer)
+        if problem is None and len(ids) + 1 > max_positions - 1:
+            problem = f"needs {len(ids) + 1} output tokens with an EOS, more than the model's {max_positions - 1}"
+        if problem:
+            raise UserError(f"glossary: the target term {e.target!r} (of {e.source!r}) {problem}")
+    done.add(tokenizer)
+
+
 def match(line: str, entries: Glossary | Sequence[Entry], ignore_case: bool = False) -> list[Match]:
     """`Glossary(entries, ignore_case).match(line)` (compile a Glossary once to match many lines)."""
     glossary = entries if isinstance(entries, Glossary) else Glossary(entries, ignore_case)
     return glossary.match(line)
 
 
+def _no_surrogate(term: str, side: str, where: str) -> None:
+    """UserError for a lone surrogate (JSON's `\\ud800` escape; no UTF-8 text has one): not Unicode text."""
+    bad = textio.lone_surrogate(term)
+    if bad:
+        raise UserError(f"{where}: the {side} term {term!r} is not Unicode text: {bad}")
+
+
 def _check_term(text: str, side: str, where: str) -> str:
     term = text.strip()
     if not term:
         raise UserError(f"{where}: the {side} term is empty")
+    _no_surrogate(term, side, where)
     if any(c in term for c in "\n\r\t"):
         raise UserError(f"{where}: the {side} term {term!r} contains a tab or a line break")
     if "<term>" in term or "</term>" in term:

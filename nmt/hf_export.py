@@ -177,7 +177,8 @@ def write_hf(model, tokenizer, cfg, output_dir: str, *, force: bool = False, che
     files, weights, notes = build_directory(model, tokenizer, cfg)
     with textio.atomic_dir(output_dir, what="export") as tmp:
         save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        meta = {"format": "nmt-hf", "checkpoint": os.path.abspath(checkpoint) if checkpoint else "", "step": step}
+        os.chmod(os.path.join(tmp, "model.safetensors"), 0o666 & ~textio.umask())  # (safetensors writes 0600)
+        meta = {"format": "nmt-hf", "checkpoint": os.path.basename(checkpoint), "step": step}
         for name, data in {**files, METADATA_FILE: _json(meta)}.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)

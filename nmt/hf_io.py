@@ -78,8 +78,10 @@ def _is_int(value: Any, minimum: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+MAX_BEAMS = 128  # the largest num_beams `nmt import` takes (hub models use a few; 100000 would run for minutes a line)
+
 GENERATION_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "num_beams": ("an integer >= 1", lambda v: _is_int(v, 1)),
+    "num_beams": (f"an integer from 1 to {MAX_BEAMS}", lambda v: _is_int(v, 1) and v <= MAX_BEAMS),
     "length_penalty": ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
     "max_length": ("an integer >= 2 (it counts the decoder start token)", lambda v: _is_int(v, 2)),
     "max_new_tokens": ("an integer >= 1", lambda v: _is_int(v, 1)),
@@ -131,10 +133,11 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     - min_length m (counts the start) -> min_len m - 1; no_repeat_ngram_size -> no_repeat_ngram.
     - bad_words_ids: nmt never generates <pad> and a decoder start other than EOS (Specials.
       never_generated); MarianMT's [[pad]] is exactly that, other entries are noted as not applied.
-    - early_stopping (beam search's stopping rule): false or absent (transformers' default, a
-      heuristic) -> stopping `hf`, the same rule; true (stop once num_beams hypotheses have finished)
-      -> patience 1.0, the same rule; "never" -> nmt's exact stop (stopping `exact`), which is
-      transformers' "never" (its bound at the maximum length) for nmt's best hypotheses.
+    - early_stopping (beam search's stopping rule, also for a greedy config: `--beam 4` then searches
+      as generate(num_beams=4)): false or absent (transformers' default, a heuristic) -> stopping
+      `hf`, the same rule; true (stop once num_beams hypotheses have finished) -> patience 1.0, the
+      same rule; "never" -> nmt's exact stop (stopping `exact`), which is transformers' "never" (its
+      bound at the maximum length) for nmt's best hypotheses.
     Not mapped (noted): sampling, renormalize_logits (nmt masks forbidden tokens without
     renormalising).
     """
@@ -156,12 +159,11 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     other = [ids for ids in gen.get("bad_words_ids") or [] if not (len(ids) == 1 and ids[0] in never)]
     if other:
         notes.append(f"bad_words_ids {other} not applied (nmt forbids only {sorted(never)})")
-    stop = gen.get("early_stopping", False)
-    if decode["beam_size"] > 1:
-        if stop is True:
-            decode["patience"] = 1.0
-        elif stop is False:
-            decode["stopping"] = "hf"
+    stop = gen.get("early_stopping", False)  # (whatever the beam size: a greedy model may be asked for a beam)
+    if stop is True:
+        decode["patience"] = 1.0
+    elif stop is False:
+        decode["stopping"] = "hf"
     if gen.get("do_sample"):
         notes.append("do_sample not applied: nmt translates with beam search by default (--sampling topk|topp samples)")
     if gen.get("renormalize_logits"):

@@ -18,7 +18,9 @@
   (pytorch/pytorch#184982), and quantizes activations with one scale per call, so a sentence's
   output would depend on its batch companions. `torch._int_mm` takes plain int8 tensors (it is
   the CPU/GPU int8 matmul that torchao's dynamic int8 quantization calls); a torch without it
-  gets a one-line error (`int8_available`).
+  gets a one-line error (`int8_available`), and so does a CPU whose int8 products are slower than
+  fp32 ones (`int8_speedup`, measured at load: without AVX-512 VNNI, AVX-VNNI or AMX, `_int_mm`
+  has no fast kernel), pointed to CTranslate2's int8.
 - `auto` (the default): fp32 for the PyTorch engine; with CTranslate2, the exported weights' type.
 
 CTranslate2 (nmt/ct2.py) maps the same names onto its `compute_type` (`float32`, `bfloat16`,
@@ -26,6 +28,9 @@ CTranslate2 (nmt/ct2.py) maps the same names onto its `compute_type` (`float32`,
 """
 
 from __future__ import annotations
+
+import functools
+import time
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +60,27 @@ def int8_available() -> bool:
         return False
 
 
+@functools.cache
+def int8_speedup() -> float:
+    """How many times faster this CPU multiplies int8 matrices (`torch._int_mm`, the product of every
+    `Int8Linear`) than fp32 ones (`torch.mm`), measured once per process on a [256, 512] x [512, 512]
+    product (a few milliseconds; the best of interleaved runs, so another process's load counts little).
+    Above 1 where oneDNN has int8 kernels (AVX-512 VNNI, AVX-VNNI, AMX); on AVX2 alone `_int_mm` is
+    several times slower than fp32."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (256, 512), dtype=torch.int8, generator=g)
+    b = torch.randint(-127, 128, (512, 512), dtype=torch.int8, generator=g)
+    af, bf = a.float(), b.float()
+    runs = {"fp32": lambda: torch.mm(af, bf), "int8": lambda: torch._int_mm(a, b)}
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(6):  # (the first of each warms up)
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best["fp32"] / max(best["int8"], 1e-9)
+
+
 def check(precision: str, device: torch.device) -> None:
     """One-line UserError for a precision this device cannot run (or runs slower than fp32)."""
     precision, kind = resolve(precision), device.type
@@ -63,6 +89,10 @@ def check(precision: str, device: torch.device) -> None:
                         f"on {kind} use bf16 or fp16")
     if precision == "int8" and not int8_available():
         raise UserError("--precision int8 needs torch._int_mm on CPU, which this torch build lacks")
+    if precision == "int8" and int8_speedup() < 1:
+        raise UserError("--precision int8 on this CPU would be slower than fp32 (its int8 matrix products, measured "
+                        "at load, are slower than fp32 ones: no AVX-512 VNNI, AVX-VNNI or AMX); use fp32, or export the "
+                        "model (nmt export) and translate with --engine ctranslate2 --precision int8")
     if precision == "fp16" and kind == "cpu":
         raise UserError("--precision fp16 is for GPUs (CPUs have no fast fp16 matmul in PyTorch); on CPU use int8 "
                         "or, on a CPU with AVX-512 BF16/AMX, bf16")

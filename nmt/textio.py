@@ -26,7 +26,8 @@ same file as an input (also through symlinks, standard input or standard output)
 same file as another output; an output directory that a command replaces (an export) may
 not contain an input.
 
-`one_line` makes a hypothesis safe to print as one line.
+`one_line` makes a hypothesis safe to print as one line; `lone_surrogate` says why a str is not
+Unicode text.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -51,6 +53,7 @@ STDIN = "-"
 # Every character str.splitlines() splits on, and NUL: never inside an output line.
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029\x00"
 _NO_BREAKS = str.maketrans({c: " " for c in _LINE_BREAKS})
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def is_stdin(path: str | None) -> bool:
@@ -225,6 +228,20 @@ def one_line(text: str) -> str:
     """`text` with every line-breaking character (anything str.splitlines splits on) and NUL
     replaced by a space: a hypothesis always stays one output line."""
     return text.translate(_NO_BREAKS)
+
+
+def cr_as_space(lines: list[str]) -> list[str]:
+    """`lines` with each "\\r" inside a line (lines are split on "\\n" only, so one may hold a stray "\\r") as the
+    space the tokenizers read it as: how the commands pass file lines to `nmt.Translator`, which takes no
+    line break in a line."""
+    return [line.replace("\r", " ") if "\r" in line else line for line in lines]
+
+
+def lone_surrogate(text: str) -> str | None:
+    """Why `text` is not Unicode text, `a lone surrogate U+D800 at character N` (JSON's `\\ud800` escape
+    makes one; no UTF-8 input has one), or None."""
+    bad = _SURROGATE.search(text)
+    return None if bad is None else f"a lone surrogate U+{ord(bad.group()):04X} at character {bad.start()}"
 
 
 @contextlib.contextmanager
@@ -431,8 +448,8 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
     symlinks, hard links and the file behind standard input or output are caught (devices and
     pipes, e.g. /dev/null, are written, never replaced: they may be an input too). Two outputs may
     not name the same file either. Outputs whose option is in `output_dirs` are directories that the
-    command replaces as a whole (an export): such a directory may exist, but must neither be nor
-    contain an input (compared through symlinks). Outputs whose option is in `new_files` must not
+    command replaces as a whole (an export): such a directory may exist, must have an existing
+    parent directory, and must neither be nor contain an input (compared through symlinks). Outputs whose option is in `new_files` must not
     exist yet (a file the user may have edited, e.g. `nmt import --config`).
     """
     named: list[tuple[str, tuple[int, int]]] = []
@@ -444,6 +461,8 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
                 named.append((f"{option} (standard input)", ident))
             continue
         if option not in input_dirs:
+            if os.path.isdir(path):  # (a file is read: nothing else names the option)
+                raise UserError(f"{option} {path} is a directory, not a file")
             _check_readable(path)
         elif not os.path.exists(path):
             raise UserError(f"{option} not found: {path}")
@@ -490,8 +509,11 @@ def _check_output_file(option: str, path: str, *, new: bool) -> None:
 
 
 def _check_output_dir(option: str, path: str, places: list[tuple[str, str]]) -> None:
-    """An output directory (replaced as a whole; it may not exist yet, nor its parents) must not be, or
-    contain, an input."""
+    """An output directory (replaced as a whole; it may not exist yet) must be in an existing directory and
+    must not be, or contain, an input."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{option} {path}: directory {parent} does not exist")
     real = os.path.realpath(path)
     for what, other in places:
         if other == real or other.startswith(real.rstrip(os.sep) + os.sep):

@@ -105,6 +105,43 @@ def test_texts_must_be_lists_of_strings(ckpt):
     assert len(translator.score(iter(["el gato"]), ("the cat",))) == 1
 
 
+def test_lines_and_line_numbers_are_checked_naming_the_argument(ckpt):
+    """Issue 59 item 10: a line with a line break was translated as one line (the server refuses it), a lone
+    surrogate gave sentencepiece's TypeError, line_numbers=["a"] a TypeError from inside, a dict or a set
+    was taken for its keys in no set order. Now each is a one-line TypeError or ValueError naming the
+    argument and the item."""
+    from nmt import Translator
+
+    translator = Translator(ckpt)
+    calls = {"lines": lambda v: translator.translate(v),
+             "prefixes": lambda v: translator.translate(["a", "b"], prefixes=v),
+             "sources": lambda v: translator.score(v, ["a", "b"]), "targets": lambda v: translator.score(["a", "b"], v)}
+    for name, call in calls.items():
+        for value, error, message in (
+                ({"a": 1, "b": 2}, TypeError, f"{name} must be a list of strings, one per line, not a dict"),
+                ({"a", "b"}, TypeError, f"{name} must be a list of strings, one per line, not a set"),
+                ({"a": 1, "b": 2}.keys(), TypeError, f"{name} must be a list of strings, one per line, not a dict_keys"),
+                (["a", "b\nc"], ValueError, f"{name}[1] contains a line break (one line per item)"),
+                (["a\r", "b"], ValueError, f"{name}[0] contains a line break (one line per item)"),
+                (["a", "b\ud800"], ValueError, f"{name}[1] is not Unicode text: a lone surrogate U+D800 at character 1")):
+            with pytest.raises(error) as e:
+                call(value)
+            assert str(e.value) == message, (name, value, str(e.value))
+    for value, error, message in ((["a", "b"], TypeError, "line_numbers[0] must be an int, not str"),
+                                  ([0, 1.0], TypeError, "line_numbers[1] must be an int, not float"),
+                                  ([True, 1], TypeError, "line_numbers[0] must be an int, not bool"),
+                                  ("01", TypeError, "line_numbers must be a list of ints, one per line, not a str"),
+                                  ({0, 1}, TypeError, "line_numbers must be a list of ints, one per line, not a set"),
+                                  (7, TypeError, "line_numbers must be a list of ints, one per line, not a int")):
+        with pytest.raises(error) as e:
+            translator.translate(["el gato", "el perro"], line_numbers=value)
+        assert str(e.value) == message, (value, str(e.value))
+    import numpy as np
+
+    assert [r.text for r in translator.translate(["el gato", "el perro"], line_numbers=np.arange(2))] == \
+        [r.text for r in translator.translate(["el gato", "el perro"], line_numbers=(0, 1))]
+
+
 def test_concurrent_calls_from_threads_equal_sequential_calls(ckpt, lines):
     from nmt import Translator
 

@@ -250,3 +250,33 @@ def test_checkpoints_follow_the_umask(tmp_path):
         os.umask(old)
     assert oct(os.stat(tmp_path / "a.pt").st_mode & 0o777) == oct(0o644)
     assert oct(os.stat(tmp_path / "b.pt").st_mode & 0o777) == oct(0o600)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_a_one_line_error_at_load(tmp_path, capsys, value):
+    """Issue 59 item 9: a NaN weight crashed beam search (IndexError), made greedy write `Da Da Da` with
+    exit 0, `nmt score` print nan and `nmt average` write it on. Every command that loads weights refuses
+    them in one line (exit 2), as import and export do (export_dir.check_finite), before any output."""
+    from helpers import make_pairs, make_tiny_checkpoint
+
+    from nmt.cli import main
+
+    good = make_tiny_checkpoint(str(tmp_path / "good.pt"))
+    state = ckpt.load_checkpoint(good)
+    state["model"]["decoder.layers.0.ffn.fc2.weight"][1, 2] = value
+    bad = str(tmp_path / "bad.pt")
+    ckpt.save_checkpoint(state, bad)
+    src = write(tmp_path / "src.es", [p[0] for p in make_pairs(3, 1)])
+    ref = write(tmp_path / "ref.en", [p[1] for p in make_pairs(3, 1)])
+    out = tmp_path / "out"
+    for args in (["translate", "-c", bad, "-i", src, "-o", str(out), "--beam", "2"],
+                 ["translate", "-c", bad, "-i", src, "-o", str(out), "--beam", "1"],
+                 ["score", "-c", bad, "--src", src, "--tgt", ref, "-o", str(out)],
+                 ["evaluate", "-c", bad, "--src", src, "--ref", ref, "--save-hyps", str(out)],
+                 ["average", good, bad, "-o", str(out)]):
+        code = main(args)
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, (args, err)
+        assert f"checkpoint {bad}: weights that are not finite (NaN or infinite) in " \
+               "decoder.layers.0.ffn.fc2.weight" in err, err
+        assert not out.exists()

@@ -119,6 +119,30 @@ def test_missing_files_are_one_line_errors(tmp_path):
 
 # --------------------------------------------------------------------------- outputs never overwrite inputs (every command)
 
+def test_a_glossary_is_an_input_no_output_may_replace(ckpt, tmp_path, capsys):
+    """Issue 59 item 1: `nmt evaluate --glossary g.tsv --save-hyps g.tsv` replaced the glossary with the
+    hypotheses (also through a symlink or `../dir/./g.tsv`). The glossary is one of the inputs every output
+    is checked against, by every command that takes one; nothing is written, the glossary is untouched."""
+    from nmt import cli
+
+    src = write(tmp_path / "src.es", [p[0] for p in make_pairs(3, 1)])
+    ref = write(tmp_path / "ref.en", [p[1] for p in make_pairs(3, 1)])
+    (tmp_path / "dir").mkdir()
+    glossary = write(tmp_path / "dir" / "g.tsv", ["perro\tdog"])
+    link = tmp_path / "link.tsv"
+    link.symlink_to(glossary)
+    other = str(tmp_path / "dir" / ".." / "dir" / "." / "g.tsv")
+    for out in (glossary, str(link), other):
+        for args in (["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--glossary", glossary, "--save-hyps", out],
+                     ["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--glossary", str(link), "--save-hyps", out],
+                     ["translate", "-c", ckpt, "-i", src, "--glossary", other, "-o", out, "-q"],
+                     ["tune", "-c", ckpt, "--src", src, "--ref", ref, "--glossary", glossary, "-o", out, "-q"]):
+            code = cli.main(args)
+            err = capsys.readouterr().err
+            assert code == 2 and "same file" in err and "--glossary" in err and len(err.strip().splitlines()) == 1, err
+            assert open(glossary, encoding="utf-8").read() == "perro\tdog\n" and link.is_symlink()
+
+
 @pytest.mark.slow
 def test_outputs_never_overwrite_inputs(ckpt, tmp_path):
     src = write(tmp_path / "src.es", [p[0] for p in make_pairs(3, 1)])

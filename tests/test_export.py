@@ -242,6 +242,60 @@ def test_output_directory_never_contains_the_checkpoint(ct2, tmp_path, capsys, f
 
 
 @pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_exported_files_follow_the_umask(ct2, tmp_path, capsys, fmt):
+    """Issue 59 item 7: the Hugging Face export's model.safetensors was written 0600 whatever the umask
+    (another user, or a container's, could not load it); every file of an export follows the umask, as
+    checkpoints do."""
+    from helpers import make_tiny_checkpoint
+
+    from nmt.cli import main
+
+    ckpt = make_tiny_checkpoint(str(tmp_path / "ck.pt"))
+    old = os.umask(0o022)
+    try:
+        for mask in (0o022, 0o077):
+            os.umask(mask)
+            out = tmp_path / f"out{mask:o}"
+            assert main(["export", "-c", ckpt, "--format", fmt, "-o", str(out)]) == 0, capsys.readouterr().err
+            modes = {name: oct(os.stat(out / name).st_mode & 0o777) for name in os.listdir(out)}
+            assert modes == dict.fromkeys(os.listdir(out), oct(0o666 & ~mask)), modes
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_an_output_in_a_missing_directory_is_refused(ct2, tmp_path, capsys, fmt):
+    """Issue 59 item 12: `nmt export -o nope/a/b` created the missing parents; as every other command, it
+    refuses an output whose directory does not exist (one line, nothing written)."""
+    from helpers import make_tiny_checkpoint
+
+    from nmt.cli import main
+
+    ckpt = make_tiny_checkpoint(str(tmp_path / "ck.pt"))
+    out = tmp_path / "nope" / "a" / "b"
+    code = main(["export", "-c", ckpt, "--format", fmt, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"nmt export: error: --output {out}: directory {out.parent} does not exist\n", err
+    assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_the_metadata_names_the_checkpoint_not_its_path(ct2, tmp_path, capsys, fmt):
+    """Issue 59 item 12: nmt_export.json recorded the checkpoint's absolute path (the exporting machine's
+    directories, in a directory made to be shared); it records its file name and step."""
+    from helpers import make_tiny_checkpoint
+
+    from nmt.cli import main
+
+    ckpt = make_tiny_checkpoint(str(tmp_path / "ck.pt"), seed=3)
+    out = tmp_path / "out"
+    assert main(["export", "-c", ckpt, "--format", fmt, "-o", str(out)]) == 0, capsys.readouterr().err
+    meta = json.loads((out / "nmt_export.json").read_text())
+    assert (meta["checkpoint"], meta["step"]) == ("ck.pt", 3)
+    assert str(tmp_path) not in json.dumps({k: v for k, v in meta.items() if k != "config"})
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
 def test_weights_that_are_not_finite_are_refused(ct2, tmp_path, capsys, fmt):
     from helpers import make_tiny_checkpoint
 

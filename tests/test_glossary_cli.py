@@ -23,7 +23,7 @@ import pytest
 from nmt import cli
 from nmt.api import Translator
 from nmt.errors import UserError
-from nmt.glossary import Glossary, appears, check_entries
+from nmt.glossary import Entry, Glossary, appears, check_entries
 
 from helpers import ROOT, make_pairs
 
@@ -162,6 +162,55 @@ def test_api_errors_are_one_line(translator):
         translator.translate(LINES, glossary=GLOSSARY, glossary_ignore_case="yes")
 
 
+@pytest.mark.parametrize("term, written", [("ｍｏｏｎ", "moon"), ("moon\u200b", "moon"), ("ﬁeld", None),
+                                           ("sun ﬁeld", None)])
+def test_a_target_term_the_tokenizer_would_change_is_refused_when_loaded(translator, term, written):
+    """Issue 59 item 3: a target term the tokenizer normalises (full-width letters, a zero-width space; NFKC:
+    ™, ligatures) would be written otherwise than given (or not at all): a one-line error that names it, when
+    the glossary is loaded (the entry need not match), never an output without the term."""
+    for lines in (["el perro come"], ["la casa"]):  # the entry matches / matches no line
+        with pytest.raises(UserError) as e:
+            translator.translate(lines, glossary=[("perro", term), ("gato", "sun")])
+        message = str(e.value)
+        assert repr(term) in message and "\n" not in message, message
+        if written is not None:
+            assert f"would be written {written!r}" in message, message
+
+
+def test_every_target_term_is_checked_when_the_glossary_is_loaded(translator, ckpt, tmp_path, capsys):
+    """Issue 59 item 4: a target term the model cannot write, or too long for its positions, is an error
+    when the glossary is loaded, whether or not (and wherever) its entry matches, not when a chunk
+    with a line it matches comes up."""
+    from nmt.commands.translate import translate_command
+
+    long_term = " ".join(["moon"] * 30)  # 30 tokens: more than the tiny model's 24 positions
+    for target, message in (("zebra ✓", "cannot be written"), (long_term, "output tokens")):
+        glossary = [("perro", "moon"), ("cebra", target)]  # "cebra" occurs in no line
+        with pytest.raises(UserError, match=message):
+            translator.translate(LINES, glossary=glossary)
+        src = _write(tmp_path / "in.txt", LINES)
+        tsv = _write(tmp_path / "terms.tsv", [f"{s}\t{t}" for s, t in glossary])
+        out = tmp_path / "out.txt"
+        with pytest.raises(UserError, match=message) as e:
+            translate_command(ckpt, src, str(out), glossary=tsv, quiet=True, chunk_lines=2, device="cpu")
+        assert "cebra" in str(e.value) and not out.exists()
+
+
+def test_a_lone_surrogate_in_a_term_is_a_one_line_error(translator):
+    """Issue 59 item 5: a lone surrogate (not Unicode text; JSON's \\ud800 escape) in a source or target term:
+    a one-line UserError naming the entry (the server: 400), never sentencepiece's TypeError or a 500."""
+    from nmt.commands.serve_request import RequestError, parse_glossary
+
+    for pair in (("perro", "mo\ud800on"), ("pe\udfffrro", "moon")):
+        with pytest.raises(UserError, match=r"glossary\[1\]: .*surrogate U\+D[8F]"):
+            translator.translate(["el perro come"], glossary=[("gato", "sun"), pair])
+        with pytest.raises(UserError, match="surrogate"):
+            translator.translate(["el perro come"], glossary=Glossary([Entry(*pair)]))
+        with pytest.raises(RequestError, match=r"glossary\[0\]: .*surrogate") as e:
+            parse_glossary({"glossary": [list(pair)]})
+        assert e.value.status == 400
+
+
 def _write(path, lines) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in lines))
@@ -175,6 +224,43 @@ def test_translate_command_equals_the_api(translator, ckpt, tmp_path, capsys):
     assert cli.main(["translate", "-c", ckpt, "-i", src, "-o", out, "--glossary", tsv, "--beam", "2", "-q"]) == 0
     with open(out, encoding="utf-8") as f:
         assert f.read().splitlines() == [r.text for r in translator.translate(LINES, glossary=GLOSSARY, beam_size=2)]
+
+
+def test_ignore_case_from_the_command_line_and_the_server(ckpt, translator, tmp_path, capsys):
+    """Issue 59 item 2: --glossary-ignore-case (nmt translate, nmt evaluate) and "glossary_ignore_case": true
+    (POST /translate) match as the API's glossary_ignore_case=True does (they failed: the compiled
+    Glossary's ignore_case was taken for a conflict with the API's default)."""
+    lines = ["el Perro come la mesa", "la casa ve el gato GRANDE"] + LINES[:4]
+    want = [r.text for r in translator.translate(lines, glossary=GLOSSARY, glossary_ignore_case=True)]
+    assert appears("moon", want[0]) and appears("big river", want[1])
+    src = _write(tmp_path / "in.txt", lines)
+    ref = _write(tmp_path / "ref.txt", ["the dog eats the table", "the house sees the big cat"] + LINES[:4])
+    tsv = _write(tmp_path / "terms.tsv", [f"{s}\t{t}" for s, t in GLOSSARY])
+    out = str(tmp_path / "out.txt")
+    code = cli.main(["translate", "-c", ckpt, "-i", src, "-o", out, "--glossary", tsv, "--glossary-ignore-case", "-q"])
+    assert code == 0, capsys.readouterr().err
+    with open(out, encoding="utf-8") as f:
+        assert f.read().splitlines() == want
+    code = cli.main(["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "--glossary", tsv, "--glossary-ignore-case",
+                     "--json", "-q"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["term_use"] == 100.0
+    pytest.importorskip("starlette", reason="nmt serve's stack is the serve extra")
+    import asyncio
+
+    from nmt.commands.batcher import Settings
+    from nmt.commands.serve_app import Service
+
+    service = Service(translator, Settings(), "tiny")
+
+    async def answer():
+        async with service.lifespan(None):
+            loop = asyncio.get_running_loop()
+            body = json.dumps({"text": lines, "glossary": [list(e) for e in GLOSSARY], "glossary_ignore_case": True})
+            return await service.answer(body.encode(), loop.time() + 60, loop.create_future())
+
+    assert [t["text"] for t in asyncio.run(answer())["translations"]] == want
 
 
 def test_translate_command_reports_the_glossary(ckpt, tmp_path, capsys):

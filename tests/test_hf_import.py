@@ -408,17 +408,77 @@ def test_imported_model_searches_as_generate_by_default(trained, family):
 
 def test_generation_settings_map_onto_decode_keys():
     """early_stopping False or absent (transformers' default heuristic) -> stopping hf; True -> patience 1
-    (the same rule); "never" -> the exact stop. Greedy needs neither."""
+    (the same rule); "never" -> the exact stop. Whatever the beam size, named or not (issue 59 item 6: a
+    greedy config, or one that names no num_beams as NLLB's does, kept the exact stop, so `--beam 4` was not
+    generate(num_beams=4))."""
     from nmt.hf_io import decode_from_generation
     from nmt.layout import NMT_SPECIALS
 
     tok = type("Tok", (), {"specials": NMT_SPECIALS})()
-    for gen, patience, stopping in (({"early_stopping": True}, 1.0, None), ({"early_stopping": "never"}, None, None),
-                                    ({"early_stopping": False}, None, "hf"), ({}, None, "hf")):
-        decode, notes = decode_from_generation({"num_beams": 4, "length_penalty": 1.0, **gen}, tok)
-        assert (decode.get("patience"), decode.get("stopping")) == (patience, stopping) and not notes
-    decode, notes = decode_from_generation({"num_beams": 1, "early_stopping": True}, tok)
-    assert "patience" not in decode and "stopping" not in decode and not notes
+    for beams in ({"num_beams": 4}, {"num_beams": 1}, {}):
+        for gen, patience, stopping in (({"early_stopping": True}, 1.0, None), ({"early_stopping": "never"}, None, None),
+                                        ({"early_stopping": False}, None, "hf"), ({}, None, "hf")):
+            decode, notes = decode_from_generation({**beams, "length_penalty": 1.0, **gen}, tok)
+            assert (decode.get("patience"), decode.get("stopping")) == (patience, stopping), (beams, gen)
+            assert decode["beam_size"] == beams.get("num_beams", 1) and not notes
+
+
+def test_a_beam_size_beyond_the_bound_is_refused():
+    """Issue 59 item 11: num_beams 100000 was imported without a word (one line then ran for minutes): a
+    generation config's num_beams is at most hf_io.MAX_BEAMS, else a one-line error naming the key."""
+    from nmt.hf_io import MAX_BEAMS, checked_generation
+
+    assert checked_generation({"num_beams": MAX_BEAMS}, "generation_config.json") == {"num_beams": MAX_BEAMS}
+    for beams in (MAX_BEAMS + 1, 100000):
+        with pytest.raises(UserError) as e:
+            checked_generation({"num_beams": beams}, "generation_config.json")
+        assert str(e.value) == (f"generation_config.json: num_beams must be an integer from 1 to {MAX_BEAMS}, got "
+                                f"{beams} (fix the file, or remove the key for transformers' default)")
+
+
+@pytest.fixture(scope="module")
+def no_beam_size(imported, tmp_path_factory):
+    """{family: nmt checkpoint} of the `imported` models with a generation_config.json that names no num_beams
+    (as NLLB's own does, and the tiny models transformers builds)."""
+    import json
+    import shutil
+
+    from nmt.commands.import_model import import_command
+
+    out = {}
+    for family in ("marian", "m2m100"):
+        _, _, d, _ = imported[family]
+        copy = str(tmp_path_factory.mktemp(f"{family}-no-beams") / "model")
+        shutil.copytree(d, copy, ignore=shutil.ignore_patterns("*.pt"))
+        path = os.path.join(copy, "generation_config.json")
+        with open(path, encoding="utf-8") as f:
+            gen = json.load(f)
+        del gen["num_beams"]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(gen, f)
+        out[family] = os.path.join(copy, "imported.pt")
+        assert import_command(copy, out[family], quiet=True) == 0
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["marian", "m2m100"])
+def test_a_beam_asked_of_a_greedy_import_searches_as_generate(imported, no_beam_size, family):
+    """Issue 59 item 6: a model whose generation config names no beam size imports greedy with transformers'
+    stopping rule, so `--beam 4` gives generate(num_beams=4) (it kept the exact stop: 0 of 40 Marian lines
+    equal)."""
+    from nmt.checkpoint import load_checkpoint
+
+    model, tokenizer, _, _ = imported[family]
+    ckpt = no_beam_size[family]
+    decode = load_checkpoint(ckpt)["config"]["decode"]
+    assert (decode["beam_size"], decode["stopping"]) == (1, "hf")
+    lines = fx.corpus_lines("test", "es", 40, skip=100)
+    theirs = hf_outputs(model, tokenizer, lines, family, num_beams=4)
+    same = sum(a == b for a, b in zip(nmt_outputs(ckpt, lines, family, beam_size=4), theirs))
+    assert same >= 0.95 * len(lines), f"{len(lines) - same} of {len(lines)} lines differ"
+    exact = nmt_outputs(ckpt, lines, family, beam_size=4, stopping="exact")
+    assert sum(a != b for a, b in zip(exact, theirs)) >= 3  # the exact stop would not give generate()'s outputs
 
 
 def test_export_writes_the_stopping_rule():
@@ -540,7 +600,9 @@ def _nan_weight(d: str) -> None:
 @pytest.mark.parametrize("case, edit, flags, message", [
     ("not-a-model", lambda d: os.remove(os.path.join(d, "config.json")), [], "is not a Hugging Face model directory"),
     ("num-beams-string", _generation(num_beams="4"), [],
-     r"generation_config.json: num_beams must be an integer >= 1, got '4' \(fix the file, or remove the key"),
+     r"generation_config.json: num_beams must be an integer from 1 to 128, got '4' \(fix the file, or remove the key"),
+    ("num-beams-huge", _generation(num_beams=100000), [],
+     r"generation_config.json: num_beams must be an integer from 1 to 128, got 100000 \(fix the file"),
     ("length-penalty-string", _generation(length_penalty="x"), [],
      "generation_config.json: length_penalty must be a number, got 'x'"),
     ("max-length-list", _generation(max_length=[60]), [], r"max_length must be an integer >= 2 .*got \[60\]"),
@@ -851,6 +913,21 @@ def test_ctranslate2_export_of_an_imported_model(imported, family, tmp_path):
     assert len(ct2.translate(lines[:2], beam_size=4)) == 2
     scores = [s.log_prob for s in ct2.score(lines[:5], lines[:5])]
     assert scores == pytest.approx([s.log_prob for s in torch_.score(lines[:5], lines[:5])], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_ctranslate2_export_of_a_greedy_import_takes_a_beam(no_beam_size, tmp_path):
+    """A greedy import keeps transformers' stopping rule for a beam asked later (issue 59 item 6), which
+    CTranslate2 cannot search with a length penalty: its export's defaults say exact, so `beam_size=4`
+    translates instead of being refused."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is optional: pip install -e '.[ct2]'")
+    from nmt import Translator
+    from nmt.commands.export import export_command
+
+    out = str(tmp_path / "ct2")
+    assert export_command(no_beam_size["m2m100"], out, quiet=True) == 0
+    ct2 = Translator(out, device="cpu")
+    assert ct2.decode.stopping == "exact" and len(ct2.translate(fx.corpus_lines("test", "es", 2), beam_size=4)) == 2
 
 
 def finetune_config(tmp_path, imported, family: str, capsys, **edits) -> str:

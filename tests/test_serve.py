@@ -264,7 +264,7 @@ def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     (b'{"text": ["a"], "options": {"protect_pattern": "x+"}}', "option 'protect_pattern' is not set per request"),
     (b'{"text": ["a"], "options": {"beam_size": 5}}', "beam_size 5 is over this server's limit 4"),
     (b'{"text": ["a"], "options": {"glossary_beam_size": 8}}', "glossary_beam_size 8 is over this server's limit 4"),
-    (b'{"text": ["a"], "options": {"protect": true}}', "--protect needs a model trained with data.protect: true"),
+    (b'{"text": ["a"], "options": {"protect": true}}', "protect needs a model trained with data.protect: true"),
     (b'{"text": ["a"], "options": {"tgt_lang": "de"}}', "this model translates into one language only"),
     (b'{"text": ["Hola \\ud800"]}', "text[0] is not Unicode text: a lone surrogate U+D800 at character 5"),
     (b'{"text": ["a", "b"], "prefix": ["", "\\udfff"]}', "prefix[1] is not Unicode text: a lone surrogate U+DFFF"),
@@ -448,16 +448,37 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
 
 @pytest.mark.slow
 def test_a_second_signal_stops_at_once(slow_ckpt):
+    """The second signal ends the process at once (128 + signal); the requests in progress, translating or
+    queued, are answered 503 in JSON as every answer is (issue 59 item 8: they got 500 in text/plain and the
+    log ~130 lines of CancelledError tracebacks)."""
     server = Server(slow_ckpt)
-    t = threading.Thread(target=lambda: _ignore_errors(server.translate, ["el sol"], long_search(4000)))
-    t.start()
+    answers: list = []
+
+    def client() -> None:
+        body = json.dumps({"text": ["el sol"], "options": long_search(4000)}).encode()
+        try:
+            answers.append(server.request("/translate", body, method="POST", headers={"Content-Type": "x"}))
+        except (OSError, ValueError) as e:  # no answer at all
+            answers.append(e)
+
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    threads[0].start()
     _wait_for(server, lambda h: h["translating"] == 1)
+    threads[1].start()
+    _wait_for(server, lambda h: h["queued"] == 1)
     server.proc.send_signal(signal.SIGTERM)
-    _wait_for_log(server, "SIGTERM: answering the 1 requests in progress")
+    _wait_for_log(server, "SIGTERM: answering the 2 requests in progress")
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=30) == 128 + signal.SIGTERM
-    t.join()
-    assert "nmt serve: stopped (SIGTERM twice)" in "".join(server.log)
+    for t in threads:
+        t.join()
+    log = "".join(server.log)
+    assert "nmt serve: stopped (SIGTERM twice)" in log and "Traceback" not in log, log
+    for answer in answers:
+        assert not isinstance(answer, Exception), answer
+        status, headers, body = answer
+        assert (status, headers["content-type"]) == (503, "application/json"), answer
+        assert body == {"error": "the server is stopping (a second signal): not translated"}
 
 
 @pytest.mark.slow
@@ -630,6 +651,32 @@ def test_a_request_is_validated_once_and_its_settings_reach_the_translator(ckpt,
     assert seen == [DecodeConfig(**{**vars(translator.decode), "beam_size": 2, "nbest": 2})]
     assert as_command_output(got["translations"], {"nbest": 2}) == nmt_translate(ckpt, LINES[:3], {"beam_size": 2,
                                                                                                      "nbest": 2})
+
+
+def test_errors_name_the_request_keys_not_the_command_line_flags(ckpt):
+    """Issue 59 item 12: a request's errors quoted the command's flags (`leave --contrast-lang out`, `choose
+    one with --tgt-lang`) where the request key is meant; flags of the server itself (`nmt serve --max-beam`)
+    are still named as flags."""
+    from nmt import api
+    from nmt.commands.serve_app import Service
+    from nmt.commands.serve_request import RequestError
+
+    service = Service(api.Translator(ckpt, device="cpu"), Settings(), "tiny")
+
+    async def answer(body: dict):
+        async with service.lifespan(None):
+            loop = asyncio.get_running_loop()
+            return await service.answer(json.dumps(body).encode(), loop.time() + 60, loop.create_future())
+
+    for options, message in (({"tgt_lang": "de"}, "tgt_lang de: this model translates into one language only (it "
+                                                   "has no target-language tokens); leave tgt_lang out"),
+                             ({"contrast_lang": "de"}, "leave contrast_lang out"),
+                             ({"precision": "fp16"}, "precision fp16"),
+                             ({"beam_size": 17}, "beam_size 17 is over this server's limit 16 (nmt serve --max-beam)")):
+        with pytest.raises(RequestError) as e:
+            asyncio.run(answer({"text": ["el sol"], "options": options}))
+        assert e.value.status == 400 and message in str(e.value), str(e.value)
+        assert "--" not in str(e.value).replace("nmt serve --max-beam", ""), str(e.value)
 
 
 # --------------------------------------------------------------------------- the batcher alone

@@ -314,6 +314,28 @@ def test_command_files_progress_and_warning(ckpt, loaded, tmp_path):
             assert "sent" in err.getvalue()  # the tqdm bar (unit "sent") went to stderr
 
 
+def test_a_stray_carriage_return_in_a_file_line_is_read_as_a_space(ckpt, tmp_path, capsys):
+    """Lines are split on "\\n" only, so a file line may hold a stray "\\r"; nmt.Translator refuses line breaks
+    in a line (issue 59 item 10), and the commands that read files pass it on as the space the tokenizer
+    reads it as: the same outputs and scores as with a space, exit 0."""
+    from nmt.cli import main
+
+    files = {}
+    for name, sep in (("cr", "\r"), ("space", " ")):
+        files[name] = (tmp_path / f"{name}.es", tmp_path / f"{name}.en")
+        files[name][0].write_bytes(f"el perro{sep}come\nla casa\n".encode())
+        files[name][1].write_bytes(f"the dog{sep}eats\nthe house\n".encode())
+    outputs = {}
+    for name, (src, tgt) in files.items():
+        for command in (["translate", "-c", ckpt, "-i", str(src), "-q"], ["score", "-c", ckpt, "--src", str(src),
+                        "--tgt", str(tgt), "-q"], ["evaluate", "-c", ckpt, "--src", str(src), "--ref", str(tgt), "-q"]):
+            code = main(command)
+            captured = capsys.readouterr()
+            assert code == 0, captured.err
+            outputs.setdefault(name, []).append(captured.out.replace(str(src), "SRC").replace(str(tgt), "TGT"))
+    assert outputs["cr"] == outputs["space"]
+
+
 def test_command_reads_gzip_input(ckpt, loaded, tmp_path):
     import gzip
 

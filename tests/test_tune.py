@@ -409,3 +409,22 @@ def test_train_tune_decode_leaves_best_pt_when_no_setting_is_within_the_loop_lim
     log = open(os.path.join(cfg.run_dir, "train.log"), encoding="utf-8").read()
     assert "warning: tune: no setting kept looping outputs within 0% of the lines: the fewest, with greedy, " \
            "no-repeat 0, looped on" in log and "best.pt keeps its decode settings" in log
+
+
+def test_a_directory_for_the_checkpoint_is_a_one_line_error(tmp_path, capsys):
+    """Issue 59 item 12: `nmt tune -c CT2_DIR` said "is a directory, not a text file"; the error names the
+    option, and says that tune takes the checkpoint file (a CTranslate2 export cannot be tuned); `nmt
+    average` names the option of a directory too."""
+    from nmt.cli import main
+
+    export = tmp_path / "ct2"
+    export.mkdir()
+    (export / "nmt_export.json").write_text("{}")
+    lines = tmp_path / "dev.txt"
+    lines.write_text("el perro\n", encoding="utf-8")
+    assert main(["tune", "-c", str(export), "--src", str(lines), "--ref", str(lines)]) == 2
+    assert capsys.readouterr().err == (f"nmt tune: error: --checkpoint {export} is a directory: nmt tune takes a "
+                                       "checkpoint file (a CTranslate2 export is tuned as the checkpoint it was "
+                                       "exported from, then exported again)\n")
+    assert main(["average", str(export), "-o", str(tmp_path / "avg.pt")]) == 2
+    assert capsys.readouterr().err == f"nmt average: error: checkpoint 1 {export} is a directory, not a file\n"

@@ -99,12 +99,10 @@ def _language(checkpoint: str | None, engine: str, langid: str | None, tgt_lang:
     return lang, tokenize, _identifier(info, lang, warn, langid)
 
 
-def _glossary(path: str | None, ignore_case: bool, src: str | None, stdin) -> Any:
+def _glossary(path: str | None, ignore_case: bool, src: str | None) -> Any:
     """The --glossary's compiled Glossary (None without one); it needs --src (UserError)."""
-    if path is not None:
-        if src is None:
-            raise UserError("--glossary needs --src: the source lines its terms are matched in")
-        textio.check_paths({"--glossary": path}, {}, stdin=stdin)
+    if path is not None and src is None:
+        raise UserError("--glossary needs --src: the source lines its terms are matched in")
     return load_glossary(path, ignore_case)
 
 
@@ -130,7 +128,7 @@ def format_terms(report: dict, names: Sequence[str]) -> str:
             f"entries, {report['term_lines']} lines with a term; on those lines {scores})")
 
 
-def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid) -> None:
+def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid, glossary) -> None:
     """Everything `evaluate_command` can check before any work (UserError)."""
     for name in names:
         if name not in METRICS:
@@ -148,6 +146,8 @@ def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overri
         inputs = {"--ref": ref, "--hyp": hyp, **({"--src": src} if src is not None else {})}
     if langid is not None:
         inputs["--langid"] = langid
+    if glossary is not None:
+        inputs["--glossary"] = glossary
     textio.check_paths(inputs, {"--save-hyps": save_hyps} if save_hyps else {}, stdin=stdin,
                        input_dirs=("--checkpoint", "--langid"))
 
@@ -164,7 +164,7 @@ def _translate(translator, lines: list[str], quiet: bool, stderr: IO[str], gloss
     from tqdm import tqdm
 
     with tqdm(total=len(lines), disable=quiet, unit="sent", file=stderr, dynamic_ncols=True) as bar:
-        results = translator.translate(lines, on_batch=bar.update, glossary=glossary)
+        results = translator.translate(textio.cr_as_space(lines), on_batch=bar.update, glossary=glossary)
     n_truncated = sum(r.truncated for r in results)
     if n_truncated and not quiet:
         print(truncation_warning(n_truncated, translator.max_positions), file=stderr)
@@ -223,11 +223,11 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     stderr = stderr if stderr is not None else sys.stderr
     overrides = dict(overrides or {})
     names = [m.lower() for m in metrics]
-    _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid)
-    terms = _glossary(glossary, glossary_ignore_case, src, stdin)
+    _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid, glossary)
+    terms = _glossary(glossary, glossary_ignore_case, src)
     translator = _translator(checkpoint, engine, device, overrides) if checkpoint is not None else None
     if translator is not None and terms is not None:
-        translator.check_glossary()  # before any work
+        translator.check_glossary(glossary=terms)  # before any work
     lang, tokenize, identifier = _language(checkpoint, engine, langid, overrides.get("tgt_lang"), tokenize,
                                            lambda msg: print(f"nmt evaluate: warning: {msg}", file=stderr, flush=True))
     refs = textio.read_lines(ref)

@@ -32,7 +32,8 @@ def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: 
     with textio.open_output(output, stdout) as out, \
             tqdm(total=n_src, disable=quiet, unit="pair", file=stderr, dynamic_ncols=True) as bar:
         for src_chunk, tgt_chunk in zip(textio.iter_chunks(src_lines, 10_000), textio.iter_chunks(tgt_lines, 10_000)):
-            scores = translator.score(src_chunk, tgt_chunk, on_batch=bar.update, protect=overrides["protect"])
+            scores = translator.score(textio.cr_as_space(src_chunk), textio.cr_as_space(tgt_chunk), on_batch=bar.update,
+                                      protect=overrides["protect"])
             n_truncated += sum(s.truncated for s in scores)
             out.write("".join(s.format() + "\n" for s in scores).encode("utf-8"))
             out.flush()

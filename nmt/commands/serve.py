@@ -31,12 +31,13 @@ request's arrival, reading its body included.
 
 SIGTERM or Ctrl-C: new requests get 503, and so do those still sending their body; the requests
 already accepted are answered, then the process exits 0; a second signal exits at once (128 +
-signal). The ASGI stack (Starlette, uvicorn) is the optional extra `serve` and is imported only
+signal), the requests still in progress answered 503. The ASGI stack (Starlette, uvicorn) is the optional extra `serve` and is imported only
 here, when the server starts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -66,8 +67,9 @@ def require_stack():
 
 def _server_class(uvicorn):
     """uvicorn.Server that drains on the first SIGTERM / SIGINT (new requests 503, accepted ones
-    answered, then exit) and stops at once on the second, and does not re-raise the signal
-    afterwards (uvicorn does, which would end the process with 128 + signal instead of 0)."""
+    answered, then exit) and stops at once on the second (the requests in progress answered 503 in
+    JSON first), and does not re-raise the signal afterwards (uvicorn does, which would end the
+    process with 128 + signal instead of 0)."""
 
     class DrainingServer(uvicorn.Server):
         def __init__(self, config, service: Service):
@@ -95,6 +97,22 @@ def _server_class(uvicorn):
             self.service.draining = True
             print(f"nmt serve: {signal.Signals(sig).name}: answering the {self.service.in_flight} requests in "
                   "progress, refusing new ones (a second signal stops at once)", file=sys.stderr, flush=True)
+
+        async def shutdown(self, sockets=None) -> None:
+            if not self.force_exit:
+                await super().shutdown(sockets)
+                return
+            # the second signal: the requests in progress are answered (503, JSON), the connections closed, and
+            # the process ends here, waiting neither for the running call nor for the event loop's teardown
+            # (which would cancel the app's tasks, and log their tracebacks)
+            self.service.stopped.set()
+            for _ in range(100):  # (each answers at once; at most 1 s)
+                if not self.service.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            await super().shutdown(sockets)  # (sends what was answered)
+            print(f"nmt serve: stopped ({signal.Signals(self.signals[-1]).name} twice)", file=sys.stderr, flush=True)
+            os._exit(128 + self.signals[-1])  # (the interpreter's exit would join the translating thread)
 
         async def on_tick(self, counter: int) -> bool:  # every 0.1 s
             if await super().on_tick(counter):
@@ -172,10 +190,7 @@ def serve_command(path: str, *, engine: str = "auto", device: str = "auto", over
     shown = f"[{host}]" if ":" in host else host
     print(f"nmt serve: http://{shown}:{sock.getsockname()[1]}/ ({service.name}, {translator.engine}, batching "
           f"{'on' if settings.batching else 'off'}; Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
-    server.run(sockets=[sock])
+    server.run(sockets=[sock])  # (a second signal ends the process in it: DrainingServer.shutdown)
     sock.close()
-    if server.force_exit and server.signals:  # a second signal: do not wait for the running call either
-        print(f"nmt serve: stopped ({signal.Signals(server.signals[-1]).name} twice)", file=sys.stderr, flush=True)
-        os._exit(128 + server.signals[-1])  # (the interpreter's exit would join the translating thread)
     print("nmt serve: stopped", file=sys.stderr, flush=True)
     return 0

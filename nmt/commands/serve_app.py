@@ -10,7 +10,8 @@ import json
 from urllib.parse import urlsplit
 
 from nmt.commands.batcher import Batcher, Job, Settings
-from nmt.commands.serve_request import REQUEST_KEYS, RequestError, check_options, parse_request, result_json
+from nmt.commands.serve_request import (REQUEST_KEYS, RequestError, check_options, parse_request, request_message,
+                                        result_json)
 from nmt.errors import UserError
 
 RETRY_AFTER = "1"  # seconds, with 503 for a full queue
@@ -25,7 +26,8 @@ class ClientGone(Exception):
 class Service:
     """What the app serves: the translator, the settings, the batcher (made when the event loop
     runs), whether it is shutting down (`draining`, set by the signal handler; `stopping`, the
-    event the server sets from it, wakes the requests still sending their body), and how many
+    event the server sets from it, wakes the requests still sending their body; `stopped`, set on a
+    second signal, answers the requests still waiting for their translation 503), and how many
     requests are in progress (`in_flight`: being received or answered; the drain waits for them)."""
 
     def __init__(self, translator, settings: Settings, name: str):
@@ -33,6 +35,7 @@ class Service:
         self.batcher: Batcher | None = None
         self.draining = False
         self.stopping = asyncio.Event()
+        self.stopped = asyncio.Event()
         self.in_flight = 0
 
     def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None):
@@ -83,15 +86,16 @@ class Service:
 
     async def answer(self, body: bytes, deadline: float, gone: asyncio.Future) -> dict:
         """The response body for a POST /translate body, or RequestError; ClientGone when `gone`
-        (the client's disconnection) comes first. A request not answered by `deadline` (loop time)
-        or whose client went away is abandoned: the batcher frees its slot, or stops its call."""
+        (the client's disconnection) comes first. A request not answered by `deadline` (loop time),
+        whose client went away, or still waiting when the server stops (`stopped`: RequestError 503)
+        is abandoned: the batcher frees its slot, or stops its call."""
         lines, prefixes, options, glossary = parse_request(body, self.settings)
         decode = check_options(self.translator, options, self.settings)
         if glossary is not None:
             try:
-                self.translator.check_glossary(decode)
+                self.translator.check_glossary(decode, glossary)
             except UserError as e:
-                raise RequestError(400, str(e)) from None
+                raise RequestError(400, request_message(e)) from None
         loop = asyncio.get_running_loop()
         job = Job(lines, prefixes, decode, loop.create_future(), loop.time(), glossary)
         try:
@@ -99,17 +103,24 @@ class Service:
         except asyncio.QueueFull:
             raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued: nmt serve "
                                     "--max-queue); retry later", {"Retry-After": RETRY_AFTER}) from None
-        await asyncio.wait({job.future, gone}, timeout=max(0.0, deadline - loop.time()),
-                           return_when=asyncio.FIRST_COMPLETED)
+        stopped = asyncio.ensure_future(self.stopped.wait())
+        try:
+            await asyncio.wait({job.future, gone, stopped}, timeout=max(0.0, deadline - loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
         if not job.future.done():
             job.future.cancel()  # abandoned
             if gone.done():
                 raise ClientGone()
+            if self.stopped.is_set():
+                raise RequestError(503, "the server is stopping (a second signal): not translated",
+                                   {"Connection": "close"})
             raise RequestError(504, f"not translated within {self.settings.timeout:g} s (nmt serve --timeout)")
         try:
             results = job.future.result()
         except UserError as e:
-            raise RequestError(400, str(e)) from None
+            raise RequestError(400, request_message(e)) from None
         return {"translations": [result_json(r, decode, prefixes is not None) for r in results]}
 
 

@@ -8,6 +8,7 @@ import math
 import re
 from typing import Any
 
+from nmt import textio
 from nmt.commands.batcher import Settings
 from nmt.config import ConfigError, DecodeConfig, decode_options, decode_value
 from nmt.errors import UserError
@@ -20,7 +21,19 @@ SERVER_KEYS = {
 }
 REQUEST_KEYS = tuple(name for name, _, _ in decode_options() if name not in SERVER_KEYS)
 FIELDS = ("text", "options", "prefix", "glossary", "glossary_ignore_case")  # of a POST /translate body
-SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate (from JSON's \ud800 escape): not Unicode text
+
+
+_FLAG = re.compile(r"(?<![\w-])(?<!serve )--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")  # `--tgt-lang`, not `nmt serve --x`
+
+
+def request_message(error: Exception) -> str:
+    """The one-line message of a library error as a request's answer says it: the command-line flag of a
+    request key (`--tgt-lang`, `--contrast-lang`) becomes that key (`tgt_lang`); other flags stay."""
+    def key(m: re.Match) -> str:
+        name = m.group(1).replace("-", "_")
+        return name if name in REQUEST_KEYS else m.group(0)
+
+    return _FLAG.sub(key, str(error))
 
 
 class RequestError(Exception):
@@ -74,7 +87,7 @@ def parse_glossary(data: dict):
     except GlossaryTooLarge as e:
         raise RequestError(413, f"{e} in one request") from None
     except UserError as e:
-        raise RequestError(400, str(e)) from None
+        raise RequestError(400, request_message(e)) from None
 
 
 def _string_list(value: Any, name: str) -> list[str]:
@@ -83,10 +96,9 @@ def _string_list(value: Any, name: str) -> list[str]:
     for i, line in enumerate(value):
         if "\n" in line or "\r" in line:
             raise RequestError(400, f"{name}[{i}] contains a line break (one sentence per item)")
-        bad = SURROGATE.search(line)
+        bad = textio.lone_surrogate(line)
         if bad:  # no UTF-8 text has one (nmt translate refuses such input as invalid UTF-8)
-            raise RequestError(400, f"{name}[{i}] is not Unicode text: a lone surrogate U+{ord(bad.group()):04X} at "
-                                    f"character {bad.start()}")
+            raise RequestError(400, f"{name}[{i}] is not Unicode text: {bad}")
     return value
 
 
@@ -115,7 +127,7 @@ def check_options(translator, options: dict, settings: Settings) -> DecodeConfig
     except ConfigError as e:
         raise RequestError(400, "; ".join(e.errors)) from None
     except UserError as e:
-        raise RequestError(400, str(e)) from None
+        raise RequestError(400, request_message(e)) from None
     errors = over_limits(decode, options, settings.max_beam, translator.max_positions)
     if errors:
         raise RequestError(400, errors[0])

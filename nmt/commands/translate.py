@@ -109,7 +109,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     translator = Translator(path, engine=engine, device=device, **(overrides or {}))
     translator.check_language()  # before any output
     if terms is not None:
-        translator.check_glossary()  # before any output
+        translator.check_glossary(glossary=terms)  # before any output
     decode = translator.decode
     total = textio.count_lines(input) if textio.rereadable(input) and not quiet else None  # (a pipe: no total)
     if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
@@ -119,9 +119,10 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     with textio.open_output(output, stdout) as out, \
             tqdm(total=total, disable=quiet or not from_file, unit="sent", file=stderr, dynamic_ncols=True) as bar:
         for chunk in textio.iter_chunks(textio.iter_lines(input, stdin), chunk_lines):
+            chunk = textio.cr_as_space(chunk)
             prefixes = None
             if prefix_lines is not None:
-                prefixes = [line for _, line in zip(chunk, prefix_lines)]
+                prefixes = textio.cr_as_space([line for _, line in zip(chunk, prefix_lines)])
                 if len(prefixes) < len(chunk):
                     raise UserError(f"{prefix} has fewer lines ({index + len(prefixes)}) than the input")
             results = translator.translate(chunk, prefixes=prefixes, first_line=index, on_batch=bar.update,

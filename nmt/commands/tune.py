@@ -4,12 +4,13 @@ table explored, and write the chosen settings into a copy of the checkpoint (-o)
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 from nmt import textio, tune as tuning
 from nmt.config import decode_config
 from nmt.errors import UserError
-from nmt.glossary import load_glossary
+from nmt.glossary import check_targets, load_glossary
 from nmt.tune import MAX_LOOPS, MAX_TIME, apply_to_checkpoint, format_result
 
 
@@ -33,11 +34,16 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
     outputs = {"--output": output} if output is not None else {}
     if glossary is None and (glossary_ignore_case or glossary_constrain is not None):
         raise UserError("--glossary-ignore-case and --glossary-constrain go with --glossary FILE")
+    if os.path.isdir(checkpoint):
+        raise UserError(f"--checkpoint {checkpoint} is a directory: nmt tune takes a checkpoint file (a CTranslate2 "
+                        "export is tuned as the checkpoint it was exported from, then exported again)")
     inputs = {"--checkpoint": checkpoint, "--src": src, "--ref": ref, **({"--glossary": glossary} if glossary else {})}
     textio.check_paths(inputs, outputs)
     src_lines, ref_lines = textio.read_lines(src), textio.read_lines(ref)
     terms = load_glossary(glossary, glossary_ignore_case)
     engine = TorchEngine.load(checkpoint, device)
+    if terms is not None:
+        check_targets(terms, engine.tokenizer, engine.max_positions)  # every entry, before any work
     if glossary_constrain is not None:
         engine.decode = decode_config(engine.decode, {"glossary_constrain": glossary_constrain})
     log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
