@@ -263,13 +263,22 @@ def load_for_inference(path: str, device: str | torch.device = "cpu") -> tuple[n
 
 def check_weights(rec: ModelRecord, path: str) -> None:
     """UserError naming the checkpoint and its tensors that hold NaN or infinite values (what import and export
-    refuse: `nmt.export_dir.check_finite`): such weights translate to garbage or crash the search."""
-    from nmt.export_dir import check_finite
-
+    refuse: `check_finite`): such weights translate to garbage or crash the search."""
     check_finite(rec.model, f"checkpoint {path}")
 
 
 # --------------------------------------------------------------------------- averaging
+
+def check_finite(state: dict, what: str) -> None:
+    """UserError (one line, starting with `what`) naming the tensors of a state dict that hold NaN or
+    infinite values: such weights give no translation, and an export or import would hide the fault."""
+    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise UserError(f"{what}: weights that are not finite (NaN or infinite) in {shown}: refusing them (a training "
+                        "run that diverged? take an earlier checkpoint)")
+
+
 
 def average_checkpoints(paths: list[str], out_path: str) -> ModelRecord:
     """Average the model parameters of `paths` (fairseq/Marian) into an inference checkpoint.

@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 from nmt import textio
 from nmt.errors import UserError
-from nmt.export_dir import (FORMAT, LANGID_FILE, METADATA_FILE, VERSION, check_finite, check_output_dir,
+from nmt.checkpoint import check_finite
+from nmt.export_dir import (FORMAT, LANGID_FILE, METADATA_FILE, VERSION, check_output_dir,
                             require_ctranslate2, vocabularies)
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@
   Both name the checkpoint by its file name and step (not its path: an export is made to be shared).
   `langid.json` (`LANGID_FILE`, `read_langid`): the checkpoint's language identifier, when it has one.
 - Before writing: `check_export_paths` (the output directory is not, and does not hold, the checkpoint),
-  `check_output_dir` (only an earlier export or an empty directory is replaced, and only with --force),
-  `check_finite` (no NaN or infinite weight is exported, nor imported). The directory itself is written
-  by `textio.atomic_dir`.
+  `check_output_dir` (only an earlier export or an empty directory is replaced, and only with --force);
+  no NaN or infinite weight is exported, nor imported (nmt/checkpoint.py `check_finite`). The directory
+  itself is written by `textio.atomic_dir`.
 - CTranslate2's side: `require_ctranslate2` (the optional package, or how to install it) and `vocabularies`
   (the piece lists in id order, which writer and reader must agree on).
 """
@@ -73,18 +73,6 @@ def read_langid(model_dir: str) -> dict | None:
     if not os.path.isfile(path):
         return None
     return textio.read_json(path)
-
-
-def check_finite(state: dict, what: str) -> None:
-    """UserError (one line, starting with `what`) naming the tensors of a state dict that hold NaN or
-    infinite values: such weights give no translation, and an export or import would hide the fault."""
-    import torch
-
-    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-        raise UserError(f"{what}: weights that are not finite (NaN or infinite) in {shown}: refusing them (a training "
-                        "run that diverged? take an earlier checkpoint)")
 
 
 def check_export_paths(checkpoint: str, output_dir: str) -> None:

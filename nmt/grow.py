@@ -54,7 +54,7 @@ token copies the initialising language's rows (null: the mean of the language to
 starts as the mean of the rows of the old pieces its text splits into (`<unk>` left out; nothing left:
 the mean of all rows).
 
-Hugging Face export (`hf_numbering`, `m2m100_added_tokens`): the grown SentencePiece model and vocabularies travel in
+Hugging Face export (nmt/hf_export.py `hf_numbering`, `m2m100_added_tokens`): the grown SentencePiece model and vocabularies travel in
 the tokenizer files (NLLB: tokenizer.json gets the new pieces, their merges and the new codes as added
 tokens, so `tgt_lang="ita_Latn"` works); M2M100Tokenizer knows a fixed list of codes, so a new `__xx__`
 is written as an added token (forced_bos_token_id = convert_tokens_to_ids("__xx__"); its `tgt_lang`
@@ -546,52 +546,3 @@ def _log_growth(cfg: Config, old, new, plan: Plan, codes: set[str], log: Callabl
             a, b = (sum(map(len, enc(fresh))) / len(fresh) for enc in (encode_old, encode_new))
             parts.append(f"new-language {name} lines {a:.1f} -> {b:.1f} tokens")
     log("add_pieces: " + "; ".join(parts))
-
-
-# --------------------------------------------------------------------------- Hugging Face export
-
-def hf_numbering(state: dict, tokenizer) -> tuple[dict, object]:
-    """(state dict, tokenizer) numbered as the Hugging Face directory needs them. An M2M100 tokenizer with
-    pieces appended here: M2M100Tokenizer numbers its language tokens (and unused "madeup" ids) after
-    vocab.json, so there the new pieces come right after the old ones and every id from the first
-    language token on moves up by their number (the rows of the embeddings and the output projection
-    move with them; ids below, the old pieces and the special tokens, stay). Anything else: as it is."""
-    if tokenizer.kind != "m2m100":
-        return state, tokenizer
-    vocab = json.loads(tokenizer.files["vocab.json"])
-    n = min(tokenizer.languages.values())  # the first language token: the old pieces are ids 0 .. n-1
-    new = sorted(i for i in vocab.values() if i >= n)
-    if not new:
-        return state, tokenizer
-    V = tokenizer.src_vocab_size
-    order = list(range(n)) + new + [i for i in range(n, V) if i not in set(new)]  # Hugging Face id -> nmt id
-    hf_id = {nmt: h for h, nmt in enumerate(order)}
-    index = torch.tensor(order)
-    state = {k: v[index] if k in ("src_embed.weight", "tgt_embed.weight", "output_proj.weight", "output_proj.bias")
-             else v for k, v in state.items()}
-    files = {**tokenizer.files, "vocab.json": json.dumps({p: hf_id[i] for p, i in vocab.items()},
-                                                         ensure_ascii=False).encode("utf-8")}
-    renumbered = type(tokenizer)(files, tokenizer.settings, threads=tokenizer.threads,
-                                 languages={c: hf_id[i] for c, i in tokenizer.languages.items()},
-                                 default_tgt_lang=tokenizer.default_tgt_lang)
-    return state, renumbered
-
-
-def m2m100_added_tokens(tokenizer) -> dict:
-    """tokenizer_config.json entries for the language tokens an M2M100 model was given here: M2M100Tokenizer
-    knows a fixed list of codes (`language_codes`), so a new `__xx__` is an added token with its id
-    (`added_tokens_decoder`; forced_bos_token_id = convert_tokens_to_ids("__xx__"); `tgt_lang` cannot
-    name it). The tokenizer is numbered as `hf_numbering` numbers it."""
-    from nmt.hf_tokenizer import M2M100_CODES
-
-    vocab = json.loads(tokenizer.files["vocab.json"])
-    if max(vocab.values()) >= len(vocab):
-        raise ValueError("vocab.json has ids past its size: renumber with hf_numbering first")
-    fixed = set(M2M100_CODES[tokenizer.settings["language_codes"]].split())
-    if set(tokenizer.languages) <= fixed:
-        return {}
-    special = dict(special=True, lstrip=False, rstrip=False, normalized=False, single_word=False)
-    # every language token with its id: transformers numbers the special tokens it does not find there
-    # after the ones it does (the fixed codes would move up by one per new code)
-    return {"added_tokens_decoder": {str(i): dict(content=f"__{code}__", **special)
-                                     for code, i in sorted(tokenizer.languages.items(), key=lambda kv: kv[1])}}

@@ -369,7 +369,7 @@ def config_to_hf(arch: HFArchitecture, token_ids: dict[str, Any]) -> dict[str, A
 
 def import_weights(model_dir: str):
     """(nmt Transformer in eval mode, HFArchitecture, config.json dict) of a local HF model directory."""
-    from nmt.export_dir import check_finite
+    from nmt.checkpoint import check_finite
     from nmt.model import Transformer
 
     config = read_config(model_dir)

@@ -36,7 +36,8 @@ import os
 
 from nmt import textio
 from nmt.errors import UserError
-from nmt.export_dir import METADATA_FILE, check_finite, check_output_dir
+from nmt.checkpoint import check_finite
+from nmt.export_dir import METADATA_FILE, check_output_dir
 from nmt.languages import target_languages
 
 TOKENIZER_CLASS = {"marian": "MarianTokenizer", "m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer"}
@@ -75,8 +76,6 @@ def _imported_tokenizer_config(tokenizer, d, files: dict[str, bytes]) -> dict:
         return {"src_lang": src, "tgt_lang": tgt, "legacy_behaviour": False}
     specials = [f"__{code}__" for code in tokenizer.languages]
     files["special_tokens_map.json"] = _json({"additional_special_tokens": specials})
-    from nmt.grow import m2m100_added_tokens
-
     return {"src_lang": src, "tgt_lang": tgt, "language_codes": tokenizer.settings["language_codes"],
             "num_madeup_words": tokenizer.settings["num_madeup_words"], "additional_special_tokens": specials,
             **m2m100_added_tokens(tokenizer)}
@@ -136,7 +135,6 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
 
 def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str]]:
     """({file name: bytes} but the weights, the weights to save, notes) of the Hugging Face directory."""
-    from nmt.grow import hf_numbering
     from nmt.hf import architecture_from_nmt, config_to_hf, weights_to_hf
 
     check_finite(model.state_dict(), "cannot export to Hugging Face")
@@ -183,3 +181,54 @@ def write_hf(model, tokenizer, cfg, output_dir: str, *, force: bool = False, che
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)
     return files, notes
+
+
+# --------------------------------------------------------------------------- languages and pieces added by nmt/grow.py
+
+def hf_numbering(state: dict, tokenizer) -> tuple[dict, object]:
+    """(state dict, tokenizer) numbered as the Hugging Face directory needs them. An M2M100 tokenizer with
+    pieces appended here: M2M100Tokenizer numbers its language tokens (and unused "madeup" ids) after
+    vocab.json, so there the new pieces come right after the old ones and every id from the first
+    language token on moves up by their number (the rows of the embeddings and the output projection
+    move with them; ids below, the old pieces and the special tokens, stay). Anything else: as it is."""
+    import torch
+
+    if tokenizer.kind != "m2m100":
+        return state, tokenizer
+    vocab = json.loads(tokenizer.files["vocab.json"])
+    n = min(tokenizer.languages.values())  # the first language token: the old pieces are ids 0 .. n-1
+    new = sorted(i for i in vocab.values() if i >= n)
+    if not new:
+        return state, tokenizer
+    V = tokenizer.src_vocab_size
+    order = list(range(n)) + new + [i for i in range(n, V) if i not in set(new)]  # Hugging Face id -> nmt id
+    hf_id = {nmt: h for h, nmt in enumerate(order)}
+    index = torch.tensor(order)
+    state = {k: v[index] if k in ("src_embed.weight", "tgt_embed.weight", "output_proj.weight", "output_proj.bias")
+             else v for k, v in state.items()}
+    files = {**tokenizer.files, "vocab.json": json.dumps({p: hf_id[i] for p, i in vocab.items()},
+                                                         ensure_ascii=False).encode("utf-8")}
+    renumbered = type(tokenizer)(files, tokenizer.settings, threads=tokenizer.threads,
+                                 languages={c: hf_id[i] for c, i in tokenizer.languages.items()},
+                                 default_tgt_lang=tokenizer.default_tgt_lang)
+    return state, renumbered
+
+
+def m2m100_added_tokens(tokenizer) -> dict:
+    """tokenizer_config.json entries for the language tokens an M2M100 model was given here: M2M100Tokenizer
+    knows a fixed list of codes (`language_codes`), so a new `__xx__` is an added token with its id
+    (`added_tokens_decoder`; forced_bos_token_id = convert_tokens_to_ids("__xx__"); `tgt_lang` cannot
+    name it). The tokenizer is numbered as `hf_numbering` numbers it."""
+    from nmt.hf_tokenizer import M2M100_CODES
+
+    vocab = json.loads(tokenizer.files["vocab.json"])
+    if max(vocab.values()) >= len(vocab):
+        raise ValueError("vocab.json has ids past its size: renumber with hf_numbering first")
+    fixed = set(M2M100_CODES[tokenizer.settings["language_codes"]].split())
+    if set(tokenizer.languages) <= fixed:
+        return {}
+    special = dict(special=True, lstrip=False, rstrip=False, normalized=False, single_word=False)
+    # every language token with its id: transformers numbers the special tokens it does not find there
+    # after the ones it does (the fixed codes would move up by one per new code)
+    return {"added_tokens_decoder": {str(i): dict(content=f"__{code}__", **special)
+                                     for code, i in sorted(tokenizer.languages.items(), key=lambda kv: kv[1])}}
