@@ -26,13 +26,13 @@ from numbers import Integral
 from typing import Any, Callable, Sequence
 
 from nmt import textio
-from nmt.batching import Progress
+from nmt.translation.batching import Progress
 from nmt.config import DecodeConfig, decode_config
-from nmt.engine import check_decode, load_engine
+from nmt.translation.engine import check_decode, load_engine
 from nmt.errors import UserError
-from nmt.languages import check_source_language, contrast_tokens, target_prefix
-from nmt.line_terms import check as check_glossary
-from nmt.translate import TranslationResult, check_protect, translate_chunk
+from nmt.text.languages import check_source_language, contrast_tokens, target_prefix
+from nmt.translation.line_terms import check as check_glossary
+from nmt.translation.translate import TranslationResult, check_protect, translate_chunk
 
 _CALLS = threading.Lock()  # one call at a time in the process (module docstring)
 
@@ -62,18 +62,18 @@ class Translator:
     @property
     def knows_placeholders(self) -> bool:
         """Whether the model was trained with data.protect (its vocabulary has the placeholders)."""
-        from nmt import protect
+        from nmt.text import protect
 
         return protect.known_by(self._engine.tokenizer)
 
     def check_glossary(self, settings: DecodeConfig | None = None, glossary: Any = None) -> None:
         """UserError unless `translate(glossary=...)` can guarantee terms: this engine has constrained
         search (PyTorch; not CTranslate2), with `settings` they search greedily or by beam (not sampling),
-        and the model can write every target term of `glossary` (a `nmt.glossary.Glossary`) exactly as
-        given (`nmt.glossary.check_targets`: every entry, matched or not; once per glossary)."""
+        and the model can write every target term of `glossary` (a `nmt.text.glossary.Glossary`) exactly as
+        given (`nmt.text.glossary.check_targets`: every entry, matched or not; once per glossary)."""
         check_glossary(self._engine, settings)
         if glossary is not None:
-            from nmt.glossary import check_targets
+            from nmt.text.glossary import check_targets
 
             check_targets(glossary, self._engine.tokenizer, self._engine.max_positions)
 
@@ -94,13 +94,13 @@ class Translator:
             target_prefix(self._engine.tokenizer, decode.tgt_lang)  # an unknown (or needless) language fails now
         check_source_language(self._engine.tokenizer, decode.src_lang)
         contrast_tokens(self._engine.tokenizer, decode.contrast.lang, decode.tgt_lang, decode.contrast.weight)
-        check_decode(self._engine, decode)  # settings an engine refuses (nmt/ct2.py)
+        check_decode(self._engine, decode)  # settings an engine refuses (nmt/translation/ct2.py)
         return decode
 
     def check_language(self, settings: DecodeConfig | None = None, **decode_options: Any) -> None:
         """UserError unless the calls with these options (or `settings`, as `translate` takes them) have
         a target language to translate into (a multilingual model needs `tgt_lang` unless it has a
-        default; nmt/languages.py) and a source language it knows (`src_lang`, where sources start with
+        default; nmt/text/languages.py) and a source language it knows (`src_lang`, where sources start with
         a language token)."""
         decode = self._given(settings, decode_options)
         target_prefix(self._engine.tokenizer, decode.tgt_lang)
@@ -125,11 +125,11 @@ class Translator:
         are lists (any ordered iterables) of str, `line_numbers` of int: one str, a mapping or a set,
         or an item of another type, is a one-line TypeError that names the argument; a line break
         ("\\n", "\\r") or a lone surrogate in an item is a ValueError naming it. glossary:
-        `[(source term, target term), ...]` (or a `nmt.glossary.Glossary`): every output of a line
+        `[(source term, target term), ...]` (or a `nmt.text.glossary.Glossary`): every output of a line
         holds the target term of each entry whose source term occurs in the line (whole words,
         longest match first; case-insensitive with glossary_ignore_case=True; a Glossary keeps its
         own ignore_case, another value is a UserError); lines no entry matches translate as without
-        it (nmt/glossary.py; the PyTorch engine only: CTranslate2 cannot guarantee terms, a
+        it (nmt/text/glossary.py; the PyTorch engine only: CTranslate2 cannot guarantee terms, a
         UserError). Every target term is checked before any work (`check_glossary`)."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
@@ -148,13 +148,13 @@ class Translator:
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:
         """The model's log-probability of each target given its source (`nmt score`): one
-        `nmt.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only these
+        `nmt.translation.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only these
         decode_options matter (`nmt score`'s flags): the batching keys (batch_tokens, max_batch_size,
         workers), tgt_lang (a multilingual model's language token, scored first), src_lang (an
         imported M2M100/NLLB model's source-language token) and protect /
         protect_pattern (pairs scored as translation masks them). `sources` and `targets` are lists
         of str, checked as `translate` checks `lines`."""
-        from nmt.score import score_pairs
+        from nmt.translation.score import score_pairs
 
         sources, targets = _texts(sources, "sources"), _texts(targets, "targets")
         decode = self.decode_settings(**decode_options)
@@ -210,7 +210,7 @@ def _glossary(glossary: Any, ignore_case: bool | None):
     """A compiled `Glossary` from the API's forms (None stays None): a Glossary as it is (`ignore_case`
     None or its own), else a list of [source, target] pairs (`check_entries`: one-line UserError naming
     the bad item) compiled with `ignore_case` (None: False)."""
-    from nmt.glossary import Glossary, check_entries
+    from nmt.text.glossary import Glossary, check_entries
 
     if ignore_case is not None and not isinstance(ignore_case, bool):
         raise TypeError(f"glossary_ignore_case must be True or False, got {ignore_case!r:.40}")

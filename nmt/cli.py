@@ -125,7 +125,7 @@ def _add_glossary_options(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _evaluate_parser(sub) -> None:
-    from nmt.metrics import TOKENIZERS  # no torch, no sacrebleu at import
+    from nmt.evaluation.metrics import TOKENIZERS  # no torch, no sacrebleu at import
 
     p = sub.add_parser(
         "evaluate", help="score translations with sacreBLEU (BLEU, chrF, TER)",
@@ -174,7 +174,7 @@ def _score_parser(sub) -> None:
 
 
 def _tune_parser(sub) -> None:
-    from nmt.tune import MAX_LOOPS, MAX_TIME  # no torch, no sacrebleu at import
+    from nmt.translation.tune import MAX_LOOPS, MAX_TIME  # no torch, no sacrebleu at import
 
     p = sub.add_parser(
         "tune", help="choose a checkpoint's decode settings on a dev set",
@@ -237,7 +237,7 @@ def _import_parser(sub) -> None:
 
 def _export_parser(sub) -> None:
     from nmt.commands.export import FORMATS  # the formats registered with the export command
-    from nmt.ct2_export import QUANTIZATIONS  # no torch, no ctranslate2 at import
+    from nmt.interop.ct2_export import QUANTIZATIONS  # no torch, no ctranslate2 at import
 
     p = sub.add_parser("export", help="export a checkpoint for CTranslate2 or Hugging Face transformers",
                        description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`), "
@@ -464,9 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.errors import UserError
 
     if args.command in ("train", "translate", "evaluate", "score", "tune", "serve"):
-        from nmt.fast import tune_malloc
+        from nmt.device import tune_malloc
 
-        tune_malloc(inference=args.command != "train")  # before the command allocates its tensors; see nmt/fast.py
+        tune_malloc(inference=args.command != "train")  # before the command allocates its tensors; see nmt/device.py
     try:
         with _sigterm_like_ctrl_c(args.command):
             return COMMANDS[args.command](args)

@@ -23,12 +23,10 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from nmt.protect import PLACEHOLDERS
-from nmt.schema import (DECODE_FLAT, DECODE_REMOVED, LANG_FORMAT, REQUIRED, RESERVED_TAGS, TAG_FORMAT, Config, ConfigError,
-                        ContrastConfig, CorpusConfig, DataConfig, DecodeConfig, GlossaryConfig, ModelConfig,
-                        SamplingConfig, TokenizerConfig, TrainConfig, decode_options, decode_value,
-                        iter_fields, max_finished)
-from nmt.terms import TERM_SYMBOLS
+from nmt.schema import (DECODE_FLAT, DECODE_REMOVED, LANG_FORMAT, PLACEHOLDERS, REQUIRED, RESERVED_TAGS, TAG_FORMAT,
+                        TERM_SYMBOLS, Config, ConfigError, ContrastConfig, CorpusConfig, DataConfig, DecodeConfig,
+                        GlossaryConfig, ModelConfig, SamplingConfig, TokenizerConfig, TrainConfig, decode_options,
+                        decode_value, iter_fields, max_finished)
 
 __all__ = ["Config", "ConfigError", "ContrastConfig", "CorpusConfig", "DataConfig", "DecodeConfig", "GlossaryConfig",
            "ModelConfig", "REQUIRED", "SamplingConfig", "decode_options", "decode_value",
@@ -329,9 +327,9 @@ def _check_schedule(t: TrainConfig, errors: list[str]) -> None:
 
 
 def _check_growth(cfg: Config, errors: list[str]) -> None:
-    """data.add_languages and data.tokenizer.add_pieces grow a fine-tuning source (nmt/grow.py): they need
+    """data.add_languages and data.tokenizer.add_pieces grow a fine-tuning source (nmt/training/grow.py): they need
     train.init_from; language codes as for per-corpus languages. (What the source knows is checked when
-    it is loaded: nmt/grow.py.)"""
+    it is loaded: nmt/training/grow.py.)"""
     d = cfg.data
     if d.tokenizer.add_pieces and not d.add_languages:
         errors.append("'data.tokenizer.add_pieces' is set but 'data.add_languages' is empty: new pieces are learnt from "
@@ -540,8 +538,8 @@ def config_from_dict(raw: dict, *, check_files: bool = True, training: bool = Tr
 def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, Any] | None = None, *,
                   check_rules: bool = True) -> DecodeConfig:
     """Decode settings from outside the code, validated like a config file: options of the API, the
-    command line and requests (through `nmt.Translator`), an export's metadata (nmt/ct2.py), a tuned
-    setting (nmt/tune.py). (A config's or checkpoint's `decode` section is checked by
+    command line and requests (through `nmt.Translator`), an export's metadata (nmt/translation/ct2.py), a tuned
+    setting (nmt/translation/tune.py). (A config's or checkpoint's `decode` section is checked by
     `config_from_dict`; code that derives settings it knows valid, such as validation's greedy search,
     uses `dataclasses.replace`.)
 

@@ -1,4 +1,6 @@
-"""Devices and threads: which device a command runs on, and how many batches decode at once.
+"""Devices, threads and the process: which device a command runs on, how many batches decode at once,
+and the process-wide CPU settings (`cpu_tuning`: NMT_CPU_TUNING=0 turns every CPU fast path off, those
+of nmt/model/fast.py and nmt/search/fast.py too; `tune_malloc`: glibc's allocator thresholds).
 
 Used by training (`nmt train`) and by both inference engines; torch is imported only inside
 the functions that need it (resolving a torch device, reading torch's thread count).
@@ -6,7 +8,25 @@ the functions that need it (resolving a torch device, reading torch's thread cou
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
+
 from nmt.errors import UserError
+
+M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
+M_MMAP_THRESHOLD = -3
+_THRESHOLD = 2**31 - 1  # mallopt takes an int: blocks of up to 2 GiB come from the heap
+INFERENCE_MMAP = 16 << 20  # inference: blocks above 16 MiB are mapped (and returned when freed)
+INFERENCE_TRIM = 64 << 20  # inference: free memory above 64 MiB at the heap's top is returned
+
+_malloc_tuned = False
+
+
+def cpu_tuning() -> bool:
+    """False when the environment variable NMT_CPU_TUNING is 0: the CPU fast paths are off."""
+    return os.environ.get("NMT_CPU_TUNING", "1") != "0"
+
 
 
 def parse_device(name: str | None) -> tuple[str, int | None]:
@@ -58,3 +78,27 @@ def avoid_cudnn_attention() -> None:
     import torch
 
     torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def tune_malloc(inference: bool = False) -> bool:
+    """Raise glibc's mmap and trim thresholds for this process; True if applied (Linux/glibc only).
+
+    Training (inference False): blocks of up to 2 GiB come from the heap and it is never trimmed
+    (a step's activations are reused, not page-faulted in again). Inference: blocks of up to
+    `INFERENCE_MMAP` (a decoding step's temporaries) come from the heap, larger ones (decoder-cache
+    buffers, a batch's encoder activations) are mapped and unmapped as they come and go, and the
+    heap keeps at most `INFERENCE_TRIM` free at its top: long-lived buffers of changing sizes no
+    longer fragment a heap that never shrinks (peak RSS of `nmt translate`: BENCHMARKS.md)."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return True
+    if not cpu_tuning() or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: libc's, without a library search
+    except (OSError, AttributeError):  # musl and other C libraries have no mallopt
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mmap, trim = (INFERENCE_MMAP, INFERENCE_TRIM) if inference else (_THRESHOLD, _THRESHOLD)
+    _malloc_tuned = bool(mallopt(M_MMAP_THRESHOLD, mmap)) & bool(mallopt(M_TRIM_THRESHOLD, trim))
+    return _malloc_tuned

@@ -119,7 +119,7 @@ def _pad_rows(tokens: np.ndarray, starts: np.ndarray, lens: np.ndarray, width: i
 
 
 def collate(corpus, indices: np.ndarray, specials: Specials = NMT_SPECIALS, *, pin_memory: bool = False) -> Batch:
-    """The Batch of the given pair indices of an `nmt.corpus.EncodedCorpus`. pin_memory: page-locked
+    """The Batch of the given pair indices of an `nmt.data.corpus.EncodedCorpus`. pin_memory: page-locked
     tensors (for a CUDA device: `Batch.to` then copies asynchronously)."""
     idx = np.asarray(indices, np.int64)
     rows = np.arange(len(idx))

@@ -91,7 +91,7 @@ class TokenizerConfig:
     src_model: Optional[str] = _f(None, "Existing source SentencePiece `.model` (with `joint: false`).")
     tgt_model: Optional[str] = _f(None, "Existing target SentencePiece `.model` (with `joint: false`).")
     threads: int = _f(2, "Threads for SentencePiece training and batch encoding.", min=1)
-    add_pieces: int = _f(0, "With `train.init_from` and `data.add_languages`: grow the source model's vocabulary by at most this many pieces of the new languages: SentencePiece (the source model's type) is trained on their training text and its pieces the vocabulary lacks are appended, most frequent first; existing ids never change; a new piece's embedding starts as the mean of the rows of the pieces the old vocabulary splits it into (nmt/grow.py, README \"Add a language\"). 0 = no growth.", min=0)
+    add_pieces: int = _f(0, "With `train.init_from` and `data.add_languages`: grow the source model's vocabulary by at most this many pieces of the new languages: SentencePiece (the source model's type) is trained on their training text and its pieces the vocabulary lacks are appended, most frequent first; existing ids never change; a new piece's embedding starts as the mean of the rows of the pieces the old vocabulary splits it into (nmt/training/grow.py, README \"Add a language\"). 0 = no growth.", min=0)
 
 
 @dataclass(frozen=True)
@@ -107,15 +107,15 @@ class DataConfig:
     drop_identical: bool = _f(False, "Drop training pairs whose target is the source as written (whitespace aside): untranslated messages, names, commands. A model trained on them learns to copy its input, which the language identifier then counts as off-target (on the gettext corpus 3-5% of the pairs; dropping them took the new language's off-target rate from 10.7% to 7.3% at the same budget: BENCHMARKS.md \"Add a language\"). Validation pairs are kept.")
     batch_tokens: int = _f(4096, "Token budget per batch: B x max(S, T) <= batch_tokens, i.e. neither the padded source tensor nor the padded target tensor holds more than this many positions (fairseq's --max-tokens).", min=1)
     max_batch_size: int = _f(0, "Cap on sentences per batch; 0 = no cap.", min=0)
-    protect: bool = _f(False, "Replace protected spans (placeholders such as `%s`, `{0}`, markup, `&amp;`: nmt/protect.py) in training and validation pairs by placeholder tokens `<ph_K>`, which become SentencePiece symbols: the model learns to copy them. Translate with `--protect`.")
+    protect: bool = _f(False, "Replace protected spans (placeholders such as `%s`, `{0}`, markup, `&amp;`: nmt/text/protect.py) in training and validation pairs by placeholder tokens `<ph_K>`, which become SentencePiece symbols: the model learns to copy them. Translate with `--protect`.")
     sampling_temperature: float = _f(1.0, "Temperature T of the epoch mix between directions (a direction = the corpora with one `src_lang`/`tgt_lang` pair): direction d gets a share proportional to w_d x N_d^(1/T), N_d = the pairs (after filtering) of its corpora, w_d = the mean weight of its corpora (1 by default); inside a direction its corpora share by weight, as with one direction. T = 1: directions in proportion to their size; larger T flattens toward the small directions (T -> infinity: equal shares). One direction: no effect.", min=0.0, exclusive_min=True)
-    langid: Optional[bool] = _f(None, "Train a character n-gram language identifier (nmt/langid.py) on the training corpora (the first 50,000 lines of each language, sources and targets) and store it in the checkpoints: validation and `nmt evaluate` then count off-target outputs. null = only for a multilingual model.")
+    langid: Optional[bool] = _f(None, "Train a character n-gram language identifier (nmt/text/langid.py) on the training corpora (the first 50,000 lines of each language, sources and targets) and store it in the checkpoints: validation and `nmt evaluate` then count off-target outputs. null = only for a multilingual model.")
     protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions instead (1-3 names or numbers that occur once, identically, on both sides; else one at the start or the end of both sides), so that a corpus with few or no spans still teaches copying them. 0 = off.", min=0.0, max=1.0)
-    terms: float = _f(0.0, "Train-time terminology (Dinu et al., 2019): the share of training pairs, among those a term dictionary entry applies to (its source term in the source and its target term in the target, as whole words: nmt/glossary.py), whose source gets each such term annotated inline, `source term <term> target term </term>`; `<term>` and `</term>` become SentencePiece symbols. The model learns to put a target term where it belongs; `nmt translate --glossary` guarantees the terms by constrained search. Validation pairs are not annotated. 0 = off; e.g. 0.5.", min=0.0, max=1.0)
-    term_dictionary: Optional[str] = _f(None, "With `data.terms`: the term dictionary, a TSV file (source term, tab, target term; `#` comments and blank lines skipped: nmt/glossary.py `read_glossary`). null = extracted from each training corpus: single words that align strongly by co-occurrence, words translated by themselves (names, identifiers) left out unless `data.term_identical` (nmt/terms.py; `scripts/extract_glossary.py --no-identical` writes the same list, without that flag the list with them).")
+    terms: float = _f(0.0, "Train-time terminology (Dinu et al., 2019): the share of training pairs, among those a term dictionary entry applies to (its source term in the source and its target term in the target, as whole words: nmt/text/glossary.py), whose source gets each such term annotated inline, `source term <term> target term </term>`; `<term>` and `</term>` become SentencePiece symbols. The model learns to put a target term where it belongs; `nmt translate --glossary` guarantees the terms by constrained search. Validation pairs are not annotated. 0 = off; e.g. 0.5.", min=0.0, max=1.0)
+    term_dictionary: Optional[str] = _f(None, "With `data.terms`: the term dictionary, a TSV file (source term, tab, target term; `#` comments and blank lines skipped: nmt/text/glossary.py `read_glossary`). null = extracted from each training corpus: single words that align strongly by co-occurrence, words translated by themselves (names, identifiers) left out unless `data.term_identical` (nmt/text/terms.py; `scripts/extract_glossary.py --no-identical` writes the same list, without that flag the list with them).")
     term_identical: bool = _f(False, "With `data.terms` and no `data.term_dictionary`: keep the words the extracted dictionary finds translated by themselves (names, identifiers: `GNOME <term> GNOME </term>`). false = left out: a model copies them anyway, and on the gettext corpus they were half of the annotations; without them the terms model gained 0.7 and 1.9 BLEU (two seeds; BENCHMARKS.md \"Glossaries\").")
     add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the source model does not know, as a mapping new code -> the existing language whose token initialises the new one's (null: the mean of the model's language tokens), e.g. `{it: es}`. Each gets a token in the model's own convention (NLLB `ita_Latn`, M2M100 `__it__`, nmt's multilingual models `__it__`) when it is a target language of data.train; a corpus naming a language the model does not know and that is not listed here is an error. See `data.tokenizer.add_pieces` and README \"Add a language\".")
-    prefetch: int = _f(2, "Training steps whose batches a background thread collates (and, on a GPU, pins) ahead of the step that runs (nmt/prefetch.py): the host stays ahead of the device. 0 = collate each step's batches in the training loop. The batches are the same either way.", min=0)
+    prefetch: int = _f(2, "Training steps whose batches a background thread collates (and, on a GPU, pins) ahead of the step that runs (nmt/data/prefetch.py): the host stays ahead of the device. 0 = collate each step's batches in the training loop. The batches are the same either way.", min=0)
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
 
     @property
@@ -159,6 +159,10 @@ class DataConfig:
 TAG_FORMAT = re.compile(r"<[A-Za-z0-9_.\-]+>")
 LANG_FORMAT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")  # language codes: `de`, `pt_BR`, `zh-TW`, `deu_Latn`
 RESERVED_TAGS = ("<pad>", "<unk>", "<s>", "</s>")
+MAX_SPANS = 16  # protected spans per line (data.protect, decode.protect)
+PLACEHOLDERS = tuple(f"<ph_{k}>" for k in range(MAX_SPANS))  # their SentencePiece symbols (nmt/text/protect.py)
+TERM_START, TERM_END = "<term>", "</term>"
+TERM_SYMBOLS = (TERM_START, TERM_END)  # a term's markers (data.terms: nmt/text/terms.py)
 
 
 # --------------------------------------------------------------------------- model
@@ -284,7 +288,7 @@ def max_finished(beam_size: int, patience: float) -> int:
     return math.floor(f32(f32(float(beam_size)) * f32(patience)) + 0.5)
 
 
-GLOSSARY_MARGIN = 6.0  # decode.glossary.margin's default (nmt.search_options.SearchOptions shares it)
+GLOSSARY_MARGIN = 6.0  # decode.glossary.margin's default (nmt.search.options.SearchOptions shares it)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`nmt train`: the training loop.
+"""`nmt train`: a training run (`train(cfg)`): its data, model, optimizer and run directory set up, then
+`Trainer` runs the loop (nmt/training/trainer.py).
 
     train(cfg, resume=False, device=None, quiet=False) -> dict of final metrics
 
@@ -12,18 +13,18 @@ optimizer, schedule, GradScaler, RNG states, epoch and the position inside
 it, best metric and patience. The config passed in may change training
 options (e.g. a larger max_steps) but not the model architecture.
 
-The loop is `nmt.trainer.Trainer` over the objects `build_training` prepares (also used by
+The loop is `nmt.training.trainer.Trainer` over the objects `build_training` prepares (also used by
 scripts/bench_train.py and scripts/bench_data.py, so they time exactly what `nmt train` runs).
 
-One optimizer step (`nmt.step.train_step`) runs forward/backward over a list of
+One optimizer step (`nmt.training.step.train_step`) runs forward/backward over a list of
 micro-batches (`update_freq` of them) and normalises the summed loss by their
 total target-token count, so accumulation equals one big batch. Steps whose
 loss or gradient norm is not finite are skipped (not counted as steps); after
 `max_nan_steps` in a row training stops with a UserError. Precision and host
-syncs: nmt/step.py. Validation: nmt/validation.py. The run directory (lock,
-start checks, checkpoint files): nmt/rundir.py.
+syncs: nmt/training/step.py. Validation: nmt/training/validation.py. The run directory (lock,
+start checks, checkpoint files): nmt/training/rundir.py.
 
-Data parallel (torchrun; `nmt.distributed`, docs/distributed.md): DDP model;
+Data parallel (torchrun; `nmt.training.distributed`, docs/distributed.md): DDP model;
 rank r trains on its padded share of each epoch (`epoch_batches(rank=r,
 world_size=W)`; `batch_offset` is per rank). One all-reduce per step sums the
 ranks' target tokens (and carries rank 0's stop decision), so gradients are
@@ -55,25 +56,26 @@ from typing import Callable
 import torch
 from torch import nn
 
-from nmt import checkpoint as ckpt
-from nmt import distributed as dist
-from nmt import finetune, langid, rundir, validation
+from nmt.model import checkpoint as ckpt
+from nmt.training import distributed as dist
+from nmt.training import finetune, rundir, validation
+from nmt.text import langid
 from nmt.config import Config, save_config, to_dict
-from nmt.corpus import EncodedCorpus
-from nmt.data import load_data
+from nmt.data.corpus import EncodedCorpus
+from nmt.data.batches import load_data
 from nmt.device import resolve_torch_device
-from nmt.distributed import DistEnv
-from nmt.ema import EMA
+from nmt.training.distributed import DistEnv
+from nmt.training.ema import EMA
 from nmt.errors import UserError
-from nmt.langid import LanguageIdentifier
-from nmt.logging_utils import RunLogger
-from nmt.loss import compiled_smoothed_nll
-from nmt.model import Transformer
-from nmt.optim import build_optimizer, build_scheduler
-from nmt.step import Precision, setup_precision
-from nmt.tokenizer import Tokenizer, build_tokenizer
-from nmt.tokens import TokenizerLike
-from nmt.trainer import Clock, SignalStop, Trainer, TrainState
+from nmt.text.langid import LanguageIdentifier
+from nmt.training.logging_utils import RunLogger
+from nmt.training.loss import compiled_smoothed_nll
+from nmt.model.transformer import Transformer
+from nmt.training.optim import build_optimizer, build_scheduler
+from nmt.training.step import Precision, setup_precision
+from nmt.text.tokenizer import Tokenizer, build_tokenizer
+from nmt.text.tokens import TokenizerLike
+from nmt.training.trainer import Clock, SignalStop, Trainer, TrainState
 
 __all__ = ["SignalStop", "TrainState", "Training", "build_training", "train"]
 
@@ -97,10 +99,10 @@ class Training:
     precision: Precision
     state: TrainState
     clock: Clock
-    valid_sets: tuple = ()  # nmt.data.ValidSet per validation corpus
-    langid: LanguageIdentifier | None = None  # rank 0's (validation, checkpoints); nmt/langid.py
-    ema: EMA | None = None  # train.ema_decay: the moving average of the weights (nmt/ema.py)
-    loss_fn: Callable | None = None  # train_step's: None = nmt.loss.label_smoothed_nll; train.compile: compiled_smoothed_nll
+    valid_sets: tuple = ()  # nmt.data.batches.ValidSet per validation corpus
+    langid: LanguageIdentifier | None = None  # rank 0's (validation, checkpoints); nmt/text/langid.py
+    ema: EMA | None = None  # train.ema_decay: the moving average of the weights (nmt/training/ema.py)
+    loss_fn: Callable | None = None  # train_step's: None = nmt.training.loss.label_smoothed_nll; train.compile: compiled_smoothed_nll
 
 
 # --------------------------------------------------------------------------- main entry
@@ -109,7 +111,7 @@ def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet
     """Train `cfg` (module docstring); returns the final metrics (the same on every torchrun rank).
     The process-wide settings it changes (torch's intra-op threads, TF32 and cuDNN attention on CUDA)
     are restored on return, except torch.fx's duck sizing, which `train.compile` turns off for the
-    process (nmt/model.py `compile_layers`)."""
+    process (nmt/model/transformer.py `compile_layers`)."""
     env = DistEnv.from_env()
     threads = torch.get_num_threads()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -163,7 +165,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
             torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
     clock.before = state.elapsed
     ema = _build_ema(cfg, model, saved)
-    if cfg.train.compile:  # regional compilation, before DDP wraps it (nmt/model.py)
+    if cfg.train.compile:  # regional compilation, before DDP wraps it (nmt/model/transformer.py)
         model.compile_layers()
     ddp = dist.wrap_model(env, model, device)
     log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"
@@ -198,13 +200,13 @@ def _load_latest(run_dir: str) -> ckpt.ModelRecord:
 
 def _build_model(cfg: Config, tokenizer: TokenizerLike, device: torch.device) -> Transformer:
     """The Transformer, initialised from `cfg.seed` (the same on every rank); dropout continues from
-    this generator. On CPU with nmt/fast.py's numpy dropout (not with train.compile, whose graphs draw
+    this generator. On CPU with nmt/model/fast.py's numpy dropout (not with train.compile, whose graphs draw
     their own masks)."""
     torch.manual_seed(cfg.seed)
     model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, tokenizer.specials.pad)
     model = model.to(device)
     if device.type == "cpu" and not cfg.train.compile:
-        from nmt import fast
+        from nmt.model import fast
 
         fast.install_for_training(model)
     return model
@@ -255,7 +257,7 @@ def _prepare_data(cfg: Config, run_dir: str, saved: ckpt.ModelRecord | None, log
 
 
 def _langid(cfg: Config, tokenizer: TokenizerLike, saved: ckpt.ModelRecord | None, log: RunLogger) -> LanguageIdentifier | None:
-    """The run's language identifier when it wants one (`nmt.langid.wanted`): a resumed run's from its
+    """The run's language identifier when it wants one (`nmt.text.langid.wanted`): a resumed run's from its
     checkpoint, else trained on the training corpora (and logged)."""
     if not langid.wanted(cfg, tokenizer):
         return None

@@ -171,7 +171,7 @@ def base_pairs(args) -> tuple[dict, dict]:
     """The base model's training pairs per old language (empty sides left out) and, with
     --base-drop-identical, how many pairs whose target is the source (nmt's `data.drop_identical` rule)
     were left out too."""
-    from nmt.corpus import identical_pairs
+    from nmt.data.corpus import identical_pairs
 
     pairs, dropped = {}, {}
     for lang in args.old:

@@ -7,7 +7,7 @@ beam-like rows, source length `--src-len`.
 Variants, timed per step at several target positions:
 - cached:    init_cache once, decode_step per step, beam-like `reorder` after
              each step (a random permutation inside each sentence's rows), with the
-             cache `nmt translate` uses on CPU (nmt.fast.ReusingDecoderCache): self K/V
+             cache `nmt translate` uses on CPU (nmt.search.fast.ReusingDecoderCache): self K/V
              preallocated to max_len, reorder gathers the filled prefix into reused
              spare buffers; cross K/V stored once per sentence (never copied by beam
              reorders).
@@ -32,11 +32,11 @@ import time
 import torch
 
 
-from nmt.cache import DecoderCache
+from nmt.search.cache import DecoderCache
 from nmt.config import ModelConfig
-from nmt.fast import ReusingDecoderCache
+from nmt.search.fast import ReusingDecoderCache
 from nmt.masks import padding_mask
-from nmt.model import Transformer
+from nmt.model.transformer import Transformer
 
 VOCAB = 8000
 

@@ -12,8 +12,8 @@ temporary directory; its outputs are meaningless, so every sentence then decodes
 Each engine translates the same lines text-to-text (SentencePiece encoding, search, decoding)
 with the same search settings (the checkpoint's decode section, then each --beams value, batches of
 at most each --batch-sizes value sentences, with --batch-tokens padded source tokens): all through
-nmt.translate.translate_lines, with nmt.torch_engine.TorchEngine (`decode.precision` fp32 and int8,
-nmt/precision.py; --bf16 adds bf16) and nmt.ct2.Ct2Engine (float32: `nmt export`; int8:
+nmt.translation.translate.translate_lines, with nmt.translation.torch_engine.TorchEngine (`decode.precision` fp32 and int8,
+nmt/model/precision.py; --bf16 adds bf16) and nmt.translation.ct2.Ct2Engine (float32: `nmt export`; int8:
 `nmt export --quantization int8`). Threads: torch.set_num_threads and CTranslate2's intra_threads;
 batches: the default workers (2 on 2 threads). Every engine runs in a fresh process (this script
 with --worker) that loads it, warms up on 8 lines and times every (beam, batch size) setting in turn;
@@ -65,10 +65,10 @@ def build_random_checkpoint(directory: str, args) -> str:
     """A random-weight model of the requested size + an 8k joint SentencePiece model, saved as a checkpoint."""
     import torch
 
-    from nmt.checkpoint import record, save_checkpoint
+    from nmt.model.checkpoint import record, save_checkpoint
     from nmt.config import TokenizerConfig, config_from_dict
-    from nmt.model import Transformer
-    from nmt.tokenizer import Tokenizer, train_sentencepiece
+    from nmt.model.transformer import Transformer
+    from nmt.text.tokenizer import Tokenizer, train_sentencepiece
 
     text = read_lines(os.path.join(BIBLE, "train.es.gz"), 20000) + read_lines(os.path.join(BIBLE, "train.en.gz"), 20000)
     tok = TokenizerConfig(vocab_size=8000, model_type="unigram", threads=args.threads, max_sentences=40000)
@@ -106,21 +106,21 @@ def worker(args) -> dict:
     lines = read_lines(args.input, args.sentences)
     limits = dict(max_len_a=0.0, max_len_b=args.force_len, min_len=args.force_len) if args.force_len else {}
     if args.worker == "nmt":
-        from nmt.fast import tune_malloc
+        from nmt.device import tune_malloc
 
         tune_malloc(inference=True)  # as `nmt translate` does
         import torch
 
         torch.set_num_threads(args.threads)
-        from nmt.torch_engine import TorchEngine
+        from nmt.translation.torch_engine import TorchEngine
 
         engine = TorchEngine.load(args.checkpoint, "cpu", precision=args.precision)
     else:  # no torch computation in this process
-        from nmt.ct2 import Ct2Engine
+        from nmt.translation.ct2 import Ct2Engine
 
         engine = Ct2Engine(args.worker_model, "cpu", intra_threads=args.threads)
     from nmt.config import decode_config
-    from nmt.translate import translate_lines
+    from nmt.translation.translate import translate_lines
 
     runs = {}
     for beam, size, patience in settings_of(args):
@@ -178,9 +178,9 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     import ctranslate2
 
-    from nmt.checkpoint import load_for_inference
+    from nmt.model.checkpoint import load_for_inference
     from nmt.config import decode_config
-    from nmt.ct2_export import write_export
+    from nmt.interop.ct2_export import write_export
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

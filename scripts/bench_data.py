@@ -138,8 +138,8 @@ def child_prepare(config: str, out: str) -> None:
     import sentencepiece as spm
 
     from nmt.config import load_config
-    from nmt.data import load_data
-    from nmt.tokenizer import Tokenizer, build_tokenizer
+    from nmt.data.batches import load_data
+    from nmt.text.tokenizer import Tokenizer, build_tokenizer
 
     spent = {"spm_train": 0.0, "spm_encode": 0.0}
 
@@ -172,17 +172,17 @@ def child_prepare(config: str, out: str) -> None:
 
 def child_steps(config: str, steps: int, out: str) -> None:
     """Mean time of `steps` training steps (collate + train_step) after 2 untimed ones, on the cached data."""
-    from nmt.fast import tune_malloc
+    from nmt.device import tune_malloc
 
     tune_malloc()  # as `nmt train` does
     import torch
 
     from nmt.config import load_config
-    from nmt.data import epoch_batches, load_data
+    from nmt.data.batches import epoch_batches, load_data
     from nmt.layout import collate
-    from nmt.logging_utils import RunLogger
-    from nmt.step import train_step
-    from nmt.tokenizer import build_tokenizer
+    from nmt.training.logging_utils import RunLogger
+    from nmt.training.step import train_step
+    from nmt.text.tokenizer import build_tokenizer
     from nmt.train import build_training
 
     torch.set_num_threads(2)

@@ -49,7 +49,7 @@ def run_search(engine, src_ids, batch_size, beam, force_len, use_cache, device, 
     entered in each worker thread); with workers > 1 on CPU, as `nmt translate --workers` runs them.
     -> (seconds, output tokens)."""
     from nmt.search import SearchOptions
-    from nmt.batching import batch_cost, run_batches
+    from nmt.translation.batching import batch_cost, run_batches
 
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
     lengths = dict(max_len_a=0.0, max_len_b=force_len, min_len=force_len) if force_len else dict(max_len_a=1.2,
@@ -151,7 +151,7 @@ def main() -> int:
                     help="also time CTranslate2 on this export of the checkpoint (`nmt export`): translate_batch on the "
                          "same SentencePiece pieces, max_batch_size = each --batch-sizes value, the call only")
     ap.add_argument("--no-cpu-tuning", action="store_true",
-                    help="without nmt/fast.py's fast paths (as NMT_CPU_TUNING=0)")
+                    help="without the CPU fast paths (as NMT_CPU_TUNING=0)")
     ap.add_argument("--json", metavar="OUT", help="write the results here as JSON")
     ap.add_argument("--ct2-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -160,17 +160,17 @@ def main() -> int:
         return 0
     if args.no_cpu_tuning:
         os.environ["NMT_CPU_TUNING"] = "0"
-    from nmt.fast import tune_malloc
+    from nmt.device import tune_malloc
 
     tune_malloc(inference=True)  # as `nmt translate` does
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
 
     t0 = time.perf_counter()
-    engine = TorchEngine.load(args.checkpoint, args.device, precision=args.precision)  # on CPU with nmt/fast.py's paths, as nmt translate
+    engine = TorchEngine.load(args.checkpoint, args.device, precision=args.precision)  # on CPU with the CPU fast paths, as nmt translate
     model, tokenizer = engine.model, engine.tokenizer
     lines = read_lines(args.input, args.sentences)
     src_ids = tokenizer.encode_src(lines)

@@ -5,7 +5,7 @@
         --test-src data/bible-es-en/test.es.gz --test-tgt data/bible-es-en/test.en.gz \\
         --plain runs/bible-plain/checkpoints/best.pt --terms runs/bible-terms/checkpoints/best.pt --out runs/bench-glossary-bible
 
-The glossary is extracted from the training pairs by nmt.terms.extract_dictionary (scripts/extract_glossary.py's
+The glossary is extracted from the training pairs by nmt.text.terms.extract_dictionary (scripts/extract_glossary.py's
 rule; words translated by themselves, mostly names, left out unless --identical) and written to OUT/glossary.tsv
 (or read from --glossary). The test split is translated with beam --beam, at most --batch sentences a batch
 (decode.glossary_constrain --constrain), by:
@@ -13,7 +13,7 @@ rule; words translated by themselves, mostly names, left out unless --identical)
   plain+glossary   the plain model with the glossary (constrained search);
   terms            the model trained with data.terms (annotations), no glossary;
   terms+glossary   that model with the glossary (constrained search).
-Per system: term use (matched entries whose target term appears in the output, nmt.glossary.term_use), BLEU and
+Per system: term use (matched entries whose target term appears in the output, nmt.text.glossary.term_use), BLEU and
 chrF on all lines and on the lines with a term (sacreBLEU's API, as `nmt evaluate`), loops and too-long lines
 (nmt's degeneration report), lines that reached the length limit. `--consistent`: each line gets only the matched
 entries whose target term its reference holds (the test glossaries of Dinu et al., 2019: an entry the reference
@@ -35,10 +35,10 @@ import time
 
 from nmt import textio
 from nmt.api import Translator
-from nmt.degeneration import degeneration
-from nmt.glossary import Glossary, appearing, lines_with_terms, read_glossary, term_use
-from nmt.metrics import corpus_metrics
-from nmt.terms import extract_dictionary
+from nmt.evaluation.degeneration import degeneration
+from nmt.text.glossary import Glossary, appearing, lines_with_terms, read_glossary, term_use
+from nmt.evaluation.metrics import corpus_metrics
+from nmt.text.terms import extract_dictionary
 
 SYSTEMS = (("plain", "plain", False), ("plain+glossary", "plain", True), ("terms", "terms", False),
            ("terms+glossary", "terms", True))
@@ -80,7 +80,7 @@ def glossary_of(args) -> list:
     pairs = zip(textio.iter_lines(args.train_src), textio.iter_lines(args.train_tgt))
     entries = extract_dictionary(pairs, identical=args.identical)
     textio.write_lines(os.path.join(args.out, "glossary.tsv"),
-                       [f"# {len(entries)} entries: nmt.terms.extract_dictionary of {args.train_src} / {args.train_tgt}"
+                       [f"# {len(entries)} entries: nmt.text.terms.extract_dictionary of {args.train_src} / {args.train_tgt}"
                         f"{'' if args.identical else ' (identical=False)'}"] + [f"{e.source}\t{e.target}" for e in entries])
     return entries
 

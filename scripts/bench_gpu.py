@@ -16,15 +16,15 @@ embeddings. Randomly initialised (speed only). Parts, in order:
 1. **Matmul peak** (the MFU denominator): a large matmul, bf16 on CUDA (8192^3, 50 per timing),
    fp32 on CPU (2048^3; 1024^3 with --quick), the best of 3 timings after a warm-up.
 2. **Training A/B** (`train` rows, system "nmt" and "transformers"), per model and batch budget
-   (16,384 and 32,768 tokens): nmt's real step (`nmt.step.train_step` on what `nmt.train.build_training`
+   (16,384 and 32,768 tokens): nmt's real step (`nmt.training.step.train_step` on what `nmt.train.build_training`
    prepares: fused AdamW, inverse-sqrt schedule, label-smoothed loss, gradient clipping at 1.0, bf16
    autocast on CUDA) against transformers' `MarianMTModel` of the same shape with the same initial
    weights (written by nmt's HF exporter, loaded with `attn_implementation="sdpa"`; its sinusoid
    position tables frozen, as `MarianMTModel(config)` makes them and nmt's are), trained by
    the same kind of step: forward under the same autocast (`use_cache=False`), PyTorch's
-   label-smoothed `F.cross_entropy` (the formula nmt's fused loss computes, nmt/loss.py) summed
+   label-smoothed `F.cross_entropy` (the formula nmt's fused loss computes, nmt/training/loss.py) summed
    over the real target tokens and divided by their count, `clip_grad_norm_`, nmt's fused AdamW and
-   schedule (`nmt.optim`). Both get the same pre-collated token-budget batches (nmt's data pipeline,
+   schedule (`nmt.training.optim`). Both get the same pre-collated token-budget batches (nmt's data pipeline,
    epoch 1, already on the device) in the same order: warm-up steps, then alternating rounds (nmt
    first in even rounds), each round timed between `torch.cuda.synchronize()` calls. Reported: real
    target tokens per second, model TFLOP/s and MFU (matmul FLOPs of the real tokens, the formula
@@ -54,11 +54,11 @@ embeddings. Randomly initialised (speed only). Parts, in order:
    tokens' probabilities (CTranslate2's semantics), transformers does not (its processors run on
    the log-probabilities), which moves beams of different EOS probability against each other.
    On CUDA a third system, "nmt eager" (the JSON's `decode_eager` rows), is nmt with its decoding
-   steps run eagerly instead of replayed as CUDA graphs (`NMT_CUDA_GRAPHS=0`, nmt/cuda_graphs.py):
+   steps run eagerly instead of replayed as CUDA graphs (`NMT_CUDA_GRAPHS=0`, nmt/search/cuda_graphs.py):
    the before/after of that change in one run; its `same_lines` compares it with nmt's lines.
 
 `--compile` adds a third system to part 2, "nmt compiled" (the JSON's `train_compiled` rows): the same
-model and step with `train.compile: true` (each layer and the loss compiled, nmt/model.py
+model and step with `train.compile: true` (each layer and the loss compiled, nmt/model/transformer.py
 `compile_layers`), built from the same seed (its weights are checked equal to nmt's before any step),
 timed in the same alternating rounds; its compilation falls in the warm-up steps (`warmup_s`, every
 row has it) and `vs_eager` divides its rate by nmt's. Part 3 then trains with `train.compile: true`
@@ -198,7 +198,7 @@ def bench_config(plan: Plan, output_dir: str, name: str, model: str, batch_token
                      "dropout": 0.1},
            "train": {"lr": LR, "warmup_steps": WARMUP, "max_steps": 10 ** 6, "label_smoothing": 0.1, "clip_norm": 1.0,
                      "precision": "auto", "device": device, "valid_bleu": False, "metric": "loss", **train},
-           # nmt's counterpart of transformers' beam search (nmt/hf_export.py): score / length^1, exact stop
+           # nmt's counterpart of transformers' beam search (nmt/interop/hf_export.py): score / length^1, exact stop
            "decode": {"beam_size": 5, "length_penalty": 1.0, "length_penalty_type": "average", "patience": 0.0}}
     return config_from_dict(raw)
 
@@ -216,7 +216,7 @@ class NmtSide:
             return self.tr.forward(batch.src, batch.src_mask, batch.tgt_in)  # [B,T,V]
 
     def step(self, batch, hf_mask) -> None:
-        from nmt.step import train_step
+        from nmt.training.step import train_step
 
         tr, t = self.tr, self.tr.cfg.train
         train_step(tr.forward, [batch], tr.optimizer, tr.scheduler, tr.precision, label_smoothing=t.label_smoothing,
@@ -229,7 +229,7 @@ class HFSide:
     name = "transformers"
 
     def __init__(self, model, tr, device):
-        from nmt.optim import build_optimizer, build_scheduler
+        from nmt.training.optim import build_optimizer, build_scheduler
 
         t = tr.cfg.train
         self.model, self.t, self.pad, self.dtype = model, t, tr.tokenizer.specials.pad, tr.precision.dtype
@@ -259,7 +259,7 @@ class HFSide:
 
 def smoothed_loss(logits, batch, epsilon: float, pad: int):
     """PyTorch's label-smoothed cross-entropy summed over the real target tokens (fp32), the loss nmt's
-    fused function computes (nmt/loss.py)."""
+    fused function computes (nmt/training/loss.py)."""
     import torch.nn.functional as F
 
     return F.cross_entropy(logits.float().flatten(0, 1), batch.tgt_out.flatten(), ignore_index=pad,
@@ -295,7 +295,7 @@ def hf_twin(tr, directory: str, device):
     import transformers
     from safetensors.torch import save_file
 
-    from nmt.hf_export import build_directory
+    from nmt.interop.hf_export import build_directory
 
     files, weights, _ = build_directory(tr.model, tr.tokenizer, tr.cfg)
     os.makedirs(directory, exist_ok=True)
@@ -314,7 +314,7 @@ def hf_twin(tr, directory: str, device):
 def precollate(tr, cfg, n: int, device):
     """The first n token-budget batches of epoch 1 (cycled if the epoch is shorter), on the device, each
     with its transformers attention mask (int64) and its training FLOPs (3 x forward, real tokens)."""
-    from nmt.data import epoch_batches
+    from nmt.data.batches import epoch_batches
     from nmt.layout import collate
 
     index = epoch_batches(tr.train_data, cfg, 1)
@@ -374,7 +374,7 @@ def train_ab(plan: Plan, work: str, device, peak: float | None, have_hf: bool, e
     """Part 2: each model, at each batch budget; rows (error rows for what failed)."""
     import torch
 
-    # build_training turns TF32 on (nmt/step.py); restored afterwards, as `nmt train` restores it, so
+    # build_training turns TF32 on (nmt/training/step.py); restored afterwards, as `nmt train` restores it, so
     # that part 4's fp32 decoding runs in full fp32 as `nmt translate` does
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     rows = []
@@ -397,7 +397,7 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
     import torch
 
     from nmt.config import replace
-    from nmt.logging_utils import RunLogger
+    from nmt.training.logging_utils import RunLogger
     from nmt.train import build_training
 
     log(f"train A/B: building {name}")
@@ -587,9 +587,9 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
     import torch
 
     from nmt import Translator
-    from nmt.checkpoint import load_record
+    from nmt.model.checkpoint import load_record
     from nmt.commands.export import export_command
-    from nmt.tokenizer import Tokenizer
+    from nmt.text.tokenizer import Tokenizer
 
     lines = read_lines(os.path.join(BIBLE, "test.es.gz"), plan.sentences)
     L = plan.length
@@ -656,7 +656,7 @@ EAGER = "nmt eager"  # nmt with NMT_CUDA_GRAPHS=0 (the JSON's `decode_eager` row
 
 
 def eager_translator(checkpoint: str, device, precision: str):
-    """An nmt.Translator that decodes without CUDA graphs (nmt/cuda_graphs.py), for the A/B on CUDA."""
+    """An nmt.Translator that decodes without CUDA graphs (nmt/search/cuda_graphs.py), for the A/B on CUDA."""
     from nmt import Translator
 
     old = os.environ.get("NMT_CUDA_GRAPHS")
@@ -748,7 +748,7 @@ def main() -> int:
     parts = {p.strip() for p in args.parts.split(",")}
     if not parts <= {"train", "nmt_train", "decode"}:
         ap.error(f"--parts: unknown part(s) {', '.join(sorted(parts - {'train', 'nmt_train', 'decode'}))}")
-    from nmt.fast import tune_malloc
+    from nmt.device import tune_malloc
 
     tune_malloc()  # as `nmt train` does (CPU only; before torch allocates)
     import torch

@@ -45,7 +45,7 @@ def main() -> int:
     import torch.nn.functional as F
     from torch import nn
 
-    from nmt.precision import Int8Linear
+    from nmt.model.precision import Int8Linear
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -83,8 +83,8 @@ def configs(raw: dict, out: str, steps: int, bi_steps: int | None, bi_vocab: int
 
 def prepare(runs: dict[str, dict]) -> dict[str, float]:
     """Tokenizer and encoded corpora of every run, in its run directory; seconds per run."""
-    from nmt.data import load_data
-    from nmt.tokenizer import build_tokenizer
+    from nmt.data.batches import load_data
+    from nmt.text.tokenizer import build_tokenizer
 
     seconds = {}
     for name, raw in runs.items():

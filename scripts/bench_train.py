@@ -2,7 +2,7 @@
 
     python scripts/bench_train.py --config configs/quickstart.yaml --steps 40 --json out.json
 
-Runs the real training step (`nmt.step.train_step`: forward, label-smoothed
+Runs the real training step (`nmt.training.step.train_step`: forward, label-smoothed
 loss, backward, clipping, AdamW, schedule) on the config's real batches, times
 `--steps` steps after `--warmup` untimed ones, and reports:
 
@@ -70,25 +70,25 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--workdir", help="where the tokenizer and encoded corpus are cached (default: a temp dir)")
     ap.add_argument("--no-cpu-tuning", action="store_true",
-                    help="without nmt/fast.py's allocator tuning and numpy dropout (as NMT_CPU_TUNING=0)")
+                    help="without the allocator tuning and numpy dropout (as NMT_CPU_TUNING=0)")
     ap.add_argument("--cudnn-attention", action="store_true",
                     help="CUDA: let SDPA pick cuDNN's attention again (nmt turns it off: device.avoid_cudnn_attention)")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     if args.no_cpu_tuning:
         os.environ["NMT_CPU_TUNING"] = "0"
-    from nmt.fast import tune_malloc
+    from nmt.device import tune_malloc
 
     tune_malloc()  # as `nmt train` does
     import numpy as np
     import torch
 
     from nmt.config import load_config, replace
-    from nmt.data import epoch_batches
+    from nmt.data.batches import epoch_batches
     from nmt.device import resolve_torch_device as resolve_device
     from nmt.layout import collate
-    from nmt.logging_utils import RunLogger
-    from nmt.step import train_step
+    from nmt.training.logging_utils import RunLogger
+    from nmt.training.step import train_step
     from nmt.train import build_training
 
     if args.threads:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Extract a glossary from a parallel corpus: single source/target words that align strongly (issue 37).
 
-The rule is nmt.terms.extract_dictionary's (the one `data.term_dictionary: null` uses): words in at
+The rule is nmt.text.terms.extract_dictionary's (the one `data.term_dictionary: null` uses): words in at
 least --min-count lines, not among the --stopwords most frequent of their side, that occur together
 in at least --min-share of each one's lines, linked one to one by Dice coefficient; rarest source
 word first. Writes `source<TAB>target` lines (nmt translate --glossary, nmt evaluate --glossary,
@@ -22,8 +22,8 @@ import sys
 
 from nmt import textio
 from nmt.errors import UserError
-from nmt.glossary import Glossary
-from nmt.terms import extract_dictionary
+from nmt.text.glossary import Glossary
+from nmt.text.terms import extract_dictionary
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measure nmt.langid on the gettext corpus (build it first: scripts/prepare_gettext.py).
+"""Measure nmt.text.langid on the gettext corpus (build it first: scripts/prepare_gettext.py).
 
 Trains a LanguageIdentifier on the train split (the xx side of each train.en-xx pair file, and
 the English side of the largest one as "en"), then prints
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from nmt.langid import LanguageIdentifier, ngrams, off_target
+from nmt.text.langid import LanguageIdentifier, ngrams, off_target
 
 BUCKETS = ("<10", "10-19", "20+")
 

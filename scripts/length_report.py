@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--ref", required=True)
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
     from nmt.textio import read_lines
 
     src, ref = read_lines(args.src), read_lines(args.ref)

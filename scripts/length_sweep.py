@@ -6,7 +6,7 @@
 For each checkpoint (e.g. the same run at several steps): BLEU, BP and hyp/ref length ratio of
 greedy search and of beam 5 under several length penalties, with and without 3-gram blocking
 (every penalty from one `keep_all` beam search per blocking setting, as `nmt tune` scores them:
-nmt/tune.py), and the EOS statistics of scripts/length_report.py (teacher-forced along the
+nmt/translation/tune.py), and the EOS statistics of scripts/length_report.py (teacher-forced along the
 references). The first `--lines` lines of the dev set (all with 0).
 """
 
@@ -22,8 +22,8 @@ SETTINGS = [("greedy", 1, "none", 0.0), ("beam 5 none", 5, "none", 0.0), ("beam 
 
 def sweep(path: str, src: list[str], ref: list[str]) -> dict:
     from nmt.benchmarking import eos_statistics
-    from nmt.torch_engine import TorchEngine
-    from nmt.tune import Decoder, Scorer, Setting, pick
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.tune import Decoder, Scorer, Setting, pick
 
     engine = TorchEngine.load(path, "cpu")
     decode = engine.decode
@@ -49,7 +49,7 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
-    from nmt.checkpoint import load_record
+    from nmt.model.checkpoint import load_record
     from nmt.textio import read_lines
 
     src, ref = read_lines(args.src), read_lines(args.ref)

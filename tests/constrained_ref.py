@@ -1,7 +1,7 @@
 """Reference constrained searches (issue 37), and the brute force they are checked against.
 
 `reference_greedy` / `reference_beam` are plain searches over the step protocol (encode, init_cache,
-decode_step, cache.reorder) built on nmt.constraints, with nmt.search's conventions (StepRules'
+decode_step, cache.reorder) built on nmt.search.constraints, with nmt.search's conventions (StepRules'
 order: rules before the softmax, PAD/start removed after it, a forced prefix keeps the model's own
 log-probability; the endings among the first K candidates finish, the first K live ones continue; at
 the first step after a prefix only the best candidate may end) but no early stop: they run until no
@@ -10,7 +10,7 @@ first K candidates (patience's count, which the real search applies to sentences
 the reference the real search must equal once it takes constraints.
 
 `brute_force` enumerates every output in plain Python with its own implementation of the rules
-(constraint status by scanning the output, not by nmt.constraints' automaton).
+(constraint status by scanning the output, not by nmt.search.constraints' automaton).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from nmt.constraints import Constraints, allocate
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.search.constraints import Constraints, allocate
+from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 BANNED = (PAD_ID, BOS_ID)
 

@@ -44,11 +44,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from nmt.checkpoint import record, save_checkpoint
+from nmt.model.checkpoint import record, save_checkpoint
 from nmt.config import Config, TokenizerConfig, config_from_dict
-from nmt.data import EncodedCorpus
-from nmt.model import Transformer
-from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from nmt.data.batches import EncodedCorpus
+from nmt.model.transformer import Transformer
+from nmt.text.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 # what a CLI subprocess gets: one OpenMP thread (2 shared cores), this tree's nmt first on the path
@@ -147,8 +147,8 @@ def random_corpus(n: int, vocab: int = 20, seed: int = 0) -> EncodedCorpus:
 
 def prepare_data(cfg: Config, run_dir: str, log=print):
     """(tokenizer, Data) as `nmt train` prepares them: build_tokenizer, then load_data."""
-    from nmt.data import load_data
-    from nmt.tokenizer import build_tokenizer
+    from nmt.data.batches import load_data
+    from nmt.text.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(cfg, run_dir, log)
     return tokenizer, load_data(cfg, tokenizer, run_dir, log)
@@ -162,7 +162,7 @@ MAX_POSITIONS = 24  # sources longer than 23 tokens are truncated
 def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = (),
                          max_positions: int = MAX_POSITIONS, **model) -> str:
     """An untrained tiny model + word-level SentencePiece model saved as an nmt checkpoint; `symbols`:
-    user-defined SentencePiece symbols (e.g. nmt.protect.PLACEHOLDERS); max_positions: a larger one
+    user-defined SentencePiece symbols (e.g. nmt.text.protect.PLACEHOLDERS); max_positions: a larger one
     lets a search run long (e.g. with decode.min_len); `model`: other model keys."""
     text = [s for pair in make_pairs(200, 0) for s in pair]
     tok_cfg = TokenizerConfig(vocab_size=64 + len(symbols), model_type="word", threads=1)

@@ -12,9 +12,9 @@ import pytest
 
 from nmt.config import ConfigError, decode_config
 from nmt.errors import UserError
-from nmt.score import score_pairs
-from nmt.torch_engine import TorchEngine
-from nmt.translate import translate_nbest
+from nmt.translation.score import score_pairs
+from nmt.translation.torch_engine import TorchEngine
+from nmt.translation.translate import translate_nbest
 
 from helpers import make_pairs, make_tiny_checkpoint
 

@@ -2,7 +2,8 @@
 
 Layers, top to bottom: the package's public face (`nmt/__init__.py`'s lazy `Translator`, `nmt/__main__.py`);
 the commands (`nmt/commands/`) and the CLI (`nmt/cli.py`); the facades (`nmt/api.py`'s Translator,
-`nmt/train.py`'s train()); the library (everything else). Every import counts, at module level and inside
+`nmt/train.py`'s train()); the library (everything else). The library's wings, bottom to top (`WINGS`): the
+base modules at the top of nmt/, then one folder each; a wing imports only its own and lower wings. Every import counts, at module level and inside
 functions alike (`from nmt import x` imports nmt.x), because a function-level import closes a circle just
 the same once the function runs. The graph is read from the source with `ast`; nothing is imported.
 """
@@ -19,6 +20,8 @@ from helpers import ROOT
 FACE = {"nmt", "nmt.__main__"}  # what users start from: `from nmt import Translator`, `python -m nmt`
 FACADES = {"nmt.api", "nmt.train"}
 LAYERS = ("library", "facade", "commands", "face")  # bottom to top
+WINGS = ("base", "text", "data", "search", "model", "evaluation", "interop", "translation", "training")  # bottom to top
+MAX_TOP_MODULES = 15  # modules at the top of nmt/ (the base, the facades, the CLI, the face)
 
 
 def modules(root: str, package: str = "nmt") -> dict[str, str]:
@@ -70,6 +73,20 @@ def layer(module: str) -> str:
     return "facade" if module in FACADES else "library"
 
 
+def wing(module: str) -> str | None:
+    """The library wing of a module (None outside the library)."""
+    if layer(module) != "library":
+        return None
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or module.endswith(tuple(f".{w}" for w in WINGS)) else "base"
+
+
+def across_wings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a library wing into a higher one."""
+    return [f"{a} ({wing(a)}) imports {b} ({wing(b)})" for a in sorted(graph) for b in sorted(graph[a])
+            if wing(a) and wing(b) and WINGS.index(wing(b)) > WINGS.index(wing(a))]
+
+
 def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -118,9 +135,9 @@ def test_the_graph_is_read_from_every_kind_of_import():
     would pass on an empty graph)."""
     graph = import_graph()
     assert {"nmt", "nmt.__main__", "nmt.api", "nmt.cli", "nmt.search"} <= set(graph)
-    assert "nmt.translate" in graph["nmt.api"]  # module level
-    assert "nmt.score" in graph["nmt.api"]  # inside Translator.score
-    assert "nmt.fast" in graph["nmt.torch_engine"]  # `from nmt import fast as fast_paths`, inside a function
+    assert "nmt.translation.translate" in graph["nmt.api"]  # module level
+    assert "nmt.translation.score" in graph["nmt.api"]  # inside Translator.score
+    assert "nmt.model.fast" in graph["nmt.translation.torch_engine"]  # `from nmt.model.fast import ...`, inside a function
     assert "nmt.api" in graph["nmt"]  # the lazy Translator
 
 
@@ -134,6 +151,18 @@ def test_imports_run_downward():
     """library -> facades (nmt.api, nmt.train) -> commands (nmt/commands/, nmt/cli.py) -> the face."""
     found = upward(import_graph())
     assert not found, "imports that run up a layer:\n" + "\n".join(found)
+
+
+def test_each_wing_imports_only_its_own_and_lower_wings():
+    graph = import_graph()
+    assert {wing(m) for m in graph} - {None} == set(WINGS)  # every wing has modules; no stray one
+    found = across_wings(graph)
+    assert not found, "imports from a wing into a higher one:\n" + "\n".join(found)
+
+
+def test_the_top_of_nmt_holds_few_modules():
+    top = sorted(name for name in os.listdir(os.path.join(ROOT, "nmt")) if name.endswith(".py"))
+    assert len(top) <= MAX_TOP_MODULES, top
 
 
 # --------------------------------------------------------------------------- the checks themselves
@@ -161,11 +190,14 @@ def test_a_circle_through_a_function_level_import_is_found(tmp_path):
 def test_an_import_up_a_layer_is_found():
     graph = {"nmt.search": {"nmt.api"}, "nmt.api": {"nmt.commands.translate", "nmt.search"},
              "nmt.commands.translate": {"nmt.api"}, "nmt.cli": {"nmt.commands.translate", "nmt"},
-             "nmt": {"nmt.api"}, "nmt.validation": {"nmt"}}
+             "nmt": {"nmt.api"}, "nmt.training.validation": {"nmt"}}
     assert upward(graph) == [
         "nmt.api (facade) imports nmt.commands.translate (commands)",
         "nmt.search (library) imports nmt.api (facade)",
-        "nmt.validation (library) imports nmt (face)"]
+        "nmt.training.validation (library) imports nmt (face)"]
+    assert across_wings({"nmt.text.glossary": {"nmt.search.rules", "nmt.errors"}, "nmt.search.rules": {"nmt.text.glossary"},
+                         "nmt.errors": {"nmt.model"}, "nmt.model": set()}) == [
+        "nmt.errors (base) imports nmt.model (model)", "nmt.text.glossary (text) imports nmt.search.rules (search)"]
 
 
 MAX_FUNCTION_LINES = 60  # issue 35: a function reads top to bottom on one screen

@@ -12,8 +12,8 @@ import sacrebleu
 import yaml
 
 from nmt.config import config_from_dict
-from nmt.torch_engine import TorchEngine
-from nmt.translate import translate_lines
+from nmt.translation.torch_engine import TorchEngine
+from nmt.translation.translate import translate_lines
 from nmt.train import train
 
 from helpers import NOUNS, ROOT, make_pairs, tiny_config_dict, write

@@ -90,7 +90,7 @@ def test_bench_train_counts_the_real_target_tokens(tmp_path):
     # independent count: the same batches (epoch 1; one warm-up step, then 3 timed ones) from the
     # corpus' token lengths (+1 each for EOS), not from the collated tensors the script reads
     from nmt.config import load_config
-    from nmt.data import epoch_batches
+    from nmt.data.batches import epoch_batches
     from helpers import prepare_data
 
     cfg = load_config(str(cfg_path))
@@ -158,8 +158,8 @@ def test_length_report_eos_statistics_match_an_unbatched_reference(tmp_path):
 
     from nmt.benchmarking import eos_statistics  # what scripts/length_report.py prints
     from nmt.layout import source_tensors
-    from nmt.tokenizer import BOS_ID, EOS_ID
-    from nmt.torch_engine import TorchEngine
+    from nmt.text.tokenizer import BOS_ID, EOS_ID
+    from nmt.translation.torch_engine import TorchEngine
     from helpers import make_pairs
 
     # the position table seed 3 was chosen with (an EOS argmax before the end of a reference)

@@ -1,14 +1,14 @@
 """Cached decoding: step-by-step logits equal the full teacher-forced decode, through reorders,
-for the plain DecoderCache and nmt/fast.py's ReusingDecoderCache alike."""
+for the plain DecoderCache and nmt/search/fast.py's ReusingDecoderCache alike."""
 
 import pytest
 import torch
 
-from nmt.cache import GROW_CHUNK, DecoderCache, source_groups
-from nmt.fast import ReusingDecoderCache
+from nmt.search.cache import GROW_CHUNK, DecoderCache, source_groups
+from nmt.search.fast import ReusingDecoderCache
 from nmt.config import ModelConfig
 from nmt.masks import padding_mask
-from nmt.model import PAD_ID, Transformer
+from nmt.model.transformer import PAD_ID, Transformer
 
 V = 29
 

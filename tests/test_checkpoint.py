@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from nmt import checkpoint as ckpt
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.model import checkpoint as ckpt
+from nmt.model.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import ModelConfig, to_dict
 from nmt.errors import UserError
-from nmt.model import Transformer
+from nmt.model.transformer import Transformer
 from helpers import one_line_error, run_nmt, write
 
 TINY = ModelConfig(d_model=16, n_heads=2, layers=1, ffn_dim=32, max_positions=32)
@@ -166,14 +166,14 @@ def test_checkpoints_of_the_old_default_keep_their_positions(tmp_path, stored):
 # --------------------------------------------------------------------------- the record
 
 def docstring_keys() -> list[str]:
-    """The keys nmt/checkpoint.py's docstring lists: a name indented four spaces, then its description."""
+    """The keys nmt/model/checkpoint.py's docstring lists: a name indented four spaces, then its description."""
     return re.findall(r"^    (\w+) {2,}\S", ckpt.__doc__, re.M)
 
 
 @pytest.mark.slow
 def test_the_docstring_lists_the_keys_every_writer_writes(tmp_path, capsys):
     """Issue 35: the record had four writers that built the dict by hand (the Trainer, hf_io, tune, average),
-    and the docstring's key list was wrong for the third time. Now nmt/checkpoint.py builds every record
+    and the docstring's key list was wrong for the third time. Now nmt/model/checkpoint.py builds every record
     (`record`, `ModelRecord`); its docstring lists KEYS in order, and what `nmt train` (with a language
     identifier), `nmt tune`, `nmt import` and `nmt average` write holds those keys, in that order, and all
     of them together."""
@@ -181,9 +181,9 @@ def test_the_docstring_lists_the_keys_every_writer_writes(tmp_path, capsys):
 
     from nmt import cli
     from nmt.config import config_from_dict
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
     from nmt.train import train
-    from nmt.tune import apply_to_checkpoint, tune
+    from nmt.translation.tune import apply_to_checkpoint, tune
 
     pytest.importorskip("transformers", reason="nmt import's model is built by transformers (a test dependency)")
     import hf_fixtures

@@ -49,7 +49,7 @@ def test_export_choices_come_from_the_export_command_and_the_exporter():
     exporter's QUANTIZATIONS (the CLI kept its own list, which lacked int8_bfloat16)."""
     from nmt.cli import build_parser
     from nmt.commands.export import FORMATS
-    from nmt.ct2_export import QUANTIZATIONS
+    from nmt.interop.ct2_export import QUANTIZATIONS
 
     export = next(a for a in build_parser()._actions if a.dest == "command").choices["export"]
     choices = {a.dest: tuple(a.choices) for a in export._actions if a.choices is not None}

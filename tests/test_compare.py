@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from nmt.commands.evaluate import compare_command
-from nmt.compare import compare
+from nmt.evaluation.compare import compare
 from nmt.errors import UserError
 
 from helpers import ROOT

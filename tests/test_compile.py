@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 
-from nmt import checkpoint as ckpt
+from nmt.model import checkpoint as ckpt
 from nmt.config import config_from_dict, replace
-from nmt.logging_utils import RunLogger
-from nmt.step import train_step
+from nmt.training.logging_utils import RunLogger
+from nmt.training.step import train_step
 from tests.helpers import tiny_config_dict
 
 pytestmark = pytest.mark.slow  # compiles with Inductor (C++ on CPU): tens of seconds
@@ -29,7 +29,7 @@ def _config(tmp_path, name: str, compile_: bool, **train):
 
 
 def _losses(cfg, steps: int) -> tuple[list[float], dict]:
-    from nmt.data import epoch_batches
+    from nmt.data.batches import epoch_batches
     from nmt.layout import collate
     from nmt.train import build_training
 

@@ -1,4 +1,4 @@
-"""nmt/constraints.py: constraint tracking against scanning the output, dynamic beam allocation against a
+"""nmt/search/constraints.py: constraint tracking against scanning the output, dynamic beam allocation against a
 plain implementation, and the reference constrained searches (tests/constrained_ref.py) against brute
 force on the scripted fake model: every output holds every constraint, before the length limit, with
 n-gram blocking, placeholders and prefixes; with a beam that prunes nothing, the best outputs are
@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from nmt.constraints import Constraints, _failure, allocate
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.search.constraints import Constraints, _failure, allocate
+from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from constrained_ref import Rules, brute_force, contains, reference_beam, reference_greedy, status
 from helpers import V, FakeModel, fake_batch
@@ -286,7 +286,7 @@ def _real(model, src, mask, seqs, K, nbest=1, extra=None, alpha=0.0, kind="none"
           patience=0.0):
     """nmt.search.search with these constraints (Terms) and rules -> (its hypotheses, the limits it used)."""
     from nmt.search import SearchInputs, SearchOptions, search
-    from nmt.search_options import Terms
+    from nmt.search.options import Terms
 
     extra = extra or {}
     ph = bool(extra.get("ph_tokens"))
@@ -301,7 +301,7 @@ def _real(model, src, mask, seqs, K, nbest=1, extra=None, alpha=0.0, kind="none"
 
 def _limits(mask, seqs, extra):
     """The limits the search gives each sentence: src length (a=1, b=0), raised to the room its terms need."""
-    from nmt.search_options import max_output_lengths, room_for_terms
+    from nmt.search.options import max_output_lengths, room_for_terms
 
     prefixes = extra.get("prefixes")
     limits = max_output_lengths(mask.sum(dim=1), 1.0, 0, FakeModel.max_positions, prefixes)

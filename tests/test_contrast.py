@@ -26,10 +26,10 @@ from nmt import Translator
 from nmt.config import ModelConfig
 from nmt.errors import UserError
 from nmt.layout import source_tensors
-from nmt.model import Transformer
+from nmt.model.transformer import Transformer
 from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from nmt.torch_engine import TorchEngine
+from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.translation.torch_engine import TorchEngine
 
 from helpers import ENV, fake_batch, make_tiny_checkpoint, one_line_error
 from test_languages import multilingual_checkpoint
@@ -111,7 +111,7 @@ def test_beam_search_equals_brute_force(model, weight, others):
                 lp += float(steps[key][seq[j]])
             return lp
         first = reference_step(model, src[i], mask[i], [TARGET], weight, others)  # after a forced prefix only the best
-        allowed = [(t, e) for t, e in outputs if t or int(first.argmax()) == EOS_ID]  # candidate may end (nmt/search.py)
+        allowed = [(t, e) for t, e in outputs if t or int(first.argmax()) == EOS_ID]  # candidate may end (nmt/search/__init__.py)
         ref = sorted(((score(t, e), t) for t, e in allowed), key=lambda x: -x[0])
         assert [h.tokens for h in got[i]] == [[TARGET] + t for _, t in ref[:3]]
         assert [h.log_prob for h in got[i]] == pytest.approx([lp for lp, _ in ref[:3]], abs=1e-4)
@@ -141,10 +141,10 @@ def test_the_cached_search_equals_the_uncached_one(model):
 
 
 def test_the_graphed_decoder_gives_the_plain_paths_contrasted_search(model):
-    """The contrast's stacked rows through nmt/cuda_graphs.py's decoder (run eagerly on CPU over the static
+    """The contrast's stacked rows through nmt/search/cuda_graphs.py's decoder (run eagerly on CPU over the static
     cache: rows compacted, padding) give the plain cache's hypotheses, greedy and beam, sentences ending
     at different steps."""
-    from nmt.cuda_graphs import GraphedDecoder
+    from nmt.search.cuda_graphs import GraphedDecoder
     from nmt.search import SearchOps, search
 
     src, mask = fake_batch([5, 2, 7, 4, 6], seed=5)
@@ -211,7 +211,7 @@ def test_contrast_errors_are_one_line(ckpt, tmp_path):
         one_line_error(r, 2, message)
     from types import SimpleNamespace
 
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
 
     with pytest.raises(UserError, match="--contrast-lang is not supported by the ctranslate2 engine"):
         options = SearchOptions(max_len_a=1.0, max_len_b=2, contrast_tokens=(5,), contrast_weight=0.1)
@@ -219,7 +219,7 @@ def test_contrast_errors_are_one_line(ckpt, tmp_path):
 
 
 def test_several_contrast_languages_keep_their_weights_sum_below_one():
-    from nmt.languages import contrast_tokens
+    from nmt.text.languages import contrast_tokens
 
     class Tok:  # what contrast_tokens reads of a tokenizer
         languages, default_tgt_lang, free_language_token = {"de": 5, "fr": 6, "en": 7}, "de", False
@@ -236,7 +236,7 @@ def test_a_ctranslate2_export_leaves_the_contrast_out_of_its_defaults(ckpt, tmp_
     """A model whose decode section asks for contrastive decoding exports to CTranslate2 with a note, and
     the export translates with its other defaults (the PyTorch engine's plain outputs)."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
-    from nmt.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
 
     state = load_checkpoint(ckpt)
     state["config"]["decode"].update(contrast_lang="fr", contrast_weight=0.5)

@@ -1,4 +1,4 @@
-"""nmt.corpus: streamed encoding equals the in-memory reference; the cache (read or mapped); atomic cache writes."""
+"""nmt.data.corpus: streamed encoding equals the in-memory reference; the cache (read or mapped); atomic cache writes."""
 
 import glob
 import os
@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from nmt import corpus as C
-from nmt import data as D
-from nmt import sources
+from nmt.data import corpus as C
+from nmt.data import batches as D
+from nmt.text import sources
 from nmt.errors import UserError
 from nmt.layout import collate
-from nmt.tokenizer import build_tokenizer
+from nmt.text.tokenizer import build_tokenizer
 from nmt.config import config_from_dict
 
 from helpers import (ENV, ROOT, corpus, corpus_cfg, dirty_corpus, make_cfg, make_pairs, quiet, run_nmt,
@@ -166,7 +166,7 @@ def test_empty_side_arrays_map(tmp_path):
 
 def _prepared(tmp_path, n: int = 400) -> tuple["Config", "Tokenizer", str]:  # noqa: F821
     """A config of the tiny task on a copy of its training files, with its run directory's tokenizer."""
-    from nmt.tokenizer import build_tokenizer
+    from nmt.text.tokenizer import build_tokenizer
 
     raw = tiny_config_dict(str(tmp_path))
     raw["data"]["train"]["max_sentences"] = n
@@ -175,7 +175,7 @@ def _prepared(tmp_path, n: int = 400) -> tuple["Config", "Tokenizer", str]:  # n
 
 
 def _load(cfg, tok, logs: list | None = None):
-    from nmt.data import load_data
+    from nmt.data.batches import load_data
 
     return load_data(cfg, tok, cfg.run_dir, log=(logs if logs is not None else []).append)
 
@@ -262,7 +262,7 @@ def test_a_cache_corrupted_in_place_is_encoded_again(tmp_path, damage):
 def test_small_entries_are_read_large_ones_mapped_both_read_only(tmp_path, monkeypatch):
     import numpy as np
 
-    from nmt import corpus as C
+    from nmt.data import corpus as C
 
     cfg, tok, run = _prepared(tmp_path)
     _load(cfg, tok)

@@ -1,4 +1,4 @@
-"""nmt/cuda_graphs.py's decoder and nmt/cache.py's StaticDecoderCache, on CPU: the same steps a CUDA
+"""nmt/search/cuda_graphs.py's decoder and nmt/search/cache.py's StaticDecoderCache, on CPU: the same steps a CUDA
 graph records (attention over all positions under a mask, a device-side position, rows compacted in
 place with padding rows) give the logits of the plain cache and the full decode, and every search
 gives the plain path's hypotheses. The graphs themselves (record and replay) are tested on CUDA in
@@ -7,9 +7,9 @@ tests/test_gpu.py."""
 import pytest
 import torch
 
-from nmt import cuda_graphs
-from nmt.cache import DecoderCache, StaticDecoderCache
-from nmt.cuda_graphs import GraphedDecoder
+from nmt.search import cuda_graphs
+from nmt.search.cache import DecoderCache, StaticDecoderCache
+from nmt.search.cuda_graphs import GraphedDecoder
 from nmt.search import PLAIN_OPS, SearchOps, SearchOptions, beam_search, greedy_search, search
 from tests.test_cache import CONFIGS, full_logits, source, tiny_model, tokens
 
@@ -110,7 +110,7 @@ def test_enabled_by_default_and_switched_off_by_the_environment(monkeypatch):
 
 
 def test_greedy_and_beam_share_the_decoder_protocol():
-    """The decoder class comes from the search ops (nmt/decoding.py's start)."""
+    """The decoder class comes from the search ops (nmt/search/decoding.py's start)."""
     model = tiny_model(max_positions=64)
     src, src_mask = source([4, 6])
     made = []

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from nmt import data as D
-from nmt import sources
+from nmt.data import batches as D
+from nmt.text import sources
 from nmt.config import CorpusConfig, config_from_dict
 from nmt.errors import UserError
-from nmt.sources import read_corpus
-from nmt.corpus import filter_pairs
+from nmt.text.sources import read_corpus
+from nmt.data.corpus import filter_pairs
 from nmt.layout import collate
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 
 from helpers import corpus, corpus_cfg, dirty_corpus, from_lists, make_cfg, prepare_data, quiet, write
 
@@ -440,7 +440,7 @@ def test_one_corpus_as_a_list_trains_the_same(tmp_path):
     """`data.train: X` and `data.train: [X]` give the same run: same batches, same weights."""
     import torch
 
-    from nmt import checkpoint as ckpt
+    from nmt.model import checkpoint as ckpt
     from nmt.train import train
     from helpers import tiny_config_dict
 

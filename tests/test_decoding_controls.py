@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.sampling import uniform_noise
+from nmt.search.sampling import uniform_noise
 from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, sample_search
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import FakeCache, FakeModel, fake_batch
 
@@ -74,7 +74,7 @@ def test_no_repeat_ngram_blocks_every_repeat(kind, n):
 
 
 def test_block_repeats_against_a_plain_loop():
-    from nmt.rules import block_repeats
+    from nmt.search.rules import block_repeats
 
     g = torch.Generator().manual_seed(0)
     for n in (1, 2, 3, 4):
@@ -182,9 +182,9 @@ def test_uniform_noise_is_uniform_and_independent():
 import re
 
 from nmt.config import decode_config
-from nmt.torch_engine import TorchEngine
+from nmt.translation.torch_engine import TorchEngine
 from nmt.commands.translate import translate_command
-from nmt.translate import translate_nbest
+from nmt.translation.translate import translate_nbest
 from helpers import make_pairs
 from helpers import run_nmt as cli
 
@@ -276,7 +276,7 @@ def test_alignment_output(engine, ckpt, tmp_path):
 def test_alignment_weights_are_the_attention_sdpa_computes():
     from nmt.config import ModelConfig
     from nmt.masks import attention_mask
-    from nmt.model import Transformer
+    from nmt.model.transformer import Transformer
 
     torch.manual_seed(0)
     for norm in ("pre", "post"):

@@ -1,4 +1,4 @@
-"""The degeneration report (nmt/degeneration.py): each category against hand-made lines, and
+"""The degeneration report (nmt/evaluation/degeneration.py): each category against hand-made lines, and
 through `nmt evaluate` (text and --json with flagged line numbers)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from nmt.degeneration import degeneration, format_report, loops, scalars
+from nmt.evaluation.degeneration import degeneration, format_report, loops, scalars
 from nmt.commands.evaluate import evaluate_command
 
 SRC = ["el perro ve la casa", "la luna", "uno dos tres cuatro cinco seis", "hola", "el sol ve el rio", ""]

@@ -1,4 +1,4 @@
-"""nmt.distributed + DDP training: two CPU processes (gloo) launched with torchrun.
+"""nmt.training.distributed + DDP training: two CPU processes (gloo) launched with torchrun.
 
 - one DDP step (no_sync accumulation, global-token normalisation, clipping) equals a
   single-process step over the union of the ranks' micro-batches; both ranks agree on
@@ -23,16 +23,16 @@ import pytest
 import torch
 import yaml
 
-from nmt import checkpoint as ckpt
+from nmt.model import checkpoint as ckpt
 from nmt.config import Config, config_from_dict
-from nmt.data import epoch_batches, load_data
-from nmt.distributed import DistEnv, main_first, simulate_failure, timeout_seconds
+from nmt.data.batches import epoch_batches, load_data
+from nmt.training.distributed import DistEnv, main_first, simulate_failure, timeout_seconds
 from nmt.errors import UserError
 from nmt.layout import collate
-from nmt.model import Transformer
-from nmt.optim import build_optimizer, build_scheduler
-from nmt.step import setup_precision, train_step
-from nmt.tokenizer import Tokenizer
+from nmt.model.transformer import Transformer
+from nmt.training.optim import build_optimizer, build_scheduler
+from nmt.training.step import setup_precision, train_step
+from nmt.text.tokenizer import Tokenizer
 
 from helpers import NoSchedule, random_corpus, tiny_config_dict, tiny_transformer
 
@@ -126,9 +126,9 @@ CLIP = 0.5
 STEP_WORKER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
-    import nmt.step as train_mod
+    import nmt.training.step as train_mod
     from nmt.layout import collate
-    from nmt.distributed import DistEnv, process_group, wrap_model
+    from nmt.training.distributed import DistEnv, process_group, wrap_model
     from helpers import NoSchedule, random_corpus, tiny_transformer
     from test_distributed import MICRO, CLIP, FP32
 

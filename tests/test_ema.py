@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nmt import checkpoint as ckpt
+from nmt.model import checkpoint as ckpt
 from nmt.config import ModelConfig, config_from_dict
-from nmt.ema import EMA
-from nmt.model import Transformer
+from nmt.training.ema import EMA
+from nmt.model.transformer import Transformer
 from nmt.train import train
 
 from helpers import tiny_config_dict
@@ -75,8 +75,8 @@ def _cfg(tmp_path, name: str, **train):
 
 def test_checkpoints_hold_the_average_and_validation_scores_it(tmp_path):
     from nmt.layout import iter_batches
-    from nmt.loss import label_smoothed_nll
-    from nmt.data import batch_indices
+    from nmt.training.loss import label_smoothed_nll
+    from nmt.data.batches import batch_indices
 
     cfg = _cfg(tmp_path, "ema", max_steps=14)
     result = train(cfg, quiet=True)

@@ -1,4 +1,4 @@
-"""nmt.metrics and `nmt evaluate`: scores equal the `sacrebleu` command's on the same files; errors name both files."""
+"""nmt.evaluation.metrics and `nmt evaluate`: scores equal the `sacrebleu` command's on the same files; errors name both files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from nmt.errors import UserError
 from nmt.commands.evaluate import evaluate_command
-from nmt.metrics import corpus_metrics
+from nmt.evaluation.metrics import corpus_metrics
 from nmt.textio import read_lines
 from helpers import make_pairs, one_line_error, run_nmt, write
 
@@ -170,7 +170,7 @@ def test_tokenize_and_lowercase_match_the_sacrebleu_command(tmp_path, tokenize, 
 
 
 def test_tokenize_errors(tmp_path):
-    from nmt.metrics import check_tokenize
+    from nmt.evaluation.metrics import check_tokenize
 
     ref = _write(tmp_path, "ref.txt", "a\n")
     with pytest.raises(UserError, match="unknown BLEU tokenizer 'spaces'"):
@@ -190,8 +190,8 @@ def test_an_explicit_langid_that_cannot_count_off_target_is_an_error(tmp_path):
     language to check, a language it does not know), before any work; one that can counts off-target lines."""
     from helpers import make_pairs, make_tiny_checkpoint
 
-    from nmt import checkpoint as ckpt
-    from nmt.langid import LanguageIdentifier
+    from nmt.model import checkpoint as ckpt
+    from nmt.text.langid import LanguageIdentifier
 
     plain = make_tiny_checkpoint(str(tmp_path / "plain.pt"))  # a bilingual model into "en": no identifier
     state = ckpt.load_checkpoint(plain)
@@ -251,7 +251,7 @@ def test_evaluate_rejects_nbest_and_uses_batch_size(ckpt, tmp_path, monkeypatch)
     src = write(tmp_path / "src.es", [p[0] for p in make_pairs(9, 4)])
     one_line_error(run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--nbest", "2", "--beam", "2"),
                    2, "--nbest must be 1")
-    import nmt.batching as batching
+    import nmt.translation.batching as batching
 
     seen = []
     real = batching.make_batches

@@ -1,8 +1,8 @@
-"""nmt.ct2_export / nmt.ct2: CTranslate2 export and the CTranslate2 translate path.
+"""nmt.interop.ct2_export / nmt.translation.ct2: CTranslate2 export and the CTranslate2 translate path.
 
 References are independent of the code under test: our PyTorch model's teacher-forced
 log-softmax (for the exported weights, through CTranslate2's `score_batch`) and nmt.search /
-nmt.translate (for search results and the command's output).
+nmt.translation.translate (for search results and the command's output).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 
 from nmt.config import Config, CorpusConfig, DataConfig, ModelConfig, TokenizerConfig, config_from_dict
 from nmt.errors import UserError
-from nmt.model import Transformer
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from nmt.model.transformer import Transformer
+from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 from helpers import make_pairs, tiny_config_dict
 from helpers import ROOT
 
@@ -77,7 +77,7 @@ def teacher_forced_log_probs(model, src: list[int], tgt: list[int]) -> np.ndarra
 
 
 def pieces(tokenizer: Tokenizer, ids: list[int], side: str) -> list[str]:
-    from nmt.export_dir import vocabularies
+    from nmt.interop.export_dir import vocabularies
 
     vocab = vocabularies(tokenizer)[0 if side == "src" else 1]
     return [vocab[i] for i in ids]
@@ -92,7 +92,7 @@ ARCHITECTURES = [
     dict(norm="post", positions="learned", activation="relu", tie_output=False),
     dict(norm="pre", positions="sinusoidal", activation="relu", share_embeddings=False, tie_output=False, tok="separate"),
     dict(norm="post", positions="learned", activation="gelu", share_embeddings=False, tok="separate"),
-    # the options of imported models (nmt/hf.py): MarianMT-like, M2M100-like, and mixed
+    # the options of imported models (nmt/interop/hf.py): MarianMT-like, M2M100-like, and mixed
     dict(norm="post", positions="sinusoidal_halves", activation="silu", output_bias=True),
     dict(norm="pre", positions="sinusoidal_fairseq", position_offset=2, activation="relu", scale_embeddings=False),
     dict(norm="pre", positions="sinusoidal_halves", activation="silu", output_bias=True, tie_output=False,
@@ -103,7 +103,7 @@ ARCHITECTURES = [
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda a: "-".join(str(v) for v in a.values()))
 def test_exported_weights_give_our_log_probs(ct2, tokenizers, pairs, tmp_path, arch):
     """CTranslate2's teacher-forced log-probabilities equal our model's, per token."""
-    from nmt.ct2_export import write_export
+    from nmt.interop.ct2_export import write_export
 
     arch = dict(arch)
     tokenizer = tokenizers[arch.pop("tok", "joint")]
@@ -121,8 +121,8 @@ def test_exported_weights_give_our_log_probs(ct2, tokenizers, pairs, tmp_path, a
 
 
 def test_export_directory_contents(ct2, tokenizers, tmp_path):
-    from nmt.ct2_export import write_export
-    from nmt.export_dir import METADATA_FILE
+    from nmt.interop.ct2_export import write_export
+    from nmt.interop.export_dir import METADATA_FILE
 
     for kind, files in (("joint", ["spm.model"]), ("separate", ["spm.src.model", "spm.tgt.model"])):
         tokenizer = tokenizers[kind]
@@ -143,7 +143,7 @@ def test_export_directory_contents(ct2, tokenizers, tmp_path):
 def test_export_leaves_the_model_untouched(ct2, tokenizers, tmp_path, quantization):
     """Exporting from a model in memory (as scripts/bench_ct2.py does) must not change its
     weights: CTranslate2 quantizes the arrays it gets in place."""
-    from nmt.ct2_export import write_export
+    from nmt.interop.ct2_export import write_export
 
     tokenizer = tokenizers["joint"]
     cfg = make_config(share_embeddings=True)
@@ -157,7 +157,7 @@ def test_export_leaves_the_model_untouched(ct2, tokenizers, tmp_path, quantizati
 # --------------------------------------------------------------------------- refusals
 
 def test_unsupported_option_is_refused_with_its_name(tokenizers, tmp_path):
-    from nmt.ct2_export import check_exportable
+    from nmt.interop.ct2_export import check_exportable
 
     check_exportable(make_config().model)  # every option we have today is supported
     bad = dataclasses.replace(make_config().model, activation="swish")
@@ -173,7 +173,7 @@ def test_unsupported_option_is_refused_with_its_name(tokenizers, tmp_path):
 
 def test_unknown_parameter_is_refused(ct2, tokenizers, tmp_path):
     """A parameter the mapping does not know (a future architecture option) stops the export."""
-    from nmt.ct2_export import write_export
+    from nmt.interop.ct2_export import write_export
 
     cfg, tokenizer = make_config(), tokenizers["joint"]
     model = random_model(cfg, tokenizer)
@@ -189,14 +189,14 @@ def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # makes `import ctranslate2` fail
     with pytest.raises(UserError, match=r'pip install -e "\.\[ct2\]"'):
         export_command(str(tmp_path / "x.pt"), str(tmp_path / "out"))
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
 
     with pytest.raises(UserError, match="ctranslate2"):
         Ct2Engine(str(tmp_path))
 
 
 def test_overwrite_rules(ct2, tokenizers, tmp_path):
-    from nmt.ct2_export import write_export
+    from nmt.interop.ct2_export import write_export
 
     cfg, tokenizer = make_config(), tokenizers["joint"]
     model = random_model(cfg, tokenizer)
@@ -299,7 +299,7 @@ def test_the_metadata_names_the_checkpoint_not_its_path(ct2, tmp_path, capsys, f
 def test_weights_that_are_not_finite_are_refused(ct2, tmp_path, capsys, fmt):
     from helpers import make_tiny_checkpoint
 
-    from nmt import checkpoint as ckpt
+    from nmt.model import checkpoint as ckpt
     from nmt.cli import main
 
     path = make_tiny_checkpoint(str(tmp_path / "ck.pt"))
@@ -318,8 +318,8 @@ def test_weights_that_are_not_finite_are_refused(ct2, tmp_path, capsys, fmt):
 def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
     """A model that always prefers PAD: nmt masks it; the CTranslate2 path retranslates with
     PAD/BOS suppressed and gives the same (greedy) tokens as nmt."""
-    from nmt.ct2 import Ct2Engine
-    from nmt.ct2_export import write_export
+    from nmt.translation.ct2 import Ct2Engine
+    from nmt.interop.ct2_export import write_export
     from nmt.search import SearchOptions, greedy_search
 
     cfg, tokenizer = make_config(tie_output=False), tokenizers["joint"]
@@ -344,8 +344,8 @@ def test_pad_and_bos_are_never_generated(ct2, tokenizers, tmp_path):
 @pytest.mark.parametrize("arch", ARCHITECTURES[-3:], ids=["marian-like", "m2m100-like", "mixed"])
 def test_new_options_give_the_same_greedy_output(ct2, tokenizers, pairs, tmp_path, arch):
     """The options of imported models survive the export: CTranslate2's greedy tokens equal nmt's."""
-    from nmt.ct2 import Ct2Engine
-    from nmt.ct2_export import write_export
+    from nmt.translation.ct2 import Ct2Engine
+    from nmt.interop.ct2_export import write_export
     from nmt.search import SearchOptions, greedy_search
 
     arch = dict(arch)
@@ -394,8 +394,8 @@ def test_trained_model_outputs_and_log_probs_agree(trained, pairs, beam, penalty
     the search's, not the conversion's: CTranslate2's hypothesis, rescored by our PyTorch model,
     has the log-probability CTranslate2 reported. (Before issue 25 CTranslate2 stopped after
     2 * beam_size finished hypotheses and 3% of the lines differed with `average`.)"""
-    from nmt.ct2 import Ct2Engine
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.ct2 import Ct2Engine
+    from nmt.translation.torch_engine import TorchEngine
     from nmt.search import SearchOptions, max_output_lengths
 
     checkpoint, out = trained
@@ -449,9 +449,9 @@ def test_every_control_gives_the_pytorch_engines_outputs(trained, pairs, control
     """Fails before issue 25 (n-gram blocking and min_len masked after the softmax in nmt, before it in
     CTranslate2; CTranslate2 stopping after 2K finished hypotheses): the same n-best lists, with the
     same scores, on every one of 200 sentences of a trained model."""
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
     from nmt.search import SearchInputs, SearchOptions
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
 
     checkpoint, out = trained
     options = dict(CONTROLS[control])
@@ -502,9 +502,9 @@ def test_what_ctranslate2_cannot_match_is_refused(trained, pairs, tmp_path):
 @pytest.mark.slow
 def test_forced_length_as_benchmarks_use_it(trained, pairs):
     """min_len >= max_len forces every output to exactly max_len tokens, in both engines."""
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
     from nmt.search import SearchOptions
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
 
     checkpoint, out = trained
     torch_engine = TorchEngine.load(checkpoint, "cpu")
@@ -548,7 +548,7 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     """--workers 2 with the CTranslate2 engine (inter_threads 2, batches run by a thread pool):
     the same file as one worker, and as the PyTorch path with --workers 2."""
     from nmt.config import ConfigError
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
     from nmt.commands.translate import translate_command
 
     checkpoint, out = trained
@@ -578,7 +578,7 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
 def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
     """stdin -> stdout; the checkpoint's decode section is the default; an over-long line is
     truncated (max_positions - 1 = 63 tokens) and counted in one warning; not-an-export refused."""
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
     from nmt.commands.translate import translate_command
 
     checkpoint, out = trained
@@ -601,14 +601,14 @@ def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
     (the briefly trained model is not peaked enough for int8 to reproduce every line)."""
     import sacrebleu
 
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
     from nmt.commands.export import export_command
 
     checkpoint, out = trained
     q = str(tmp_path / "int8")
     export_command(checkpoint, q, quantization="int8", quiet=True)
     assert os.path.getsize(os.path.join(q, "model.bin")) < 0.6 * os.path.getsize(os.path.join(out, "model.bin"))
-    from nmt.translate import translate_lines
+    from nmt.translation.translate import translate_lines
 
     f32, i8 = Ct2Engine(out, "cpu", intra_threads=1), Ct2Engine(q, "cpu", intra_threads=1)
     lines, refs = [p[0] for p in pairs[:100]], [p[1] for p in pairs[:100]]
@@ -640,11 +640,11 @@ def test_cli_export_and_translate(trained, tmp_path, capsys):
 def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path):
     """nmt evaluate --engine ctranslate2 --model DIR scores what nmt translate with that engine
     writes; nmt score with CTranslate2 equals the PyTorch scores (the same model, exported)."""
-    from nmt.torch_engine import TorchEngine
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.ct2 import Ct2Engine
     from nmt.commands.evaluate import evaluate_command
-    from nmt.metrics import corpus_metrics
-    from nmt.score import score_pairs
+    from nmt.evaluation.metrics import corpus_metrics
+    from nmt.translation.score import score_pairs
     from nmt.commands.translate import translate_command
 
     checkpoint, out = trained
@@ -669,7 +669,7 @@ def test_ctranslate2_protect_takes_the_best_hypothesis_with_every_placeholder():
     its beam that writes each placeholder of the source exactly once is taken, else the best."""
     from types import SimpleNamespace
 
-    from nmt.ct2 import Ct2Engine
+    from nmt.translation.ct2 import Ct2Engine
     from nmt.layout import NMT_SPECIALS
     from nmt.search import SearchOptions
 
@@ -692,7 +692,7 @@ def test_ctranslate2_protect_takes_the_best_hypothesis_with_every_placeholder():
 
 def test_read_langid_reads_what_an_export_holds_and_none_without(tmp_path):
     """export_dir.read_langid (nmt evaluate --langid on an export) read the file with an unimported json."""
-    from nmt.export_dir import LANGID_FILE, read_langid
+    from nmt.interop.export_dir import LANGID_FILE, read_langid
 
     assert read_langid(str(tmp_path)) is None
     stored = {"languages": ["en", "xx"], "n": 3, "profiles": {"en": {"the": 0.5}, "xx": {"eht": 0.5}}}

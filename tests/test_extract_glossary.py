@@ -1,4 +1,4 @@
-"""scripts/extract_glossary.py: the glossary of a corpus, as nmt.terms.extract_dictionary finds it, in a
+"""scripts/extract_glossary.py: the glossary of a corpus, as nmt.text.terms.extract_dictionary finds it, in a
 file nmt reads back (run as a command, with nmt imported as installed: PYTHONPATH, no sys.path edits)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nmt.glossary import Entry, read_glossary
-from nmt.terms import extract_dictionary
+from nmt.text.glossary import Entry, read_glossary
+from nmt.text.terms import extract_dictionary
 
 from helpers import EN, ES, corpus, write
 

@@ -1,5 +1,5 @@
-"""CPU fast paths (nmt/fast.py), each against the plain path it replaces: packed weights
-(`F.linear`), blocked top-k (`torch.topk`), the reusing cache (nmt/cache.py, also in
+"""CPU fast paths (nmt/model/fast.py, nmt/search/fast.py, nmt/device.py), each against the plain path it replaces: packed weights
+(`F.linear`), blocked top-k (`torch.topk`), the reusing cache (nmt/search/cache.py, also in
 tests/test_cache.py), numpy dropout (`nn.Dropout`'s semantics); and NMT_CPU_TUNING=0
 turns them all off.
 
@@ -18,10 +18,13 @@ import sys
 import pytest
 import torch
 
-from nmt import fast
+from nmt.model import fast
 from nmt.config import ModelConfig
-from nmt.fast import FAST_OPS, NumpyDropout, blocked_argmax, blocked_topk, install_for_training
-from nmt.model import Transformer
+from nmt.search.fast import FAST_OPS, blocked_argmax, blocked_topk
+from nmt.model.fast import NumpyDropout, install_for_training
+from nmt.device import cpu_tuning
+from nmt.translation.torch_engine import _cpu_fast_paths
+from nmt.model.transformer import Transformer
 from nmt.search import PLAIN_OPS, SearchOptions, beam_search, greedy_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,7 +54,7 @@ def batch(seed: int = 1):
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN at all")
 def test_the_private_onednn_ops_exist_on_the_installed_torch():
-    """fast.py relies on private torch.ops.mkldnn ops; a torch upgrade that drops them turns the packed
+    """nmt/model/fast.py relies on private torch.ops.mkldnn ops; a torch upgrade that drops them turns the packed
     linear layers off silently (see the fallback test below): this test makes it loud."""
     missing = [name for name in fast.PRIVATE_OPS if not hasattr(torch.ops.mkldnn, name)]
     assert not missing, f"torch {torch.__version__} has no torch.ops.mkldnn.{missing}: PackedLinear is off"
@@ -62,7 +65,7 @@ def test_without_the_private_ops_inference_falls_back_to_the_plain_path(monkeypa
     monkeypatch.setattr(fast, "_MKLDNN", None)
     model, packed, n = tiny_pair()
     assert n == 0 and not any(isinstance(m, fast.PackedLinear) for m in packed.modules())
-    assert fast.install_for_inference(packed) is FAST_OPS  # the search ops do not need oneDNN
+    assert _cpu_fast_paths(packed) is FAST_OPS  # the search ops do not need oneDNN
     src, src_mask = batch()
     options = SearchOptions(max_len_a=1.0, max_len_b=5)
     assert [h.tokens for (h,) in greedy_search(packed, src, src_mask, options, ops=FAST_OPS)] == \
@@ -130,7 +133,7 @@ def test_training_mode_bypasses_the_packed_weights():
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("NMT_CPU_TUNING", "0")
-    assert not fast.enabled()
+    assert not cpu_tuning()
     _, packed, n = tiny_pair()
     assert n == 0 and not any(hasattr(m, "_packed_weight") for m in packed.modules())
 
@@ -139,7 +142,7 @@ def test_switched_off_by_the_environment(monkeypatch):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt is glibc's (Linux)")
 @pytest.mark.parametrize("inference", [False, True])
 def test_tune_malloc_applies_on_glibc_and_not_when_switched_off(inference):
-    code = f"from nmt.fast import tune_malloc; print(tune_malloc(inference={inference}))"
+    code = f"from nmt.device import tune_malloc; print(tune_malloc(inference={inference}))"
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"NMT_CPU_TUNING": "0", "PATH": "/usr/bin:/bin"})

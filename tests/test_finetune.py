@@ -9,13 +9,13 @@ import pytest
 import sacrebleu
 import torch
 
-from nmt import checkpoint as ckpt
-from nmt.checkpoint import unwrap
+from nmt.model import checkpoint as ckpt
+from nmt.model.checkpoint import unwrap
 from nmt.config import ConfigError, config_from_dict
-from nmt.torch_engine import TorchEngine
+from nmt.translation.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.translate import translate_lines
-import nmt.trainer as train_mod
+from nmt.translation.translate import translate_lines
+import nmt.training.trainer as train_mod
 from nmt.train import train
 from nmt.config import load_config
 
@@ -222,7 +222,7 @@ def test_init_from_a_directory_says_what_it_is(source, tmp_path):
                    f"'train.init_from': {export} is a CTranslate2 model directory (written by nmt export)")
     path = finetune_config(tmp_path, source, str(tmp_path))
     one_line_error(run_nmt("train", "--config", path, "--check"), 2, f"{tmp_path} is a directory, not a checkpoint file")
-    from nmt import finetune
+    from nmt.training import finetune
 
     with pytest.raises(Exception, match="is a CTranslate2 model directory"):  # the loader says the same
         finetune.load_source(load_config(finetune_config(tmp_path, source, str(export)), check_files=False),

@@ -1,4 +1,4 @@
-"""nmt/glossary.py: reading glossaries, matching terms as whole words, term use."""
+"""nmt/text/glossary.py: reading glossaries, matching terms as whole words, term use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from nmt.errors import UserError
-from nmt.glossary import (Entry, Glossary, GlossaryTooLarge, appears, check_entries, joining_tokens, lines_with_terms,
+from nmt.text.glossary import (Entry, Glossary, GlossaryTooLarge, appears, check_entries, joining_tokens, lines_with_terms,
                           match, needs_word_end, read_glossary, term_tokens, term_use, word_joining)
 
 
@@ -166,7 +166,7 @@ def test_term_use_counts_matched_entries_per_line():
 def test_term_tokens_and_joining_tokens():
     """What the search gets per line: the target terms' ids, once each, and which pieces join a word."""
     from nmt.config import TokenizerConfig
-    from nmt.tokenizer import Tokenizer, train_sentencepiece
+    from nmt.text.tokenizer import Tokenizer, train_sentencepiece
 
     from helpers import make_pairs
 
@@ -186,9 +186,9 @@ def test_term_tokens_and_joining_tokens():
 
 
 def test_importable_without_torch():
-    """The command layer reads glossaries before any model loads (and config checks import nmt.terms)."""
+    """The command layer reads glossaries before any model loads (and config checks import nmt.text.terms)."""
     import subprocess
     import sys
 
-    code = "import sys, nmt.glossary, nmt.terms, nmt.config; assert 'torch' not in sys.modules"
+    code = "import sys, nmt.text.glossary, nmt.text.terms, nmt.config; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,7 +1,7 @@
 """Glossaries end to end (issue 37) on a tiny checkpoint: `Translator.translate(glossary=)`,
 `nmt translate --glossary`, `nmt evaluate --glossary`, `POST /translate` with "glossary".
 
-The reference for "every output holds every matched term" is nmt.glossary's own matching rule
+The reference for "every output holds every matched term" is nmt.text.glossary's own matching rule
 (`Glossary.targets` on the source line, `appears` on the output); lines no entry matches must be
 what a run without the glossary gives (text and score); the untrained model writes the terms by
 itself on too few lines for the checks to pass without the constrained search.
@@ -23,7 +23,7 @@ import pytest
 from nmt import cli
 from nmt.api import Translator
 from nmt.errors import UserError
-from nmt.glossary import Entry, Glossary, appears, check_entries
+from nmt.text.glossary import Entry, Glossary, appears, check_entries
 
 from helpers import ROOT, make_pairs
 
@@ -89,9 +89,9 @@ def test_lines_with_terms_get_the_glossary_beam_and_penalty(translator, constrai
 def test_progress_counts_each_line_once(ckpt, options):
     """`missing` searches the lines that miss a term a second time: progress still counts each line once."""
     from nmt.config import decode_config
-    from nmt.glossary import Glossary
-    from nmt.torch_engine import TorchEngine
-    from nmt.translate import translate_chunk
+    from nmt.text.glossary import Glossary
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.translate import translate_chunk
 
     engine = TorchEngine.load(ckpt, "cpu")
     done: list[int] = []
@@ -407,8 +407,8 @@ def test_bench_glossary_quick(ckpt, tmp_path):
 def terms_ckpt(tmp_path_factory) -> str:
     """A tiny checkpoint of a model trained with data.terms: its vocabulary has the term markers."""
     from helpers import make_tiny_checkpoint
-    from nmt.terms import TERM_SYMBOLS
-    from nmt.tokenizer import tag_symbol
+    from nmt.text.terms import TERM_SYMBOLS
+    from nmt.text.tokenizer import tag_symbol
 
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("terms") / "terms.pt"),
                                 symbols=tuple(tag_symbol(t) for t in TERM_SYMBOLS))

@@ -62,8 +62,8 @@ def test_gpu_training_and_translation_in_every_precision(trained_on_gpu, beam):
     CPU's lines (TF32 and kernel order may flip near-ties), in bf16/fp16 about the same BLEU."""
     import sacrebleu
 
-    from nmt.torch_engine import TorchEngine
-    from nmt.translate import translate_lines
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.translate import translate_lines
 
     ckpt, src, ref = trained_on_gpu
     cpu = TorchEngine.load(ckpt, "cpu", precision="fp32")
@@ -101,14 +101,14 @@ def test_translate_command_on_cuda(tmp_path, capsys):
     assert "int8 runs on CPU only" in err and "\n" not in err
 
 
-# --------------------------------------------------------------------------- CUDA graphs (nmt/cuda_graphs.py)
+# --------------------------------------------------------------------------- CUDA graphs (nmt/search/cuda_graphs.py)
 
 class _Counting:
     """GraphedDecoder subclasses that count recordings and replays, with graphs on or off."""
 
     @staticmethod
     def make(graphs: bool, counts: dict):
-        from nmt.cuda_graphs import GraphedDecoder
+        from nmt.search.cuda_graphs import GraphedDecoder
 
         class Counting(GraphedDecoder):
             def __init__(self, *args):
@@ -158,9 +158,9 @@ def test_engine_decodes_with_graphs_on_cuda_and_equals_them_off(tmp_path, monkey
     """TorchEngine.load on CUDA decodes through GraphedDecoder; NMT_CUDA_GRAPHS=0 gives the plain
     decoder, and the same lines (fp32: the two differ only in which positions attention reads)."""
     from nmt.config import decode_config
-    from nmt.cuda_graphs import GraphedDecoder
-    from nmt.torch_engine import TorchEngine
-    from nmt.translate import translate_lines
+    from nmt.search.cuda_graphs import GraphedDecoder
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.translate import translate_lines
     from tests.helpers import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))

@@ -1,4 +1,4 @@
-"""Adding a language to a pretrained model (issue 38, nmt/grow.py): `data.add_languages`,
+"""Adding a language to a pretrained model (issue 38, nmt/training/grow.py): `data.add_languages`,
 `data.tokenizer.add_pieces`, the grown SentencePiece models, the grown weights, and an nmt multilingual
 model that learns a new target language and goes on to `nmt translate --tgt-lang`, `nmt evaluate`,
 CTranslate2 and Hugging Face. Imported M2M100/NLLB models: tests/test_grow_hf.py.
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from helpers import make_pairs, tiny_config_dict
-from nmt import grow
+from nmt.training import grow
 from nmt.config import ConfigError, config_from_dict
-from nmt.tokenizer import Tokenizer, train_sentencepiece
+from nmt.text.tokenizer import Tokenizer, train_sentencepiece
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -241,8 +241,8 @@ def test_the_grown_source_translates_the_old_directions_as_before(base, tmp_path
     """Before any training: the new token copies xx's rows, old ids keep their rows, and every old
     direction's greedy output is the source model's for each line whose source ids did not change."""
     from nmt import Translator
-    from nmt.checkpoint import load_checkpoint, save_checkpoint
-    from nmt.finetune import load_source
+    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.training.finetune import load_source
 
     d, _, ckpt = base
     cfg = config_from_dict(add_yy(base, tmp_path))
@@ -281,7 +281,7 @@ def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
     import yaml
 
     from nmt import Translator
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
     from nmt.cli import main
 
     d, _, _ = base
@@ -387,9 +387,9 @@ def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsy
     import yaml
 
     from helpers import make_tiny_checkpoint
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
     from nmt.cli import main
-    from nmt.finetune import load_source
+    from nmt.training.finetune import load_source
 
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
     raw = tiny_config_dict(str(tmp_path))
@@ -421,8 +421,8 @@ def test_separate_vocabularies_grow_the_side_the_new_text_is_on(base, tmp_path):
     import copy
 
     from nmt import Translator
-    from nmt.checkpoint import load_checkpoint, save_checkpoint
-    from nmt.finetune import load_source
+    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.training.finetune import load_source
     from nmt.train import train
 
     raw = copy.deepcopy(base[1])

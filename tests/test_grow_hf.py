@@ -1,4 +1,4 @@
-"""A new language for an imported M2M100 / NLLB model (issue 38, nmt/grow.py), against transformers 5.
+"""A new language for an imported M2M100 / NLLB model (issue 38, nmt/training/grow.py), against transformers 5.
 
 Tiny models built with transformers' own classes (tests/hf_fixtures.py), imported with `nmt import`,
 fine-tuned a few steps on es -> en (replay) and es -> a new language (English of the Bible with the
@@ -19,9 +19,9 @@ pytest.importorskip("safetensors", reason="transformers checkpoints are safetens
 
 import hf_fixtures as fx  # noqa: E402
 
-from nmt.checkpoint import load_checkpoint  # noqa: E402
+from nmt.model.checkpoint import load_checkpoint  # noqa: E402
 from nmt.cli import main  # noqa: E402
-from nmt.tokenizer import Tokenizer  # noqa: E402
+from nmt.text.tokenizer import Tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
@@ -155,7 +155,7 @@ def test_a_new_source_language(grown, tmp_path):
 
     from nmt import Translator
     from nmt.config import config_from_dict
-    from nmt.data import load_data
+    from nmt.data.batches import load_data
 
     family, d, _, _ = grown
     src, tgt, new, token = CODES[family]

@@ -1,4 +1,4 @@
-"""nmt.hf: Hugging Face MarianMT and M2M100/NLLB models imported into nmt's Transformer.
+"""nmt.interop.hf: Hugging Face MarianMT and M2M100/NLLB models imported into nmt's Transformer.
 
 The reference is transformers itself (a test-only dependency): tiny models built with its own
 classes (random weights, every tensor perturbed so that a miswired norm, bias or tie would show),
@@ -23,7 +23,7 @@ transformers = pytest.importorskip(  # the reference semantics are transformers 
     "transformers", minversion="5.0", reason="transformers >= 5 is a test-only dependency: pip install -e '.[dev]'")
 pytest.importorskip("safetensors", reason="transformers checkpoints are safetensors files: pip install safetensors")
 
-from nmt.hf import (architecture, architecture_from_nmt, config_to_hf, import_weights, read_config,  # noqa: E402
+from nmt.interop.hf import (architecture, architecture_from_nmt, config_to_hf, import_weights, read_config,  # noqa: E402
                     read_weights, weights_to_hf, weights_to_nmt)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -194,7 +194,7 @@ def test_nmt_model_written_for_transformers_gives_the_same_logits(tmp_path, fami
     from safetensors.torch import save_file
 
     from nmt.config import ModelConfig
-    from nmt.model import Transformer
+    from nmt.model.transformer import Transformer
 
     pad = 1 if family == "m2m_100" else vocab[1] - 1
     cfg = ModelConfig(d_model=32, n_heads=4, layers=2, decoder_layers=1, ffn_dim=48, max_positions=40, **kw)
@@ -293,7 +293,7 @@ def test_old_marian_files_with_position_tables_and_aliases_are_read(marian_dir, 
 
 @pytest.mark.slow
 def test_nmt_does_not_import_transformers(marian_dir):
-    code = ("import sys; from nmt.hf import import_weights; import_weights(sys.argv[1]); "
+    code = ("import sys; from nmt.interop.hf import import_weights; import_weights(sys.argv[1]); "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     done = subprocess.run([sys.executable, "-c", code, marian_dir], env=env, capture_output=True, text=True)

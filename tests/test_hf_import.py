@@ -19,8 +19,8 @@ pytest.importorskip("safetensors", reason="transformers checkpoints are safetens
 import hf_fixtures as fx  # noqa: E402
 
 from nmt.errors import UserError  # noqa: E402
-from nmt.hf_tokenizer import read_tokenizer  # noqa: E402
-from nmt.tokenizer import Tokenizer  # noqa: E402
+from nmt.text.hf_tokenizer import read_tokenizer  # noqa: E402
+from nmt.text.tokenizer import Tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
@@ -131,7 +131,7 @@ def test_adapters_travel_in_checkpoints_and_directories(tokenizer_dirs, kind, tm
 
 @pytest.mark.parametrize("kind", ["spm", "marian", "m2m100", "nllb"])
 def test_both_families_declare_the_tokenizer_interface(tokenizer_dirs, kind, tmp_path):
-    """nmt's Tokenizer and every imported adapter have each member of nmt.tokens.TokenizerLike (what nmt's code
+    """nmt's Tokenizer and every imported adapter have each member of nmt.text.tokens.TokenizerLike (what nmt's code
     reads of a tokenizer, without probing), of its declared type, and its methods take the same parameters (the
     same names where callers may name them)."""
     import inspect
@@ -139,9 +139,9 @@ def test_both_families_declare_the_tokenizer_interface(tokenizer_dirs, kind, tmp
 
     from helpers import make_tiny_checkpoint
 
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
     from nmt.layout import Specials
-    from nmt.tokens import TokenizerLike
+    from nmt.text.tokens import TokenizerLike
 
     if kind == "spm":
         tok = Tokenizer.from_bytes(load_checkpoint(make_tiny_checkpoint(str(tmp_path / "t.pt")))["tokenizer"])
@@ -235,9 +235,9 @@ def hf_outputs(model, tokenizer, lines: list[str], family: str, **generate) -> l
 def nmt_outputs(ckpt: str, lines: list[str], family: str, **decode) -> list[list[int]]:
     """nmt's best hypothesis per line (TorchEngine, fast paths on), without the language token."""
     from nmt.config import decode_config
-    from nmt.languages import target_prefix
+    from nmt.text.languages import target_prefix
     from nmt.search import SearchInputs, SearchOptions
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
 
     engine = TorchEngine.load(ckpt, "cpu")
     settings = SearchOptions.from_decode(decode_config(engine.decode, decode), engine.tokenizer)
@@ -250,7 +250,7 @@ def nmt_outputs(ckpt: str, lines: list[str], family: str, **decode) -> list[list
 
 @pytest.mark.slow
 def test_imported_checkpoint_is_an_ordinary_one(imported):
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
 
     _, _, _, ckpt = imported["nllb"]
     state = load_checkpoint(ckpt)
@@ -272,8 +272,8 @@ def test_imported_checkpoint_is_an_ordinary_one(imported):
 def test_logits_through_the_tokenizers(imported, family):
     import torch
 
-    from nmt.checkpoint import load_for_inference
-    from nmt.languages import target_prefix
+    from nmt.model.checkpoint import load_for_inference
+    from nmt.text.languages import target_prefix
     from nmt.layout import source_tensors, target_tensors
 
     model, tokenizer, _, ckpt = imported[family]
@@ -385,7 +385,7 @@ def test_imported_model_searches_as_generate_by_default(trained, family):
     matters: nmt's exact stop gives other outputs on some of these lines."""
     import torch
 
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
 
     model, tokenizer, _, ckpt = trained[family]
     assert load_checkpoint(ckpt)["config"]["decode"]["stopping"] == "hf"
@@ -411,7 +411,7 @@ def test_generation_settings_map_onto_decode_keys():
     (the same rule); "never" -> the exact stop. Whatever the beam size, named or not (issue 59 item 6: a
     greedy config, or one that names no num_beams as NLLB's does, kept the exact stop, so `--beam 4` was not
     generate(num_beams=4))."""
-    from nmt.hf_io import decode_from_generation
+    from nmt.interop.hf_io import decode_from_generation
     from nmt.layout import NMT_SPECIALS
 
     tok = type("Tok", (), {"specials": NMT_SPECIALS})()
@@ -426,7 +426,7 @@ def test_generation_settings_map_onto_decode_keys():
 def test_a_beam_size_beyond_the_bound_is_refused():
     """Issue 59 item 11: num_beams 100000 was imported without a word (one line then ran for minutes): a
     generation config's num_beams is at most hf_io.MAX_BEAMS, else a one-line error naming the key."""
-    from nmt.hf_io import MAX_BEAMS, checked_generation
+    from nmt.interop.hf_io import MAX_BEAMS, checked_generation
 
     assert checked_generation({"num_beams": MAX_BEAMS}, "generation_config.json") == {"num_beams": MAX_BEAMS}
     for beams in (MAX_BEAMS + 1, 100000):
@@ -467,7 +467,7 @@ def test_a_beam_asked_of_a_greedy_import_searches_as_generate(imported, no_beam_
     """Issue 59 item 6: a model whose generation config names no beam size imports greedy with transformers'
     stopping rule, so `--beam 4` gives generate(num_beams=4) (it kept the exact stop: 0 of 40 Marian lines
     equal)."""
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
 
     model, tokenizer, _, _ = imported[family]
     ckpt = no_beam_size[family]
@@ -484,7 +484,7 @@ def test_a_beam_asked_of_a_greedy_import_searches_as_generate(imported, no_beam_
 def test_export_writes_the_stopping_rule():
     """exact stop -> early_stopping "never"; stopping hf -> False (transformers' default, the same rule);
     patience 1 -> True (the same rule); others -> the rule's value, noted."""
-    from nmt.hf_export import generation_config
+    from nmt.interop.hf_export import generation_config
     from nmt.layout import NMT_SPECIALS
     from nmt.schema import DecodeConfig
 
@@ -505,7 +505,7 @@ def test_stopping_travels_through_export_and_import(trained, tmp_path):
     (early_stopping false), and imports again with it."""
     import json
 
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
     from nmt.commands.export import export_command
     from nmt.commands.import_model import import_command
 
@@ -641,7 +641,7 @@ def test_bad_input_is_one_line(imported, tmp_path, capsys, case, edit, flags, me
 ])
 def test_generation_values_that_mean_a_default(imported, tmp_path, capsys, edit, check):
     """null is a key not set (transformers' reading): its default applies; "never"/true are stopping rules."""
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
 
     _, _, d, _ = imported["m2m100"]
     src = broken_copy(d, str(tmp_path / "m"), edit)
@@ -656,7 +656,7 @@ def test_marian_languages_are_the_models(imported, tmp_path, capsys):
     (or, when it says nothing, must be language codes)."""
     import json
 
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
 
     _, _, d, _ = imported["marian"]
     out = str(tmp_path / "out.pt")
@@ -853,7 +853,7 @@ def test_quickstart_model_exports_to_hf(tmp_path, capsys):
     from helpers import make_pairs
 
     from nmt import Translator
-    from nmt.checkpoint import load_for_inference
+    from nmt.model.checkpoint import load_for_inference
     from nmt.layout import source_tensors, target_tensors
 
     ckpt = nmt_trained(tmp_path, "quickstart", steps=16)
@@ -966,7 +966,7 @@ def finetune_config(tmp_path, imported, family: str, capsys, **edits) -> str:
 def test_fine_tuning_an_imported_model(imported, family, tmp_path, capsys):
     """train.init_from an imported checkpoint: the imported tokenizer as it is (no SentencePiece
     training), validation and checkpoints as usual; the result averages, translates and exports."""
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
 
     config = finetune_config(tmp_path, imported, family, capsys)
     code, err = run_cli(["train", "--config", config, "-q"], capsys)
@@ -1012,7 +1012,7 @@ def test_nmt_tokenizer_saved_over_an_imported_one_wins(tokenizer_dirs, tmp_path)
     """A run directory that held an imported tokenizer and then gets nmt's SentencePiece model loads the latter."""
     from helpers import make_tiny_checkpoint
 
-    from nmt.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_checkpoint
 
     d, config = tokenizer_dirs["marian"]
     read_tokenizer(d, config).save(str(tmp_path))

@@ -1,4 +1,4 @@
-"""Tests for nmt/langid.py: exact naive Bayes scores against a hand computation, accuracy on
+"""Tests for nmt/text/langid.py: exact naive Bayes scores against a hand computation, accuracy on
 generated languages, size bound, checkpoint-safe serialisation, off_target; and, when the
 gettext corpus is built (scripts/prepare_gettext.py), accuracy per language on its dev split."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nmt.errors import UserError
-from nmt.langid import LanguageIdentifier, ngrams, off_target
+from nmt.text.langid import LanguageIdentifier, ngrams, off_target
 
 ROOT = Path(__file__).resolve().parents[1]
 GETTEXT = ROOT / "data" / "gettext"

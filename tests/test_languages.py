@@ -1,4 +1,4 @@
-"""Target languages of a multilingual model (nmt/languages.py): the language token forced as the
+"""Target languages of a multilingual model (nmt/text/languages.py): the language token forced as the
 first target token, dropped from outputs, scored by `nmt score`, kept through checkpoints and a
 CTranslate2 export; one-line errors for a missing, unknown or needless --tgt-lang."""
 
@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from nmt import Translator
-from nmt.checkpoint import record, save_checkpoint
+from nmt.model.checkpoint import record, save_checkpoint
 from nmt.config import TokenizerConfig, config_from_dict
 from nmt.errors import UserError
-from nmt.languages import target_prefix
+from nmt.text.languages import target_prefix
 from nmt.layout import source_tensors
-from nmt.model import Transformer
+from nmt.model.transformer import Transformer
 from nmt.search import SearchInputs, SearchOptions, greedy_search
-from nmt.tokenizer import EOS_ID, Tokenizer, train_sentencepiece
-from nmt.torch_engine import TorchEngine
+from nmt.text.tokenizer import EOS_ID, Tokenizer, train_sentencepiece
+from nmt.translation.torch_engine import TorchEngine
 
 from helpers import make_pairs, make_tiny_checkpoint
 
@@ -133,8 +133,8 @@ def test_languages_survive_the_checkpoint_and_a_ctranslate2_export(ckpt, lines, 
 
 def test_training_targets_start_with_the_language_token(ckpt):
     from nmt.config import replace
-    from nmt.corpus import encode_chunk
-    from nmt.data import language_prefix
+    from nmt.data.corpus import encode_chunk
+    from nmt.data.batches import language_prefix
 
     tok = TorchEngine.load(ckpt).tokenizer
     cfg = config_from_dict({"data": {"src_lang": "es", "tgt_lang": "fr", "train": {"src": "a", "tgt": "b"},
@@ -150,12 +150,12 @@ def test_training_targets_start_with_the_language_token(ckpt):
 
 def test_one_accessor_for_what_a_model_translates_into(ckpt, tmp_path):
     """Issue 35: "what this model translates into" had five holders (the tokenizer, data.tgt_lang, the export's
-    metadata, evaluate's ModelInfo, getattr probes in nmt/languages.py). Now nmt.languages reads it, one rule for
+    metadata, evaluate's ModelInfo, getattr probes in nmt/text/languages.py). Now nmt.text.languages reads it, one rule for
     all: a loaded model (`target_languages`), its checkpoint's record and its CTranslate2 export
     (`stored_target_languages`) and `nmt evaluate`'s model_info give the same TargetLanguages."""
-    from nmt.checkpoint import load_for_inference, load_record
+    from nmt.model.checkpoint import load_for_inference, load_record
     from nmt.commands.evaluate import model_info
-    from nmt.languages import TargetLanguages, target_languages
+    from nmt.text.languages import TargetLanguages, target_languages
 
     with_default = multilingual_checkpoint(str(tmp_path / "d.pt"), default="fr")
     bilingual = make_tiny_checkpoint(str(tmp_path / "bi.pt"))

@@ -1,4 +1,4 @@
-"""nmt.loss against a hand computation and against F.cross_entropy."""
+"""nmt.training.loss against a hand computation and against F.cross_entropy."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.layout import PAD_ID
-from nmt.loss import label_smoothed_nll
+from nmt.training.loss import label_smoothed_nll
 
 
 def test_hand_computed_value():
@@ -114,9 +114,9 @@ def test_reduced_precision_logits_give_the_loss_of_their_fp32_copy(dtype):
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_formula_train_compile_uses_equals_the_fused_loss(eps, dtype):
-    """nmt.loss.smoothed_nll_formula (what `train.compile` compiles) gives label_smoothed_nll's loss, NLL
+    """nmt.training.loss.smoothed_nll_formula (what `train.compile` compiles) gives label_smoothed_nll's loss, NLL
     and gradient, also from bf16 logits (both compute in fp32)."""
-    from nmt.loss import smoothed_nll_formula
+    from nmt.training.loss import smoothed_nll_formula
 
     g = torch.Generator().manual_seed(1)
     base = torch.randn(4, 6, 13, generator=g) * 3

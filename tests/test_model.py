@@ -10,7 +10,7 @@ from torch import nn
 from nmt.config import ModelConfig
 from nmt.masks import padding_mask
 from nmt.layout import PAD_ID
-from nmt.model import Transformer, sinusoidal_positions
+from nmt.model.transformer import Transformer, sinusoidal_positions
 
 V = 37
 
@@ -110,7 +110,7 @@ def reference_forward(model: Transformer, src, src_mask, tgt):
         return y @ model.output_proj.weight.T + bias
 
 
-HF_OPTIONS = [  # the options of imported models (nmt/hf.py), also usable from scratch
+HF_OPTIONS = [  # the options of imported models (nmt/interop/hf.py), also usable from scratch
     dict(norm="post", activation="silu", positions="sinusoidal_halves", output_bias=True),  # MarianMT
     dict(norm="pre", positions="sinusoidal_fairseq", position_offset=2, scale_embeddings=False),  # M2M100-like
     dict(positions="sinusoidal", position_offset=3, output_bias=True, share_embeddings=False, tie_output=False),

@@ -19,13 +19,13 @@ import pytest
 
 from nmt import Translator
 from nmt.config import ConfigError, config_from_dict, replace
-from nmt.data import corpus_shares, epoch_batches, epoch_pairs, load_data, mix_counts
-from nmt.degeneration import degeneration, format_report
+from nmt.data.batches import corpus_shares, epoch_batches, epoch_pairs, load_data, mix_counts
+from nmt.evaluation.degeneration import degeneration, format_report
 from nmt.errors import UserError
 from nmt.commands.evaluate import evaluate_command
-from nmt.metrics import language_tokenize
-from nmt.langid import LanguageIdentifier, off_target
-from nmt.tokenizer import Tokenizer, build_tokenizer, language_symbol
+from nmt.evaluation.metrics import language_tokenize
+from nmt.text.langid import LanguageIdentifier, off_target
+from nmt.text.tokenizer import Tokenizer, build_tokenizer, language_symbol
 
 from helpers import make_pairs, tiny_config_dict
 
@@ -151,7 +151,7 @@ def test_the_epoch_mix_is_a_pure_function_of_seed_and_epoch(tmp_path):
 
 
 def test_a_multilingual_resume_is_exact(tmp_path):
-    from nmt import checkpoint as ckpt
+    from nmt.model import checkpoint as ckpt
     from nmt.train import train
     import torch
 
@@ -241,7 +241,7 @@ def test_each_corpus_targets_start_with_its_own_language_token(tmp_path):
 
 
 def test_the_ratio_filter_does_not_count_the_language_token():
-    from nmt.corpus import filter_pairs
+    from nmt.data.corpus import filter_pairs
 
     src, tgt = np.array([1, 1, 2, 0]), np.array([4, 5, 0, 0])  # targets: language token + 3 or 4 tokens
     keep, counts = filter_pairs(src, tgt, 10, 3.0, tgt_prefix=1)
@@ -321,10 +321,10 @@ def test_validation_counts_outputs_in_the_wrong_language(trained):
     """The es-xx set decoded by a tokenizer whose xx token is the English one: off target."""
     import torch
 
-    from nmt.checkpoint import load_for_inference
-    from nmt.data import ValidSet
-    from nmt.step import setup_precision
-    from nmt.validation import validate
+    from nmt.model.checkpoint import load_for_inference
+    from nmt.data.batches import ValidSet
+    from nmt.training.step import setup_precision
+    from nmt.training.validation import validate
 
     cfg, _, best = trained
     model, tok, _ = load_for_inference(best)
@@ -375,7 +375,7 @@ def test_target_language_errors_of_a_trained_checkpoint(trained):
 # --------------------------------------------------------------------------- BLEU tokenizer by language
 
 def test_the_bleu_tokenizer_follows_the_target_language(monkeypatch):
-    import nmt.metrics as ev
+    import nmt.evaluation.metrics as ev
 
     monkeypatch.setattr(ev, "_has_mecab", lambda: True)
     for lang in ("ja", "ja_JP", "jpn_Jpan"):
@@ -390,7 +390,7 @@ def test_the_bleu_tokenizer_follows_the_target_language(monkeypatch):
 
 
 def test_evaluate_picks_the_tokenizer_from_tgt_lang_unless_told(tmp_path, monkeypatch):
-    import nmt.metrics as ev
+    import nmt.evaluation.metrics as ev
 
     hyp, ref = tmp_path / "h", tmp_path / "r"
     hyp.write_text("我喜欢猫。\n", encoding="utf-8")
@@ -410,7 +410,7 @@ def test_evaluate_picks_the_tokenizer_from_tgt_lang_unless_told(tmp_path, monkey
 
 
 def test_validation_tokenizer_auto(tmp_path):
-    from nmt.validation import valid_tokenize
+    from nmt.training.validation import valid_tokenize
 
     cfg = config_from_dict(multilingual_dict(str(tmp_path)))
     assert cfg.train.valid_tokenize == "auto"
@@ -430,7 +430,7 @@ def test_the_degeneration_report_counts_off_target_lines_and_the_references_floo
     report = degeneration(hyps, refs, identifier=ident, lang="xx")
     assert report["off_target"] == {"count": 2, "share": 0.2, "lines": [3, 8], "lang": "xx", "reference_count": 0,
                                     "reference_share": 0.0}
-    assert off_target(hyps, "xx", ident) == (2, [3, 8])  # the same function as nmt/langid.py's
+    assert off_target(hyps, "xx", ident) == (2, [3, 8])  # the same function as nmt/text/langid.py's
     assert "off target 20.0% (2; references 0.0%)" in format_report(report)
     assert degeneration(hyps, refs)["off_target"] is None
     assert degeneration(hyps, refs, identifier=ident, lang="de")["off_target"] is None  # unknown language
@@ -441,7 +441,7 @@ def test_the_degeneration_report_counts_off_target_lines_and_the_references_floo
 def test_a_ctranslate2_export_keeps_the_languages_and_the_identifier(trained, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
     from nmt.commands.export import export_command
-    from nmt.export_dir import LANGID_FILE
+    from nmt.interop.export_dir import LANGID_FILE
 
     _, _, best = trained
     out = str(tmp_path / "ct2")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from nmt.config import TrainConfig
-from nmt.optim import build_optimizer, build_scheduler, lr_at, param_groups
+from nmt.training.optim import build_optimizer, build_scheduler, lr_at, param_groups
 from nmt.config import load_config
 from helpers import ROOT
 
@@ -138,7 +138,7 @@ def test_decay_fraction_holds_the_peak_then_decays():
 @pytest.mark.parametrize("path", ["quickstart.yaml", "quickstart-30min.yaml", "bible-es-en.yaml"])
 def test_shipped_schedules_are_unchanged(path, monkeypatch):
     """The recipes' learning rates at a few points of their budget (values of the landed main)."""
-    from nmt.optim import lr_at
+    from nmt.training.optim import lr_at
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(os.path.join("configs", path))

@@ -16,11 +16,11 @@ from helpers import ROOT
 
 
 NEWEST_APIS = {  # what nmt calls -> (torch release that added it, where nmt calls it)
-    "torch.nn.utils.get_total_norm": ((2, 6), "nmt/step.py"),
-    "fused=True for Adam/AdamW on CPU": ((2, 4), "nmt/optim.py"),
-    "torch.distributed.init_process_group(device_id=...)": ((2, 3), "nmt/distributed.py"),
-    "torch.amp.GradScaler(device)": ((2, 3), "nmt/step.py"),
-    "torch.load(mmap=True)": ((2, 1), "nmt/checkpoint.py"),
+    "torch.nn.utils.get_total_norm": ((2, 6), "nmt/training/step.py"),
+    "fused=True for Adam/AdamW on CPU": ((2, 4), "nmt/training/optim.py"),
+    "torch.distributed.init_process_group(device_id=...)": ((2, 3), "nmt/training/distributed.py"),
+    "torch.amp.GradScaler(device)": ((2, 3), "nmt/training/step.py"),
+    "torch.load(mmap=True)": ((2, 1), "nmt/model/checkpoint.py"),
 }
 
 

@@ -1,4 +1,4 @@
-"""decode.precision (nmt/precision.py) and the lean-inference paths of issue 27, each against the plain
+"""decode.precision (nmt/model/precision.py) and the lean-inference paths of issue 27, each against the plain
 path: int8 linear layers against nn.Linear and, on a trained model, int8 and bf16 translations
 against fp32 by BLEU; the precision key's validation and one-line refusals; a batch searched in
 parts of at most MAX_CPU_ROWS rows against one search; growing caches against a preallocated one
@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from nmt import precision
-from nmt.cache import DecoderCache
+from nmt.model import precision
+from nmt.search.cache import DecoderCache
 from nmt.config import ConfigError, ModelConfig, config_from_dict, decode_config
 from nmt.errors import UserError
-from nmt.fast import FAST_OPS, ReusingDecoderCache
-from nmt.model import Transformer
+from nmt.search.fast import FAST_OPS, ReusingDecoderCache
+from nmt.model.transformer import Transformer
 from nmt.search import SearchOps, SearchOptions, beam_search, greedy_search
 from tests.helpers import make_tiny_checkpoint, tiny_config_dict
 
@@ -141,8 +141,8 @@ def test_int8_and_bf16_translate_about_as_well_as_fp32(trained, beam, monkeypatc
     the references within 2 points of fp32 (the issue's target on the real test split: 0.3)."""
     import sacrebleu
 
-    from nmt.torch_engine import TorchEngine
-    from nmt.translate import translate_lines
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.translate import translate_lines
 
     ckpt, src, ref = trained
     monkeypatch.setattr(precision, "int8_speedup", lambda: 3.0)  # (int8 is refused where it measures slow)
@@ -161,8 +161,8 @@ def test_int8_and_bf16_translate_about_as_well_as_fp32(trained, beam, monkeypatc
 def test_a_batch_searched_in_parts_gives_the_same_results(tmp_path, monkeypatch):
     """TorchEngine.search_batch splits a CPU batch into parts of MAX_CPU_ROWS decoder rows: the same
     hypotheses and scores as one search of the whole batch (greedy, beam, n-best)."""
-    from nmt import torch_engine
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation import torch_engine
+    from nmt.translation.torch_engine import TorchEngine
     from tests.helpers import make_pairs
 
     engine = TorchEngine.load(make_tiny_checkpoint(str(tmp_path / "t.pt")), "cpu")

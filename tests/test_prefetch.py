@@ -1,4 +1,4 @@
-"""nmt/prefetch.py: batches prepared in a background thread are the batches the loop would make itself."""
+"""nmt/data/prefetch.py: batches prepared in a background thread are the batches the loop would make itself."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nmt.config import config_from_dict
-from nmt.prefetch import Prefetcher
+from nmt.data.prefetch import Prefetcher
 from nmt.train import train
 
 from helpers import tiny_config_dict

@@ -1,4 +1,4 @@
-"""nmt/protect.py: which spans are protected, masking, restoring, counting."""
+"""nmt/text/protect.py: which spans are protected, masking, restoring, counting."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 import re
 
-from nmt.protect import MAX_SPANS, PLACEHOLDERS, mask, mask_pair, restore
+from nmt.text.protect import MAX_SPANS, PLACEHOLDERS, mask, mask_pair, restore
 from nmt.config import config_from_dict
 from helpers import ENV, config_errors, one_line_error
 
@@ -174,9 +174,9 @@ def test_the_search_restores_every_span_even_untrained(tmp_path, beam):
     from helpers import make_pairs, make_tiny_checkpoint
     from nmt.config import decode_config
     from nmt.layout import EOS_ID
-    from nmt.protect import placeholder_ids
-    from nmt.torch_engine import TorchEngine
-    from nmt.translate import translate_chunk
+    from nmt.text.protect import placeholder_ids
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.translate import translate_chunk
 
     engine = TorchEngine.load(make_tiny_checkpoint(str(tmp_path / "tiny.pt"), symbols=PLACEHOLDERS), "cpu", fast=False)
     old = engine.model.output_proj

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from nmt.config import decode_config
-from nmt.torch_engine import TorchEngine
+from nmt.translation.torch_engine import TorchEngine
 from nmt.errors import UserError
 from nmt.commands.score import score_command
-from nmt.score import score_pairs
-from nmt.translate import translate_nbest
+from nmt.translation.score import score_pairs
+from nmt.translation.translate import translate_nbest
 
 from helpers import make_pairs
 from helpers import make_tiny_checkpoint

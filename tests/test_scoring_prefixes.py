@@ -14,9 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt import Translator, protect
+from nmt import Translator
+
+from nmt.text import protect
 from nmt.layout import source_tensors, target_tensors
-from nmt.torch_engine import TorchEngine
+from nmt.translation.torch_engine import TorchEngine
 
 from helpers import MAX_POSITIONS, make_pairs, make_tiny_checkpoint
 from helpers import ROOT

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from nmt.config import ModelConfig
-from nmt.model import Transformer
+from nmt.model.transformer import Transformer
 from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, search
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from helpers import V, FakeModel, fake_batch
 
@@ -471,9 +471,9 @@ class _NoEos(torch.nn.Module):
 def test_decoding_reads_the_host_at_most_once_per_step(case):
     """Two searches whose outputs are forced to 10 and to 20 tokens: the extra steps of the second cost at
     most one host read each (what ends and what stays) on the search a GPU runs (plain ops), where each
-    read is a device sync. On the CPU's fast ops (nmt/fast.py) the reusing cache also looks up which beams
+    read is a device sync. On the CPU's fast ops (nmt/search/fast.py) the reusing cache also looks up which beams
     moved (tensors on the host already: no device to wait for), one more per beam search step."""
-    from nmt.fast import FAST_OPS
+    from nmt.search.fast import FAST_OPS
     from nmt.search import PLAIN_OPS
 
     model = _NoEos()

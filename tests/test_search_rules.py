@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, length_penalty_factor, sample_search
-from nmt.tokenizer import BOS_ID, EOS_ID
+from nmt.text.tokenizer import BOS_ID, EOS_ID
 
 from helpers import FakeModel, fake_batch
 

@@ -1,4 +1,4 @@
-"""nmt/terms.py and data.terms: inline term annotation (Dinu et al., 2019) of training pairs, the
+"""nmt/text/terms.py and data.terms: inline term annotation (Dinu et al., 2019) of training pairs, the
 dictionary extracted from a corpus, and the tokenizer's term markers."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from nmt.config import ConfigError
 from nmt.errors import UserError
-from nmt.glossary import Entry, Glossary
-from nmt.terms import TERM_SYMBOLS, annotate, annotate_pair, extract_dictionary, known_by
-from nmt.tokenizer import build_tokenizer
+from nmt.text.glossary import Entry, Glossary
+from nmt.text.terms import TERM_SYMBOLS, annotate, annotate_pair, extract_dictionary, known_by
+from nmt.text.tokenizer import build_tokenizer
 
 from helpers import EN, ES, corpus, corpus_cfg, make_cfg, prepare_data, quiet, write
 
@@ -169,6 +169,6 @@ def test_term_settings_in_config_and_tokenizer(tmp_path):
     logs = []
     assert known_by(build_tokenizer(cfg, cfg.run_dir, logs.append))  # not the one without markers
     assert any("not reusing" in x and "data.terms" in x for x in logs)
-    from nmt.data import load_data
+    from nmt.data.batches import load_data
     with pytest.raises(UserError, match="no term markers"):
         load_data(cfg, tokenizer, cfg.run_dir, quiet)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from nmt import sources
+from nmt.text import sources
 from nmt.config import config_from_dict
 from nmt.errors import UserError
-from nmt.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, iter_sample,
+from nmt.text.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, iter_sample,
                            read_model_file, sample_indices)
 
 from helpers import quiet

@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from nmt import checkpoint as ckpt
+from nmt.model import checkpoint as ckpt
 from nmt.config import Config, ConfigError, config_from_dict, load_config, replace
 from nmt.layout import collate
-from nmt.torch_engine import TorchEngine
+from nmt.translation.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.optim import lr_at
-import nmt.step as step_mod
-import nmt.trainer as train_mod
-from nmt.step import setup_precision, train_step
+from nmt.training.optim import lr_at
+import nmt.training.step as step_mod
+import nmt.training.trainer as train_mod
+from nmt.training.step import setup_precision, train_step
 from nmt.train import SignalStop, train
-from nmt import rundir
+from nmt.training import rundir
 
 from helpers import (ENV, ROOT, NoSchedule, one_line_error, random_corpus, run_nmt, tiny_config, tiny_config_dict,
                      tiny_transformer, write_yaml)
@@ -137,7 +137,7 @@ def test_reaches_high_bleu_and_writes_the_run_dir(trained):
 def test_best_checkpoint_alone_translates_the_test_set(trained):
     import sacrebleu
 
-    from nmt.translate import translate_lines
+    from nmt.translation.translate import translate_lines
 
     cfg, _ = trained
     model, tokenizer, loaded_cfg = ckpt.load_for_inference(os.path.join(cfg.run_dir, "checkpoints", "best.pt"), "cpu")
@@ -330,8 +330,8 @@ def test_a_signal_during_the_final_validation_sets_the_exit_code(tmp_path, monke
 
 
 def test_max_epochs_and_max_time(tmp_path):
-    from nmt.data import epoch_batches, load_data
-    from nmt.tokenizer import Tokenizer
+    from nmt.data.batches import epoch_batches, load_data
+    from nmt.text.tokenizer import Tokenizer
 
     cfg = _small(tmp_path, "epochs", max_epochs=2, valid_every=1000)
     result = train(cfg, quiet=True)

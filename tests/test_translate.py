@@ -1,4 +1,4 @@
-"""nmt.translate: batching never changes results, order and alignment are kept,
+"""nmt.translation.translate: batching never changes results, order and alignment are kept,
 truncation is counted once, n-best format, file/stdin/pipe modes, averaging.
 
 The model is an untrained tiny Transformer saved with a real tokenizer through
@@ -21,17 +21,17 @@ import time
 import pytest
 import torch
 
-from nmt import batching
-from nmt import translate as tr
-from nmt.checkpoint import load_checkpoint, load_for_inference
+from nmt.translation import batching
+from nmt.translation import translate as tr
+from nmt.model.checkpoint import load_checkpoint, load_for_inference
 from nmt.commands import translate as tc
 from nmt.commands.average import average_command
 from nmt.commands.evaluate import evaluate_command
 from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import resolve_workers
-from nmt.torch_engine import TorchEngine
+from nmt.translation.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.metrics import corpus_metrics
+from nmt.evaluation.metrics import corpus_metrics
 from nmt.textio import read_lines
 from nmt.search import SearchOptions, beam_search, greedy_search
 from helpers import make_pairs, make_tiny_checkpoint
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def loaded(ckpt):
-    """The engine `nmt translate` uses (on CPU: with nmt/fast.py's paths)."""
+    """The engine `nmt translate` uses (on CPU: with the CPU fast paths)."""
     return TorchEngine.load(ckpt)
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
-from nmt import checkpoint as ckpt
+from nmt.model import checkpoint as ckpt
 from nmt.config import config_from_dict, decode_config
 from nmt.errors import UserError
-from nmt.metrics import corpus_metrics
+from nmt.evaluation.metrics import corpus_metrics
 from nmt.textio import read_lines
 from nmt.train import train
 
@@ -45,9 +45,9 @@ def test_every_scored_setting_is_what_the_search_gives(trained, patience):
     the checkpoint's patience, whose stop does not depend on the penalty)."""
     import dataclasses
 
-    from nmt.torch_engine import TorchEngine
-    from nmt.translate import translate_lines
-    from nmt.tune import Race, tune
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.translate import translate_lines
+    from nmt.translation.tune import Race, tune
 
     checkpoint, src, ref = trained
     engine = TorchEngine.load(checkpoint, "cpu")
@@ -132,14 +132,14 @@ GLOSSARY = [("perro", "dog"), ("gato", "cat"), ("rojo", "red"), ("mesa", "sun")]
 def test_with_a_glossary_every_scored_setting_is_what_translate_gives(trained, constrain, monkeypatch):
     """`nmt tune --glossary` scores each (glossary_beam_size, glossary_length_penalty) from one constrained
     keep_all search per beam size: each score must equal translating the dev lines with the glossary
-    under those settings (nmt/translate.py, lines without a term and, with `missing`, lines whose free
+    under those settings (nmt/translation/translate.py, lines without a term and, with `missing`, lines whose free
     output holds their terms searched as without the glossary) and scoring them with sacreBLEU."""
     import random
 
-    from nmt import tune as tuning
-    from nmt.glossary import Glossary, check_entries
-    from nmt.torch_engine import TorchEngine
-    from nmt.translate import translate_chunk
+    from nmt.translation import tune as tuning
+    from nmt.text.glossary import Glossary, check_entries
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt.translation.translate import translate_chunk
 
     checkpoint, src, ref = trained
     monkeypatch.setattr(tuning, "PENALTIES", tuple(("gnmt", a / 10) for a in range(0, 31, 3)))  # (a penalty to tune)
@@ -174,7 +174,7 @@ def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys, 
     import functools
     import re
 
-    from nmt import tune as tuning
+    from nmt.translation import tune as tuning
     from nmt.commands.tune import tune_command
 
     checkpoint, src, ref = trained
@@ -206,7 +206,7 @@ def test_a_new_setting_drops_glossary_settings_chosen_for_the_old_one(trained, t
     """apply_to_checkpoint: glossary_beam_size / glossary_length_penalty were chosen for the setting they
     were tuned with; a tune without --glossary that changes the setting resets them, one that keeps it
     keeps them."""
-    from nmt.tune import Row, Setting, TuneResult, apply_to_checkpoint
+    from nmt.translation.tune import Row, Setting, TuneResult, apply_to_checkpoint
 
     checkpoint = trained[0]
 
@@ -308,10 +308,10 @@ def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_pat
     untrained model, greedy without n-gram blocking: 7% of its outputs loop.)"""
     import functools
 
-    import nmt.tune
+    import nmt.translation.tune
     from helpers import make_pairs, make_tiny_checkpoint
     from nmt.commands.tune import tune_command
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
 
     checkpoint = make_tiny_checkpoint(str(tmp_path / "untrained.pt"))
     pairs = make_pairs(100, 3)
@@ -320,10 +320,10 @@ def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_pat
         with open(path, "w", encoding="utf-8") as f:
             f.write("".join(p[col] + "\n" for p in pairs))
     engine = TorchEngine.load(checkpoint, "cpu")
-    found = nmt.tune.tune(engine, read_lines(src), read_lines(ref), max_loops=1.0, beams=(1,), ngrams=(0,),
+    found = nmt.translation.tune.tune(engine, read_lines(src), read_lines(ref), max_loops=1.0, beams=(1,), ngrams=(0,),
                           log=lambda m: None)
     assert 0.02 < found.row.loops < 1  # what the limit is tested against
-    monkeypatch.setattr(nmt.tune, "tune", functools.partial(nmt.tune.tune, beams=(1,), ngrams=(0,)))
+    monkeypatch.setattr(nmt.translation.tune, "tune", functools.partial(nmt.translation.tune.tune, beams=(1,), ngrams=(0,)))
     before = open(checkpoint, "rb").read()
     out = str(tmp_path / "tuned.pt")
     for kw in (dict(output=out), dict(in_place=True)):
@@ -396,9 +396,9 @@ def test_train_tune_decode_leaves_best_pt_when_no_setting_is_within_the_loop_lim
     20 steps some outputs loop.)"""
     import functools
 
-    import nmt.tune
+    import nmt.translation.tune
 
-    monkeypatch.setattr(nmt.tune, "tune", functools.partial(nmt.tune.tune, beams=(1,), ngrams=(0,), max_loops=0.0))
+    monkeypatch.setattr(nmt.translation.tune, "tune", functools.partial(nmt.translation.tune.tune, beams=(1,), ngrams=(0,), max_loops=0.0))
     raw = tiny_config_dict(str(tmp_path), max_steps=20, warmup_steps=5, valid_every=1000, valid_bleu=False,
                            metric="loss", tune_decode=True, tune_max_time=60)
     cfg = config_from_dict(raw)

@@ -9,8 +9,8 @@ experiment, which compiled model and F.cross_entropy in one function)."""
 import sys, time, torch
 from torch._dynamo.utils import counters
 from nmt.config import ModelConfig
-from nmt.model import Transformer
-from nmt.loss import compiled_smoothed_nll
+from nmt.model.transformer import Transformer
+from nmt.training.loss import compiled_smoothed_nll
 import torch.fx.experimental._config as fx_config
 fx_config.use_duck_shape = False
 mode = sys.argv[1]
@@ -24,7 +24,7 @@ elif mode == "whole":
 else:
     fwd = m
 loss_fn = compiled_smoothed_nll() if mode != "eager" else None
-from nmt.loss import label_smoothed_nll
+from nmt.training.loss import label_smoothed_nll
 loss_fn = loss_fn or label_smoothed_nll
 opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
 times = []

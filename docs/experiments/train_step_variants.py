@@ -18,10 +18,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch
 import bench_gpu as bg
 from nmt.config import replace
-from nmt.logging_utils import RunLogger
+from nmt.training.logging_utils import RunLogger
 from nmt.train import build_training
-from nmt.step import train_step
-from nmt.loss import label_smoothed_nll
+from nmt.training.step import train_step
+from nmt.training.loss import label_smoothed_nll
 import torch.nn.functional as F
 
 ap = argparse.ArgumentParser()
@@ -148,7 +148,7 @@ for name in args.models.split(","):
                     step = lambda b: train_step(tr.forward, [b], tr.optimizer, tr.scheduler, tr.precision,
                                                 label_smoothing=0.1, clip_norm=1.0, pad_id=tr.tokenizer.specials.pad)
                 elif v == "regional":
-                    from nmt.loss import compiled_smoothed_nll
+                    from nmt.training.loss import compiled_smoothed_nll
                     tr.model.compile_layers()
                     tr.forward, tr.loss_fn = tr.model, compiled_smoothed_nll()
                     step = lambda b: train_step(tr.forward, [b], tr.optimizer, tr.scheduler, tr.precision,

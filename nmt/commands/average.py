@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from nmt import textio
-from nmt.checkpoint import average_checkpoints
+from nmt.model.checkpoint import average_checkpoints
 from nmt.errors import UserError
 
 

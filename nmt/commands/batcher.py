@@ -17,7 +17,7 @@ decode settings (validated once, when the request was parsed: nmt/commands/serve
 keeps answering while the model runs (the calls of nmt.Translator run one at a time in the
 process anyway: nmt/api.py). Each line keeps its number within its own request (the
 `line_numbers` of the call), so a sampled line gets the samples `nmt translate` gives it for that
-request alone; each sentence is searched independently of its batch companions (nmt/translate.py),
+request alone; each sentence is searched independently of its batch companions (nmt/translation/translate.py),
 so a request's results do not depend on who shared its call.
 
 A request is abandoned when its future is done before its answer: the server cancels it when
@@ -73,7 +73,7 @@ class Job:
     decode: DecodeConfig
     future: asyncio.Future
     arrived: float
-    glossary: Any = None  # its nmt.glossary.Glossary (requests with other glossaries are other calls)
+    glossary: Any = None  # its nmt.text.glossary.Glossary (requests with other glossaries are other calls)
 
 
 @dataclass

@@ -1,20 +1,20 @@
 """`nmt evaluate`: score a hypothesis file (or standard input) against a reference, or translate a source file
 with a checkpoint or export first (through `nmt.Translator`) and score the result; `--compare`: two or more
-hypothesis files against a baseline (nmt/compare.py).
+hypothesis files against a baseline (nmt/evaluation/compare.py).
 
-Output: one human-readable line per metric (nmt/metrics.py: the `sacrebleu` command's scores),
+Output: one human-readable line per metric (nmt/evaluation/metrics.py: the `sacrebleu` command's scores),
 
     BLEU = 34.56 66.0/41.2/28.1/19.6 (BP = 1.000 ratio = 1.012 hyp_len = 2530 ref_len = 2500) [nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0]
     chrF2 = 58.12 [nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0]
 
 (the score, sacreBLEU's verbose details, the signature in brackets), then one line of
-the degeneration report (nmt/degeneration.py); or with `json_out=True` one JSON object:
+the degeneration report (nmt/evaluation/degeneration.py); or with `json_out=True` one JSON object:
 see `evaluate_command` for its fields.
 
 The target language (`--tgt-lang`, else the model's: a bilingual checkpoint's data.tgt_lang)
 chooses BLEU's tokenizer unless `--tokenize` does (`metrics.language_tokenize`: ja-mecab for Japanese,
 zh for Chinese, else 13a) and, with the language identifier a multilingual checkpoint carries
-(nmt/langid.py; `--langid CKPT` for a hypothesis file), lets the degeneration report count
+(nmt/text/langid.py; `--langid CKPT` for a hypothesis file), lets the degeneration report count
 off-target outputs, next to the references' own rate.
 """
 
@@ -27,20 +27,20 @@ from typing import IO, Any, NamedTuple, Sequence
 
 from nmt import textio
 from nmt.api import Translator
-from nmt.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, compare
-from nmt.degeneration import degeneration, format_report
+from nmt.evaluation.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, compare
+from nmt.evaluation.degeneration import degeneration, format_report
 from nmt.errors import UserError
-from nmt.glossary import load_glossary
-from nmt.export_dir import read_langid, read_metadata
-from nmt.languages import TargetLanguages, stored_target_languages
-from nmt.metrics import METRICS, check_tokenize, corpus_metrics, language_tokenize
-from nmt.translate import truncation_warning
+from nmt.text.glossary import load_glossary
+from nmt.interop.export_dir import read_langid, read_metadata
+from nmt.text.languages import TargetLanguages, stored_target_languages
+from nmt.evaluation.metrics import METRICS, check_tokenize, corpus_metrics, language_tokenize
+from nmt.translation.translate import truncation_warning
 
 
 class ModelInfo(NamedTuple):
     """What `nmt evaluate` reads from a model besides its weights."""
 
-    languages: TargetLanguages  # what it translates into (nmt/languages.py); its `default` without --tgt-lang
+    languages: TargetLanguages  # what it translates into (nmt/text/languages.py); its `default` without --tgt-lang
     langid: dict | None  # its language identifier (`LanguageIdentifier.to_dict()`), if it has one
 
 
@@ -50,7 +50,7 @@ def model_info(path: str, engine: str = "auto") -> ModelInfo:
     if engine == "ctranslate2" or (engine == "auto" and os.path.isdir(path)):
         meta = read_metadata(path)
         return ModelInfo(stored_target_languages(meta, meta.get("config", {})), read_langid(path))
-    from nmt.checkpoint import load_record
+    from nmt.model.checkpoint import load_record
 
     record = load_record(path)
     return ModelInfo(record.languages, record.langid)
@@ -69,7 +69,7 @@ def _identifier(info: ModelInfo | None, lang: str | None, warn, given: str | Non
         if given is not None:
             cannot("it has no language identifier (multilingual models trained by nmt carry one)")
         return None
-    from nmt.langid import LanguageIdentifier
+    from nmt.text.langid import LanguageIdentifier
 
     identifier = LanguageIdentifier.from_dict(info.langid)
     if lang is None:
@@ -108,9 +108,9 @@ def _glossary(path: str | None, ignore_case: bool, src: str | None) -> Any:
 
 def term_report(hyps: Sequence[str], refs: Sequence[str], srcs: Sequence[str], glossary, names: Sequence[str], *,
                 tokenize: str | None = None, lowercase: bool = False) -> dict:
-    """How the hypotheses used the glossary (`nmt.glossary.term_use`: term_use, term_matches, terms_used,
+    """How the hypotheses used the glossary (`nmt.text.glossary.term_use`: term_use, term_matches, terms_used,
     term_lines) and each metric's score on the lines with a term (`term_lines_<metric>`; None without one)."""
-    from nmt.glossary import lines_with_terms, term_use
+    from nmt.text.glossary import lines_with_terms, term_use
 
     report = term_use(hyps, srcs, glossary)
     rows = lines_with_terms(srcs, glossary)
@@ -206,7 +206,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
     `save_hyps` writes the hypotheses (atomically). `tokenize` / `lowercase`: sacreBLEU's options.
     Prints one line per metric, or one JSON object with `json_out`:
     `{"hyp": path, "ref": path, "n_sentences": N, "tgt_lang": L, "bleu": {...}, ...}` with the fields of
-    `corpus_metrics` (less `text`), `degeneration` (nmt/degeneration.py, with the flagged line
+    `corpus_metrics` (less `text`), `degeneration` (nmt/evaluation/degeneration.py, with the flagged line
     numbers) and `off_target` (its off_target entry without the line numbers: lang, count, share,
     reference_count, reference_share; null when not measured); when translating, also `src` and
     `checkpoint`, and `hyp` is `save_hyps` (or null). With `hyp`, `src` is optional: the report then

@@ -1,8 +1,8 @@
-"""`nmt export`: a checkpoint -> a model directory for CTranslate2 (nmt/ct2_export.py) or Hugging Face
-transformers (nmt/hf_export.py).
+"""`nmt export`: a checkpoint -> a model directory for CTranslate2 (nmt/interop/ct2_export.py) or Hugging Face
+transformers (nmt/interop/hf_export.py).
 
 The formats register here, in `FORMATS` (the CLI's --format choices): each entry loads the checkpoint, calls
-its writer and prints what it wrote. The writers share only the lower nmt/export_dir.py (the metadata file,
+its writer and prints what it wrote. The writers share only the lower nmt/interop/export_dir.py (the metadata file,
 the checks before writing) and `textio.atomic_dir`; neither imports the other.
 """
 
@@ -13,12 +13,12 @@ import sys
 from typing import Callable
 
 from nmt.errors import UserError
-from nmt.export_dir import check_export_paths, check_output_dir, require_ctranslate2
+from nmt.interop.export_dir import check_export_paths, check_output_dir, require_ctranslate2
 
 
 def _load(checkpoint: str):
     """(model in eval mode, tokenizer, config, the checkpoint's record)."""
-    from nmt.checkpoint import build_model_from_checkpoint, load_record
+    from nmt.model.checkpoint import build_model_from_checkpoint, load_record
 
     record = load_record(checkpoint)  # UserError if missing or not an nmt checkpoint; only the weights are read
     model, tokenizer, cfg = build_model_from_checkpoint(record, checkpoint)
@@ -26,8 +26,8 @@ def _load(checkpoint: str):
 
 
 def export_ctranslate2(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool) -> None:
-    """A CTranslate2 model directory (nmt/ct2_export.py)."""
-    from nmt.ct2_export import ct2_decode, write_export
+    """A CTranslate2 model directory (nmt/interop/ct2_export.py)."""
+    from nmt.interop.ct2_export import ct2_decode, write_export
 
     require_ctranslate2()
     check_output_dir(output_dir, force)
@@ -46,10 +46,10 @@ def export_ctranslate2(checkpoint: str, output_dir: str, *, quantization: str | 
 
 
 def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool) -> None:
-    """A Hugging Face model directory (nmt/hf_export.py)."""
+    """A Hugging Face model directory (nmt/interop/hf_export.py)."""
     import json
 
-    from nmt.hf_export import require_safetensors, write_hf
+    from nmt.interop.hf_export import require_safetensors, write_hf
 
     if quantization is not None:
         raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")

@@ -12,10 +12,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from nmt import textio
-from nmt.hf_io import import_model, model_directory
+from nmt.interop.hf_io import import_model, model_directory
 
 if TYPE_CHECKING:
-    from nmt.checkpoint import ModelRecord
+    from nmt.model.checkpoint import ModelRecord
 
 
 FINETUNE_HEADER = """\
@@ -57,7 +57,7 @@ def import_command(source: str, output: str, *, src_lang: str | None = None, tgt
     fine-tuning config for it). Returns 0."""
     import yaml
 
-    from nmt.checkpoint import save_checkpoint
+    from nmt.model.checkpoint import save_checkpoint
 
     stderr = stderr or sys.stderr
     outputs = {"--output": output, **({"--config": config} if config else {})}

@@ -1,5 +1,5 @@
 """`nmt score`: one line `LOG_PROB<TAB>LOG_PROB_PER_TOKEN<TAB>TOKENS` per (source, target) pair, in order,
-through `nmt.Translator.score` (what the numbers are: nmt/score.py)."""
+through `nmt.Translator.score` (what the numbers are: nmt/translation/score.py)."""
 
 from __future__ import annotations
 

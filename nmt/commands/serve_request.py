@@ -71,9 +71,9 @@ def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str]
 
 def parse_glossary(data: dict):
     """The request's glossary (`"glossary": [["source", "target"], ...]`, `"glossary_ignore_case"`) as a
-    compiled nmt.glossary.Glossary, or None: RequestError 400 for a malformed one, 413 beyond
-    nmt.glossary.MAX_ENTRIES entries. `data`: the parsed body."""
-    from nmt.glossary import MAX_ENTRIES, Glossary, GlossaryTooLarge, check_entries
+    compiled nmt.text.glossary.Glossary, or None: RequestError 400 for a malformed one, 413 beyond
+    nmt.text.glossary.MAX_ENTRIES entries. `data`: the parsed body."""
+    from nmt.text.glossary import MAX_ENTRIES, Glossary, GlossaryTooLarge, check_entries
 
     ignore_case = data.get("glossary_ignore_case", False)
     if not isinstance(ignore_case, bool):

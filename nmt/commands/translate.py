@@ -1,7 +1,7 @@
 """`nmt translate`: input file or stdin -> output file or stdout, through `nmt.Translator`.
 
 The input is read in chunks of `CHUNK_LINES` lines (one line at a time when stdin is a terminal), each
-sorted, translated and written in order (the pipeline: nmt/translate.py). Output: one line per input line;
+sorted, translated and written in order (the pipeline: nmt/translation/translate.py). Output: one line per input line;
 with nbest > 1, `nbest` lines per input line, `INDEX ||| TEXT ||| SCORE` (INDEX the 0-based input line,
 SCORE the hypothesis score after the length penalty, best first). A file output is written under a
 temporary name and renamed when complete.
@@ -12,12 +12,14 @@ from __future__ import annotations
 import sys
 from typing import IO, Any, Sequence
 
-from nmt import protect, textio
+from nmt import textio
+
+from nmt.text import protect
 from nmt.api import Translator
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
-from nmt.glossary import load_glossary, term_use
-from nmt.translate import Translation, TranslationResult, truncation_warning
+from nmt.text.glossary import load_glossary, term_use
+from nmt.translation.translate import Translation, TranslationResult, truncation_warning
 
 CHUNK_LINES = 10_000  # lines sorted and translated together by translate_command
 
@@ -46,7 +48,7 @@ def protect_report(n_lines: int, n_exact: int) -> str:
 
 def glossary_report(n_lines: int, report: dict, ignore_case: bool) -> str:
     """The line `nmt translate --glossary` ends with: how many entries matched on how many lines and
-    how many of their target terms the outputs hold (`nmt.glossary.term_use`, summed over the chunks)."""
+    how many of their target terms the outputs hold (`nmt.text.glossary.term_use`, summed over the chunks)."""
     if not report["term_matches"]:
         hint = "" if ignore_case else "; matching is case-sensitive: --glossary-ignore-case"
         return f"glossary: no entry matched any of the {n_lines} input line{'s' if n_lines != 1 else ''}{hint}"
@@ -57,7 +59,7 @@ def glossary_report(n_lines: int, report: dict, ignore_case: bool) -> str:
 
 
 class _TermCounts:
-    """The glossary report's sums over the chunks: `nmt.glossary.term_use` of each chunk's outputs, the
+    """The glossary report's sums over the chunks: `nmt.text.glossary.term_use` of each chunk's outputs, the
     terms matched in the lines as translation matches them (protected spans masked)."""
 
     def __init__(self, terms, decode: DecodeConfig):
@@ -96,7 +98,7 @@ def translate_command(path: str, input: str | None, output: str | None, *, engin
     settings; `prefix`: a file with one target prefix per input line. A progress bar (stderr) is
     shown when reading a file, unless quiet; quiet also silences the truncation warning and the
     protect report and the glossary report. glossary: a TSV glossary file whose terms every output
-    holds (nmt/glossary.py), matched ignoring case with glossary_ignore_case. Returns 0."""
+    holds (nmt/text/glossary.py), matched ignoring case with glossary_ignore_case. Returns 0."""
     from tqdm import tqdm
 
     stderr = stderr if stderr is not None else sys.stderr

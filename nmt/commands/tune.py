@@ -1,4 +1,4 @@
-"""`nmt tune`: choose a checkpoint's decode settings on a dev set within a time budget (nmt/tune.py), print the
+"""`nmt tune`: choose a checkpoint's decode settings on a dev set within a time budget (nmt/translation/tune.py), print the
 table explored, and write the chosen settings into a copy of the checkpoint (-o) or into it (--in-place)."""
 
 from __future__ import annotations
@@ -7,11 +7,13 @@ import math
 import os
 import sys
 
-from nmt import textio, tune as tuning
+from nmt import textio
+
+from nmt.translation import tune as tuning
 from nmt.config import decode_config
 from nmt.errors import UserError
-from nmt.glossary import check_targets, load_glossary
-from nmt.tune import MAX_LOOPS, MAX_TIME, apply_to_checkpoint, format_result
+from nmt.text.glossary import check_targets, load_glossary
+from nmt.translation.tune import MAX_LOOPS, MAX_TIME, apply_to_checkpoint, format_result
 
 
 def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = None, in_place: bool = False,
@@ -21,9 +23,9 @@ def tune_command(checkpoint: str, src: str, ref: str, *, output: str | None = No
                  glossary_constrain: str | None = None) -> int:
     """`nmt tune` (module docstring). Returns 0; a UserError, with nothing written, when no setting keeps
     its looping outputs within `max_loops`. glossary: a glossary file; with it the setting's
-    glossary_beam_size and glossary_length_penalty are chosen too (nmt/tune.py `tune_glossary`), for `glossary_constrain`
+    glossary_beam_size and glossary_length_penalty are chosen too (nmt/translation/tune.py `tune_glossary`), for `glossary_constrain`
     (default: the checkpoint's decode.glossary.constrain), which is written with it."""
-    from nmt.torch_engine import TorchEngine
+    from nmt.translation.torch_engine import TorchEngine
 
     if output is not None and in_place:
         raise UserError("give -o FILE or --in-place, not both")

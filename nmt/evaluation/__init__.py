@@ -1,0 +1,1 @@
+"""Scores of translations: sacreBLEU's metrics, significance tests, degenerate outputs."""

@@ -1,0 +1,122 @@
+"""Corpus-level scores with sacreBLEU (BLEU, chrF, TER) and the choice of BLEU's tokenizer: what `nmt evaluate`
+and validation during training (nmt/training/validation.py) score with (`nmt evaluate --compare` checks its
+--tokenize here too).
+
+Scores are computed with sacreBLEU's Python API using its defaults, so they
+are identical to the `sacrebleu` command on the same files (BLEU: tokenizer
+13a, exponential smoothing; chrF: chrF2, character order 6; TER: tercom).
+sacreBLEU's tokenizers ignore surrounding whitespace, so lines read by nmt's one rule
+(nmt/textio.py: stripped) score as the `sacrebleu` command scores the same files.
+
+The target language chooses BLEU's tokenizer unless the user does (`language_tokenize`: ja-mecab
+for Japanese, zh for Chinese, else 13a); `check_tokenize` refuses a tokenizer sacreBLEU lacks.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Iterable, Sequence
+
+from nmt.errors import UserError
+
+METRICS = ("bleu", "chrf", "ter")
+TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")  # sacreBLEU's, without downloads
+
+
+def check_tokenize(tokenize: str | None) -> None:
+    """UserError for a tokenizer sacreBLEU does not have, or one whose extra packages are missing."""
+    if tokenize is None:
+        return
+    if tokenize not in TOKENIZERS:
+        raise UserError(f"unknown BLEU tokenizer {tokenize!r} (choose from {', '.join(TOKENIZERS)})")
+    if tokenize in ("ja-mecab", "ko-mecab"):
+        from sacrebleu.metrics import BLEU
+
+        try:
+            BLEU(tokenize=tokenize)
+        except (RuntimeError, ImportError):
+            extra = "ja" if tokenize == "ja-mecab" else "ko"
+            raise UserError(f"--tokenize {tokenize} needs MeCab: pip install \"sacrebleu[{extra}]\"") from None
+
+
+JAPANESE, CHINESE = ("ja", "jpn"), ("zh", "zho", "cmn")  # codes (before any '_' or '-') per family
+
+
+@functools.lru_cache(maxsize=None)
+def _has_mecab() -> bool:
+    try:
+        check_tokenize("ja-mecab")
+    except UserError:
+        return False
+    return True
+
+
+def language_tokenize(lang: str | None) -> tuple[str | None, str | None]:
+    """(sacreBLEU BLEU tokenizer for hypotheses in `lang`, warning or None): "ja-mecab" for Japanese
+    (`ja`, `ja_JP`, `jpn_Jpan`; "char" and a warning when MeCab is not installed), "zh" for Chinese
+    (`zh`, `zh_CN`, `zho_Hans`, `cmn`), None (sacreBLEU's default, 13a) for any other language or None."""
+    base = re.split(r"[_\-]", lang.lower())[0] if lang else ""
+    if base in JAPANESE:
+        if _has_mecab():
+            return "ja-mecab", None
+        return "char", (f"BLEU for Japanese ({lang}) uses sacreBLEU's char tokenizer: ja-mecab needs MeCab, which is "
+                        "not installed (pip install \"sacrebleu[ja]\"); char BLEU is not comparable with ja-mecab BLEU")
+    if base in CHINESE:
+        return "zh", None
+    return None, None
+
+
+def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
+    """A sacreBLEU metric object with sacreBLEU's defaults.
+
+    `lowercase` applies to BLEU and chrF, `tokenize` to BLEU; TER keeps its
+    default (case-insensitive), as the `sacrebleu` command does.
+    """
+    from sacrebleu.metrics import BLEU, CHRF, TER
+
+    if name == "bleu":
+        return BLEU(lowercase=lowercase, tokenize=tokenize)
+    if name == "chrf":
+        return CHRF(lowercase=lowercase)
+    if name == "ter":
+        return TER()
+    raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+
+
+def corpus_metrics(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("bleu", "chrf"), *,
+                   lowercase: bool = False, tokenize: str | None = None) -> dict:
+    """Corpus scores of `hyps` against one reference per line.
+
+    Returns `{metric: {...}}` in the order asked, for each metric
+    (`"bleu"`, `"chrf"`, `"ter"`, case-insensitive):
+      - `name`: sacreBLEU's name (`BLEU`, `chrF2`, `TER`),
+      - `score`: the full-precision corpus score (0-100),
+      - `signature`: `metric.get_signature()` as a string,
+      - `verbose`: sacreBLEU's details (BLEU: n-gram precisions, BP, lengths; else ""),
+      - `text`: the human-readable line printed by `nmt evaluate`.
+    BLEU also gets `precisions`, `bp`, `ratio`, `hyp_len`, `ref_len`.
+    `tokenize=None` is sacreBLEU's default (13a). Raises UserError when the
+    line counts differ, when there is nothing to score, or for an unknown metric.
+    """
+    hyps, refs = list(hyps), list(refs)
+    if len(hyps) != len(refs):
+        raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references: the line counts must match")
+    if not hyps:
+        raise UserError("nothing to score: no hypotheses and no references")
+    names = [m.lower() for m in metrics]
+    if not names:
+        raise UserError(f"no metric given (choose from {', '.join(METRICS)})")
+    out: dict = {}
+    for name in names:
+        metric = _make_metric(name, lowercase=lowercase, tokenize=tokenize)
+        result = metric.corpus_score(hyps, [refs])
+        signature = str(metric.get_signature())
+        entry = {"name": result.name, "score": float(result.score), "signature": signature,
+                 "verbose": getattr(result, "_verbose", "") or ""}
+        if name == "bleu":
+            entry.update(precisions=[float(p) for p in result.precisions], bp=float(result.bp),
+                         ratio=float(result.ratio), hyp_len=int(result.sys_len), ref_len=int(result.ref_len))
+        entry["text"] = f"{result.format(width=2)} [{signature}]"
+        out[name] = entry
+    return out

@@ -1,0 +1,1 @@
+"""The Transformer (nmt/model/transformer.py), its checkpoint record, reduced precision and CPU fast paths."""

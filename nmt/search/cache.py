@@ -1,0 +1,271 @@
+"""DecoderCache: what step-by-step decoding keeps between steps.
+
+Shapes: B rows (sentences x beams), N distinct source sentences, H heads,
+Tmax = max_len, S source length, Dh head dim.
+
+- Self-attention K/V, per layer `[B,H,C,Dh]`, filled one position per step (the past is
+  never re-copied by a step). Positions `0 .. length-1` are filled. The capacity C grows by
+  `chunk` positions (`GROW_CHUNK`) when a step needs room, up to `max_len` (Tmax), so a batch
+  holds what its outputs need, not what its longest possible output would (`chunk=0`: all
+  Tmax positions at once, as a preallocated cache).
+- Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder
+  output. They are stored once per *source sentence*, not per row: rows
+  `n*group .. (n+1)*group-1` all translate source n (its beams), and their
+  `group` queries attend together to that source's single K/V copy. Beam
+  reordering therefore never copies them; dropping finished sentences selects N.
+- `src_mask [N,S]` (True = token) and its attention form `cross_mask [N,1,1,S]`.
+
+The cache owns its buffers: it is the only code that writes, advances or reorders them.
+A decoding step asks it, layer by layer, to `append(layer, k, v)` the new position's
+self-attention keys/values (it returns the filled views to attend to) and reads the
+cross-attention keys/values with `cross(layer)`; after the last layer the model calls
+`advance()`. The search calls `reorder(indices)` (beam reordering, expanding sentences to
+beams, dropping finished sentences). nmt/search/fast.py's `ReusingDecoderCache` reorders with
+fewer copies and without allocating (one spare buffer; fewer rows reuse the same memory);
+same contents.
+
+`StaticDecoderCache` is the form a CUDA graph can replay (nmt/search/cuda_graphs.py): every buffer is
+allocated once at its full size and never moves, the position is a device tensor that the step
+itself advances, and a step attends to all Tmax positions under a mask (`self_mask`) instead of
+to a growing slice. Rows that leave the batch are compacted into the first rows in place; the
+rows after them are padding whose results nobody reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from nmt.masks import attention_mask
+
+GROW_CHUNK = 16  # positions a cache's self-attention buffers grow by
+
+
+@dataclass
+class DecoderCache:
+    self_k: list[Tensor]  # per layer [B,H,C,Dh], C = capacity <= max_len
+    self_v: list[Tensor]  # per layer [B,H,C,Dh]
+    cross_k: list[Tensor]  # per layer [N,H,S,Dh]
+    cross_v: list[Tensor]  # per layer [N,H,S,Dh]
+    src_mask: Tensor  # [N,S] True = token
+    length: int = 0  # positions filled so far
+    group: int = 1  # rows per source sentence: B = N * group
+    limit: int | None = None  # Tmax, the most positions it may hold; None = its capacity
+    chunk: int = GROW_CHUNK  # positions added when full (0: never grows)
+    cross_mask: Tensor = field(init=False, repr=False)  # [N,1,1,S], for SDPA
+
+    def __post_init__(self) -> None:
+        self.cross_mask = attention_mask(self.src_mask)
+        n_src = self.src_mask.shape[0]
+        if self.batch_size != n_src * self.group:
+            raise ValueError(f"cache has {self.batch_size} rows but {n_src} sources x group {self.group}")
+
+    @classmethod
+    def create(cls, cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor, max_len: int,
+               chunk: int = GROW_CHUNK) -> DecoderCache:
+        """An empty cache for B = N rows and up to max_len positions; self K/V buffers like cross_k[0],
+        allocated `chunk` positions at a time (chunk 0: all max_len now)."""
+        N, H, _, Dh = cross_k[0].shape
+        capacity = min(max_len, chunk) if chunk > 0 else max_len
+        new = lambda: cross_k[0].new_empty((N, H, capacity, Dh))
+        return cls([new() for _ in cross_k], [new() for _ in cross_k], cross_k, cross_v, src_mask,
+                   limit=max_len, chunk=chunk)
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of rows being decoded."""
+        return self.self_k[0].shape[0]
+
+    @property
+    def max_len(self) -> int:
+        """Tmax, the number of positions the cache can hold."""
+        return self.limit if self.limit is not None else self.capacity
+
+    @property
+    def capacity(self) -> int:
+        """C, the positions its buffers hold now (grows up to max_len)."""
+        return self.self_k[0].shape[2]
+
+    def next_position(self) -> int:
+        """The position the next decode step writes; raises if the cache is full."""
+        if self.length >= self.max_len:
+            raise ValueError(f"decoder cache is full: it holds max_len={self.max_len} positions "
+                             f"(pass a larger max_len to init_cache)")
+        return self.length
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this step's self-attention keys/values k, v [B,H,Dh] of `layer` at position
+        `length`; returns that layer's filled keys and values [B,H,length+1,Dh] (views)."""
+        pos = self.length
+        if pos >= self.capacity:
+            self.grow()
+        k_buf, v_buf = self.self_k[layer], self.self_v[layer]
+        k_buf[:, :, pos] = k
+        v_buf[:, :, pos] = v
+        return k_buf[:, :, : pos + 1], v_buf[:, :, : pos + 1]
+
+    def grow(self) -> None:
+        """Add `chunk` positions (at most up to max_len) to every self-attention buffer, keeping the
+        filled ones; one buffer at a time, so the old one is freed before the next is allocated."""
+        capacity = min(self.capacity + max(self.chunk, 1), self.max_len)
+        if capacity <= self.capacity:
+            raise ValueError(f"decoder cache is full: it holds max_len={self.max_len} positions")
+        L = self.length
+        for bufs in (self.self_k, self.self_v):
+            for i, old in enumerate(bufs):
+                new = old.new_empty(old.shape[:2] + (capacity,) + old.shape[3:])
+                new[:, :, :L] = old[:, :, :L]
+                bufs[i] = new
+
+    def advance(self) -> None:
+        """The step is complete in every layer: the next one writes the following position."""
+        self.length += 1
+
+    def self_mask(self) -> Tensor | None:
+        """The mask of the keys `append` returns (None: all of them are filled positions)."""
+        return None
+
+    def position_vectors(self, table: Tensor) -> Tensor:
+        """The rows [1,D] of a position table for the position the next step writes."""
+        return table[self.length : self.length + 1]
+
+    def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention keys, values [N,H,S,Dh] of `layer` and their mask [N,1,1,S]; the
+        `group` rows of a source sentence share its entry."""
+        return self.cross_k[layer], self.cross_v[layer], self.cross_mask
+
+    def reorder(self, indices: Tensor, sources: Tensor | None = None, group: int | None = None) -> None:
+        """Row i becomes row indices[i] of the old rows. indices [B'] (long, any B').
+
+        Self-attention K/V: the filled positions of every layer are gathered into new buffers.
+        Cross-attention K/V: the caller that knows its layout says it (the searches: no host read):
+        the new rows come in runs of `group` rows of one source, `sources` [N'] the old sources
+        they keep (None: the same ones, and no copy). group None: found from `indices` (a host read),
+        one copy per run when the new rows form runs of one length with the same source (beam
+        expansion, reordering, dropping whole sentences), else one copy per row (group 1).
+        """
+        indices = indices.to(device=self.src_mask.device, dtype=torch.long)
+        if group is None:
+            found, group = source_groups((indices // self.group).tolist())
+            if found != list(range(self.src_mask.shape[0])):
+                sources = torch.tensor(found, dtype=torch.long, device=indices.device)
+        self._reorder_self(indices)
+        if sources is not None:
+            self.cross_k = [t.index_select(0, sources) for t in self.cross_k]
+            self.cross_v = [t.index_select(0, sources) for t in self.cross_v]
+            self.src_mask = self.src_mask.index_select(0, sources)
+            self.cross_mask = attention_mask(self.src_mask)
+        self.group = group
+
+    def _reorder_self(self, indices: Tensor) -> None:
+        """Self-attention K/V rows <- rows `indices` (filled positions only)."""
+        L = self.length
+
+        def select(buf: Tensor) -> Tensor:
+            out = buf.new_empty((indices.shape[0],) + buf.shape[1:])
+            if L:
+                torch.index_select(buf[:, :, :L], 0, indices, out=out[:, :, :L])
+            return out
+        self.self_k = [select(t) for t in self.self_k]
+        self.self_v = [select(t) for t in self.self_v]
+
+
+def source_groups(row_sources: list[int]) -> tuple[list[int], int]:
+    """Per-row source ids -> (one source id per run, run length) when the rows form
+    consecutive runs of one equal length; else (row_sources, 1).
+
+    [0,0,1,1,4,4] -> ([0,1,4], 2); [0,0,1] -> ([0,0,1], 1).
+    """
+    starts = [i for i, s in enumerate(row_sources) if i == 0 or row_sources[i - 1] != s]
+    if not starts:
+        return [], 1
+    group = len(row_sources) // len(starts)
+    if all(start == i * group for i, start in enumerate(starts)) and group * len(starts) == len(row_sources):
+        return [row_sources[i] for i in starts], group
+    return row_sources, 1
+
+
+class StaticDecoderCache(DecoderCache):
+    """A DecoderCache whose buffers never move, for CUDA graphs (see the module docstring).
+
+    All layers' self-attention K/V live in one buffer `kv` [2,layers,Bcap,H,Tmax,Dh] (zeros at
+    first), the cross-attention K/V in `ckv` [2,layers,Ncap,H,S,Dh], and `pos` [1] (long, on the
+    device) is the position the next step writes. A step runs on all Bcap rows: `rows` (B) of them
+    are the batch, the rest padding. `reorder` compacts the kept rows into the first ones in place
+    while the group stays the same and more than half of the rows stay; otherwise it allocates new
+    buffers of exactly the new size and `generation` changes (a graph of the old ones is stale).
+    A step must run on all Bcap rows (nmt/search/cuda_graphs.py's GraphedDecoder pads its tokens), so this
+    cache is for that decoder, not for `SearchOps.cache_cls`.
+    """
+
+    kv: Tensor
+    ckv: Tensor
+    pos: Tensor
+    rows: int
+    generation: int = 0
+
+    @classmethod
+    def create(cls, cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor, max_len: int,
+               chunk: int = 0) -> StaticDecoderCache:
+        """An empty cache of B = N rows holding max_len positions (`chunk` is ignored: it never grows)."""
+        ckv = torch.stack([torch.stack(cross_k), torch.stack(cross_v)])  # [2,layers,N,H,S,Dh]
+        N, H, _, Dh = cross_k[0].shape
+        kv = ckv.new_zeros((2, len(cross_k), N, H, max_len, Dh))
+        return cls._over(kv, ckv, src_mask.clone(), group=1, length=0, pos=None, generation=0)  # (compacted in place)
+
+    @classmethod
+    def _over(cls, kv: Tensor, ckv: Tensor, src_mask: Tensor, *, group: int, length: int, pos: Tensor | None,
+              generation: int) -> StaticDecoderCache:
+        layers = range(kv.shape[1])
+        cache = cls([kv[0, i] for i in layers], [kv[1, i] for i in layers], [ckv[0, i] for i in layers],
+                    [ckv[1, i] for i in layers], src_mask, length=length, group=group, limit=kv.shape[4], chunk=0)
+        cache.kv, cache.ckv, cache.rows, cache.generation = kv, ckv, kv.shape[2], generation
+        cache.pos = pos if pos is not None else torch.full((1,), length, dtype=torch.long, device=kv.device)
+        cache.key_positions = torch.arange(kv.shape[4], device=kv.device)  # [Tmax]
+        return cache
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v [Bcap,H,Dh] at position `pos`; returns all Tmax positions (mask: `self_mask`)."""
+        self.self_k[layer].index_copy_(2, self.pos, k[:, :, None])
+        self.self_v[layer].index_copy_(2, self.pos, v[:, :, None])
+        return self.self_k[layer], self.self_v[layer]
+
+    def self_mask(self) -> Tensor:
+        """[1,1,1,Tmax] True at the filled positions 0 .. pos."""
+        return (self.key_positions <= self.pos).view(1, 1, 1, -1)
+
+    def position_vectors(self, table: Tensor) -> Tensor:
+        return table.index_select(0, self.pos)
+
+    def advance(self) -> None:
+        self.pos.add_(1)
+        self.length += 1
+
+    def reorder(self, indices: Tensor, sources: Tensor | None = None, group: int | None = None) -> None:
+        """Row i becomes row indices[i] of the batch's rows (see the class docstring for where;
+        sources and group as for `DecoderCache.reorder`)."""
+        indices = indices.to(device=self.src_mask.device, dtype=torch.long)
+        if group is None:
+            found, group = source_groups((indices // self.group).tolist())
+            if found != list(range(self.rows // self.group)):
+                sources = torch.tensor(found, dtype=torch.long, device=indices.device)
+        rows, capacity, L = indices.shape[0], self.kv.shape[2], self.length
+        n_src = rows // group
+        if group == self.group and rows <= capacity and 2 * rows > capacity:  # in place
+            if L:
+                self.kv[:, :, :rows, :, :L] = self.kv[:, :, :, :, :L].index_select(2, indices)
+            if sources is not None:
+                self.ckv[:, :, :n_src] = self.ckv.index_select(2, sources)
+                self.src_mask[:n_src] = self.src_mask.index_select(0, sources)  # (cross_mask is a view of it)
+            self.rows = rows
+            return
+        kv = self.kv.new_zeros(self.kv.shape[:2] + (rows,) + self.kv.shape[3:])
+        if L:
+            kv[:, :, :, :, :L] = self.kv[:, :, :, :, :L].index_select(2, indices)
+        if sources is None:
+            sources = torch.arange(n_src, device=indices.device)
+        new = type(self)._over(kv, self.ckv.index_select(2, sources), self.src_mask.index_select(0, sources),
+                               group=group, length=L, pos=self.pos, generation=self.generation + 1)
+        self.__dict__.update(new.__dict__)

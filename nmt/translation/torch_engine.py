@@ -1,0 +1,174 @@
+"""TorchEngine: a Transformer (any device) searched by nmt/search/__init__.py, behind nmt/translation/engine.py's protocol."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from nmt.text import protect
+from nmt.model.checkpoint import load_for_inference, unwrap
+from nmt.config import DecodeConfig
+from nmt.device import avoid_cudnn_attention, resolve_torch_device
+from nmt.errors import UserError
+from nmt.layout import source_tensors, target_tensors
+from nmt.search import NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions, search
+from nmt.search.options import FEATURES
+
+
+MAX_CPU_ROWS = 256  # decoder rows (sentences x beams) searched at once on CPU (search_batch)
+
+
+class TorchEngine:
+    """A Transformer searched by nmt/search/__init__.py.
+
+    `TorchEngine.load(checkpoint, device, precision=...)` for the commands (on CPU with nmt/model/fast.py's and nmt/search/fast.py's
+    fast paths installed, on CUDA with nmt/search/cuda_graphs.py's decoder; nmt/model/precision.py's int8 weights or
+    autocast); `TorchEngine(model, tokenizer, decode, ops, autocast=dtype)` wraps a live model
+    (validation during training). Calls run inside
+    `running()` (eval mode). `precision`: what the model runs ("fp32", "bf16", "fp16", "int8"), fixed
+    when it loads.
+
+    autocast: a reduced-precision dtype (torch.bfloat16 / torch.float16) the model's forward
+    passes run under, or None (fp32). Autocast is a thread-local setting, so every call enters
+    it itself, in the thread that runs the call (the pipeline may run batches in worker threads).
+    """
+
+    name = "torch"
+    workers = None
+    supports = frozenset(FEATURES)  # every search feature is nmt.search's own
+
+    def __init__(self, model, tokenizer, decode: DecodeConfig, ops: SearchOps | None = None, *,
+                 autocast: torch.dtype | None = None):
+        self.model = unwrap(model)  # DDP / torch.compile wrappers: search runs the plain model
+        self.tokenizer, self.decode = tokenizer, decode
+        self.max_positions = self.model.max_positions
+        self.torch_device = next(self.model.parameters()).device
+        self.ops = ops if ops is not None else PLAIN_OPS
+        self.autocast = autocast
+        self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
+
+    @classmethod
+    def load(cls, checkpoint: str, device: str = "auto", *, fast: bool = True,
+             precision: str | None = None) -> "TorchEngine":
+        """The checkpoint's model in eval mode on `device`, its tokenizer and decode settings.
+        precision: decode.precision (None: the checkpoint's own), checked against the device, then
+        applied (int8: weights quantized now). With fast=True, the CPU fast paths are
+        installed on CPU, and on CUDA decoding steps are replayed as CUDA graphs (nmt/search/cuda_graphs.py)."""
+        from nmt.model import precision as reduced
+
+        torch_device = resolve_torch_device(device)
+        if torch_device.type == "cuda":
+            avoid_cudnn_attention()  # never restored: see nmt/device.py
+        model, tokenizer, cfg = load_for_inference(checkpoint, torch_device)
+        precision = reduced.resolve(precision if precision is not None else cfg.decode.precision)
+        reduced.check(precision, torch_device)
+        autocast = reduced.prepare(model, precision)
+        ops = None
+        if fast and torch_device.type == "cpu":
+            ops = _cpu_fast_paths(model)
+        elif fast and torch_device.type == "cuda":
+            from nmt.search import cuda_graphs
+
+            ops = SearchOps(decoder_cls=cuda_graphs.GraphedDecoder) if cuda_graphs.enabled() else None
+        engine = cls(model, tokenizer, cfg.decode, ops, autocast=autocast)
+        engine.precision = precision
+        return engine
+
+    def check_precision(self, precision: str) -> None:
+        """UserError unless calls with decode.precision `precision` can run on this engine (fixed at load)."""
+        from nmt.model.precision import resolve
+
+        if resolve(precision) != self.precision:
+            raise UserError(f"--precision {precision}: the model was loaded with precision {self.precision} "
+                            f"(precision is chosen when the model loads: pass it to the command or to Translator())")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The model in eval mode for a run of calls (from any thread); its mode restored afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
+    def _precision(self) -> contextlib.AbstractContextManager:
+        """The engine's autocast, entered in the calling thread (autocast is thread-local)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.torch_device.type, dtype=self.autocast)
+
+    def _source(self, src_ids: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """src [B,S] (x + EOS, padded) and src_mask [B,S] on the model's device."""
+        return source_tensors(src_ids, self.tokenizer.specials, self.torch_device)
+
+    def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
+                     cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+        """Per source its n-best hypotheses (`search`). On CPU a batch is searched in consecutive parts of
+        at most `MAX_CPU_ROWS` decoder rows (sentences x beams or samples): the decoder cache and beam
+        state of a 256-sentence batch at beam 5 would otherwise hold 1,280 rows; at 256 rows the matmuls
+        are as efficient (and use nmt/model/fast.py's packed weights). Each sentence's search is independent of
+        its companions, so the results are the same. cancel: checked at every step (nmt.search.Cancel)."""
+        step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // options.rows_per_sentence)
+        if len(src_ids) <= step:
+            return self.search(src_ids, options, inputs, cancel)
+        out: list[list[Hypothesis]] = []
+        for i in range(0, len(src_ids), step):
+            part = slice(i, i + step)
+            out += self.search(src_ids[part], options, inputs.take(part), cancel)
+        return out
+
+    def search(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
+               cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+        """nmt.search.search over these sources (subword ids without EOS) as one batch, with the engine's
+        fast paths and its precision's autocast entered in the calling thread (`nmt tune`, benchmarks).
+        With `options.placeholder_tokens` (decode.protect) each sentence's placeholders come from its
+        source (`inputs.placeholders` is replaced)."""
+        src, src_mask = self._source(src_ids)
+        if options.placeholder_tokens is not None:  # each of the source's placeholders copied exactly once
+            inputs = dataclasses.replace(inputs, placeholders=protect.source_placeholders(src_ids, self.tokenizer))
+        with self._precision():
+            return search(self.model, src, src_mask, options, inputs, ops=self.ops, cancel=cancel)
+
+    def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]:
+        """Teacher-forced log-probabilities of each target token and EOS (fp32 log-softmax over
+        the full vocabulary, as the search computes them)."""
+        src, src_mask = self._source(src_ids)
+        tgt_in, tgt_out = target_tensors(tgt_ids, self.tokenizer.specials, self.torch_device)  # [B,T]
+        with torch.inference_mode(), self._precision():
+            logits = self.model(src, src_mask, tgt_in)  # [B,T,V]
+            logp = F.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out[:, :, None]).squeeze(-1)  # [B,T]
+        rows = logp.tolist()
+        return [row[: len(y) + 1] for row, y in zip(rows, tgt_ids)]
+
+    def align_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[tuple[int, int]]]:
+        """Per pair, for each target token j the source token i (EOS excluded) with the largest
+        last-layer cross-attention weight, averaged over heads, when predicting token j."""
+        src, src_mask = self._source(src_ids)
+        T = max(max(len(y) for y in tgt_ids), 1)
+        # [B,T]: at position j the decoder input that predicts target token j
+        tgt_in = target_tensors(tgt_ids, self.tokenizer.specials, self.torch_device)[0][:, :T]
+        with torch.inference_mode(), self._precision():
+            weights = self.model.alignment(src, src_mask, tgt_in)  # [B,T,S]
+        out = []
+        for b, (x, y) in enumerate(zip(src_ids, tgt_ids)):
+            best = weights[b, : len(y), : len(x)].argmax(dim=1).tolist()  # source EOS (index len(x)) excluded
+            out.append([(i, j) for j, i in enumerate(best)])
+        return out
+
+
+def _cpu_fast_paths(model) -> SearchOps | None:
+    """Pack the model's larger linear layers and return the search's fast ops (nmt/model/fast.py,
+    nmt/search/fast.py); None (the plain ops) with NMT_CPU_TUNING=0."""
+    from nmt.device import cpu_tuning
+    from nmt.model.fast import pack_linear_weights
+    from nmt.search.fast import FAST_OPS
+
+    if not cpu_tuning():
+        return None
+    pack_linear_weights(model)
+    return FAST_OPS
