@@ -1,5 +1,5 @@
-"""`nmt export`: a checkpoint -> a model directory for CTranslate2 (nmt/interop/ct2_export.py) or Hugging Face
-transformers (nmt/interop/hf_export.py).
+"""`nmt export`: a checkpoint -> a model directory for CTranslate2 (nmt/interop/ct2_export.py), Hugging Face
+transformers (nmt/interop/hf_export.py) or onnxruntime / optimum / transformers.js (nmt/interop/onnx_export.py).
 
 The formats register here, in `FORMATS` (the CLI's --format choices): each entry loads the checkpoint, calls
 its writer and prints what it wrote. The writers share only the lower nmt/interop/export_dir.py (the metadata file,
@@ -52,7 +52,7 @@ def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, for
     from nmt.interop.hf_export import require_safetensors, write_hf
 
     if quantization is not None:
-        raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
+        raise UserError("--quantization applies to the ctranslate2 and onnx formats, not to hf")
     require_safetensors()
     check_output_dir(output_dir, force)
     model, tokenizer, cfg, record = _load(checkpoint)
@@ -66,7 +66,24 @@ def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, for
         print(f"exported {checkpoint} to {output_dir} (Hugging Face {family}, {tok})", file=sys.stderr)
 
 
-FORMATS: dict[str, Callable[..., None]] = {"ctranslate2": export_ctranslate2, "hf": export_hf}
+def export_onnx(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool) -> None:
+    """An ONNX directory (nmt/interop/onnx_export.py)."""
+    from nmt.interop.onnx_export import require_onnx, write_onnx
+
+    require_onnx()
+    check_output_dir(output_dir, force)
+    model, tokenizer, cfg, record = _load(checkpoint)
+    graphs, notes = write_onnx(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
+                               checkpoint=checkpoint, step=record.step)
+    if not quiet:
+        for note in notes:
+            print(f"nmt export: note: {note}", file=sys.stderr)
+        sizes = ", ".join(f"{name} {os.path.getsize(os.path.join(output_dir, path)) / 2**20:.1f} MiB"
+                          for name, path in graphs.items())
+        print(f"exported {checkpoint} to {output_dir} (ONNX: {sizes})", file=sys.stderr)
+
+
+FORMATS: dict[str, Callable[..., None]] = {"ctranslate2": export_ctranslate2, "hf": export_hf, "onnx": export_onnx}
 
 
 def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslate2",
