@@ -13,8 +13,8 @@ import numpy as np
 def ort_greedy(directory: str, lines: list[str], *, quantized: bool = False, max_new_tokens: int | None = None,
                logits: bool = False):
     """Greedy search with onnxruntime over the export's encoder and merged decoder, tokenizer.json for the text,
-    generation_config.json's max_length and bad_words_ids: ([output ids], [finished], [text]); with `logits`
-    the last step's logits [B,V] instead."""
+    generation_config.json's max_length, bad_words_ids and forced_bos_token_id: ([output ids], [finished],
+    [text]); with `logits` the last step's logits [B,V] instead."""
     import onnxruntime as ort
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -48,6 +48,8 @@ def ort_greedy(directory: str, lines: list[str], *, quantized: bool = False, max
         for (bad,) in gen.get("bad_words_ids", []):
             last[:, bad] = -np.inf
         best = last.argmax(-1)
+        if step == 0 and gen.get("forced_bos_token_id") is not None:  # (a multilingual model's target language)
+            best[:] = gen["forced_bos_token_id"]
         for row in range(batch):
             if not finished[row] and len(out[row]) == step:
                 if best[row] == config["eos_token_id"]:

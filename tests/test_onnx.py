@@ -59,8 +59,8 @@ def test_tokenizer_json_gives_sentencepiece_ids_and_text_on_the_test_sets(bible_
 
     tok = Tokenizer(train_sentencepiece(bible_text, TokenizerConfig(vocab_size=vocab, model_type=model_type, threads=1),
                                         seed=1, what="joint", log=lambda m: None, symbols=PLACEHOLDERS[:3]))
-    data, notes = tokenizer_json(tok)
-    assert notes == []
+    data, notes, size = tokenizer_json(tok)
+    assert notes == [] and size == tok.src_vocab_size
     hf = HFTokenizer.from_str(data.decode())
     lines = bible("test", "es") + bible("test", "en") + [f"x{PLACEHOLDERS[0]}y  {PLACEHOLDERS[2]} z ", "  ", "¿ ≠ ☃ ?"]
     ours = tok.encode_src(lines)
@@ -83,7 +83,7 @@ def test_word_models_differ_only_in_runs_of_unknown_words():
     text = [s for pair in make_pairs(300, 0) for s in pair]
     tok = Tokenizer(train_sentencepiece(text, TokenizerConfig(vocab_size=64, model_type="word", threads=1), seed=1,
                                         what="joint", log=lambda m: None))
-    data, notes = tokenizer_json(tok)
+    data, notes, _ = tokenizer_json(tok)
     hf = HFTokenizer.from_str(data.decode())
     lines = [s for pair in make_pairs(200, 9) for s in pair]
     assert [e.ids for e in hf.encode_batch(lines, add_special_tokens=False)] == tok.encode_src(lines)
@@ -301,3 +301,37 @@ def test_a_trained_model_translates_as_nmt_translate_greedy(trained):
     for name in ("encoder_model", "decoder_model_merged"):
         fp32, int8 = (os.path.getsize(os.path.join(out, "onnx", f"{name}{s}.onnx")) for s in ("", "_quantized"))
         assert int8 < 0.5 * fp32, (name, fp32, int8)
+
+
+# --------------------------------------------------------------------------- imported models
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["marian", "m2m100", "nllb"])
+def test_imported_models_translate_as_nmt_greedy(family, tmp_path):
+    """Tiny MarianMT / M2M100 / NLLB models built with transformers' classes and the hub's tokenizer files
+    (tests/hf_fixtures.py), imported, exported: onnxruntime's greedy output = nmt's on 30 test lines, and
+    tokenizer.json's ids are nmt's on 1000 Spanish lines once the ids past the vocabulary (pieces vocab.json
+    lacks, which the encoder reads as <unk>) are read as <unk>."""
+    import hf_fixtures as fx
+
+    from nmt.api import Translator
+    from nmt.commands.import_model import import_command
+    from nmt.translation.torch_engine import TorchEngine
+
+    d = str(tmp_path / family)
+    fx.marian_model(d) if family == "marian" else fx.m2m100_model(d, nllb=family == "nllb")
+    ckpt = str(tmp_path / f"{family}.pt")
+    assert import_command(d, ckpt, quiet=True) == 0
+    out = export(ckpt, str(tmp_path / "onnx"))
+    lines = fx.corpus_lines("test", "es", 30)
+    ids, _, texts = ort_greedy(out, lines)
+    limit = json.load(open(os.path.join(out, "generation_config.json")))["max_length"] - 1
+    ours = Translator(ckpt, device="cpu", beam_size=1, max_len_a=0.0, max_len_b=limit).translate(lines)
+    assert texts == [r.text for r in ours] and len(set(texts)) > 5
+    tokenizer = TorchEngine.load(ckpt, "cpu").tokenizer
+    test = fx.corpus_lines("test", "es", 1000)  # (the source language: MarianMT's source model is Spanish)
+    hf = HFTokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    V, unk = tokenizer.src_vocab_size, tokenizer.specials.unk
+    theirs = [[i if i < V else unk for i in e.ids] for e in hf.encode_batch(test)]
+    assert all(test) and theirs == [x + [tokenizer.specials.eos] for x in tokenizer.encode_src(test)]
+    assert family == "nllb" or any(i >= V for e in hf.encode_batch(test) for i in e.ids)  # (the fixtures lack pieces)

@@ -59,21 +59,22 @@ def decode_notes(cfg) -> list[str]:
     return notes
 
 
-def build_files(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str], object]:
-    """({file name: bytes} but the graphs, the Hugging Face weights, notes, the tokenizer numbered as they are)."""
+def build_files(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list[str], object, int]:
+    """({file name: bytes} but the graphs, the Hugging Face weights, notes, the tokenizer numbered as they are,
+    the number of ids tokenizer.json gives)."""
     from nmt.interop.hf_export import build_directory, hf_numbering
     from nmt.interop.onnx_tokenizer import dumps, tokenizer_config, tokenizer_json
 
     hf_files, weights, notes = build_directory(model, tokenizer, cfg)
     tokenizer = hf_numbering(model.state_dict(), tokenizer)[1]  # (as build_directory numbers the weights)
-    data, tok_notes = tokenizer_json(tokenizer)
+    data, tok_notes, n_ids = tokenizer_json(tokenizer)
     config = tokenizer_config(tokenizer, cfg.model.max_positions)
     if tokenizer.kind != "spm":
         config = {**json.loads(hf_files["tokenizer_config.json"]), **config}
     files = {name: hf_files[name] for name in ("config.json", "generation_config.json",
                                                *KEEP_TOKENIZER_FILES.get(tokenizer.kind, ())) if name in hf_files}
     files.update({"tokenizer.json": data, "tokenizer_config.json": dumps(config)})
-    return files, weights, notes + tok_notes + decode_notes(cfg), tokenizer
+    return files, weights, notes + tok_notes + decode_notes(cfg), tokenizer, n_ids
 
 
 @contextlib.contextmanager
@@ -130,11 +131,12 @@ def write_into(directory: str, model, tokenizer, cfg, *, quantization: str | Non
     folder of the web export); returns (graphs, notes) as `write_onnx`."""
     from nmt.interop.onnx_graphs import export_graphs, quantize_int8
 
-    files, weights, notes, tokenizer = build_files(model, tokenizer, cfg)
+    files, weights, notes, tokenizer, n_ids = build_files(model, tokenizer, cfg)
     hf_model = _transformers_model(files, weights, os.path.join(directory, ".hf"))
     del weights
     os.makedirs(os.path.join(directory, "onnx"))
-    paths = export_graphs(hf_model, os.path.join(directory, "onnx"))
+    unk = tokenizer.specials.unk if n_ids > tokenizer.src_vocab_size else None  # ids past the vocabulary: <unk>
+    paths = export_graphs(hf_model, os.path.join(directory, "onnx"), unk_past_vocab=unk)
     if quantization == "int8":
         paths.update({os.path.basename(q): q for q in map(quantize_int8, list(paths.values()))})
     for name, data in files.items():

@@ -35,11 +35,17 @@ ENCODER, DECODER = "encoder_model.onnx", "decoder_model_merged.onnx"
 
 
 class _Encoder(nn.Module):
-    def __init__(self, model):
+    """The encoder; with `unk`, an id past the source vocabulary is read as `unk` (nmt/interop/onnx_tokenizer.py:
+    the pieces an imported vocabulary lacks)."""
+
+    def __init__(self, model, unk: int | None = None):
         super().__init__()
-        self.encoder = model.get_encoder()
+        self.encoder, self.unk = model.get_encoder(), unk
 
     def forward(self, input_ids, attention_mask):
+        if self.unk is not None:
+            vocab = self.encoder.embed_tokens.num_embeddings
+            input_ids = torch.where(input_ids < vocab, input_ids, torch.full_like(input_ids, self.unk))
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
@@ -77,9 +83,10 @@ def past_names(layers: int, prefix: str = "past_key_values") -> list[str]:
             for kv in ("key", "value")]
 
 
-def export_graphs(model, directory: str) -> dict[str, str]:
+def export_graphs(model, directory: str, unk_past_vocab: int | None = None) -> dict[str, str]:
     """Write ENCODER and DECODER of `model` (a transformers MarianMTModel / M2M100ForConditionalGeneration in
-    eval mode, fp32) into `directory`; returns {file name: path}."""
+    eval mode, fp32) into `directory`; returns {file name: path}. `unk_past_vocab`: the encoder reads the
+    ids past the vocabulary as this one (`_Encoder`)."""
     from torch.export import Dim
 
     c = model.config
@@ -94,7 +101,7 @@ def export_graphs(model, directory: str) -> dict[str, str]:
         tgt_ids = torch.randint(4, c.vocab_size - 1, (2, 3), generator=g)
         first = _Decoder(model, False)(mask, tgt_ids, hidden)
     paths = {name: os.path.join(directory, name) for name in (ENCODER, DECODER)}
-    _export(_Encoder(model), (ids, mask), ["input_ids", "attention_mask"], ["last_hidden_state"],
+    _export(_Encoder(model, unk_past_vocab), (ids, mask), ["input_ids", "attention_mask"], ["last_hidden_state"],
             ({0: batch, 1: src}, {0: batch, 1: src}), paths[ENCODER])
     inputs = ["encoder_attention_mask", "input_ids", "encoder_hidden_states"]
     shapes = ({0: batch, 1: src}, {0: batch, 1: tgt}, {0: batch, 1: src})

@@ -11,12 +11,15 @@ tokenizer of an nmt model: what `nmt export --format onnx` ships (nmt/interop/on
   `decode(skip_special_tokens=True)`); the post-processor appends `</s>` to a source, as nmt/layout.py does;
   `<unk>` decodes as SentencePiece's ` ⁇ `. Separate source and target models cannot be one tokenizer.json:
   refused in one line.
-- An imported NLLB model: the tokenizer.json it was imported with.
-- An imported MarianMT or M2M100 model: its source SentencePiece model over the ids of its vocab.json
-  (SentencePiece's scores; a piece of vocab.json that the source model lacks gets a score far below
-  every other, so that it is never preferred to the source model's own pieces). MarianMT and M2M100
-  look pieces up in vocab.json and give `<unk>` for the ones it lacks; tokenizer.json cannot, and cuts
-  such a word into other pieces instead (a note gives their number).
+- An imported NLLB model: the tokenizer.json it was imported with, its source language the model's.
+- An imported MarianMT or M2M100 model: its source SentencePiece model renumbered as vocab.json (and the
+  language tokens) number the pieces, through the same converter; a piece of vocab.json the source model
+  lacks is never produced (spelt after a private-use character, which the decoder removes). MarianMT and
+  M2M100 give `<unk>` for a piece
+  vocab.json lacks: tokenizer.json gives such pieces ids past the model's vocabulary, which the encoder
+  graph reads as `<unk>` (nmt/interop/onnx_graphs.py), so the model sees what their tokenizers give. One
+  difference remains: text the source model cannot cut at all (a character it never saw) is `<unk>` in
+  tokenizer.json, where their tokenizers look the text itself up in vocab.json (which may have it).
 
 `tokenizer_json(tokenizer)` returns the file's bytes and the notes; `tokenizer_config(...)` the
 tokenizer_config.json that goes with it.
@@ -31,22 +34,23 @@ from nmt.errors import UserError
 
 UNK_SURFACE = " \u2047 "  # what SentencePiece decodes `<unk>` to
 FAR_BELOW = 1000.0  # score gap below the lowest piece for vocab.json pieces the source model lacks
+UNSEEN = "\ue000"  # (a private-use character) before those pieces in tokenizer.json: no text matches them
 
 
-def tokenizer_json(tokenizer) -> tuple[bytes, list[str]]:
-    """(tokenizer.json, notes) for `tokenizer` (nmt.text.tokens.TokenizerLike; an imported M2M100 one numbered as
-    its Hugging Face export: nmt/interop/hf_export.py `hf_numbering`)."""
+def tokenizer_json(tokenizer) -> tuple[bytes, list[str], int]:
+    """(tokenizer.json, notes, the number of ids it gives) for `tokenizer` (nmt.text.tokens.TokenizerLike; an
+    imported M2M100 one numbered as its Hugging Face export: nmt/interop/hf_export.py `hf_numbering`)."""
+    from tokenizers import Tokenizer, processors
+
+    if not tokenizer.joint:
+        raise UserError("cannot export to ONNX: the model has separate source and target vocabularies, and "
+                        "tokenizer.json holds one (train with data.tokenizer.joint: true)")
     if tokenizer.kind == "nllb":
         if "tokenizer.json" not in tokenizer.files:
             raise UserError("cannot export to ONNX: this NLLB model was imported without tokenizer.json "
                             "(import it again from a directory that has it)")
-        return tokenizer.files["tokenizer.json"], []
-    if not tokenizer.joint:
-        raise UserError("cannot export to ONNX: the model has separate source and target vocabularies, and "
-                        "tokenizer.json holds one (train with data.tokenizer.joint: true)")
-    from tokenizers import processors
-
-    if tokenizer.kind == "spm":
+        hf, notes = Tokenizer.from_str(tokenizer.files["tokenizer.json"].decode("utf-8")), []
+    elif tokenizer.kind == "spm":
         hf, notes = _from_spm(tokenizer.to_bytes()["src"], tokenizer.languages)
     else:
         hf, notes = _from_imported(tokenizer)
@@ -54,9 +58,9 @@ def tokenizer_json(tokenizer) -> tuple[bytes, list[str]]:
     eos = src[tokenizer.specials.eos]
     first = [src[tokenizer.languages[tokenizer.settings["src_lang"]]]] if tokenizer.source_languages else []
     single = " ".join([*first, "$A", eos])  # M2M100: `__src__ pieces </s>`; the others `pieces </s>`
-    hf.post_processor = processors.TemplateProcessing(
+    hf.post_processor = processors.TemplateProcessing(  # (M2M100, NLLB: the model's default source language)
         single=single, pair=f"{single} $B {eos}", special_tokens=[(p, hf.token_to_id(p)) for p in [*first, eos]])
-    return hf.to_str(pretty=True).encode("utf-8"), notes
+    return hf.to_str(pretty=True).encode("utf-8"), notes, hf.get_vocab_size(with_added_tokens=True)
 
 
 def _proto(serialized: bytes):
@@ -99,33 +103,44 @@ def _from_spm(serialized: bytes, languages: dict[str, int]):
 
 
 def _from_imported(tokenizer):
-    """(tokenizers.Tokenizer, notes) of an imported MarianMT or M2M100 tokenizer."""
+    """(tokenizers.Tokenizer, notes) of an imported MarianMT or M2M100 tokenizer (module docstring)."""
     from tokenizers import AddedToken, decoders
     from transformers.convert_slow_tokenizer import SpmConverter
 
     files = tokenizer.files
-    proto = _proto(files["source.spm" if tokenizer.kind == "marian" else "sentencepiece.bpe.model"])
-    src, _ = tokenizer.vocab_pieces()  # id order: vocab.json, then (M2M100) language tokens and unused ids
-    scores = {p.piece: p.score for p in proto.pieces if p.type in (1, 4)}  # normal and user-defined pieces
-    floor = min(scores.values(), default=0.0) - FAR_BELOW
-    ids = tokenizer.specials
-    specials = {ids.pad, ids.eos, ids.start, *tokenizer.languages.values()}
-    vocab = [(piece, scores.get(piece, floor)) for piece in src]
-    kind = proto.trainer_spec.model_type
+    source = _proto(files["source.spm" if tokenizer.kind == "marian" else "sentencepiece.bpe.model"])
+    kind = source.trainer_spec.model_type
     if kind not in (1, 2):
         raise UserError(f"cannot export to ONNX: an imported {tokenizer.kind} tokenizer with a SentencePiece "
                         f"model of type {kind} (supported: unigram, bpe)")
-    proto.trainer_spec.unk_id = ids.unk  # the converter reads the unknown piece's id from here
-    hf = SpmConverter.build_tokenizer_from_spm_proto(
-        proto, vocab if kind == 1 else {piece: i for i, piece in enumerate(src)})
-    special = [src[i] for i in sorted(specials) if 0 <= i < len(src)]
-    hf.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in dict.fromkeys(special)])
-    hf.decoder = decoders.Sequence([hf.decoder, decoders.Replace(src[ids.unk], "")])  # (transformers skips it)
-    lacking = sum(1 for p in proto.pieces if p.type == 1 and p.piece not in set(src))
+    src, _ = tokenizer.vocab_pieces()  # id order: vocab.json, then (M2M100) language tokens and unused ids
+    ids = tokenizer.specials
+    # a SentencePiece model in the model's id order, then the source model's pieces vocab.json lacks
+    proto = _proto(source.SerializeToString())
+    del proto.pieces[:]
+    theirs = {p.piece: p for p in source.pieces if p.type in (1, 4)}  # normal and user-defined pieces
+    floor = min((p.score for p in theirs.values()), default=0.0) - FAR_BELOW
+    specials = {ids.pad, ids.eos, ids.start, *tokenizer.languages.values()}
+    for i, piece in enumerate(src):
+        if piece in theirs and i not in specials:
+            proto.pieces.append(theirs[piece])
+        else:  # a control token, or a piece the source model lacks: never matched (UNSEEN), spelt as it is
+            proto.pieces.add(piece=piece if i in specials else UNSEEN + piece, score=floor, type=3 if i in specials else 5)
+    new = proto.pieces[ids.unk]
+    new.type, new.score = 2, 0.0
+    lacking = [p for p in source.pieces if p.type in (1, 4) and p.piece not in set(src)]
+    proto.pieces.extend(lacking)
+    proto.trainer_spec.unk_id, proto.trainer_spec.unk_piece = ids.unk, src[ids.unk]
+    vocab = [(p.piece, p.score) for p in proto.pieces] if kind == 1 else {p.piece: i for i, p in enumerate(proto.pieces)}
+    hf = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    hf.add_special_tokens([AddedToken(src[i], special=True, normalized=False) for i in sorted(specials)])
+    hf.decoder = decoders.Sequence([decoders.Replace(UNSEEN, ""), hf.decoder,
+                                    decoders.Replace(src[ids.unk], "")])  # (transformers skips <unk>)
     notes = []
     if lacking:
-        notes.append(f"{lacking} pieces of the source SentencePiece model are not in vocab.json: "
-                     f"{tokenizer.kind}'s tokenizer gives <unk> for them, tokenizer.json other pieces")
+        notes.append(f"{len(lacking)} pieces of the source SentencePiece model are not in vocab.json: tokenizer.json "
+                     f"gives them ids from {len(src)} on, which the encoder graph reads as <unk> (as {tokenizer.kind}'s "
+                     "tokenizer does)")
     return hf, notes
 
 
