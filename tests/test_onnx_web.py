@@ -260,3 +260,19 @@ def test_without_npm_the_web_export_says_what_to_put_where(tmp_path, capsys, mon
     assert main(["export", "-c", ckpt, "--format", "web", "-o", str(tmp_path / "web")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "its sha512 differs" in err and web_export.TRANSFORMERS_JS.tarball in err
+
+
+@pytest.mark.slow
+def test_an_unreachable_registry_is_one_line(tmp_path, monkeypatch):
+    """npm cannot reach its registry (nor has the package in its cache): the reason and what to do, one line."""
+    from nmt.errors import UserError
+    from nmt.interop.web_export import TRANSFORMERS_JS, require_npm_packages
+
+    if shutil.which("npm") is None:
+        pytest.skip(reason="npm is not installed")
+    monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9")
+    monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm"))
+    with pytest.raises(UserError) as e:
+        require_npm_packages(str(tmp_path / "cache"), timeout=120)
+    message = str(e.value)
+    assert "\n" not in message and "ECONNREFUSED" in message and f"put {TRANSFORMERS_JS.tarball}" in message

@@ -105,13 +105,14 @@ def _npm_pack(package: NpmPackage, cache: str, timeout: float) -> None:
         raise UserError(f"the web export needs the JavaScript of {package.spec} and npm is not installed: {hint}")
     os.makedirs(cache, exist_ok=True)
     try:
-        proc = subprocess.run([npm, "pack", package.spec, "--prefer-offline", "--silent", "--pack-destination", cache],
-                              capture_output=True, text=True, timeout=timeout, cwd=cache)
+        proc = subprocess.run([npm, "pack", package.spec, "--prefer-offline", "--fetch-retries=1", "--loglevel=error",
+                               "--pack-destination", cache], capture_output=True, text=True, timeout=timeout, cwd=cache)
     except subprocess.TimeoutExpired:
         raise UserError(f"npm pack {package.spec} did not finish in {timeout:.0f} s: {hint}") from None
     if proc.returncode != 0 or not os.path.isfile(os.path.join(cache, package.tarball)):
-        reason = textio.one_line(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else
-                                 f"exit status {proc.returncode}")
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("npm error") and "log of this" not in line]
+        reason = next((line for line in errors if "reason:" in line), errors[0] if errors else "")
+        reason = textio.one_line(reason.removeprefix("npm error").strip()) or f"exit status {proc.returncode}"
         raise UserError(f"npm pack {package.spec} failed ({reason}): {hint}")
 
 
