@@ -1,6 +1,7 @@
 """The page `nmt export --format web` writes as index.html (nmt/interop/web_export.py fills in SETTINGS): type or
 paste text, one sentence per line, and translate it in the browser with transformers.js and onnxruntime-web
-(greedy search, as transformers.js searches). Everything it loads is in the export's directory: the model
+(greedy search, as transformers.js searches; one line at a time, as its batched search does not stop a line
+at its end). Everything it loads is in the export's directory: the model
 (model/), the JavaScript and WebAssembly (vendor/); nothing from the network. While the model loads, a bar
 shows the bytes read; a browser without WebAssembly, or the page opened as a file, gets a message instead."""
 
@@ -111,10 +112,11 @@ async function translate(translator) {
   else if (tgt) options.forced_bos_token_id = settings.languages[tgt];
   const out = lines.map(() => "");
   const t0 = performance.now();
-  if (todo.length) {
-    const results = await translator(todo.map(([line]) => line), options);
-    results.forEach((r, k) => { out[todo[k][1]] = r.translation_text; });
+  for (const [k, [line, i]] of todo.entries()) {  // one line at a time: in a batch, transformers.js's greedy
+    status(`translating: line ${k + 1} of ${todo.length}`);  // search goes on after a line's end
+    out[i] = (await translator(line, options))[0].translation_text;
   }
+  status("ready");
   $("output").textContent = out.join("\\n");
   $("time").textContent = `${todo.length} line${todo.length === 1 ? "" : "s"} in ${Math.round(performance.now() - t0)} ms`;
 }
