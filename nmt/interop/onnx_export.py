@@ -47,7 +47,7 @@ def require_onnx() -> None:
 
 
 def decode_notes(cfg) -> list[str]:
-    """The checkpoint's decode settings that no generation_config.json key carries."""
+    """The checkpoint's settings that no generation_config.json key carries (and a grown unigram vocabulary's ties)."""
     d, notes = cfg.decode, []
     if d.protect or cfg.data.protect:
         notes.append("protect (placeholders for markup and variables) is nmt's text pipeline: tokenizer.json "
@@ -56,6 +56,11 @@ def decode_notes(cfg) -> list[str]:
         notes.append(f"decode.sampling.method {d.sampling.method} is not written (generation_config.json searches)")
     if (d.contrast.lang or "").strip():
         notes.append("decode.contrast.lang (language-contrastive decoding) has no counterpart")
+    tok = cfg.data.tokenizer
+    if tok.add_pieces and tok.model_type in ("unigram", "word", "char"):
+        notes.append("a grown vocabulary (data.tokenizer.add_pieces): an added unigram piece scores exactly as the "
+                     "pieces it replaces, a tie SentencePiece and tokenizer.json may break differently (new-language "
+                     "text can get other pieces of equal score)")
     return notes
 
 
