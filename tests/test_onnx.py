@@ -233,6 +233,8 @@ def test_bad_input_is_one_line(exported, tmp_path, capsys, monkeypatch):
         (["-c", ckpt, "--format", "onnx", "-o", os.path.dirname(ckpt), "--force"], "--checkpoint"),
         (["-c", ckpt, "--format", "onnx", "-o", str(tmp_path / "q"), "--quantization", "int8_float16"],
          "not an ONNX quantization"),
+        (["-c", ckpt, "--format", "web", "-o", str(tmp_path / "q"), "--quantization", "float16"],
+         "not an ONNX quantization"),
         (["-c", make_tiny_checkpoint(str(tmp_path / "paper.pt"), positions="sinusoidal"), "--format", "onnx",
           "-o", str(tmp_path / "paper")], "cannot represent this model as Hugging Face"),
     ]

@@ -71,10 +71,11 @@ def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, for
 def export_onnx(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool,
                 web: bool = False) -> None:
     """An ONNX directory (nmt/interop/onnx_export.py), or with `web` a page around one (nmt/interop/web_export.py)."""
-    from nmt.interop.onnx_export import require_onnx, write_onnx
+    from nmt.interop.onnx_export import check_quantization, require_onnx, write_onnx
     from nmt.interop.web_export import require_npm_packages, write_web
 
     require_onnx()
+    check_quantization(quantization)
     check_output_dir(output_dir, force)
     packages = require_npm_packages() if web else None  # before the slow part: the one-line error comes first
     model, tokenizer, cfg, record = _load(checkpoint)

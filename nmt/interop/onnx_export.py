@@ -46,6 +46,13 @@ def require_onnx() -> None:
         raise UserError(f"exporting to ONNX needs {', '.join(missing)}: {INSTALL_HINT}")
 
 
+def check_quantization(quantization: str | None) -> None:
+    """UserError unless `quantization` is None (fp32) or one of QUANTIZATIONS."""
+    if quantization not in (None, *QUANTIZATIONS):
+        raise UserError(f"--quantization {quantization} is not an ONNX quantization (choose from "
+                        f"{', '.join(QUANTIZATIONS)})")
+
+
 def decode_notes(cfg) -> list[str]:
     """The checkpoint's settings that no generation_config.json key carries (and a grown unigram vocabulary's ties)."""
     d, notes = cfg.decode, []
@@ -119,9 +126,7 @@ def write_onnx(model, tokenizer, cfg, output_dir: str, *, quantization: str | No
     (`textio.atomic_dir`; with `force` an earlier export or an empty directory is replaced, nothing else).
     Returns ({file name: path relative to output_dir} of the graphs, notes)."""
     require_onnx()
-    if quantization not in (None, *QUANTIZATIONS):
-        raise UserError(f"--quantization {quantization} is not an ONNX quantization (choose from "
-                        f"{', '.join(QUANTIZATIONS)})")
+    check_quantization(quantization)
     check_output_dir(output_dir, force)
     with textio.atomic_dir(output_dir, what="export") as tmp:
         graphs, notes = write_into(tmp, model, tokenizer, cfg, quantization=quantization)

@@ -206,7 +206,8 @@ def merge_decoders(no_past, with_past):
         domains.setdefault(opset.domain, opset)
     merged = helper.make_model(graph, opset_imports=list(domains.values()), ir_version=no_past.ir_version,
                                producer_name="nmt")
-    onnx.checker.check_model(merged, full_check=False)
+    if merged.ByteSize() < 2**31 - 2**20:  # (the checker serializes the model: protobuf's 2 GiB limit)
+        onnx.checker.check_model(merged, full_check=False)
     return merged
 
 
@@ -256,5 +257,6 @@ def quantize_int8(path: str) -> str:
 
     out = path[: -len(".onnx")] + "_quantized.onnx"
     with _quiet(""):
-        quantize_dynamic(path, out, weight_type=QuantType.QInt8, extra_options={"EnableSubgraph": True})
+        quantize_dynamic(path, out, weight_type=QuantType.QInt8, extra_options={"EnableSubgraph": True},
+                         use_external_data_format=os.path.exists(path + "_data"))
     return out

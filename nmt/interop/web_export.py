@@ -156,11 +156,12 @@ def write_web(model, tokenizer, cfg, output_dir: str, *, packages: dict[NpmPacka
     """Write the page's directory for (model in eval mode, tokenizer, cfg) to `output_dir`, atomically (as
     `write_onnx`). `packages`: `require_npm_packages()`'s answer (asked here when None). Returns ({file
     name: path relative to output_dir} of the graphs and the runtime, notes)."""
-    from nmt.interop.onnx_export import require_onnx, write_into
+    from nmt.interop.onnx_export import check_quantization, require_onnx, write_into
     from nmt.interop.web_page import PAGE, SETTINGS
     from nmt.text.languages import target_languages
 
     require_onnx()
+    check_quantization(quantization)
     check_output_dir(output_dir, force)
     packages = packages if packages is not None else require_npm_packages()
     with textio.atomic_dir(output_dir, what="export") as tmp:
