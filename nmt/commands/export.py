@@ -3,8 +3,9 @@ transformers (nmt/interop/hf_export.py), onnxruntime / optimum / transformers.js
 a web page that translates in the browser (nmt/interop/web_export.py).
 
 The formats register here, in `FORMATS` (the CLI's --format choices): each entry loads the checkpoint, calls
-its writer and prints what it wrote. The writers share only the lower nmt/interop/export_dir.py (the metadata file,
-the checks before writing) and `textio.atomic_dir`; neither imports the other.
+its writer and prints what it wrote. The writers share the lower nmt/interop/export_dir.py (the metadata file,
+the checks before writing) and `textio.atomic_dir`; the CTranslate2 and Hugging Face writers do not import each
+other, the ONNX writer builds on the Hugging Face one, the web writer on the ONNX one.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def export_onnx(checkpoint: str, output_dir: str, *, quantization: str | None, f
     check_output_dir(output_dir, force)
     packages = require_npm_packages() if web else None  # before the slow part: the one-line error comes first
     model, tokenizer, cfg, record = _load(checkpoint)
-    write = (lambda *a, **k: write_web(*a, packages=packages, **k)) if web else write_onnx
+    write = functools.partial(write_web, packages=packages) if web else write_onnx
     graphs, notes = write(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
                           checkpoint=checkpoint, step=record.step)
     if not quiet:
