@@ -260,7 +260,7 @@ class TrainConfig:
     save_every: int = _f(0, "Also save the latest checkpoint every this many steps; 0 = at validations only.", min=0)
     keep_last: int = _f(5, "Keep this many step checkpoints besides `latest.pt` and `best.pt`.", min=0)
     log_every: int = _f(100, "Log training statistics every this many steps.", min=1)
-    max_nan_steps: int = _f(10, "Stop with an error after this many non-finite losses in a row.", min=1)
+    max_nan_steps: int = _f(10, "Stop with an error when a log line finds this many non-finite losses in a row (or more).", min=1)
     device: str = _f("auto", "`auto` (CUDA if available), `cpu`, `cuda`, `cuda:N`.")
     init_from: Optional[str] = _f(None, "Start this NEW run from another run's checkpoint (fine-tuning): its weights and its tokenizer; the architecture and data.tokenizer must match it. Ignored by --resume.")
     init_reset: list[Literal["optimizer", "schedule", "counters"]] = _f(["optimizer", "schedule", "counters"], "With init_from, what starts fresh (leave an item out to carry it over from the checkpoint): optimizer (Adam moments), schedule (the learning-rate schedule's position), counters (the step count).")

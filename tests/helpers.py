@@ -382,3 +382,27 @@ def write_yaml(path, raw: dict) -> str:
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(raw, f)
     return str(path)
+
+
+# --------------------------------------------------------------------------- host reads
+
+HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero", "masked_select",
+              "unique", "equal", "allclose", "is_nonzero"}  # values copied to the host (a device sync on a GPU)
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that read tensor values on the host: HOST_READS, boolean-mask indexing, and
+    repeat_interleave with tensor repeats (its output size depends on the values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
+        masks = index if isinstance(index, tuple) else (index,)
+        if name in HOST_READS or any(isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks) or (
+                name == "repeat_interleave" and len(args) > 1 and isinstance(args[1], torch.Tensor)):
+            self.count += 1
+        return func(*args, **(kwargs or {}))

@@ -2,8 +2,8 @@
 
 Step numbering: the k-th optimizer update (k = 1, 2, ...) uses `lr_at(k)`.
 `build_scheduler` wraps `lr_at` in a `LambdaLR` whose internal counter starts at
-0, hence `lambda i: lr_at(i + 1) / lr`; call `scheduler.step()` after each
-successful `optimizer.step()`. All schedules warm up linearly from lr/warmup at
+0, hence `lambda i: lr_at(i + 1) / lr`; `scheduler.step()` follows each optimizer step, and
+`rewind` takes back the ones the optimizer skipped (once they are known, nmt/training/trainer.py). All schedules warm up linearly from lr/warmup at
 step 1 to their peak at step `warmup_steps`:
 
 - constant:      lr
@@ -107,3 +107,15 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, d_model:
             raise ValueError("schedule_clock 'time' needs a clock")
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(clock(), cfg, d_model) / base)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(i + 1, cfg, d_model) / base)
+
+
+def rewind(scheduler: torch.optim.lr_scheduler.LambdaLR, skipped: int) -> None:
+    """Take back `skipped` of the scheduler's steps (updates the optimizer skipped: it counts only the
+    applied ones) and set the learning rates it then gives."""
+    if not skipped:
+        return
+    scheduler.last_epoch -= skipped
+    lrs = [base * f(scheduler.last_epoch) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs

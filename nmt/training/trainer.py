@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import torch
+
 from nmt.model import checkpoint as ckpt
 from nmt.training import distributed as dist
 from nmt.training import rundir
@@ -30,6 +32,7 @@ from nmt.errors import UserError
 from nmt.layout import Batch, collate
 from nmt.data.prefetch import Prefetcher
 from nmt.training.logging_utils import format_stats
+from nmt.training.optim import rewind
 from nmt.training.step import Meter, train_step
 from nmt.training.validation import validate
 
@@ -132,6 +135,7 @@ class Trainer:
         self.state: TrainState = training.state
         self.clock: Clock = training.clock
         self.meter = Meter()
+        self.pending: list[tuple] = []  # the outcomes (ok, loss_ok: device flags) of the steps not read yet
         self.last_valid: dict = {}
         self.langid = training.langid.to_dict() if training.langid is not None else None  # for every checkpoint
 
@@ -148,6 +152,7 @@ class Trainer:
             reason = self._epoch()
             if reason is None:  # the epoch is exhausted
                 state.epoch, state.batch_offset = state.epoch + 1, 0
+        self._flush()
         signalled = self.env.broadcast(self.stop.requested)  # rank 0's view: every rank takes the same branch
         if signalled is not None:
             self.stop.announce(self.log.info)
@@ -180,7 +185,9 @@ class Trainer:
             return self._steps(prepared)
 
     def _steps(self, prepared) -> str | None:
-        """The training steps of one epoch over its prepared micro-batch groups (`_epoch`)."""
+        """The training steps of one epoch over its prepared micro-batch groups (`_epoch`). A step's outcome
+        stays on the device (nmt/training/step.py); the loop reads the pending ones (`_flush`) only where the
+        step count decides something: a log line, a validation, a checkpoint, the step budget."""
         state, t, tr = self.state, self.t, self.tr
         for host_group in prepared:
             dist.simulate_failure(self.env, state.step)
@@ -189,7 +196,8 @@ class Trainer:
             if why is not StopReason.CONTINUE:
                 self.stop.announce(self.log.info)
                 return self._describe(why, signum)
-            if not self.step(group, n_tokens):
+            self.step(group, n_tokens)
+            if not self._settled():
                 continue
             if state.step % t.log_every == 0:
                 self.meter.report(self.log, state, tr.scheduler.get_last_lr()[0])
@@ -202,6 +210,48 @@ class Trainer:
             elif t.save_every and state.step % t.save_every == 0:
                 self.save(improved=False, with_step=False)
         return None
+
+    def _settled(self) -> bool:
+        """Whether the step just taken counts and the step count decides something now (then the pending
+        steps are read: `_flush`): a log line, a validation, a checkpoint or the step budget is due."""
+        t, step = self.t, self.state.step
+        if not self.pending:
+            return False  # (flushed by the step itself: only an applied step goes on, as before)
+        due = step % t.log_every == 0 or (t.valid_every and step % t.valid_every == 0) or \
+            (t.save_every and step % t.save_every == 0) or (t.max_steps and step >= t.max_steps) or \
+            (t.valid_every_minutes and self.clock() - self.state.last_valid_time >= 60 * t.valid_every_minutes)
+        if not due:
+            return False
+        applied = self._flush()
+        return applied[-1] if applied else False
+
+    def _flush(self) -> list[bool]:
+        """Read the pending steps' outcomes (one host read): the skipped ones leave the step count and the
+        schedule, count towards train.max_nan_steps (a UserError after that many in a row) and are logged.
+        Returns per pending step whether it applied."""
+        if not self.pending:
+            return []
+        state, t, tr = self.state, self.t, self.tr
+        flags = torch.stack([torch.stack(p) for p in self.pending]).tolist()  # [[ok, loss_ok], ...]
+        first = state.step - len(flags) + 1  # the step number the first pending one took
+        self.pending, skipped = [], 0
+        for k, (ok, loss_ok) in enumerate(flags):
+            if ok:
+                state.nan_steps = 0
+                continue
+            skipped += 1
+            if not loss_ok or tr.precision.scaler is None:  # (an fp16 overflow is the scaler's business)
+                state.nan_steps, state.nan_total = state.nan_steps + 1, state.nan_total + 1
+                self.log.info(f"warning: non-finite loss/gradient at step {first + k - skipped + 1}: update "
+                              f"skipped ({state.nan_steps} in a row, {state.nan_total} in total)")
+        state.step -= skipped
+        rewind(tr.scheduler, skipped)
+        if state.nan_steps >= t.max_nan_steps:
+            self.save(improved=False, with_step=False)
+            raise dist.all_ranks_error(self.env, UserError(
+                f"{state.nan_steps} non-finite losses in a row (train.max_nan_steps={t.max_nan_steps}); "
+                f"lower train.lr, raise warmup_steps or set clip_norm"))
+        return [bool(ok) for ok, _ in flags]
 
     def _sync(self, group: list[Batch]) -> tuple[int, StopReason, int]:
         """The all-reduce that opens each step: the global target-token count, rank 0's stop decision and its
@@ -239,35 +289,27 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def step(self, group: list[Batch], n_tokens: int) -> bool:
-        """One optimizer update over `group`; False when it was skipped (non-finite loss or gradient)."""
+    def step(self, group: list[Batch], n_tokens: int) -> None:
+        """One optimizer update over `group`, counted at once (`_flush` takes back a skipped one: a
+        non-finite loss or gradient). With EMA the outcome is read at once: the average follows only
+        the applied updates."""
         state, t, tr, env = self.state, self.t, self.tr, self.env
         sync = dict(grad_denominator=n_tokens / env.world_size, reduce=env.all_reduce_sum) if env.distributed else {}
         res = train_step(tr.forward, group, tr.optimizer, tr.scheduler, tr.precision, label_smoothing=t.label_smoothing,
                          clip_norm=t.clip_norm, pad_id=tr.tokenizer.specials.pad, loss_fn=tr.loss_fn, **sync)
         state.batch_offset += len(group)
+        state.step += 1
         self.meter.add(res, group, n_tokens)
-        if res.updated:
-            state.step, state.nan_steps = state.step + 1, 0
-            if tr.ema is not None:
-                tr.ema.update(ckpt.unwrap(tr.model))
-            self.log.progress(1)
-            return True
-        if res.nonfinite_loss or tr.precision.scaler is None:  # (an fp16 overflow is the scaler's business)
-            state.nan_steps, state.nan_total = state.nan_steps + 1, state.nan_total + 1
-            self.log.info(f"warning: non-finite loss/gradient at step {state.step + 1}: update skipped "
-                          f"({state.nan_steps} in a row, {state.nan_total} in total)")
-            if state.nan_steps >= t.max_nan_steps:
-                self.save(improved=False, with_step=False)
-                raise dist.all_ranks_error(env, UserError(
-                    f"{state.nan_steps} non-finite losses in a row (train.max_nan_steps={t.max_nan_steps}); "
-                    f"lower train.lr, raise warmup_steps or set clip_norm"))
-        return False
+        self.pending.append((res.ok, res.loss_ok))
+        self.log.progress(1)
+        if tr.ema is not None and self._flush()[-1]:
+            tr.ema.update(ckpt.unwrap(tr.model))
 
     # ------------------------------------------------------------------ validation and checkpoints
 
     def validate(self) -> bool:
         """Validate on rank 0 (the others wait), then save; True when early stopping says stop."""
+        self._flush()
         state, t, tr, env = self.state, self.t, self.tr, self.env
         shared = None
         if env.is_main:
@@ -328,6 +370,7 @@ class Trainer:
 
     def save(self, improved: bool, with_step: bool) -> None:
         """Collective: every rank calls it at the same step (their RNG states are gathered); rank 0 writes."""
+        self._flush()
         rngs = self.env.gather(ckpt.rng_state())
         if self.env.is_main:
             state = dataclasses.replace(self.state, elapsed=self.clock.local())
