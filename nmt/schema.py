@@ -236,6 +236,7 @@ class TrainConfig:
     label_smoothing: float = _f(0.1, "Label smoothing epsilon (PyTorch's formula: epsilon spread over all V classes).", min=0.0, max=1.0)
     clip_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0)
     update_freq: int = _f(1, "Gradient accumulation: batches per optimizer step.", min=1)
+    loss_chunk: int = _f(0, "Compute the loss this many target tokens at a time (no [tokens, vocabulary] fp32 copy of the logits); 0 = all at once.", min=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto", "auto: bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU.")
     compile: bool = _f(False, "torch.compile each encoder/decoder layer (one compiled graph per layer stack, dynamic "
                        "shapes; validation and decoding stay eager) and the loss (fused label-smoothed cross-entropy). "

@@ -46,6 +46,8 @@ KeyboardInterrupt at once. Previous handlers are restored on return.
 
 from __future__ import annotations
 
+import functools
+
 import contextlib
 import dataclasses
 import os
@@ -69,7 +71,7 @@ from nmt.training.ema import EMA
 from nmt.errors import UserError
 from nmt.text.langid import LanguageIdentifier
 from nmt.training.logging_utils import RunLogger
-from nmt.training.loss import compiled_smoothed_nll
+from nmt.training.loss import compiled_smoothed_nll, label_smoothed_nll
 from nmt.model.transformer import Transformer
 from nmt.training.optim import build_optimizer, build_scheduler
 from nmt.training.step import Precision, setup_precision
@@ -174,7 +176,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     log.start_progress(cfg.train.max_steps or None, state.step)
     return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, model, ddp,
                     optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema,
-                    compiled_smoothed_nll() if cfg.train.compile else None)
+                    _loss_fn(cfg.train))
 
 
 def _build_ema(cfg: Config, model, saved: ckpt.ModelRecord | None) -> EMA | None:
@@ -268,6 +270,14 @@ def _langid(cfg: Config, tokenizer: TokenizerLike, saved: ckpt.ModelRecord | Non
     log.info(f"language identifier: {', '.join(ident.langs)} ({len(ident.index):,} character n-grams, trained in "
              f"{time.perf_counter() - t0:.1f} s on the training corpora)")
     return ident
+
+
+def _loss_fn(t) -> Callable | None:
+    """train_step's loss: the compiled formula with train.compile, chunked with train.loss_chunk, else
+    None (label_smoothed_nll)."""
+    if t.compile:
+        return compiled_smoothed_nll()
+    return functools.partial(label_smoothed_nll, chunk=t.loss_chunk) if t.loss_chunk else None
 
 
 def _restore(saved: ckpt.ModelRecord, model, optimizer, scheduler, precision: Precision, cfg: Config, env: DistEnv,

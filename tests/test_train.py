@@ -240,6 +240,17 @@ def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch):
     assert reads[1] == reads[0], reads
 
 
+def test_a_chunked_loss_trains_the_same_weights(tmp_path):
+    """train.loss_chunk computes the loss in pieces but its gradient row for row as the whole batch does:
+    the same weights after a few steps."""
+    weights = []
+    for chunk in (0, 16):
+        result = train(_small(tmp_path, f"chunk{chunk}", max_steps=4, warmup_steps=2, loss_chunk=chunk), quiet=True)
+        model, _, _ = ckpt.load_for_inference(os.path.join(result["run_dir"], "checkpoints", "latest.pt"))
+        weights.append(model.state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_nan_steps_are_skipped_counted_and_bounded(tmp_path, monkeypatch):
     real, calls = step_mod.label_smoothed_nll, {"n": 0}
 
