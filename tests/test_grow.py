@@ -19,7 +19,7 @@ import torch
 from helpers import make_pairs, tiny_config_dict
 from nmt.training import grow
 from nmt.config import ConfigError, config_from_dict
-from nmt.text.tokenizer import Tokenizer, train_sentencepiece
+from nmt.text.tokenizer import train_sentencepiece
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -241,21 +241,21 @@ def test_the_grown_source_translates_the_old_directions_as_before(base, tmp_path
     """Before any training: the new token copies xx's rows, old ids keep their rows, and every old
     direction's greedy output is the source model's for each line whose source ids did not change."""
     from nmt import Translator
-    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.model.checkpoint import load_record, save_checkpoint
     from nmt.training.finetune import load_source
 
     d, _, ckpt = base
     cfg = config_from_dict(add_yy(base, tmp_path))
     logged = []
     grown = load_source(cfg, str(tmp_path / "run"), logged.append)
-    old = load_checkpoint(ckpt)
-    tok, old_tok = Tokenizer.from_bytes(grown["tokenizer"]), Tokenizer.from_bytes(old["tokenizer"])
+    old = load_record(ckpt)
+    tok, old_tok = grown.load_tokenizer(), old.load_tokenizer()
     V = old_tok.tgt_vocab_size
     assert old_tok.languages.items() < tok.languages.items() and tok.languages["yy"] == V
-    assert tok.tgt_vocab_size == V + 1 + 20 and grown["vocab"] == {"src": V + 21, "tgt": V + 21}
+    assert tok.tgt_vocab_size == V + 1 + 20 and grown.vocab == {"src": V + 21, "tgt": V + 21}
     for name in ("src_embed.weight", "output_proj.weight"):
-        assert torch.equal(grown["model"][name][:V], old["model"][name])
-        assert torch.equal(grown["model"][name][V], old["model"][name][old_tok.languages["xx"]])
+        assert torch.equal(grown.model[name][:V], old.model[name])
+        assert torch.equal(grown.model[name][V], old.model[name][old_tok.languages["xx"]])
     logged = [line for line in logged if not line.startswith("tokenizer:")]  # (the new-language model's size)
     assert logged[0].startswith(f"add languages yy: language tokens yy (id {V}, from xx); vocabulary {V}/{V} -> {V + 21}/")
     assert logged[1].startswith("add_pieces: new-language model: 20 pieces appended (")
@@ -281,7 +281,7 @@ def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
     import yaml
 
     from nmt import Translator
-    from nmt.model.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_record
     from nmt.cli import main
 
     d, _, _ = base
@@ -293,8 +293,8 @@ def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
     for direction in ("es-en", "es-xx", "es-yy"):
         assert f"valid step 150 {direction} |" in log
     ckpt = str(run / "checkpoints" / "latest.pt")
-    state = load_checkpoint(ckpt)
-    assert "yy" in state["tokenizer"]["languages"] and "yy" in state["langid"]["profiles"]
+    state = load_record(ckpt)
+    assert "yy" in state.load_tokenizer().languages and "yy" in state.langid["profiles"]
     test_es = os.path.join(d, "data", "test.es")
     out = tmp_path / "out.yy"
     assert main(["translate", "-c", ckpt, "-i", test_es, "-o", str(out), "--tgt-lang", "yy", "--beam", "1", "-q"]) == 0
@@ -387,15 +387,16 @@ def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsy
     import yaml
 
     from helpers import make_tiny_checkpoint
-    from nmt.model.checkpoint import load_checkpoint
+    from nmt.config import to_dict
+    from nmt.model.checkpoint import load_record
     from nmt.cli import main
     from nmt.training.finetune import load_source
 
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
     raw = tiny_config_dict(str(tmp_path))
-    source = load_checkpoint(ckpt)
-    raw["model"] = source["config"]["model"]
-    raw["data"]["tokenizer"] = source["config"]["data"]["tokenizer"]
+    source = load_record(ckpt)
+    raw["model"] = to_dict(source.load_config().model)
+    raw["data"]["tokenizer"] = to_dict(source.load_config().data.tokenizer)
     p = os.path.join(str(tmp_path), "data")
     with open(f"{p}/train.en", encoding="utf-8") as f, open(f"{p}/train.yy", "w", encoding="utf-8") as out:
         out.writelines(yy(line) + "\n" for line in f)
@@ -410,8 +411,8 @@ def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsy
     raw["data"]["train"] = [raw["data"]["train"][0], {"src": f"{p}/train.yy", "tgt": f"{p}/train.en", "src_lang": "yy"}]
     raw["data"]["tokenizer"]["add_pieces"] = 5
     grown = load_source(config_from_dict(raw), str(tmp_path / "run"), lambda msg: None)
-    tok = Tokenizer.from_bytes(grown["tokenizer"])
-    assert not tok.languages and tok.src_vocab_size == Tokenizer.from_bytes(source["tokenizer"]).src_vocab_size + 5
+    tok = grown.load_tokenizer()
+    assert not tok.languages and tok.src_vocab_size == source.load_tokenizer().src_vocab_size + 5
 
 
 @pytest.mark.slow
@@ -421,7 +422,7 @@ def test_separate_vocabularies_grow_the_side_the_new_text_is_on(base, tmp_path):
     import copy
 
     from nmt import Translator
-    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.model.checkpoint import load_record, save_checkpoint
     from nmt.training.finetune import load_source
     from nmt.train import train
 
@@ -433,11 +434,11 @@ def test_separate_vocabularies_grow_the_side_the_new_text_is_on(base, tmp_path):
     ckpt = os.path.join(train(config_from_dict(raw), quiet=True)["run_dir"], "checkpoints", "latest.pt")
     finetune = add_yy((base[0], raw, ckpt), tmp_path, add_pieces=10, valid_bleu=False, metric="loss")
     grown = load_source(config_from_dict(finetune), str(tmp_path / "run"), lambda msg: None)
-    old, new = (Tokenizer.from_bytes(t) for t in (load_checkpoint(ckpt)["tokenizer"], grown["tokenizer"]))
+    old, new = load_record(ckpt).load_tokenizer(), grown.load_tokenizer()
     assert new.to_bytes()["src"] == old.to_bytes()["src"] and new.src_vocab_size == old.src_vocab_size
     assert new.tgt_vocab_size == old.tgt_vocab_size + 1 + 10 and new.languages["yy"] == old.tgt_vocab_size
-    assert grown["model"]["src_embed.weight"].shape[0] == old.src_vocab_size
-    assert grown["model"]["tgt_embed.weight"].shape[0] == grown["model"]["output_proj.weight"].shape[0] == \
+    assert grown.model["src_embed.weight"].shape[0] == old.src_vocab_size
+    assert grown.model["tgt_embed.weight"].shape[0] == grown.model["output_proj.weight"].shape[0] == \
         new.tgt_vocab_size
     path = str(tmp_path / "grown.pt")
     save_checkpoint(grown, path)

@@ -220,13 +220,10 @@ def m2m100_added_tokens(tokenizer) -> dict:
     knows a fixed list of codes (`language_codes`), so a new `__xx__` is an added token with its id
     (`added_tokens_decoder`; forced_bos_token_id = convert_tokens_to_ids("__xx__"); `tgt_lang` cannot
     name it). The tokenizer is numbered as `hf_numbering` numbers it."""
-    from nmt.text.hf_tokenizer import M2M100_CODES
-
     vocab = json.loads(tokenizer.files["vocab.json"])
     if max(vocab.values()) >= len(vocab):
         raise ValueError("vocab.json has ids past its size: renumber with hf_numbering first")
-    fixed = set(M2M100_CODES[tokenizer.settings["language_codes"]].split())
-    if set(tokenizer.languages) <= fixed:
+    if set(tokenizer.languages) <= tokenizer.fixed_codes:
         return {}
     special = dict(special=True, lstrip=False, rstrip=False, normalized=False, single_word=False)
     # every language token with its id: transformers numbers the special tokens it does not find there

@@ -198,6 +198,16 @@ class _MultilingualTokenizer(HFTokenizer):
         self._sp = load_sentencepiece(files["sentencepiece.bpe.model"], "sentencepiece.bpe.model")
         self._src_lang = self.languages[settings["src_lang"]]
 
+    @property
+    def default_src_lang(self) -> str:
+        """The source language used when none is asked for (the model's data.src_lang)."""
+        return self.settings["src_lang"]
+
+    def with_source_language(self, code: str) -> "_MultilingualTokenizer":
+        """This tokenizer with `code` (one of `languages`) as its default source language."""
+        return type(self)(self.files, {**self.settings, "src_lang": code}, threads=self.threads,
+                          languages=self.languages, default_tgt_lang=self.default_tgt_lang)
+
     def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
         """The token of `src_lang` (None: the model's default, its data.src_lang) + pieces (nmt adds
         `</s>`); an empty line stays empty. One-line UserError for a language the model lacks."""
@@ -219,6 +229,11 @@ class M2M100Tokenizer(_MultilingualTokenizer):
         super().__init__(files, settings, **kw)
         self._vocab = _json(files["vocab.json"], "vocab.json")
         self._pieces_of = {i: p for p, i in self._vocab.items()}
+
+    @property
+    def fixed_codes(self) -> set[str]:
+        """The language codes transformers' M2M100Tokenizer knows (a fixed list; not the ones nmt added)."""
+        return set(M2M100_CODES[self.settings["language_codes"]].split())
 
     def _encode(self, lines: list[str]) -> list[list[int]]:
         unk = self.specials.unk

@@ -74,10 +74,11 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from sentencepiece import sentencepiece_model_pb2 as pb
 
-from nmt.model.checkpoint import tokenizer_entries
 from nmt.config import Config, replace
 from nmt.errors import UserError
+from nmt.model.checkpoint import ModelRecord
 from nmt.text.tokenizer import Tokenizer, language_symbol, train_sentencepiece
+from nmt.text.tokens import TokenizerLike
 
 NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # = nmt.text.hf_tokenizer.NLLB_CODE
 TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}  # sentencepiece TrainerSpec.ModelType
@@ -89,18 +90,15 @@ MAX_ROUNDS = 50  # of leaving out the pieces old-language text uses and taking t
 
 # --------------------------------------------------------------------------- languages
 
-def known_languages(source: dict) -> set[str]:
-    """The languages the source checkpoint knows (module docstring)."""
-    tok = source["tokenizer"]
-    known = set(tok.get("languages") or {})
-    if tok.get("kind", "spm") in ("m2m100", "nllb"):
+def known_languages(tokenizer: TokenizerLike, config: Config) -> set[str]:
+    """The languages a source model knows (module docstring): its tokenizer and its Config say."""
+    known = set(tokenizer.languages)
+    if tokenizer.source_languages:  # an imported M2M100/NLLB model: its language codes
         return known
-    data = source["config"].get("data", {})
-    known |= {data.get("src_lang"), data.get("tgt_lang")}
-    for split in ("train", "valid"):
-        corpora = data.get(split) or []
-        for c in corpora if isinstance(corpora, list) else [corpora]:
-            known |= {c.get("src_lang"), c.get("tgt_lang")}
+    d = config.data
+    known |= {d.src_lang, d.tgt_lang}
+    for c in d.train_corpora + d.valid_corpora:
+        known |= set(d.langs(c))
     return known - {None}
 
 
@@ -113,13 +111,12 @@ class Plan:
     init: dict[str, str | None] = field(default_factory=dict)
 
 
-def check_languages(cfg: Config, source: dict) -> Plan:
-    """The rules of the module docstring against the source checkpoint; the new tokens to add."""
+def check_languages(cfg: Config, tokenizer: TokenizerLike, source: Config) -> Plan:
+    """The rules of the module docstring against the source model (its tokenizer and Config); the new tokens."""
     d, path = cfg.data, cfg.train.init_from
-    tok = source["tokenizer"]
-    kind = tok.get("kind", "spm")
-    known = known_languages(source)
-    languages = tok.get("languages") or {}  # the model's language tokens
+    kind = tokenizer.kind
+    known = known_languages(tokenizer, source)
+    languages = tokenizer.languages  # the model's language tokens
     added = dict(d.add_languages)
     corpora = [(d.train_key(i), c) for i, c in enumerate(d.train_corpora)] + \
         [(d.valid_key(i), c) for i, c in enumerate(d.valid_corpora)]
@@ -154,12 +151,12 @@ def check_languages(cfg: Config, source: dict) -> Plan:
     targets = d.target_languages
     # M2M100/NLLB: one token per language, before the source and as the first target token; nmt's own
     # models: target-language tokens only
-    tokens = tuple(added) if kind in ("m2m100", "nllb") else tuple(code for code in added if code in targets)
-    if kind not in ("m2m100", "nllb") and tokens and not languages and len(targets) > 1:
+    tokens = tuple(added) if tokenizer.source_languages else tuple(code for code in added if code in targets)
+    if not tokenizer.source_languages and tokens and not languages and len(targets) > 1:
         raise UserError(f"data.add_languages.{tokens[0]}: the model in train.init_from {path} translates into one "
                         "language and has no language tokens, so it cannot learn a second target language (train a "
                         "multilingual model, or fine-tune into the new language alone)")
-    if kind == "nllb" and d.tokenizer.add_pieces and tok["settings"].get("added_pieces"):
+    if kind == "nllb" and d.tokenizer.add_pieces and tokenizer.settings.get("added_pieces"):
         raise UserError(f"data.tokenizer.add_pieces: the vocabulary of the NLLB model in train.init_from {path} was grown "
                         "before (it holds appended pieces); growing it again is not supported: set add_pieces: 0 (new "
                         "language tokens are still added)")
@@ -388,22 +385,20 @@ def _old_texts(cfg: Config, codes: set[str], side: str, start: int, stop: int) -
     return out
 
 
-def grow_source(cfg: Config, source: dict, log: Callable[[str], None] = print) -> dict:
+def grow_source(cfg: Config, source: ModelRecord, log: Callable[[str], None] = print) -> ModelRecord:
     """The source checkpoint with the new languages' tokens and pieces (module docstring); `source`
     itself when nothing is added."""
-    plan = check_languages(cfg, source)
-    n = cfg.data.tokenizer.add_pieces
-    if not plan.tokens and not n:
+    old = source.load_tokenizer(cfg.data.tokenizer.threads)
+    plan = check_languages(cfg, old, source.load_config())
+    if not plan.tokens and not cfg.data.tokenizer.add_pieces:
         return source
-    old = Tokenizer.from_bytes(source["tokenizer"], threads=cfg.data.tokenizer.threads)
-    kind = old.kind
     new_codes = set(plan.init)
     notes: list[str] = []
-    grow = _grow_spm if kind == "spm" else _grow_imported
+    grow = _grow_spm if old.kind == "spm" else _grow_imported
     tokenizer, src, tgt = grow(old, cfg, plan, new_codes, log, notes)
-    state = grow_weights(source["model"], src, tgt)
+    state = grow_weights(source.model, src, tgt)
     _log_growth(cfg, old, tokenizer, plan, new_codes, log, notes)
-    return {**source, "model": state, **tokenizer_entries(tokenizer)}
+    return source.with_tokenizer(tokenizer, state)
 
 
 def _note(what: str, result: Grown) -> str:
@@ -452,8 +447,6 @@ def _grow_spm(old: Tokenizer, cfg: Config, plan: Plan, codes: set[str], log, not
 def _grow_imported(old, cfg: Config, plan: Plan, codes: set[str], log, notes: list[str]
                    ) -> tuple[object, Rows, Rows]:
     """An imported M2M100/NLLB tokenizer (one vocabulary): language tokens at the old size, then pieces."""
-    from nmt.text import hf_tokenizer
-
     n = cfg.data.tokenizer.add_pieces
     files, settings = dict(old.files), dict(old.settings)
     size = settings["src_vocab_size"]
@@ -492,8 +485,7 @@ def _grow_imported(old, cfg: Config, plan: Plan, codes: set[str], log, notes: li
                                                            {c: languages[c] for c in plan.tokens})
     total = first + len(pieces)
     settings.update(src_vocab_size=total, tgt_vocab_size=total)
-    tokenizer = hf_tokenizer.KINDS[old.kind](files, settings, threads=old.threads, languages=languages,
-                                             default_tgt_lang=old.default_tgt_lang)
+    tokenizer = type(old)(files, settings, threads=old.threads, languages=languages, default_tgt_lang=old.default_tgt_lang)
     rows = Rows(size, init)
     return tokenizer, rows, rows
 
