@@ -200,6 +200,33 @@ def test_an_import_up_a_layer_is_found():
         "nmt.errors (base) imports nmt.model (model)", "nmt.text.glossary (text) imports nmt.search.rules (search)"]
 
 
+def kind_probes(root: str) -> list[str]:
+    """`path:line` of every `x.get("kind", ...)` and `getattr(x, "kind", ...)` in nmt/: code asks a tokenizer
+    object for its kind (`TokenizerLike.kind`); only `Tokenizer.from_bytes` reads a stored entry's."""
+    out = []
+    for name, path in sorted(modules(root).items()):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            getter = isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args
+            probe = isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) == 3
+            key = node.args[0] if getter else node.args[1] if probe else None
+            if isinstance(key, ast.Constant) and key.value == "kind":
+                out.append(f"{os.path.relpath(path, root)}:{node.lineno}")
+    return out
+
+
+def test_no_tokenizer_kind_probes(tmp_path):
+    assert kind_probes(ROOT) == []
+    pkg = tmp_path / "nmt"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "probe.py").write_text('a = entry.get("kind", "spm")\nb = getattr(tok, "kind", "spm")\nc = d.get("other")\n')
+    assert kind_probes(str(tmp_path)) == [os.path.join("nmt", "probe.py") + ":1", os.path.join("nmt", "probe.py") + ":2"]
+
+
 MAX_FUNCTION_LINES = 60  # issue 35: a function reads top to bottom on one screen
 
 

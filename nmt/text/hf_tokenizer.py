@@ -4,7 +4,7 @@ Each adapter reads the tokenizer files of a model directory with sentencepiece a
 gives the ids transformers 5's own tokenizer gives (tests/test_hf_import.py compares them), behind
 the interface `nmt.text.tokens.TokenizerLike` that nmt's own `nmt.text.tokenizer.Tokenizer` implements too
 (encode_src, encode_tgt, decode_tgt, specials, languages, default_tgt_lang, vocabulary sizes,
-to_bytes / save, vocab_pieces, ...); `load` reads back what `save` wrote. Which ids
+to_bytes / save, vocab_pieces, ...); `read_saved` reads back what `save` wrote. Which ids
 mean what (transformers' `tokenization_marian.py`, `tokenization_m2m_100.py`, `tokenization_nllb.py`):
 
 - `marian` (OPUS-MT): source.spm and target.spm cut the text into pieces, vocab.json (one
@@ -100,7 +100,7 @@ class HFTokenizer:
         self._drop = frozenset(settings["drop"]) | frozenset(self.languages.values())
 
     def to_bytes(self) -> dict:
-        """For a checkpoint (`nmt.text.tokenizer.Tokenizer.from_bytes` dispatches on "kind")."""
+        """For a checkpoint (`nmt.text.tokenizer.Tokenizer.from_bytes` reads it back)."""
         return {"kind": self.kind, "files": dict(self.files), "settings": dict(self.settings),
                 "languages": dict(self.languages), "default_tgt_lang": self.default_tgt_lang}
 
@@ -292,16 +292,8 @@ class NllbTokenizer(_MultilingualTokenizer):
 KINDS = {cls.kind: cls for cls in (MarianTokenizer, M2M100Tokenizer, NllbTokenizer)}
 
 
-def from_bytes(d: dict, *, threads: int = 1) -> HFTokenizer:
-    """The adapter of a checkpoint's `tokenizer` entry (`HFTokenizer.to_bytes`)."""
-    if d.get("kind") not in KINDS:
-        raise UserError(f"unknown tokenizer kind {d.get('kind')!r} in the checkpoint (known: spm, {', '.join(KINDS)})")
-    return KINDS[d["kind"]](d["files"], d["settings"], threads=threads, languages=d.get("languages"),
-                            default_tgt_lang=d.get("default_tgt_lang"))
-
-
-def load(directory: str, *, threads: int = 1) -> HFTokenizer | None:
-    """The adapter `save` wrote into `directory`, or None if it holds none."""
+def read_saved(directory: str) -> dict | None:
+    """The checkpoint entry (`HFTokenizer.to_bytes`) of what `save` wrote into `directory`, or None if it holds none."""
     path = os.path.join(directory, SETTINGS_FILE)
     if not os.path.isfile(path):
         return None
@@ -311,7 +303,7 @@ def load(directory: str, *, threads: int = 1) -> HFTokenizer | None:
     for name in meta["files"]:
         with open(os.path.join(directory, name), "rb") as f:
             files[name] = f.read()
-    return from_bytes({**meta, "files": files}, threads=threads)
+    return {**meta, "files": files}
 
 
 # --------------------------------------------------------------------------- reading a model directory
