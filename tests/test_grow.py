@@ -1,4 +1,4 @@
-"""Adding a language to a pretrained model (issue 38, nmt/training/grow.py): `data.add_languages`,
+"""Adding a language to a pretrained model (issue 38, nmt/training/grow/): `data.add_languages`,
 `data.tokenizer.add_pieces`, the grown SentencePiece models, the grown weights, and an nmt multilingual
 model that learns a new target language and goes on to `nmt translate --tgt-lang`, `nmt evaluate`,
 CTranslate2 and Hugging Face. Imported M2M100/NLLB models: tests/test_grow_hf.py.
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from helpers import make_pairs, tiny_config_dict
-from nmt.training import grow
+from nmt.training.grow import grow_weights, pieces, tokenizers
 from nmt.config import ConfigError, config_from_dict
 from nmt.text.tokenizer import train_sentencepiece
 
@@ -78,15 +78,15 @@ def english_models():
                                       what="test", log=lambda msg: None) for kind in ("unigram", "bpe")}
 
 
-def _new_pieces(model: bytes, n: int = 30) -> grow.Grown:
+def _new_pieces(model: bytes, n: int = 30) -> pieces.Grown:
     from nmt.config import TokenizerConfig
 
     lines = [yy(t) for _, t in make_pairs(2000, seed=3)]
     cfg = config_from_dict({"data": {"src_lang": "es", "tgt_lang": "en", "train": {"src": "a", "tgt": "b"},
                                      "valid": {"src": "a", "tgt": "b"},
                                      "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
-    found = grow.candidates(lambda: iter(lines), model, cfg, n, "test", lambda msg: None)
-    return grow.append_pieces(model, found, n)
+    found = pieces.candidates(lambda: iter(lines), model, cfg, n, "test", lambda msg: None)
+    return pieces.append_pieces(model, found, n)
 
 
 def test_a_new_text_with_more_characters_than_pieces_names_add_pieces(english_models):
@@ -102,7 +102,7 @@ def test_a_new_text_with_more_characters_than_pieces_names_add_pieces(english_mo
                                      "valid": {"src": "a", "tgt": "b"},
                                      "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
     with pytest.raises(UserError) as e:
-        grow.candidates(lambda: iter(lines), english_models["unigram"], cfg, 10, "new-language", lambda msg: None)
+        pieces.candidates(lambda: iter(lines), english_models["unigram"], cfg, 10, "new-language", lambda msg: None)
     message = str(e.value)
     assert "\n" not in message and "raise add_pieces" in message and "296 pieces" in message, message
     assert "vocab_size /" not in message
@@ -146,9 +146,9 @@ def test_pieces_old_language_text_would_use_are_left_out(english_models, kind):
                                      "valid": {"src": "a", "tgt": "b"},
                                      "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
     model = english_models[kind]
-    found = grow.candidates(lambda: iter(lines), model, cfg, 30, "test", lambda msg: None)
-    free = grow.append_pieces(model, found, 30)
-    kept = grow.append_pieces(model, found, 30, keep)
+    found = pieces.candidates(lambda: iter(lines), model, cfg, 30, "test", lambda msg: None)
+    free = pieces.append_pieces(model, found, 30)
+    kept = pieces.append_pieces(model, found, 30, keep)
     old, new = (spm.SentencePieceProcessor(model_proto=m) for m in (model, kept.model))
     assert new.encode(keep) == old.encode(keep)
     if kind == "bpe":  # ▁s (English's "sees", "sun") is a piece of the new text the toy English model lacks
@@ -163,9 +163,9 @@ def test_bpe_pieces_are_formed_by_one_merge_and_bring_their_characters(english_m
     import sentencepiece as spm
 
     grown = _new_pieces(english_models["bpe"])
-    sp = grow.splitter(grown.model)
+    sp = pieces.splitter(grown.model)
     for piece in grown.pieces:
-        assert sp.encode(grow.piece_text(piece), out_type=str) == [piece]
+        assert sp.encode(pieces.piece_text(piece), out_type=str) == [piece]
         assert all(c in grown.pieces[:grown.pieces.index(piece) + 1] or spm.SentencePieceProcessor(
             model_proto=english_models["bpe"]).piece_to_id(c) != 0 for c in piece)
 
@@ -175,8 +175,8 @@ def test_grown_rows_are_copies_and_means_of_old_rows():
     bias = torch.randn(6)
     state = {"src_embed.weight": embed, "tgt_embed.weight": embed, "output_proj.weight": embed,
              "output_proj.bias": bias, "encoder.x": torch.ones(2)}
-    rows = grow.Rows(6, [(4,), (1, 2, 5), ()])
-    out = grow.grow_weights(state, rows, rows)
+    rows = tokenizers.Rows(6, [(4,), (1, 2, 5), ()])
+    out = grow_weights(state, rows, rows)
     for name in ("src_embed.weight", "tgt_embed.weight", "output_proj.weight"):
         assert torch.equal(out[name][:6], embed) and out[name].shape == (9, 4)
         assert torch.equal(out[name][6], embed[4])

@@ -1,4 +1,4 @@
-"""A new language for an imported M2M100 / NLLB model (issue 38, nmt/training/grow.py), against transformers 5.
+"""A new language for an imported M2M100 / NLLB model (issue 38, nmt/training/grow/), against transformers 5.
 
 Tiny models built with transformers' own classes (tests/hf_fixtures.py), imported with `nmt import`,
 fine-tuned a few steps on es -> en (replay) and es -> a new language (English of the Bible with the

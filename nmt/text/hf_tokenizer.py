@@ -18,7 +18,7 @@ mean what (transformers' `tokenization_marian.py`, `tokenization_m2m_100.py`, `t
 - `nllb`: sentencepiece.bpe.model alone; a piece's id is its SentencePiece id + 1 (fairseq's
   offset; SentencePiece's `<unk>` 0 -> 3), language tokens (`eng_Latn`, ...) follow at
   sp_size + 1 + their index (or the ids tokenizer.json gives them), then `<mask>`. Source
-  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout). Pieces nmt/training/grow.py appended
+  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout). Pieces nmt/training/grow/ appended
   to the SentencePiece model come after every other id (`added_pieces`: read back from tokenizer.json).
 
 The target language of M2M100/NLLB is nmt/text/languages.py's mechanism: `languages` maps every code to
@@ -262,7 +262,7 @@ class NllbTokenizer(_MultilingualTokenizer):
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
         added = settings.get("added_pieces") or {"sp_size": self._sp.get_piece_size(), "first_id": 0}
-        self._n, self._shift = added["sp_size"], added["first_id"] - added["sp_size"]  # pieces nmt/training/grow.py appended
+        self._n, self._shift = added["sp_size"], added["first_id"] - added["sp_size"]  # pieces nmt/training/grow/ appended
 
     def _id(self, i: int) -> int:
         """The model id of SentencePiece id i: fairseq's offset, or after every old id for an appended piece."""
@@ -418,7 +418,7 @@ def _m2m100_settings(files: dict[str, bytes], config: dict, tok_config: dict, mo
         raise UserError(f"{model_dir}/tokenizer_config.json: language_codes {tok_config['language_codes']!r} is not "
                         f"supported (supported: {', '.join(M2M100_CODES)})")
     languages = {code: len(vocab) + i for i, code in enumerate(codes.split())}
-    for i, token in (tok_config.get("added_tokens_decoder") or {}).items():  # codes added by nmt/training/grow.py
+    for i, token in (tok_config.get("added_tokens_decoder") or {}).items():  # codes added by nmt/training/grow/
         code = re.fullmatch(r"__(.+)__", str(token.get("content", "")) if isinstance(token, dict) else "")
         if code and code.group(1) not in languages and str(i).isdigit():
             languages[code.group(1)] = int(i)
@@ -455,7 +455,7 @@ def _nllb_settings(files: dict[str, bytes], config: dict, tok_config: dict, mode
 
 def _appended_pieces(sp: spm.SentencePieceProcessor, tokenizer_json: dict, model_dir: str) -> dict:
     """{"added_pieces": ...} when tokenizer.json numbers the last SentencePiece pieces after every other id
-    (pieces nmt/training/grow.py appended to an NLLB vocabulary), else {}."""
+    (pieces nmt/training/grow/ appended to an NLLB vocabulary), else {}."""
     vocab = (tokenizer_json.get("model") or {}).get("vocab") or {}
     n = sp.get_piece_size()
     first = next((i for i in range(3, n) if vocab.get(sp.id_to_piece(i), i + 1) != i + 1), n)

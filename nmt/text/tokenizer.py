@@ -336,7 +336,7 @@ def tokenizer_settings(cfg: Config) -> dict:
     from nmt.text.sources import file_fingerprint, source_fingerprint  # local: the tokenizer alone needs no data code
 
     tok, d = cfg.data.tokenizer, cfg.data
-    section = {k: v for k, v in to_dict(tok).items() if k not in ("threads", "add_pieces")}  # (add_pieces: nmt/training/grow.py)
+    section = {k: v for k, v in to_dict(tok).items() if k not in ("threads", "add_pieces")}  # (add_pieces: nmt/training/grow/)
     if tok.model or tok.src_model:
         sources = [file_fingerprint(p) for p in (tok.model, tok.src_model, tok.tgt_model) if p]
     else:

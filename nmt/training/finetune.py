@@ -25,7 +25,7 @@ run directory must not contain the source (a fine-tuning run never writes into i
 directory); carrying the counters over, max_steps must lie beyond the source's step.
 
 Languages the source does not know (`data.add_languages`) and new pieces (`data.tokenizer.add_pieces`)
-grow the source's tokenizer and weights before the run starts (nmt/training/grow.py; its rules for corpus
+grow the source's tokenizer and weights before the run starts (nmt/training/grow/; its rules for corpus
 languages apply to every fine-tuning run).
 
 An imported M2M100/NLLB model puts a source-language token before every source: each corpus's src_lang
@@ -50,12 +50,12 @@ from nmt.text.tokens import TokenizerLike
 
 MAY_DIFFER = frozenset({"dropout", "attention_dropout", "activation_dropout"})  # model keys fine-tuning may change
 RESETS = ("optimizer", "schedule", "counters")
-TOKENIZER_MAY_DIFFER = ("threads", "add_pieces")  # data.tokenizer keys a fine-tuning run may set (add_pieces: nmt/training/grow.py)
+TOKENIZER_MAY_DIFFER = ("threads", "add_pieces")  # data.tokenizer keys a fine-tuning run may set (add_pieces: nmt/training/grow/)
 
 
 def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -> ckpt.ModelRecord:
     """The checkpoint of train.init_from, checked against `cfg` (module docstring), with the languages
-    and pieces of data.add_languages / data.tokenizer.add_pieces added (nmt/training/grow.py)."""
+    and pieces of data.add_languages / data.tokenizer.add_pieces added (nmt/training/grow/)."""
     path = cfg.train.init_from
     problem = init_from_problem(path)
     if problem:
