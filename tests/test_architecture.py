@@ -200,6 +200,26 @@ def test_an_import_up_a_layer_is_found():
         "nmt.errors (base) imports nmt.model (model)", "nmt.text.glossary (text) imports nmt.search.rules (search)"]
 
 
+def imports_of_test_modules(tests_dir: str) -> list[str]:
+    """`file: module` for every test module a file of `tests_dir` imports (shared code lives in helpers.py)."""
+    out = []
+    for name in sorted(os.listdir(tests_dir)):
+        if name.endswith(".py"):
+            with open(os.path.join(tests_dir, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+                {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            out += [f"{name}: {m}" for m in sorted(found) if m.split(".")[0].startswith("test_")]
+    return out
+
+
+def test_tests_import_shared_code_from_helpers(tmp_path):
+    assert imports_of_test_modules(os.path.join(ROOT, "tests")) == []
+    (tmp_path / "test_a.py").write_text("from test_b import thing\nimport helpers\n")
+    (tmp_path / "test_b.py").write_text("def f():\n    import test_a\n")
+    assert imports_of_test_modules(str(tmp_path)) == ["test_a.py: test_b", "test_b.py: test_a"]
+
+
 def kind_probes(root: str) -> list[str]:
     """`path:line` of every `x.get("kind", ...)` and `getattr(x, "kind", ...)` in nmt/: code asks a tokenizer
     object for its kind (`TokenizerLike.kind`); only `Tokenizer.from_bytes` reads a stored entry's."""

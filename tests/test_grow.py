@@ -3,8 +3,8 @@
 model that learns a new target language and goes on to `nmt translate --tgt-lang`, `nmt evaluate`,
 CTranslate2 and Hugging Face. Imported M2M100/NLLB models: tests/test_grow_hf.py.
 
-The synthetic task of tests/helpers.py (es -> en, es -> xx with every word spelled backwards, as in
-tests/test_multilingual.py) gets a new target language "yy": English with the vowels written å ë ï ø ü
+The synthetic task of tests/helpers.py (es -> en, es -> xx with every word spelled backwards:
+`multilingual_dict`) gets a new target language "yy": English with the vowels written å ë ï ø ü
 (characters the old vocabulary lacks) and every word ending in "in".
 """
 
@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from helpers import make_pairs, tiny_config_dict
+from helpers import make_pairs, multilingual_dict, tiny_config_dict
 from nmt.training.grow import grow_weights, pieces, tokenizers
 from nmt.config import ConfigError, config_from_dict
 from nmt.text.tokenizer import train_sentencepiece
@@ -28,10 +28,6 @@ VOWELS = str.maketrans("aeiou", "åëïøü")
 
 def yy(line: str) -> str:
     return " ".join(w.translate(VOWELS) + "in" for w in line.split())
-
-
-def xx(line: str) -> str:
-    return " ".join(w[::-1] for w in line.split())
 
 
 # --------------------------------------------------------------------------- config
@@ -186,23 +182,17 @@ def test_grown_rows_are_copies_and_means_of_old_rows():
 
 # --------------------------------------------------------------------------- an nmt multilingual model
 
-def multilingual_dict(directory: str, **train) -> dict:
-    """es -> en and es -> xx, an architecture Hugging Face can represent (M2M100), unigram pieces."""
-    raw = tiny_config_dict(directory, **train)
+def m2m100_like_dict(directory: str, **train) -> dict:
+    """helpers' es -> en and es -> xx (and the yy text), an architecture Hugging Face can represent (M2M100),
+    unigram pieces."""
+    raw = multilingual_dict(directory, **train)
     p = os.path.join(directory, "data")
     for split in ("train", "valid", "test"):
-        with open(os.path.join(p, f"{split}.en"), encoding="utf-8") as f:
-            en = f.read().splitlines()
-        for lang, fn in (("xx", xx), ("yy", yy)):
-            with open(os.path.join(p, f"{split}.{lang}"), "w", encoding="utf-8") as out:
-                out.writelines(fn(line) + "\n" for line in en)
-    d = raw["data"]
-    d["train"] = [{"src": f"{p}/train.es", "tgt": f"{p}/train.en"},
-                  {"src": f"{p}/train.es", "tgt": f"{p}/train.xx", "tgt_lang": "xx"}]
-    d["valid"] = [{"src": f"{p}/valid.es", "tgt": f"{p}/valid.en"},
-                  {"src": f"{p}/valid.es", "tgt": f"{p}/valid.xx", "tgt_lang": "xx"}]
-    d["tokenizer"].update(vocab_size=100, model_type="unigram")
-    d.update(max_len=60)
+        with open(os.path.join(p, f"{split}.en"), encoding="utf-8") as f, \
+                open(os.path.join(p, f"{split}.yy"), "w", encoding="utf-8") as out:
+            out.writelines(yy(line) + "\n" for line in f.read().splitlines())
+    raw["data"]["tokenizer"].update(model_type="unigram")
+    raw["data"].update(max_len=60)
     raw["model"].update(norm="pre", positions="sinusoidal_fairseq", position_offset=1, activation="gelu")
     raw["decode"].update(max_len_a=0, max_len_b=30)
     return raw
@@ -214,7 +204,7 @@ def base(tmp_path_factory):
     from nmt.train import train
 
     d = str(tmp_path_factory.mktemp("base"))
-    raw = multilingual_dict(d, max_steps=80, warmup_steps=10, valid_every=80, valid_max_sentences=4)
+    raw = m2m100_like_dict(d, max_steps=80, warmup_steps=10, valid_every=80, valid_max_sentences=4)
     result = train(config_from_dict(raw), quiet=True)
     return d, raw, os.path.join(result["run_dir"], "checkpoints", "latest.pt")
 
