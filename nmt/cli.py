@@ -343,10 +343,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError("--compare does not report term use: evaluate each file with --hyp FILE --glossary")
         return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
                                lowercase=args.lowercase, json_out=args.json)
-    if (args.hyp is None) == (path is None):
+    if args.hyp is None and path is None:  # (the rest: evaluate_command)
         raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT (or --model DIR) with --src FILE")
-    if path is not None and args.src is None:
-        raise UserError("--checkpoint needs --src FILE (the source sentences to translate)")
     return evaluate_command(args.hyp, args.ref, checkpoint=path, engine=engine, src=args.src, save_hyps=args.save_hyps,
                             metrics=tuple(args.metrics), tokenize=args.tokenize, lowercase=args.lowercase,
                             json_out=args.json, quiet=args.quiet, device=args.device, overrides=_decode_overrides(args),

@@ -327,9 +327,9 @@ def _check_schedule(t: TrainConfig, errors: list[str]) -> None:
 
 
 def _check_growth(cfg: Config, errors: list[str]) -> None:
-    """data.add_languages and data.tokenizer.add_pieces grow a fine-tuning source (nmt/training/grow.py): they need
+    """data.add_languages and data.tokenizer.add_pieces grow a fine-tuning source (nmt/training/grow/): they need
     train.init_from; language codes as for per-corpus languages. (What the source knows is checked when
-    it is loaded: nmt/training/grow.py.)"""
+    it is loaded: nmt/training/grow/.)"""
     d = cfg.data
     if d.tokenizer.add_pieces and not d.add_languages:
         errors.append("'data.tokenizer.add_pieces' is set but 'data.add_languages' is empty: new pieces are learnt from "

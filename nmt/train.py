@@ -223,24 +223,23 @@ def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
 
 
 def _prepare_data(cfg: Config, run_dir: str, saved: ckpt.ModelRecord | None, log: RunLogger, env: DistEnv,
-                  source: dict | None = None):
+                  source: ckpt.ModelRecord | None = None):
     """(tokenizer, Data, language identifier or None): rank 0 trains/loads the tokenizer and encodes
     the corpora (cache files) while the others wait; then they get the tokenizer from rank 0 and
     load the cache. The tokenizer of a resumed run is its checkpoint's, of a fine-tuning run its
     source's. Rank 0 also gets the language identifier (`_langid`); the other ranks None."""
     def on_main():
         if source is not None:
-            start = ckpt.read_record(source)
-            tokenizer = Tokenizer.from_bytes(start.tokenizer, threads=cfg.data.tokenizer.threads)
+            tokenizer = source.load_tokenizer(cfg.data.tokenizer.threads)
             tokenizer.save(run_dir)
-            log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {start.step}; "
+            log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {source.step}; "
                      f"fresh: {', '.join(cfg.train.init_reset) or 'nothing'})")
         elif saved is not None:
             _check_same_model(saved.config.get("model", {}), cfg, run_dir)
             if saved.config.get("data") != to_dict(cfg.data) or saved.config.get("seed") != cfg.seed:
                 log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
                          "continue exactly")
-            tokenizer = Tokenizer.from_bytes(saved.tokenizer, threads=cfg.data.tokenizer.threads)
+            tokenizer = saved.load_tokenizer(cfg.data.tokenizer.threads)
             log.info(f"resuming {run_dir} from step {saved.step}")
         else:
             log.info(f"new run in {run_dir}" + (f" ({env.world_size} processes)" if env.distributed else ""))

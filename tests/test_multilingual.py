@@ -27,30 +27,9 @@ from nmt.evaluation.metrics import language_tokenize
 from nmt.text.langid import LanguageIdentifier, off_target
 from nmt.text.tokenizer import Tokenizer, build_tokenizer, language_symbol
 
-from helpers import make_pairs, tiny_config_dict
+from helpers import backwards, make_pairs, multilingual_dict, tiny_config_dict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def backwards(line: str) -> str:
-    return " ".join(w[::-1] for w in line.split())
-
-
-def multilingual_dict(directory: str, **train) -> dict:
-    """The synthetic task as es->en and es->xx (xx: words spelled backwards), one validation set each."""
-    raw = tiny_config_dict(directory, **train)
-    p = os.path.join(directory, "data")
-    for split in ("train", "valid", "test"):
-        with open(os.path.join(p, f"{split}.en"), encoding="utf-8") as f, \
-                open(os.path.join(p, f"{split}.xx"), "w", encoding="utf-8") as out:
-            out.writelines(backwards(line) + "\n" for line in f)
-    d = raw["data"]
-    d["train"] = [{"src": f"{p}/train.es", "tgt": f"{p}/train.en"},
-                  {"src": f"{p}/train.es", "tgt": f"{p}/train.xx", "tgt_lang": "xx"}]
-    d["valid"] = [{"src": f"{p}/valid.es", "tgt": f"{p}/valid.en"},
-                  {"src": f"{p}/valid.es", "tgt": f"{p}/valid.xx", "tgt_lang": "xx"}]
-    d["tokenizer"]["vocab_size"] = 100
-    return raw
 
 
 # --------------------------------------------------------------------------- config

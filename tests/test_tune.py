@@ -363,7 +363,7 @@ def test_a_multilingual_checkpoint_is_tuned_in_the_language_of_tgt_lang(tmp_path
     it has it: the dev set is decoded into that language (the chosen row's BLEU on the whole dev set is what
     translating into it gives), the settings go into the decode section (one for every language: its
     tgt_lang is unchanged) and the `tuned` record names the language."""
-    from test_multilingual import multilingual_dict
+    from helpers import multilingual_dict
 
     from nmt.api import Translator
 

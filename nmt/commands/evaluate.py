@@ -27,13 +27,13 @@ from typing import IO, Any, NamedTuple, Sequence
 
 from nmt import textio
 from nmt.api import Translator
-from nmt.evaluation.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, compare
+from nmt.evaluation.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, check_comparison, compare
 from nmt.evaluation.degeneration import degeneration, format_report
 from nmt.errors import UserError
 from nmt.text.glossary import load_glossary
 from nmt.interop.export_dir import read_langid, read_metadata
 from nmt.text.languages import TargetLanguages, stored_target_languages
-from nmt.evaluation.metrics import METRICS, check_tokenize, corpus_metrics, language_tokenize
+from nmt.evaluation.metrics import check_line_counts, check_metrics, check_tokenize, corpus_metrics, language_tokenize
 from nmt.translation.translate import truncation_warning
 
 
@@ -130,9 +130,7 @@ def format_terms(report: dict, names: Sequence[str]) -> str:
 
 def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid, glossary) -> None:
     """Everything `evaluate_command` can check before any work (UserError)."""
-    for name in names:
-        if name not in METRICS:
-            raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+    check_metrics(names)
     check_tokenize(tokenize)
     if checkpoint is not None:
         if hyp is not None:
@@ -232,16 +230,14 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
                                            lambda msg: print(f"nmt evaluate: warning: {msg}", file=stderr, flush=True))
     refs = textio.read_lines(ref)
     lines = textio.read_lines(src) if src is not None else None
-    if lines is not None and len(lines) != len(refs):
-        raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
+    check_line_counts((ref, refs), (src, lines))
     finished = None
     if checkpoint is not None:
         hyps, finished = _translate(translator, lines, quiet, stderr, terms)
         hyp_name = f"{src} (translated by {checkpoint})"
     else:
         hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
-    if len(hyps) != len(refs):
-        raise UserError(f"line counts differ: {len(hyps)} lines in {hyp_name} but {len(refs)} in {ref}")
+    check_line_counts((ref, refs), (hyp_name, hyps))
     results = corpus_metrics(hyps, refs, names, tokenize=tokenize, lowercase=lowercase)
     report = degeneration(hyps, refs, lines, finished, tokenize=tokenize, identifier=identifier, lang=lang)
     if save_hyps:
@@ -285,20 +281,14 @@ def compare_command(hyps: Sequence[str], ref: str, *, src: str | None = None, me
     """`nmt evaluate --compare HYP...`: read the files, compare, print (text or one JSON object). Returns 0."""
     stdout = stdout if stdout is not None else sys.stdout
     names = [m.lower() for m in metrics]
-    for m in names:
-        if m not in METRIC_NAMES:
-            raise UserError(f"--compare supports the metrics bleu and chrf, not {m!r}")
-    if len(hyps) < 2:
-        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
+    check_comparison(names, len(hyps))
     check_tokenize(tokenize)
     textio.check_paths({"--ref": ref, **{f"--compare {i + 1}": h for i, h in enumerate(hyps)},
                         **({"--src": src} if src is not None else {})}, {})
     refs = textio.read_lines(ref)
     srcs = textio.read_lines(src) if src is not None else None
     systems = [(h, textio.read_lines(h)) for h in hyps]
-    for name, lines in systems + ([(src, srcs)] if srcs is not None else []):
-        if len(lines) != len(refs):
-            raise UserError(f"line counts differ: {len(lines)} lines in {name} but {len(refs)} in {ref}")
+    check_line_counts((ref, refs), *systems, (src, srcs))
     result = compare(systems, refs, srcs, names, tokenize=tokenize, lowercase=lowercase)
     if json_out:
         stdout.write(json.dumps({"ref": ref, **result}, ensure_ascii=False) + "\n")

@@ -25,6 +25,7 @@ import math
 from typing import Sequence
 
 from nmt.evaluation.degeneration import CATEGORIES, degeneration
+from nmt.evaluation.metrics import check_line_counts, make_metric
 from nmt.errors import UserError
 
 BOOTSTRAP_SAMPLES = 1000  # sacreBLEU's defaults
@@ -32,14 +33,13 @@ AR_TRIALS = 10000
 METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF2"}
 
 
-def _metric(name: str, tokenize: str | None, lowercase: bool):
-    from sacrebleu.metrics import BLEU, CHRF
-
-    if name == "bleu":
-        return BLEU(lowercase=lowercase, tokenize=tokenize)
-    if name == "chrf":
-        return CHRF(lowercase=lowercase)
-    raise UserError(f"--compare supports the metrics bleu and chrf, not {name!r}")
+def check_comparison(metrics: Sequence[str], n_systems: int) -> None:
+    """UserError for a metric the paired tests do not take (`METRIC_NAMES`), or fewer than two systems."""
+    for name in metrics:
+        if name not in METRIC_NAMES:
+            raise UserError(f"--compare supports the metrics bleu and chrf, not {name!r}")
+    if n_systems < 2:
+        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
 
 
 def paired_tests(systems: Sequence[tuple[str, Sequence[str]]], refs: Sequence[str], metrics: Sequence[str] = ("bleu", "chrf"),
@@ -49,11 +49,12 @@ def paired_tests(systems: Sequence[tuple[str, Sequence[str]]], refs: Sequence[st
     None) and {"signatures": {metric: {"bs": ..., "ar": ...}}}. sacreBLEU's PairedTest, both test types."""
     from sacrebleu.significance import PairedTest
 
+    check_comparison(metrics, len(systems))
     out: dict = {"signatures": {}}
     for name in metrics:
         per_test = {}
         for test, n in (("bs", bootstrap), ("ar", trials)):
-            metric = _metric(name, tokenize, lowercase)
+            metric = make_metric(name, lowercase=lowercase, tokenize=tokenize)
             # ar: a bootstrap of the same size as the bs test gives its confidence intervals
             sigs, scores = PairedTest(list(systems), {name: metric}, [list(refs)], test_type=test, n_samples=n,
                                       n_ar_confidence=bootstrap if test == "ar" else -1)()
@@ -102,16 +103,11 @@ def compare(systems: Sequence[tuple[str, Sequence[str]]], refs: Sequence[str], s
     """The whole comparison as a dict (module docstring): {"n_sentences", "systems": [{"name",
     metric: {...}, "lines" (wins/ties/losses; not for the baseline), "degeneration", "degeneration_delta"}],
     "signatures"}."""
-    if len(systems) < 2:
-        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
+    check_comparison(metrics, len(systems))
     n = len(refs)
     if n == 0:
         raise UserError("nothing to compare: the reference is empty")
-    for name, hyps in systems:
-        if len(hyps) != n:
-            raise UserError(f"line counts differ: {len(hyps)} lines in {name} but {n} in the reference")
-    if srcs is not None and len(srcs) != n:
-        raise UserError(f"line counts differ: {len(srcs)} lines in the source but {n} in the reference")
+    check_line_counts(("the reference", refs), *systems, ("the source", srcs))
     tests = paired_tests(systems, refs, metrics, tokenize=tokenize, lowercase=lowercase, bootstrap=bootstrap,
                          trials=trials)
     reports = [degeneration(hyps, refs, srcs, tokenize=tokenize) for _, hyps in systems]

@@ -24,6 +24,24 @@ METRICS = ("bleu", "chrf", "ter")
 TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")  # sacreBLEU's, without downloads
 
 
+def check_metrics(names: Sequence[str]) -> None:
+    """UserError for no metric, or one that is not in `METRICS` (names in lower case)."""
+    if not names:
+        raise UserError(f"no metric given (choose from {', '.join(METRICS)})")
+    for name in names:
+        if name not in METRICS:
+            raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+
+
+def check_line_counts(ref: tuple[str, Sequence[str]], *others: tuple[str, Sequence[str] | None]) -> None:
+    """UserError naming the first of `others` (name, lines; None lines skipped) whose line count is not the
+    reference's (name, lines)."""
+    ref_name, refs = ref
+    for name, lines in others:
+        if lines is not None and len(lines) != len(refs):
+            raise UserError(f"line counts differ: {len(lines)} lines in {name} but {len(refs)} in {ref_name}")
+
+
 def check_tokenize(tokenize: str | None) -> None:
     """UserError for a tokenizer sacreBLEU does not have, or one whose extra packages are missing."""
     if tokenize is None:
@@ -67,8 +85,8 @@ def language_tokenize(lang: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
-    """A sacreBLEU metric object with sacreBLEU's defaults.
+def make_metric(name: str, *, lowercase: bool, tokenize: str | None):
+    """A sacreBLEU metric object with sacreBLEU's defaults (`name` one of `METRICS`).
 
     `lowercase` applies to BLEU and chrF, `tokenize` to BLEU; TER keeps its
     default (case-insensitive), as the `sacrebleu` command does.
@@ -79,9 +97,7 @@ def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
         return BLEU(lowercase=lowercase, tokenize=tokenize)
     if name == "chrf":
         return CHRF(lowercase=lowercase)
-    if name == "ter":
-        return TER()
-    raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+    return TER()
 
 
 def corpus_metrics(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("bleu", "chrf"), *,
@@ -105,11 +121,10 @@ def corpus_metrics(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[s
     if not hyps:
         raise UserError("nothing to score: no hypotheses and no references")
     names = [m.lower() for m in metrics]
-    if not names:
-        raise UserError(f"no metric given (choose from {', '.join(METRICS)})")
+    check_metrics(names)
     out: dict = {}
     for name in names:
-        metric = _make_metric(name, lowercase=lowercase, tokenize=tokenize)
+        metric = make_metric(name, lowercase=lowercase, tokenize=tokenize)
         result = metric.corpus_score(hyps, [refs])
         signature = str(metric.get_signature())
         entry = {"name": result.name, "score": float(result.score), "signature": signature,

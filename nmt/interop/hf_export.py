@@ -11,7 +11,7 @@ The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenize
   trained with them is represented either way; models trained before, with the paper's interleaved
   sinusoids (`positions: sinusoidal`), cannot be.
 - Tokenizer. A model imported with `nmt import` gets its own files back (MarianTokenizer,
-  M2M100Tokenizer, or NLLB's tokenizer.json; languages and pieces added by nmt/training/grow.py included, an M2M100
+  M2M100Tokenizer, or NLLB's tokenizer.json; languages and pieces added by nmt/training/grow/ included, an M2M100
   model's ids renumbered as M2M100Tokenizer numbers them). A model with nmt's SentencePiece models gets
   MarianTokenizer files for either family (`tokenizer_class` in tokenizer_config.json): source.spm
   and target.spm = nmt's model(s), vocab.json = every piece at its SentencePiece id. MarianTokenizer
@@ -139,7 +139,7 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
     from nmt.model.checkpoint import check_finite  # (torch: imported with the model)
 
     check_finite(model.state_dict(), "cannot export to Hugging Face")
-    state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/training/grow.py)
+    state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/training/grow/)
     arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
                                  tokenizer.specials.pad)
     kind = tokenizer.kind
@@ -184,7 +184,7 @@ def write_hf(model, tokenizer, cfg, output_dir: str, *, force: bool = False, che
     return files, notes
 
 
-# --------------------------------------------------------------------------- languages and pieces added by nmt/training/grow.py
+# --------------------------------------------------------------------------- languages and pieces added by nmt/training/grow/
 
 def hf_numbering(state: dict, tokenizer) -> tuple[dict, object]:
     """(state dict, tokenizer) numbered as the Hugging Face directory needs them. An M2M100 tokenizer with
@@ -220,13 +220,10 @@ def m2m100_added_tokens(tokenizer) -> dict:
     knows a fixed list of codes (`language_codes`), so a new `__xx__` is an added token with its id
     (`added_tokens_decoder`; forced_bos_token_id = convert_tokens_to_ids("__xx__"); `tgt_lang` cannot
     name it). The tokenizer is numbered as `hf_numbering` numbers it."""
-    from nmt.text.hf_tokenizer import M2M100_CODES
-
     vocab = json.loads(tokenizer.files["vocab.json"])
     if max(vocab.values()) >= len(vocab):
         raise ValueError("vocab.json has ids past its size: renumber with hf_numbering first")
-    fixed = set(M2M100_CODES[tokenizer.settings["language_codes"]].split())
-    if set(tokenizer.languages) <= fixed:
+    if set(tokenizer.languages) <= tokenizer.fixed_codes:
         return {}
     special = dict(special=True, lstrip=False, rstrip=False, normalized=False, single_word=False)
     # every language token with its id: transformers numbers the special tokens it does not find there

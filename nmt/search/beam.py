@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.search.decoding import check_cancel, start
@@ -226,8 +225,8 @@ def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int,
     logp = rules.log_probs(logits, t)  # [N*k, V]
     V = logp.shape[1]
     cand = logp.add_(beams.scores.view(-1, 1)).view(N, k * V)  # in place: logp is fresh
-    found = rules.candidates(cand, K, ops.topk, ops.argmax)
-    top, idx = found if found is not None else _topk(cand, 2 * K, ops)  # [N, 2K]
+    found = rules.candidates(cand, K, ops)
+    top, idx = found if found is not None else ops.top(cand, 2 * K)  # [N, 2K]
     word = idx % V  # [N, 2K] token of each candidate
     rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
     alive = top > NEG_INF
@@ -307,13 +306,3 @@ def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor | float)
     return kth_best[:, -1] >= bound
 
 
-def _topk(cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor]:
-    """Top K of cand [N, C] along dim 1, padded with -inf when C < K (tiny vocabularies)."""
-    if cand.shape[1] >= K:
-        return ops.topk(cand, K)
-    top, idx = cand.topk(cand.shape[1], dim=1)
-    if top.shape[1] < K:
-        pad = K - top.shape[1]
-        top = F.pad(top, (0, pad), value=NEG_INF)
-        idx = F.pad(idx, (0, pad), value=0)
-    return top, idx

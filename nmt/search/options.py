@@ -72,6 +72,14 @@ class SearchOps:
     cache_cls: type = DecoderCache
     decoder_cls: type | None = None
 
+    def top(self, x: Tensor, K: int) -> tuple[Tensor, Tensor]:
+        """`topk` of x [N,C] for any K: padded with -inf (index 0) where C < K (tiny vocabularies)."""
+        if x.shape[1] >= K:
+            return self.topk(x, K)
+        top, idx = x.topk(x.shape[1], dim=1)
+        pad = K - top.shape[1]
+        return torch.nn.functional.pad(top, (0, pad), value=NEG_INF), torch.nn.functional.pad(idx, (0, pad))
+
 
 PLAIN_OPS = SearchOps()
 
@@ -271,8 +279,8 @@ class Rule:
     # ---- beam search
     constrained: Sequence[bool] | None = None  # sentences whose beams the rule allocates (`candidates`)
 
-    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor] | None:
-        """The top 2K of cand [N, k*V] in the order the search takes them, or None (plain top-k)."""
+    def candidates(self, cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor] | None:
+        """The top 2K of cand [N, k*V] in the order the search takes them (`ops`: its top-k), or None (plain top-k)."""
         return None
 
     def empty_slots(self, word: Tensor, t: int, K: int) -> Tensor | None:

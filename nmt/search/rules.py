@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.search.constraints import PlaceholderRule, TermRule
-from nmt.search.options import NEG_INF, Rule, SearchInputs, SearchOptions, Terms
+from nmt.search.options import NEG_INF, Rule, SearchInputs, SearchOps, SearchOptions, Terms
 
 
 class Never(Rule):
@@ -212,10 +212,10 @@ class StepRules:
         return dead
 
     # ---- beam search
-    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor] | None:
+    def candidates(self, cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor] | None:
         """The first rule's candidate order (dynamic beam allocation), or None: the plain top 2K."""
         for rule in self.rules:
-            found = rule.candidates(cand, K, topk, argmax)
+            found = rule.candidates(cand, K, ops)
             if found is not None:
                 return found
         return None
