@@ -112,14 +112,13 @@ def _translate_parser(sub) -> None:
     p.add_argument("--prefix", metavar="FILE", help="target prefixes, one per input line (may be empty): each output "
                    "starts with its prefix, the search continues from it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings summary")
-    _add_glossary_options(p, "every output holds the target term of each entry whose source term occurs in its line "
-                          "(whole words, longest match first; constrained search, PyTorch engine)")
+    _add_glossary_options(p, "each output holds the target term of every entry whose source term is in its line "
+                          "(PyTorch engine)")
     _add_decode_options(p)
 
 
 def _add_glossary_options(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--glossary", metavar="FILE", help="terminology, a TSV file: `source term<TAB>target term` per line "
-                   f"(blank lines and # comments allowed): {what}")
+    p.add_argument("--glossary", metavar="FILE", help=f"a TSV file, `source term<TAB>target term` per line: {what}")
     p.add_argument("--glossary-ignore-case", action="store_true", help="match the glossary's source terms (and "
                    "count its target terms) ignoring case")
 
@@ -134,9 +133,8 @@ def _evaluate_parser(sub) -> None:
     )
     p.add_argument("--ref", "-r", required=True, metavar="FILE", help="reference translations, one per line")
     p.add_argument("--hyp", metavar="FILE", help="hypotheses to score, one per line (- = stdin)")
-    p.add_argument("--compare", nargs="+", metavar="HYP", help="compare two or more hypothesis files (the first is the "
-                   "baseline): scores with 95%% confidence intervals, paired bootstrap and approximate randomization "
-                   "p-values (sacreBLEU's), per-line wins/losses by sentence chrF, degeneration differences")
+    p.add_argument("--compare", nargs="+", metavar="HYP", help="compare two or more hypothesis files with the first: "
+                   "confidence intervals, paired significance tests, per-line wins and losses, degeneration")
     _add_model_options(p, "to translate --src with, then score")
     p.add_argument("--src", metavar="FILE", help="source sentences: translated with --checkpoint or --model; with --hyp "
                    "only used by the degeneration report (copied sources)")
@@ -146,15 +144,12 @@ def _evaluate_parser(sub) -> None:
                    help="sacreBLEU's BLEU tokenizer (default: from the target language, --tgt-lang or a bilingual "
                    "model's: ja-mecab for Japanese (char without MeCab, with a warning), zh for Chinese, else 13a)")
     p.add_argument("--langid", metavar="CKPT", help="count off-target outputs with the language identifier of this "
-                   "checkpoint (or `nmt export` directory), e.g. with --hyp (default: the --checkpoint's, if it has "
-                   "one: multilingual models); the hypotheses' language is --tgt-lang or the model's. An error when "
-                   "CKPT has no identifier or it does not know that language")
+                   "checkpoint or export (default: the --checkpoint's, if it has one); the language is --tgt-lang's")
     p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    _add_glossary_options(p, "with --src, report the term-use rate (matched entries whose target term appears in "
-                          "the hypothesis; JSON: term_use, terms) and the scores on the lines with a term; "
-                          "--checkpoint translates with the terms guaranteed")
+    _add_glossary_options(p, "with --src, report the share of matched terms the outputs hold and the scores of "
+                          "lines with a term")
     _add_decode_options(p)
 
 
@@ -195,17 +190,14 @@ def _tune_parser(sub) -> None:
     p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
     p.add_argument("--max-loops", type=float, default=MAX_LOOPS, metavar="SHARE",
                    help=f"largest share of looping output lines allowed (a word 3-gram 3+ times; default {MAX_LOOPS:g})")
-    p.add_argument("--tgt-lang", metavar="L", help="a multilingual model's target language, the language of the dev "
-                   "references (--ref); the settings chosen on it become the model's decode settings for every "
-                   "target language (default: the model's default language)")
-    p.add_argument("--src-lang", metavar="L", help="an imported M2M100/NLLB model's source language, the language of "
-                   "the dev sources (--src); default: the model's decode.src_lang, else its data.src_lang)")
-    _add_glossary_options(p, "then also choose decode.glossary_length_penalty, the length penalty of the lines the "
-                          "glossary's constrained search takes, with the glossary applied to the dev set (a dev set "
-                          "whose references hold the terms: what the glossary is for)")
-    p.add_argument("--glossary-constrain", choices=("always", "missing"), help="with --glossary: which lines get the "
-                   "constrained search while tuning, written into the checkpoint with the penalty (default: the "
-                   "checkpoint's decode.glossary_constrain)")
+    p.add_argument("--tgt-lang", metavar="L", help="a multilingual model's target language, that of --ref; the "
+                   "settings chosen serve every target language (default: the model's default language)")
+    p.add_argument("--src-lang", metavar="L", help="an imported M2M100/NLLB model's source language, that of --src "
+                   "(default: the model's decode.src_lang, else its data.src_lang)")
+    _add_glossary_options(p, "also choose the beam size and length penalty of the lines searched with their "
+                          "terms (decode.glossary)")
+    p.add_argument("--glossary-constrain", choices=("always", "missing"), help="with --glossary: which lines are "
+                   "searched with their terms, written with the settings (default: the checkpoint's)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 
@@ -285,7 +277,7 @@ def _serve_parser(sub) -> None:
                    "a body still arriving; the request's work stops; default: 60)")
     g.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
                    help="after a request arrives, how long to wait for others to translate with it (default: 5; "
-                   "5%% of the previous call's duration when that is longer, at most 1 s)")
+                   "longer after a long call, at most 1 s)")
     g.add_argument("--batch-lines", type=int, default=1024, metavar="N",
                    help="lines gathered into one translation call at most (default: 1024)")
     g.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
