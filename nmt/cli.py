@@ -432,15 +432,10 @@ OPENMP_CHOICES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # the u
 
 
 def openmp_defaults(environ=os.environ) -> None:
-    """OMP_WAIT_POLICY=PASSIVE unless the user chose how OpenMP threads wait (any of OPENMP_CHOICES).
-
-    torch's OpenMP threads (GNU libgomp in the pip wheels) spin for about 300,000 rounds after each
-    parallel region before they sleep. With another busy process on the cores that spinning takes
-    the CPU from the threads with work: on 2 cores with one busy process, training ran 2.4-3.8x
-    and a one-batch decode 5-20x slower than with PASSIVE (threads sleep at once), which cost about
-    11% of training throughput on the idle machine (BENCHMARKS.md "OpenMP threads on a shared
-    machine"). The runtime reads the variable once, when it loads: this must run before torch is
-    imported."""
+    """OMP_WAIT_POLICY=PASSIVE unless the user chose how OpenMP threads wait (any of OPENMP_CHOICES):
+    torch's OpenMP threads spin after each parallel region, taking the CPU from threads with work
+    when another process is busy on the cores (BENCHMARKS.md "OpenMP threads on a shared machine").
+    The runtime reads the variable when it loads: this must run before torch is imported."""
     if not any(name in environ for name in OPENMP_CHOICES):
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
 

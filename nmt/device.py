@@ -70,11 +70,8 @@ def resolve_workers(workers: int, device, threads: int | None = None) -> int:
 def avoid_cudnn_attention() -> None:
     """Take cuDNN out of the kernels `scaled_dot_product_attention` may pick on CUDA (process-wide:
     `torch.backends.cuda.enable_cudnn_sdp(False)`; flash / memory-efficient attention take over).
-    cuDNN's attention builds an execution plan for each new sequence length (avoiding that is
-    opt-in in PyTorch, pytorch/pytorch#155958), and nmt brings a new length at nearly every call:
-    each decoding step's cache, each token-budget batch. On an H100 (torch 2.11, cuDNN preferred on
-    Hopper) bf16 greedy decoding of the quickstart model ran at 445 target tokens/s with it and
-    10,595 in fp32, which never uses it (BENCHMARKS.md, "On a GPU")."""
+    cuDNN's attention builds an execution plan for each new sequence length, and nmt brings a new
+    length at nearly every call (each decoding step, each batch): BENCHMARKS.md, "On a GPU"."""
     import torch
 
     torch.backends.cuda.enable_cudnn_sdp(False)

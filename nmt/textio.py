@@ -1,33 +1,20 @@
 """Text in and out, one rule for every command (train, translate, evaluate, score).
 
-Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`; `read_json` for a JSON file):
-- a file is gzip when its first bytes are gzip's magic number, whatever its name;
-  "-" (or None) is standard input, also gzip-detected; pipes (bash's `<(...)`, FIFOs)
-  are read as streams, once: their first bytes are looked at without seeking back, and
-  `counted_lines` reads them into memory where a regular file is counted, then read
-  (`rereadable`);
-- lines are split on "\\n" only (a stray "\\r" or U+2028 inside a line cannot shift
-  the alignment of parallel files), decoded as strict UTF-8, and stripped of
-  surrounding whitespace (so CRLF files read like LF files); a UTF-8 byte-order
-  mark at the start is dropped;
-- every problem is a one-line `UserError` naming the file: not found, a directory,
-  invalid UTF-8 (with the line number), not gzip or truncated gzip.
+Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`, `read_json`): gzip is detected by
+its magic number; "-" (or None) is standard input; pipes are read once, as streams (`rereadable`).
+Lines are split on "\\n" only (a stray "\\r" or U+2028 cannot shift parallel files), decoded as
+strict UTF-8 (a byte-order mark dropped) and stripped of surrounding whitespace. Every problem is a
+one-line `UserError` naming the file (and the line for invalid UTF-8).
 
-Writing (`open_output`, `write_lines`, `write_file`, through `atomic_file`): a file is written to a
-temporary name in its directory and renamed into place only when everything was written, so a
-failure (disk full, Ctrl-C, a bad input line) never leaves a half-written file
-that could be taken for a result. Standard output, devices and pipes are
-written directly. `atomic_dir` does the same for a directory (exports), `link_file` for a second
-name of a finished file (checkpoints). These are nmt's only temporary-name-and-rename writers:
-every other module writes through them (tests/test_textio.py checks).
+Writing (`open_output`, `write_lines`, `write_file`, through `atomic_file`): a temporary name in
+the target's directory, renamed into place once complete, so a failure never leaves a half-written
+file; standard output, devices and pipes are written directly. `atomic_dir` does the same for a
+directory, `link_file` adds a second name to a finished file. They are nmt's only
+temporary-name-and-rename writers (tests/test_textio.py checks).
 
-`check_paths` runs before any work: inputs must exist, and no output may be the
-same file as an input (also through symlinks, standard input or standard output), nor the
-same file as another output; an output directory that a command replaces (an export) may
-not contain an input.
-
-`one_line` makes a hypothesis safe to print as one line; `lone_surrogate` says why a str is not
-Unicode text.
+`check_paths` runs before any work: inputs exist, no output is an input (also through symlinks or
+standard streams) or another output, and a directory a command replaces holds no input.
+`one_line` makes a hypothesis safe to print as one line; `lone_surrogate` says why a str is not text.
 """
 
 from __future__ import annotations

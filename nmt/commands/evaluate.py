@@ -2,20 +2,12 @@
 with a checkpoint or export first (through `nmt.Translator`) and score the result; `--compare`: two or more
 hypothesis files against a baseline (nmt/evaluation/compare.py).
 
-Output: one human-readable line per metric (nmt/evaluation/metrics.py: the `sacrebleu` command's scores),
+Output: one line per metric, as the `sacrebleu` command prints it (score, details, signature), then
+the degeneration report (nmt/evaluation/degeneration.py); or one JSON object (`evaluate_command`).
 
-    BLEU = 34.56 66.0/41.2/28.1/19.6 (BP = 1.000 ratio = 1.012 hyp_len = 2530 ref_len = 2500) [nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0]
-    chrF2 = 58.12 [nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0]
-
-(the score, sacreBLEU's verbose details, the signature in brackets), then one line of
-the degeneration report (nmt/evaluation/degeneration.py); or with `json_out=True` one JSON object:
-see `evaluate_command` for its fields.
-
-The target language (`--tgt-lang`, else the model's: a bilingual checkpoint's data.tgt_lang)
-chooses BLEU's tokenizer unless `--tokenize` does (`metrics.language_tokenize`: ja-mecab for Japanese,
-zh for Chinese, else 13a) and, with the language identifier a multilingual checkpoint carries
-(nmt/text/langid.py; `--langid CKPT` for a hypothesis file), lets the degeneration report count
-off-target outputs, next to the references' own rate.
+The target language (`--tgt-lang`, else the model's) chooses BLEU's tokenizer unless `--tokenize`
+does (`metrics.language_tokenize`) and, with a language identifier (a multilingual checkpoint's, or
+`--langid CKPT`), lets the report count off-target outputs next to the references' own rate.
 """
 
 from __future__ import annotations

@@ -3,36 +3,24 @@
     nmt serve --checkpoint runs/quickstart/checkpoints/best.pt --port 8000
     curl -s localhost:8000/translate -d '{"text": ["Hola."], "options": {"beam_size": 4}}'
 
-Endpoints (README "Serving"):
-- POST /translate `{"text": [line, ...], "options": {decode key: value}, "prefix": [line, ...]}`
-  ("options" and "prefix" optional) -> `{"translations": [{"text", "score", "log_prob",
-  "finished", "truncated", ...}, ...]}`, one item per line in input order; with nbest > 1 each
-  item carries its n-best list under "nbest"; with alignment / protect / prefixes, "alignment" /
-  "protected" / "prefix_truncated".
+Endpoints:
+- POST /translate `{"text": [line, ...], "options": {decode key: value}, "prefix": [line, ...]}` ->
+  `{"translations": [{"text", "score", "log_prob", "finished", "truncated", ...}, ...]}`, one item
+  per line in input order ("nbest", "alignment", "protected", "prefix_truncated" where asked).
 - GET /health: 200 and the server's counters while it serves, 503 while it shuts down.
 - GET /: a page to try the model (nmt/commands/serve_page.py).
 
-Each request is checked in the event loop (JSON shape, limits, decode options validated once, as
-`nmt translate` validates its flags: the same one-line messages; lengths within the model's
-positions) and queued with its validated settings for the batcher (nmt/commands/batcher.py), which translates requests that arrive
-together in one `nmt.Translator` call in a worker thread. Every answer, errors included, is JSON;
-errors are one line `{"error": ...}`: 400 bad JSON, text or options, or a Host header that is not
-this server's; 403 a cross-origin POST (a web page of another site) unless --allow-origin allows
-its origin; 404 / 405 no such endpoint or method; 408 the body did not arrive within --timeout;
-413 too many lines or characters; 503 full queue (Retry-After) or shutting down; 504 time limit
-passed; 500 a failure in the model. A request can set only the decode keys in REQUEST_KEYS: the
-server-wide ones (SERVER_KEYS) are fixed when it starts, and no request names a file or changes
-the server's state.
+Each request is checked in the event loop (JSON shape, limits, decode options with `nmt translate`'s
+messages) and queued for the batcher (nmt/commands/batcher.py), which translates requests that
+arrive together in one `nmt.Translator` call in a worker thread. Errors are one JSON line
+`{"error": ...}`: 400 bad request or Host header, 403 a cross-origin POST not allowed by
+--allow-origin, 404 / 405, 408 body too slow, 413 too large, 503 full queue or shutting down, 504
+time limit passed, 500 a model failure. A request sets only the decode keys in REQUEST_KEYS.
+A request past its time limit (counted from its arrival), or whose client went away, leaves the
+queue at once, and its call stops at the next decoding step.
 
-A request whose time limit passes, or whose client goes away, is abandoned at once: it leaves the
-queue (its slot is free), and the call translating it stops at its next decoding step (the
-batcher runs the call again for the requests that shared it). The time limit counts from the
-request's arrival, reading its body included.
-
-SIGTERM or Ctrl-C: new requests get 503, and so do those still sending their body; the requests
-already accepted are answered, then the process exits 0; a second signal exits at once (128 +
-signal), the requests still in progress answered 503. The ASGI stack (Starlette, uvicorn) is the optional extra `serve` and is imported only
-here, when the server starts.
+SIGTERM or Ctrl-C: new requests get 503, accepted ones are answered, then exit 0; a second signal
+exits at once (128 + signal). Starlette and uvicorn (the extra `serve`) are imported only here.
 """
 
 from __future__ import annotations

@@ -1,34 +1,22 @@
 """DecoderCache: what step-by-step decoding keeps between steps.
 
-Shapes: B rows (sentences x beams), N distinct source sentences, H heads,
-Tmax = max_len, S source length, Dh head dim.
+Shapes: B rows (sentences x beams), N distinct source sentences, H heads, Tmax = max_len,
+S source length, Dh head dim.
 
-- Self-attention K/V, per layer `[B,H,C,Dh]`, filled one position per step (the past is
-  never re-copied by a step). Positions `0 .. length-1` are filled. The capacity C grows by
-  `chunk` positions (`GROW_CHUNK`) when a step needs room, up to `max_len` (Tmax), so a batch
-  holds what its outputs need, not what its longest possible output would (`chunk=0`: all
-  Tmax positions at once, as a preallocated cache).
-- Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder
-  output. They are stored once per *source sentence*, not per row: rows
-  `n*group .. (n+1)*group-1` all translate source n (its beams), and their
-  `group` queries attend together to that source's single K/V copy. Beam
-  reordering therefore never copies them; dropping finished sentences selects N.
+- Self-attention K/V, per layer `[B,H,C,Dh]`, one position filled per step; the capacity C grows by
+  `chunk` positions (`GROW_CHUNK`) up to Tmax as steps need it (`chunk=0`: all at once).
+- Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder output and stored once
+  per source sentence: its `group` beam rows attend together to one copy, so beam reordering never
+  copies them.
 - `src_mask [N,S]` (True = token) and its attention form `cross_mask [N,1,1,S]`.
 
-The cache owns its buffers: it is the only code that writes, advances or reorders them.
-A decoding step asks it, layer by layer, to `append(layer, k, v)` the new position's
-self-attention keys/values (it returns the filled views to attend to) and reads the
-cross-attention keys/values with `cross(layer)`; after the last layer the model calls
-`advance()`. The search calls `reorder(indices)` (beam reordering, expanding sentences to
-beams, dropping finished sentences). nmt/search/fast.py's `ReusingDecoderCache` reorders with
-fewer copies and without allocating (one spare buffer; fewer rows reuse the same memory);
-same contents.
+The cache owns its buffers: a step calls `append(layer, k, v)` (which returns the filled views),
+`cross(layer)` and, after the last layer, `advance()`; the search calls `reorder(indices)`.
+nmt/search/fast.py's `ReusingDecoderCache` reorders without allocating; same contents.
 
-`StaticDecoderCache` is the form a CUDA graph can replay (nmt/search/cuda_graphs.py): every buffer is
-allocated once at its full size and never moves, the position is a device tensor that the step
-itself advances, and a step attends to all Tmax positions under a mask (`self_mask`) instead of
-to a growing slice. Rows that leave the batch are compacted into the first rows in place; the
-rows after them are padding whose results nobody reads.
+`StaticDecoderCache` is the form a CUDA graph can replay (nmt/search/cuda_graphs.py): buffers of full
+size that never move, a device-side position the step advances, attention over all Tmax positions
+under `self_mask`; rows that leave are compacted into the first rows in place.
 """
 
 from __future__ import annotations

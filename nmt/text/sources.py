@@ -1,25 +1,13 @@
 """Reading parallel corpora: text files (plain or gzip) and Hugging Face `datasets`.
 
-Everything streams: `iter_pairs` yields aligned chunks of at most `chunk`
-pairs (two lists of stripped sentences), `iter_side` one side's sentences, so
-memory does not grow with the corpus. `read_corpus` collects the chunks into
-two lists (for small corpora: validation, tests).
+Everything streams: `iter_pairs` yields aligned chunks of at most `chunk` pairs, `iter_side` one
+side's sentences; `read_corpus` collects them (small corpora: validation, tests). Text files follow
+`nmt.textio.iter_lines`' rule; Hugging Face datasets are read from their Arrow table in batches, and
+`datasets` is imported only where one is read. Every problem a user can cause is a one-line
+`UserError` naming the file (and line) or the field.
 
-Text files are read by the one line rule of `nmt.textio.iter_lines` (gzip by
-content, split on "\\n", strict UTF-8, stripped). Hugging Face datasets are
-read from their memory-mapped Arrow table in batches (`with_format("arrow")`),
-never copied whole into Python lists. `datasets` is imported only where a
-Hugging Face source is read (start-up time; some machines do not have it).
-
-Every problem a user can cause is a one-line `UserError` naming the file (and
-line) or the field; source and target files with different line counts name
-both counts.
-
-`source_fingerprint` describes a corpus for cache keys without reading it:
-paths with size, modification time, status-change time (ns) and inode of every
-file involved (ctime: an edit that keeps size and mtime, `cp -p`, `tar x`, still
-changes it; nmt/data/corpus.py says why not a content hash); for a hub dataset, its
-name, configuration and split.
+`source_fingerprint` describes a corpus for cache keys without reading it: each file's path, size,
+mtime, ctime and inode; for a hub dataset, its name, configuration and split.
 """
 
 from __future__ import annotations

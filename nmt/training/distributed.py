@@ -1,30 +1,20 @@
 """Data-parallel training under torchrun: process group, DDP, rank-aware helpers.
 
-`torchrun --nproc_per_node N -m nmt train --config X.yaml` starts N processes
-with WORLD_SIZE/RANK/LOCAL_RANK (and MASTER_ADDR/MASTER_PORT) in their
-environment. `DistEnv.from_env()` reads them; without WORLD_SIZE (or with
-WORLD_SIZE=1) training is the plain single process and every helper below
-is a local no-op.
+`torchrun --nproc_per_node N -m nmt train --config X.yaml` starts N processes with
+WORLD_SIZE/RANK/LOCAL_RANK in their environment; `DistEnv.from_env()` reads them. Without
+WORLD_SIZE (or with 1) training is the plain single process and every helper is a no-op.
 
     env = DistEnv.from_env()
     with process_group(env, resolve_torch_device("auto")) as device:   # NCCL on cuda:LOCAL_RANK, else gloo
         ...  env.broadcast(obj), env.all_reduce_sum(tensor), env.gather(obj), main_first(env, fn)
-                                                  # destroyed on the way out, also on errors
 
-Failure model (docs/distributed.md): an error on one rank is reported by that
-rank (one rank-prefixed line, see `rank_errors`) and the process exits non-zero;
-torchrun then stops the other ranks (SIGTERM, SIGKILL after its
---shutdown-timeout, 30 s). A rank blocked in a collective whose peer died gets
-an error from gloo/NCCL at once, or at the latest after the process-group
-timeout: `NMT_DIST_TIMEOUT` seconds (default 1800; it also bounds how long the
-other ranks wait for rank 0's validation and checkpointing). Errors that every
-rank would hit in the same way (bad run directory, bad data, too many NaN
-steps) are decided on rank 0 and printed once: rank 0 raises the UserError,
-the other ranks exit quietly with the same code (`all_ranks_error`).
+Failures (docs/distributed.md): an error on one rank is reported by that rank (`rank_errors`) and
+the process exits non-zero; torchrun stops the others. A rank blocked in a collective gets an error
+after at most `NMT_DIST_TIMEOUT` seconds (default 1800). Errors every rank would hit (bad run
+directory, data, NaN steps) are decided on rank 0 and printed once (`all_ranks_error`).
 
-Test hook: `NMT_TEST_FAIL_RANK=r` (with `NMT_TEST_FAIL_STEP=k`, default 0)
-makes rank r raise a RuntimeError before training step k+1 (`simulate_failure`);
-tests/test_distributed.py uses it to check that such a job ends promptly.
+Test hook: `NMT_TEST_FAIL_RANK=r` (with `NMT_TEST_FAIL_STEP=k`) makes rank r raise before training
+step k+1 (`simulate_failure`).
 """
 
 from __future__ import annotations
