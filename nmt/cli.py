@@ -146,7 +146,7 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--langid", metavar="CKPT", help="count off-target outputs with the language identifier of this "
                    "checkpoint or export (default: the --checkpoint's, if it has one); the language is --tgt-lang's")
     p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     _add_glossary_options(p, "with --src, report the share of matched terms the outputs hold and the scores of "
                           "lines with a term")
@@ -258,10 +258,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only; "
                    "0.0.0.0 or ::, every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = a free one, printed at start)")
-    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+    p.add_argument("--allow-origin", dest="allow_origins", action="append", default=[], metavar="ORIGIN",
                    help="let web pages of ORIGIN (e.g. https://example.com; * = any) call POST /translate, with CORS "
                    "headers (default: none; pages of other sites get 403). Repeatable")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+    p.add_argument("--allow-host", dest="allow_hosts", action="append", default=[], metavar="NAME",
                    help="accept requests whose Host header is NAME (* = any; default: the --host address, and this "
                    "machine's names for a loopback one; any name when listening on every interface). Repeatable")
     g = p.add_argument_group("limits and batching")
@@ -287,111 +287,97 @@ def _serve_parser(sub) -> None:
     _add_decode_options(p)
 
 
-def _decode_overrides(args: argparse.Namespace) -> dict:
-    """{decode key: value given on the command line} (absent flags are left out)."""
-    return {k[len("decode_"):]: v for k, v in vars(args).items() if k.startswith("decode_") and v is not None}
-
-
-def _model(args: argparse.Namespace, needed: bool = True) -> tuple[str | None, str]:
-    """(model path, engine) from --checkpoint / --model / --engine."""
+def _model(args: argparse.Namespace, needed: bool = True) -> dict:
+    """The model and its search settings: {"checkpoint": path, "engine": ..., "overrides": {decode key: value
+    given on the command line}}, from --checkpoint / --model / --engine and the search flags."""
     from nmt.errors import UserError
 
     if args.checkpoint and args.model:
         raise UserError("give --checkpoint or --model, not both")
     path = args.checkpoint or args.model
-    engine = "ctranslate2" if args.model and args.engine == "auto" else args.engine
     if needed and not path:
         raise UserError(f"{args.command} needs --checkpoint CKPT (or --model DIR for a CTranslate2 export)")
-    return path, engine
+    overrides = {k[len("decode_"):]: v for k, v in vars(args).items() if k.startswith("decode_") and v is not None}
+    return {"checkpoint": path, "engine": "ctranslate2" if args.model and args.engine == "auto" else args.engine,
+            "overrides": overrides}
+
+
+def _options(cls, args: argparse.Namespace, **given):
+    """A command's options object (a frozen dataclass next to the command): each field from `given` or the
+    parsed flag of its name (lists as tuples); the fields without either keep their defaults."""
+    import dataclasses
+
+    values = {f.name: given[f.name] if f.name in given else getattr(args, f.name)
+              for f in dataclasses.fields(cls) if f.name in given or hasattr(args, f.name)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from nmt.commands.train import train_command
+    from nmt.commands.train import TrainOptions, train_command
 
-    return train_command(args.config, args.overrides, resume=args.resume, device=args.device, quiet=args.quiet,
-                         check=args.check)
+    return train_command(_options(TrainOptions, args))
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from nmt.commands.translate import translate_command
+    from nmt.commands.translate import TranslateOptions, translate_command
 
-    path, engine = _model(args)
-    return translate_command(path, args.input, args.output, engine=engine, device=args.device,
-                             overrides=_decode_overrides(args), prefix=args.prefix, quiet=args.quiet,
-                             glossary=args.glossary, glossary_ignore_case=args.glossary_ignore_case)
+    return translate_command(_options(TranslateOptions, args, **_model(args)))
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from nmt.commands.evaluate import compare_command, evaluate_command
+    from nmt.commands.evaluate import EvaluateOptions, compare_command, evaluate_command
     from nmt.errors import UserError
 
-    path, engine = _model(args, needed=False)
-    if args.compare is not None:
-        if args.hyp is not None or path is not None:
+    opts = _options(EvaluateOptions, args, **_model(args, needed=False))
+    if opts.compare is not None:
+        if opts.hyp is not None or opts.checkpoint is not None:
             raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
-        if args.langid is not None:
+        if opts.langid is not None:
             raise UserError("--compare does not count off-target outputs: give it without --langid")
-        if args.glossary is not None:
+        if opts.glossary is not None:
             raise UserError("--compare does not report term use: evaluate each file with --hyp FILE --glossary")
-        return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
-                               lowercase=args.lowercase, json_out=args.json)
-    if (args.hyp is None) == (path is None):
+        return compare_command(opts)
+    if (opts.hyp is None) == (opts.checkpoint is None):
         raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT (or --model DIR) with --src FILE")
-    if path is not None and args.src is None:
+    if opts.checkpoint is not None and opts.src is None:
         raise UserError("--checkpoint needs --src FILE (the source sentences to translate)")
-    return evaluate_command(args.hyp, args.ref, checkpoint=path, engine=engine, src=args.src, save_hyps=args.save_hyps,
-                            metrics=tuple(args.metrics), tokenize=args.tokenize, lowercase=args.lowercase,
-                            json_out=args.json, quiet=args.quiet, device=args.device, overrides=_decode_overrides(args),
-                            langid=args.langid, glossary=args.glossary, glossary_ignore_case=args.glossary_ignore_case)
+    return evaluate_command(opts)
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from nmt.commands.score import score_command
+    from nmt.commands.score import ScoreOptions, score_command
 
-    path, engine = _model(args)
-    return score_command(path, args.src, args.tgt, args.output, engine=engine, device=args.device,
-                         overrides=_decode_overrides(args), quiet=args.quiet)
+    return score_command(_options(ScoreOptions, args, **_model(args)))
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from nmt.commands.tune import tune_command
+    from nmt.commands.tune import TuneOptions, tune_command
 
-    return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
-                        max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
-                        quiet=args.quiet, tgt_lang=args.tgt_lang, src_lang=args.src_lang, glossary=args.glossary,
-                        glossary_ignore_case=args.glossary_ignore_case, glossary_constrain=args.glossary_constrain)
+    return tune_command(_options(TuneOptions, args))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from nmt.commands.serve import serve_command, serve_settings
+    from nmt.commands.serve import ServeOptions, serve_command
 
-    path, engine = _model(args)
-    settings = serve_settings(port=args.port, max_lines=args.max_lines, max_chars=args.max_chars,
-                              max_beam=args.max_beam, max_queue=args.max_queue, timeout=args.timeout,
-                              batch_window_ms=args.batch_window_ms, batch_lines=args.batch_lines,
-                              batching=args.batching, allow_origins=tuple(args.allow_origin))
-    return serve_command(path, engine=engine, device=args.device, overrides=_decode_overrides(args), host=args.host,
-                         port=args.port, settings=settings, access_log=args.access_log,
-                         allow_origins=tuple(args.allow_origin), allow_hosts=tuple(args.allow_host))
+    return serve_command(_options(ServeOptions, args, **_model(args)))
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
-    from nmt.commands.average import average_command
+    from nmt.commands.average import AverageOptions, average_command
 
-    return average_command(args.checkpoints, args.output)
+    return average_command(_options(AverageOptions, args))
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
-    return import_command(args.source, args.output, src_lang=args.src_lang, tgt_lang=args.tgt_lang, config=args.config,
-                          quiet=args.quiet)
+    return import_command(_options(ImportOptions, args))
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
-    return export_command(args.checkpoint, args.output, format=args.format, quantization=args.quantization, force=args.force)
+    return export_command(_options(ExportOptions, args))
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple, Sequence
 
 from nmt import textio
@@ -185,39 +186,50 @@ def _write_report(results: dict, report: dict, json_out: bool, header: dict, std
     stdout.flush()
 
 
-def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None, engine: str = "auto",
-                     src: str | None = None, save_hyps: str | None = None,
-                     metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None, lowercase: bool = False,
-                     json_out: bool = False, device: str = "auto", overrides: dict[str, Any] | None = None,
-                     quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
-                     stderr: IO[str] | None = None, langid: str | None = None, glossary: str | None = None,
-                     glossary_ignore_case: bool = False) -> int:
-    """`nmt evaluate`: score `hyp` (None or "-" = standard input) against `ref`, or translate
-    `src` with `checkpoint` (a checkpoint file or a CTranslate2 export; `engine` auto, torch or
-    ctranslate2; `overrides`: decode settings, default the model's) and score the result.
-    `save_hyps` writes the hypotheses (atomically). `tokenize` / `lowercase`: sacreBLEU's options.
-    Prints one line per metric, or one JSON object with `json_out`:
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """`nmt evaluate`'s flags (`compare_command` reads ref, compare, src, metrics, tokenize, lowercase, json_out)."""
+
+    hyp: str | None  # the hypotheses to score (None or "-": standard input), or None to translate src
+    ref: str
+    checkpoint: str | None = None  # translate src with this checkpoint or `nmt export` directory (--model)
+    engine: str = "auto"
+    src: str | None = None  # with hyp: only the degeneration report's copies use it
+    save_hyps: str | None = None  # also write the translations here
+    metrics: tuple[str, ...] = ("bleu", "chrf")
+    tokenize: str | None = None  # sacreBLEU's BLEU tokenizer; None: from the target language
+    lowercase: bool = False
+    json_out: bool = False  # one JSON object instead of text
+    device: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)  # {decode key: value} over the model's decode section
+    quiet: bool = False
+    langid: str | None = None  # a checkpoint or export whose language identifier counts off-target outputs
+    glossary: str | None = None  # report the use of its terms (needs src)
+    glossary_ignore_case: bool = False
+    compare: tuple[str, ...] | None = None  # hypothesis files to compare, the first the baseline
+
+
+def evaluate_command(opts: EvaluateOptions, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
+                     stderr: IO[str] | None = None) -> int:
+    """`nmt evaluate`: score `hyp` against `ref`, or translate `src` with `checkpoint` and score the result.
+    Prints one line per metric, or with `json_out` one JSON object:
     `{"hyp": path, "ref": path, "n_sentences": N, "tgt_lang": L, "bleu": {...}, ...}` with the fields of
-    `corpus_metrics` (less `text`), `degeneration` (nmt/evaluation/degeneration.py, with the flagged line
-    numbers) and `off_target` (its off_target entry without the line numbers: lang, count, share,
-    reference_count, reference_share; null when not measured); when translating, also `src` and
-    `checkpoint`, and `hyp` is `save_hyps` (or null). With `hyp`, `src` is optional: the report then
-    also counts copied sources. The target language L (`overrides["tgt_lang"]`, else the model's)
-    picks the BLEU tokenizer when `tokenize` is None (`language_tokenize`); `langid`: a checkpoint or
-    export whose language identifier counts off-target outputs (default: the translating model's; a
-    UserError when it has none, or does not know the language L). `glossary`: a TSV glossary (needs
-    `src`): the checkpoint translates with its terms, and the report adds `term_report`'s line (JSON:
-    `term_use`, the percent of matched entries whose target term appears in the hypothesis, and `terms`,
-    its counts and the scores on the lines with a term).
+    `corpus_metrics` (less `text`), `degeneration` (nmt/evaluation/degeneration.py) and `off_target`
+    (null when not measured); when translating, also `src` and `checkpoint`, and `hyp` is `save_hyps`.
+    The target language L (`overrides["tgt_lang"]`, else the model's) picks the BLEU tokenizer when
+    `tokenize` is None. With a glossary the report adds `term_report`'s line (JSON: `term_use`, `terms`).
     Everything is checked before any work. Returns 0.
     """
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
-    overrides = dict(overrides or {})
-    names = [m.lower() for m in metrics]
+    hyp, ref, checkpoint, engine, src, save_hyps, tokenize, lowercase, langid, glossary = (
+        opts.hyp, opts.ref, opts.checkpoint, opts.engine, opts.src, opts.save_hyps, opts.tokenize, opts.lowercase,
+        opts.langid, opts.glossary)
+    overrides = dict(opts.overrides)
+    names = [m.lower() for m in opts.metrics]
     _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid, glossary)
-    terms = _glossary(glossary, glossary_ignore_case, src)
-    translator = _translator(checkpoint, engine, device, overrides) if checkpoint is not None else None
+    terms = _glossary(glossary, opts.glossary_ignore_case, src)
+    translator = _translator(checkpoint, engine, opts.device, overrides) if checkpoint is not None else None
     if translator is not None and terms is not None:
         translator.check_glossary(glossary=terms)  # before any work
     lang, tokenize, identifier = _language(checkpoint, engine, langid, overrides.get("tgt_lang"), tokenize,
@@ -228,7 +240,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
         raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
     finished = None
     if checkpoint is not None:
-        hyps, finished = _translate(translator, lines, quiet, stderr, terms)
+        hyps, finished = _translate(translator, lines, opts.quiet, stderr, terms)
         hyp_name = f"{src} (translated by {checkpoint})"
     else:
         hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
@@ -242,7 +254,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
               **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {}),
               **({"glossary": glossary} if terms is not None else {})}
     term_use = term_report(hyps, refs, lines, terms, names, tokenize=tokenize, lowercase=lowercase) if terms else None
-    _write_report(results, report, json_out, header, stdout, term_use)
+    _write_report(results, report, opts.json_out, header, stdout, term_use)
     return 0
 
 
@@ -271,12 +283,11 @@ def format_comparison(result: dict, metrics: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def compare_command(hyps: Sequence[str], ref: str, *, src: str | None = None, metrics: Sequence[str] = ("bleu", "chrf"),
-                    tokenize: str | None = None, lowercase: bool = False, json_out: bool = False,
-                    stdout: IO[str] | None = None) -> int:
+def compare_command(opts: EvaluateOptions, *, stdout: IO[str] | None = None) -> int:
     """`nmt evaluate --compare HYP...`: read the files, compare, print (text or one JSON object). Returns 0."""
     stdout = stdout if stdout is not None else sys.stdout
-    names = [m.lower() for m in metrics]
+    hyps, ref, src, tokenize = opts.compare or (), opts.ref, opts.src, opts.tokenize
+    names = [m.lower() for m in opts.metrics]
     for m in names:
         if m not in METRIC_NAMES:
             raise UserError(f"--compare supports the metrics bleu and chrf, not {m!r}")
@@ -291,8 +302,8 @@ def compare_command(hyps: Sequence[str], ref: str, *, src: str | None = None, me
     for name, lines in systems + ([(src, srcs)] if srcs is not None else []):
         if len(lines) != len(refs):
             raise UserError(f"line counts differ: {len(lines)} lines in {name} but {len(refs)} in {ref}")
-    result = compare(systems, refs, srcs, names, tokenize=tokenize, lowercase=lowercase)
-    if json_out:
+    result = compare(systems, refs, srcs, names, tokenize=tokenize, lowercase=opts.lowercase)
+    if opts.json_out:
         stdout.write(json.dumps({"ref": ref, **result}, ensure_ascii=False) + "\n")
     else:
         stdout.write(format_comparison(result, names) + "\n")

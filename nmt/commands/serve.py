@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from nmt.api import Translator
@@ -121,27 +122,48 @@ def listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def serve_settings(*, port: int, max_lines: int, max_chars: int, max_beam: int, max_queue: int, timeout: float,
-                   batch_window_ms: float, batch_lines: int, batching: bool, allow_origins: tuple[str, ...] = ()) -> Settings:
+@dataclass(frozen=True)
+class ServeOptions:
+    """`nmt serve`'s flags: the model and its default search settings, where to listen, the limits."""
+
+    checkpoint: str  # a checkpoint file or an `nmt export` directory (--checkpoint, --model)
+    engine: str = "auto"
+    device: str = "auto"
+    overrides: dict = field(default_factory=dict)  # {decode key: value}: the server's default search settings
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: a free one
+    access_log: bool = False  # one line per request on stdout (uvicorn's access log)
+    allow_origins: tuple[str, ...] = ()  # origins whose web pages may POST (CORS; "*": any)
+    allow_hosts: tuple[str, ...] = ()  # Host header names accepted besides the address (`allowed_hosts`)
+    max_lines: int = 256
+    max_chars: int = 100_000
+    max_beam: int = 16
+    max_queue: int = 256
+    timeout: float = 60.0  # seconds
+    batch_window_ms: float = 5.0
+    batch_lines: int = 1024
+    batching: bool = True
+
+
+def serve_settings(opts: ServeOptions) -> Settings:
     """The server's Settings from `nmt serve`'s flags, each checked first (a one-line UserError naming the
     flag), --port and --allow-origin too."""
-    given = {"max_lines": max_lines, "max_chars": max_chars, "max_beam": max_beam, "max_queue": max_queue,
-             "batch_lines": batch_lines}
+    given = {"max_lines": opts.max_lines, "max_chars": opts.max_chars, "max_beam": opts.max_beam,
+             "max_queue": opts.max_queue, "batch_lines": opts.batch_lines}
     for flag, value in given.items():
         if value < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
-    if not 0 <= port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {port}")
-    if not 0 < timeout < math.inf:
-        raise UserError(f"--timeout must be a positive number of seconds, got {timeout:g}")
-    if not 0 <= batch_window_ms < math.inf:
-        raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {batch_window_ms:g}")
-    for origin in allow_origins:
+    if not 0 <= opts.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {opts.port}")
+    if not 0 < opts.timeout < math.inf:
+        raise UserError(f"--timeout must be a positive number of seconds, got {opts.timeout:g}")
+    if not 0 <= opts.batch_window_ms < math.inf:
+        raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {opts.batch_window_ms:g}")
+    for origin in opts.allow_origins:
         if origin != "*" and not _is_origin(origin):
             raise UserError(f"--allow-origin {origin}: not an origin (scheme://host[:port], e.g. https://example.com, "
                             "as browsers send it; * for any)")
-    return Settings(max_lines=max_lines, max_chars=max_chars, max_beam=max_beam, max_queue=max_queue, timeout=timeout,
-                    window=batch_window_ms / 1000, batch_lines=batch_lines, batching=batching)
+    return Settings(**given, timeout=opts.timeout, window=opts.batch_window_ms / 1000, batching=opts.batching)
 
 
 def _is_origin(text: str) -> bool:
@@ -154,24 +176,20 @@ def _is_origin(text: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
 
 
-def serve_command(path: str, *, engine: str = "auto", device: str = "auto", overrides: dict | None = None,
-                  host: str = "127.0.0.1", port: int = 8000, settings: Settings = Settings(),
-                  access_log: bool = False, allow_origins: tuple[str, ...] = (),
-                  allow_hosts: tuple[str, ...] = ()) -> int:
+def serve_command(opts: ServeOptions) -> int:
     """`nmt serve`: load the model, listen on host:port, serve until SIGTERM / Ctrl-C. Returns 0
-    after a drain; a second signal ends the process at once with 128 + signal. access_log: one
-    line per request on stdout (uvicorn's access log). allow_origins: origins whose web pages
-    may POST (with CORS headers; "*": any); allow_hosts: Host header names accepted besides the
-    listening address (see `allowed_hosts`). UserError when the server's own default search
-    settings are over its limits."""
+    after a drain; a second signal ends the process at once with 128 + signal. UserError when the
+    server's own default search settings are over its limits."""
+    settings = serve_settings(opts)
     _, uvicorn = require_stack()
-    translator = Translator(path, engine=engine, device=device, **(overrides or {}))
-    errors = over_limits(translator.decode, overrides or {}, settings.max_beam, translator.max_positions)
+    path, host, access_log = opts.checkpoint, opts.host, opts.access_log
+    translator = Translator(path, engine=opts.engine, device=opts.device, **opts.overrides)
+    errors = over_limits(translator.decode, opts.overrides, settings.max_beam, translator.max_positions)
     if errors:
         raise UserError(f"the server's default search settings are over its limits: {errors[0]}")
-    sock = listen(host, port)
+    sock = listen(host, opts.port)
     service = Service(translator, settings, os.path.basename(os.path.normpath(path)))
-    app = build_app(service, allowed_hosts(host, allow_hosts), frozenset(allow_origins))
+    app = build_app(service, allowed_hosts(host, opts.allow_hosts), frozenset(opts.allow_origins))
     config = uvicorn.Config(app, log_level="info" if access_log else "warning",
                             access_log=access_log, lifespan="on")
     server = _server_class(uvicorn)(config, service)
