@@ -1,12 +1,10 @@
 """Command line: `nmt train | translate | evaluate | score | tune | average | import | export | serve`.
 
-Only argument parsing and dispatch live here; every command is an importable
-function. torch is imported lazily, inside the commands, so `nmt --help`
-stays fast. Every error prints one line on stderr, without a traceback:
-exit code 2 for problems the user can fix (ConfigError, UserError, bad flags,
-missing or unreadable files), 1 when the command could not finish because of
-an OS error (disk full, I/O error), 128 + N when stopped by signal N: Ctrl-C (130) and SIGTERM
-(143) stop every command cleanly (outputs are atomic: nothing half-written is left).
+Only argument parsing and dispatch live here: each command is an importable function taking one
+options object (nmt/commands/). torch is imported lazily, inside the commands, so `nmt --help` stays
+fast. Every error prints one line on stderr: exit code 2 for problems the user can fix (ConfigError,
+UserError, bad flags, missing files), 1 for an OS error while it ran (disk full), 128 + N when stopped
+by signal N: Ctrl-C (130) and SIGTERM (143) stop every command cleanly (outputs are atomic).
 """
 
 from __future__ import annotations
@@ -173,20 +171,16 @@ def _tune_parser(sub) -> None:
 
     p = sub.add_parser(
         "tune", help="choose a checkpoint's decode settings on a dev set",
-        description="Search decode settings (beam size, length penalty type and strength, n-gram blocking) on a dev "
-        "set within a time budget (successive halving; every length penalty is scored from one search), print the "
-        "table explored, and write the best settings into the decode section of a new checkpoint (-o) or of this "
-        "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines: when no setting is "
-        "within it, nothing is written (a one-line error gives the share found). With --glossary, then also the beam "
-        "size and length penalty of the lines the glossary's constrained search takes.")
+        description="Search decode settings (beam size, length penalty, n-gram blocking) on a dev set within a "
+        "time budget, print the table explored, and write the best into the decode section of a new checkpoint (-o) "
+        "or of this one (--in-place). Settings whose outputs loop on more than --max-loops of the lines are refused.")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to tune")
     p.add_argument("--src", required=True, metavar="FILE", help="dev source sentences")
     p.add_argument("--ref", required=True, metavar="FILE", help="dev reference translations")
     p.add_argument("--output", "-o", metavar="FILE", help="write a copy of the checkpoint with the chosen settings")
     p.add_argument("--in-place", action="store_true", help="write the chosen settings into CKPT itself (atomically)")
     p.add_argument("--max-time", type=float, default=MAX_TIME, metavar="SECONDS",
-                   help=f"time budget (default {MAX_TIME:g}); the first round (100 lines per setting) always runs; "
-                   "with --glossary its two constrained searches of the chosen setting's lines come after it")
+                   help=f"time budget (default {MAX_TIME:g}); the first round (100 lines per setting) always runs")
     p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
     p.add_argument("--max-loops", type=float, default=MAX_LOOPS, metavar="SHARE",
                    help=f"largest share of looping output lines allowed (a word 3-gram 3+ times; default {MAX_LOOPS:g})")

@@ -79,13 +79,9 @@ def avoid_cudnn_attention() -> None:
 
 def tune_malloc(inference: bool = False) -> bool:
     """Raise glibc's mmap and trim thresholds for this process; True if applied (Linux/glibc only).
-
-    Training (inference False): blocks of up to 2 GiB come from the heap and it is never trimmed
-    (a step's activations are reused, not page-faulted in again). Inference: blocks of up to
-    `INFERENCE_MMAP` (a decoding step's temporaries) come from the heap, larger ones (decoder-cache
-    buffers, a batch's encoder activations) are mapped and unmapped as they come and go, and the
-    heap keeps at most `INFERENCE_TRIM` free at its top: long-lived buffers of changing sizes no
-    longer fragment a heap that never shrinks (peak RSS of `nmt translate`: BENCHMARKS.md)."""
+    Training: blocks up to 2 GiB come from the heap, never trimmed. Inference: blocks up to
+    `INFERENCE_MMAP` come from the heap, larger ones (cache buffers, encoder activations) are mapped, and
+    the heap keeps at most `INFERENCE_TRIM` free at its top, so changing buffer sizes do not fragment it."""
     global _malloc_tuned
     if _malloc_tuned:
         return True

@@ -49,15 +49,9 @@ def _req(help: str) -> Any:
 
 @dataclass(frozen=True)
 class CorpusConfig:
-    """One parallel corpus: two text files, or a Hugging Face `datasets` source.
-
-    Text files: set `src` and `tgt` (plain or .gz, one sentence a line).
-    Hugging Face: set `hf_path` to a hub dataset name (e.g. `wmt14`), a local
-    directory written by `save_to_disk`, or a builder name `json`/`csv`/`parquet`
-    together with `hf_data_files`. The language fields default to the
-    `translation` dict (`translation[src_lang]`); for flat columns set
-    `src_field`/`tgt_field`.
-    """
+    """One parallel corpus: two text files (`src`, `tgt`: plain or .gz, a sentence a line), or a Hugging Face
+    `datasets` source (`hf_path`: a hub name, a `save_to_disk` directory, or `json`/`csv`/`parquet` with
+    `hf_data_files`; `translation[lang]` fields by default, else `src_field`/`tgt_field`)."""
 
     src: Optional[str] = _f(None, "Source-language text file (plain or .gz), one sentence per line.")
     tgt: Optional[str] = _f(None, "Target-language text file, line-aligned with `src`.")

@@ -211,15 +211,12 @@ class EvaluateOptions:
 
 def evaluate_command(opts: EvaluateOptions, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
                      stderr: IO[str] | None = None) -> int:
-    """`nmt evaluate`: score `hyp` against `ref`, or translate `src` with `checkpoint` and score the result.
-    Prints one line per metric, or with `json_out` one JSON object:
-    `{"hyp": path, "ref": path, "n_sentences": N, "tgt_lang": L, "bleu": {...}, ...}` with the fields of
-    `corpus_metrics` (less `text`), `degeneration` (nmt/evaluation/degeneration.py) and `off_target`
-    (null when not measured); when translating, also `src` and `checkpoint`, and `hyp` is `save_hyps`.
-    The target language L (`overrides["tgt_lang"]`, else the model's) picks the BLEU tokenizer when
-    `tokenize` is None. With a glossary the report adds `term_report`'s line (JSON: `term_use`, `terms`).
-    Everything is checked before any work. Returns 0.
-    """
+    """`nmt evaluate`: score `hyp` against `ref`, or translate `src` with `checkpoint` and score the result;
+    print one line per metric, or with `json_out` one JSON object: `hyp`, `ref`, `n_sentences`, `tgt_lang`,
+    each metric (`corpus_metrics` less `text`), `degeneration`, `off_target` (null when not measured); when
+    translating also `src`, `checkpoint`, and `hyp` is `save_hyps`; with a glossary `term_use`, `terms`.
+    The target language picks the BLEU tokenizer when `tokenize` is None. Everything is checked before
+    any work. Returns 0."""
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
     hyp, ref, checkpoint, engine, src, save_hyps, tokenize, lowercase, langid, glossary = (

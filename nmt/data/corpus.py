@@ -55,14 +55,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class EncodedCorpus:
-    """N encoded pairs as flat token arrays plus offsets (no BOS/EOS stored).
-
-    Pair i's source ids are src_tokens[src_offsets[i]:src_offsets[i+1]]
-    (offsets int64 [N+1]); likewise for the target. The arrays are in memory or
-    memory-mapped files (`load`). `stats` holds the counts from reading and
-    filtering, per corpus under "corpora"; `parts` the number of pairs of each
-    corpus, in order.
-    """
+    """N encoded pairs as flat token arrays plus offsets (no BOS/EOS stored): pair i's source ids are
+    src_tokens[src_offsets[i]:src_offsets[i+1]] (offsets int64 [N+1]), likewise the target; in memory or
+    memory-mapped (`load`). `stats`: counts from reading and filtering (per corpus under "corpora");
+    `parts`: the pairs of each corpus, in order."""
 
     def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray, tgt_tokens: np.ndarray,
                  tgt_offsets: np.ndarray, stats: dict | None = None, *,
@@ -165,18 +161,11 @@ def in_memory_limit() -> int:
 def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
                  max_ratio: float | None, tgt_prefix: int = 0,
                  identical: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-    """Keep mask [N] and counts per rule; each dropped pair is counted under its first rule.
-
-    Rules in order: `empty` (either side has no tokens), `too_long` (either side
-    longer than max_len tokens, BOS/EOS not counted), `ratio` (longer/shorter
-    > max_ratio), `identical` (the pairs the mask `identical` [N] marks: `identical_pairs`).
-    With max_ratio None (validation) only `too_long` applies: `empty`, `ratio` and
-    `identical` are skipped, and empty pairs are kept. Counts: pairs, empty,
-    too_long, ratio, identical, kept. Per pair, so filtering chunk by chunk equals filtering the whole.
-    tgt_prefix: tokens before every non-empty target (a multilingual model's language token),
-    not counted by the ratio rule: it is not text (else short sources would be dropped in the
-    into-X directions only).
-    """
+    """Keep mask [N] and counts per rule (pairs, empty, too_long, ratio, identical, kept); a dropped pair
+    counts under its first rule: `empty`, `too_long` (over max_len tokens, BOS/EOS not counted), `ratio`
+    (longer/shorter > max_ratio), `identical` (the mask `identical` [N]). With max_ratio None (validation)
+    only `too_long` applies. Per pair, so filtering chunk by chunk equals filtering the whole.
+    tgt_prefix: tokens before every non-empty target (a language token), not counted by the ratio rule."""
     s, t = np.asarray(src_lens), np.asarray(tgt_lens)
     empty = (s == 0) | (t == 0) if max_ratio is not None else np.zeros(len(s), bool)
     too_long = ~empty & ((s > max_len) | (t > max_len))

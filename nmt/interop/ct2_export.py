@@ -275,12 +275,9 @@ def ct2_decode(decode) -> tuple[Any, str | None]:
 
 def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | None = None,
                  force: bool = False, checkpoint: str = "", step: int | None = None, langid: dict | None = None) -> str:
-    """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`.
-
-    The directory is built next to `output_dir` and renamed into place, so an existing export
-    is replaced only once the new one is complete. With `force`, only an existing nmt export
-    (or empty directory) is replaced, never an arbitrary directory.
-    """
+    """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`. Built next to it
+    and renamed into place (`textio.atomic_dir`); with `force` only an earlier nmt export (or an empty
+    directory) is replaced."""
     require_ctranslate2()
     from nmt.config import to_dict
 

@@ -51,11 +51,9 @@ def int8_available() -> bool:
 
 @functools.cache
 def int8_speedup() -> float:
-    """How many times faster this CPU multiplies int8 matrices (`torch._int_mm`, the product of every
-    `Int8Linear`) than fp32 ones (`torch.mm`), measured once per process on a [256, 512] x [512, 512]
-    product (a few milliseconds; the best of interleaved runs, so another process's load counts little).
-    Above 1 where oneDNN has int8 kernels (AVX-512 VNNI, AVX-VNNI, AMX); on AVX2 alone `_int_mm` is
-    several times slower than fp32."""
+    """How many times faster this CPU multiplies int8 matrices (`torch._int_mm`) than fp32 ones (`torch.mm`),
+    measured once per process on a [256, 512] x [512, 512] product (the best of interleaved runs). Above 1
+    where oneDNN has int8 kernels (AVX-512 VNNI, AVX-VNNI, AMX); below 1 on AVX2 alone."""
     g = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (256, 512), dtype=torch.int8, generator=g)
     b = torch.randint(-127, 128, (512, 512), dtype=torch.int8, generator=g)
@@ -93,12 +91,9 @@ def check(precision: str, device: torch.device) -> None:
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b with W quantized per output channel to int8 once (`from_linear`) and x quantized
-    per row (per token) at each call: x_i ~ s_i q_i with s_i = max|x_i| / 127, q_i int8; the product
-    runs in int8 with int32 accumulation (`torch._int_mm`, oneDNN's VNNI/AMX kernels on x86) and is
-    rescaled by s_i and the weight scales. Per-row scales keep each sentence's result independent
-    of its batch companions (FBGEMM's `quantized::linear_dynamic` takes one scale per call, over
-    the whole batch). fp32 in, fp32 out; inference only."""
+    """y = x W^T + b with W quantized per output channel to int8 once (`from_linear`) and x per row at each
+    call (s_i = max|x_i| / 127); the product runs in int8 with int32 accumulation (`torch._int_mm`) and
+    is rescaled. Per-row scales keep each sentence's result independent of its batch. Inference only."""
 
     def __init__(self, weight_t: Tensor, scale: Tensor, bias: Tensor | None):
         super().__init__()

@@ -46,12 +46,11 @@ __all__ = ["Cancel", "Hypothesis", "NO_INPUTS", "PLAIN_OPS", "SearchInputs", "Se
 
 def search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS, *,
            ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
-    """Search a batch: src [B,S] (source ids + EOS, padded), src_mask [B,S] (True = token) -> per
-    sentence its hypotheses, best first (with terms: those that ended with EOS first, nmt/search/beam.py):
-    sampling (`options.sampling`: nbest samples), greedy search (beam_size 1: one) or beam search (up
-    to nbest; all finished ones with keep_all). inputs: the batch's prefixes, placeholders, sampling
-    keys, terms and source lengths. ops: the tensor operations (nmt/search/fast.py's on
-    CPU). cancel(): checked before every step; True raises nmt.errors.Cancelled."""
+    """Search a batch: src [B,S] (source ids + EOS, padded), src_mask [B,S] (True = token) -> per sentence
+    its hypotheses, best first (with terms, those that ended with EOS first): sampling (nbest samples),
+    greedy (beam_size 1) or beam search (up to nbest; all finished ones with keep_all). inputs: the batch's
+    per-sentence data. ops: the tensor operations. cancel(): checked before every step; True raises
+    nmt.errors.Cancelled."""
     if options.sampling != "none":
         strategy = sample_search
     else:

@@ -127,13 +127,10 @@ class DecoderCache:
     def reorder(self, indices: Tensor, sources: Tensor | None = None, group: int | None = None) -> None:
         """Row i becomes row indices[i] of the old rows. indices [B'] (long, any B').
 
-        Self-attention K/V: the filled positions of every layer are gathered into new buffers.
-        Cross-attention K/V: the caller that knows its layout says it (the searches: no host read):
-        the new rows come in runs of `group` rows of one source, `sources` [N'] the old sources
-        they keep (None: the same ones, and no copy). group None: found from `indices` (a host read),
-        one copy per run when the new rows form runs of one length with the same source (beam
-        expansion, reordering, dropping whole sentences), else one copy per row (group 1).
-        """
+        Self-attention K/V are gathered into new buffers. Cross-attention K/V: the searches give their
+        layout (no host read): runs of `group` rows of one source, `sources` [N'] the old sources kept (None:
+        the same, no copy). group None: found from `indices` (a host read): one copy per run of equal
+        length, else one per row."""
         indices = indices.to(device=self.src_mask.device, dtype=torch.long)
         if group is None:
             found, group = source_groups((indices // self.group).tolist())
@@ -176,17 +173,12 @@ def source_groups(row_sources: list[int]) -> tuple[list[int], int]:
 
 
 class StaticDecoderCache(DecoderCache):
-    """A DecoderCache whose buffers never move, for CUDA graphs (see the module docstring).
-
-    All layers' self-attention K/V live in one buffer `kv` [2,layers,Bcap,H,Tmax,Dh] (zeros at
-    first), the cross-attention K/V in `ckv` [2,layers,Ncap,H,S,Dh], and `pos` [1] (long, on the
-    device) is the position the next step writes. A step runs on all Bcap rows: `rows` (B) of them
-    are the batch, the rest padding. `reorder` compacts the kept rows into the first ones in place
-    while the group stays the same and more than half of the rows stay; otherwise it allocates new
-    buffers of exactly the new size and `generation` changes (a graph of the old ones is stale).
-    A step must run on all Bcap rows (nmt/search/cuda_graphs.py's GraphedDecoder pads its tokens), so this
-    cache is for that decoder, not for `SearchOps.cache_cls`.
-    """
+    """A DecoderCache whose buffers never move, for CUDA graphs (module docstring): self-attention K/V in
+    one buffer `kv` [2,layers,Bcap,H,Tmax,Dh], cross-attention K/V in `ckv` [2,layers,Ncap,H,S,Dh], and
+    `pos` [1] (on the device) the position the next step writes. A step runs on all Bcap rows, `rows` of
+    them the batch. `reorder` compacts the kept rows in place while the group stays and more than half
+    of the rows stay; else it allocates buffers of the new size and `generation` changes (old graphs are
+    stale). For nmt/search/cuda_graphs.py's GraphedDecoder, which pads its tokens, not for `SearchOps.cache_cls`."""
 
     kv: Tensor
     ckv: Tensor

@@ -90,14 +90,10 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
 
 
 def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None, weight: float = 0.0) -> tuple[int, ...]:
-    """The language tokens of `contrast_lang` (decode.contrast_lang, language-contrastive decoding: one
-    code or several, comma-separated), () when it is unset or empty (`--contrast-lang ''` turns off a
-    checkpoint's). The target language (`tgt_lang`, else the model's default) is left out where listed, so
-    one list serves every direction of a model. One-line UserError for a bilingual model, an unknown code,
-    or a `weight` (decode.contrast_weight) that reaches 1 summed over the languages used: a token every
-    language writes alike (punctuation, a name, a number) keeps 1 - weight * their number of its
-    probability. With no target language yet (settings whose calls will name it) the codes are checked
-    and the weight waits for the target (`target_prefix` refuses a search without one)."""
+    """The language tokens of `contrast_lang` (decode.contrast_lang: codes, comma-separated), () when unset
+    or empty; the target language is left out, so one list serves every direction. One-line UserError for
+    a bilingual model, an unknown code, or a `weight` that reaches 1 summed over the languages used. With
+    no target language yet the codes are checked and the weight waits for it."""
     if not (contrast_lang or "").strip():
         return ()
     langs = target_languages(tokenizer)

@@ -53,13 +53,10 @@ def resolve_ct2_device(name: str | None, ctranslate2) -> tuple[str, int]:
 class Ct2Engine:
     """An exported model loaded in CTranslate2, with its tokenizer and decode defaults.
 
-    model_dir: a directory written by `nmt export`. compute_type: CTranslate2's ("default" keeps
-    the exported weights' type; "int8", "float32", ...). intra_threads: threads per translation
-    (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated
-    at once (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see
-    `resolve_workers`). precision: a decode.precision, mapped onto compute_type (nmt/model/precision.py;
-    None: the export's decode.precision, whose default `auto` keeps compute_type).
-    """
+    model_dir: a directory written by `nmt export`. compute_type: CTranslate2's ("default": the exported
+    type). intra_threads: threads per translation (0: CTranslate2's default, or cores / workers).
+    workers: CTranslate2's inter_threads (None: the export's decode.workers; 0: `resolve_workers`).
+    precision: a decode.precision, mapped onto compute_type (None: the export's)."""
 
     name = "ctranslate2"
     supports = frozenset()  # none of nmt.search.options.FEATURES (module docstring): each is refused by name
@@ -113,14 +110,10 @@ class Ct2Engine:
 
     def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
                      cancel: Cancel | None = None) -> list[list[Hypothesis]]:
-        """Per source (ids without EOS) up to `options.nbest` hypotheses, best first; greedy when
-        beam_size == 1; the options are mapped onto `translate_batch`'s arguments (module docstring).
-        CTranslate2 takes one output limit per call: the batch's largest. Sentences
-        whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
-        grouped by limit, so no output exceeds its sentence's maximum length. Of the inputs only the
-        prefixes are used: `keys` are for sampling, which is refused, and the placeholders the search
-        cannot enforce are checked by name (`_rank`). cancel: checked before each search (CTranslate2
-        cannot stop one that runs)."""
+        """Per source (ids without EOS) up to `options.nbest` hypotheses, best first, with the options mapped
+        onto `translate_batch` (module docstring). A batch is searched under its largest output limit; the
+        sentences whose smaller limit a hypothesis reaches are searched again with it. Of the inputs only the
+        prefixes are used (placeholders are checked by `_rank`). cancel: checked before each search."""
         prefixes = inputs.prefixes
         refused = options.features() - self.supports
         if refused:

@@ -315,12 +315,10 @@ class Race:
 
 
 def tune_glossary(race: Race, best: Row, constrain: str, log: Callable[[str], None]) -> list[Row]:
-    """Every glossary_beam_size (the setting's beam size and twice it) and glossary_length_penalty (alpha
-    of the setting's penalty type) scored on the chosen setting's dev lines with the glossary applied as
-    `nmt translate` applies it (`constrain`: "always", every line with a term constrained; "missing", those
-    whose free output lacks one of its terms): per beam size one constrained search keeping every
-    hypothesis gives every alpha (as for the free search); the other lines keep the chosen setting's
-    output. [] when there is nothing to tune (greedy, no penalty, no line the constrained search takes)."""
+    """Every glossary_beam_size (the setting's beam size and twice it) and glossary_length_penalty (alpha of
+    the setting's penalty type) scored on the chosen setting's dev lines with the glossary applied as
+    `nmt translate` applies it (`constrain`), one constrained search per beam size; the other lines keep
+    the setting's output. [] when there is nothing to tune."""
     setting, decoder = best.setting, race.decoder
     if setting.beam_size == 1 or setting.length_penalty_type == "none" or decoder.terms is None:
         return []
@@ -363,12 +361,10 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
          max_loops: float = MAX_LOOPS, beams: Sequence[int] = BEAMS, ngrams: Sequence[int] = NGRAMS,
          log: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False,
          tgt_lang: str | None = None, src_lang: str | None = None, glossary=None) -> TuneResult:
-    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring).
-    tgt_lang: a multilingual model's target language, the references' (default: the engine's decode
-    setting, else the model's default); src_lang: the dev sources' language where a token gives it
-    (imported M2M100/NLLB; default: the engine's decode setting). glossary: a `nmt.text.glossary.Glossary`; with
-    it, once the setting is chosen, its glossary_beam_size and glossary_length_penalty too (`tune_glossary`). `stop()` is asked between
-    batches and once more at the end: true raises `Stopped`. Check `within_limit` before using the result."""
+    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring). tgt_lang,
+    src_lang: the dev set's languages where the model needs them (default: the engine's settings).
+    glossary: with it, also `tune_glossary`. `stop()` is asked between batches and at the end: true
+    raises `Stopped`. Check `within_limit` before using the result."""
     if metric not in ("bleu", "chrf"):
         raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
     if len(src_lines) != len(ref_lines):
