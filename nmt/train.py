@@ -3,45 +3,27 @@
 
     train(cfg, resume=False, device=None, quiet=False) -> dict of final metrics
 
-Run directory `cfg.output_dir/cfg.name/`: config.yaml (resolved), spm*.model,
-cache/ (encoded corpora), checkpoints/ (latest.pt, best.pt, step_N.pt keeping
-the last `keep_last`), tensorboard/ (event files), train.log.
+Run directory `cfg.output_dir/cfg.name/`: config.yaml (resolved), spm*.model, cache/ (encoded
+corpora), checkpoints/ (latest.pt, best.pt, the last `keep_last` step_N.pt), tensorboard/, train.log
+(nmt/training/rundir.py). Starting in a directory that has checkpoints is an error unless
+`resume=True`, which continues exactly from checkpoints/latest.pt (model, optimizer, schedule,
+scaler, RNG states, position in the epoch, best metric and patience); the config may change
+training options but not the architecture.
 
-Starting a run in a directory that already has checkpoints is an error unless
-`resume=True`, which continues exactly from checkpoints/latest.pt: model,
-optimizer, schedule, GradScaler, RNG states, epoch and the position inside
-it, best metric and patience. The config passed in may change training
-options (e.g. a larger max_steps) but not the model architecture.
+`build_training` prepares the objects the loop runs over (scripts/bench_train.py and
+scripts/bench_data.py time exactly those). One optimizer step (nmt/training/step.py) sums the loss
+over `update_freq` micro-batches and normalises it by their target tokens; non-finite steps are
+skipped, `max_nan_steps` in a row stop with a UserError. Validation: nmt/training/validation.py.
 
-The loop is `nmt.training.trainer.Trainer` over the objects `build_training` prepares (also used by
-scripts/bench_train.py and scripts/bench_data.py, so they time exactly what `nmt train` runs).
+Data parallel (torchrun; nmt/training/distributed.py, docs/distributed.md): each rank trains on its
+padded share of each epoch; one all-reduce per step sums the target tokens (and carries rank 0's stop
+decision), so W ranks with batch b equal one process with W x b. Rank 0 alone prepares the run
+directory and data, logs, validates and writes checkpoints (with every rank's RNG state).
 
-One optimizer step (`nmt.training.step.train_step`) runs forward/backward over a list of
-micro-batches (`update_freq` of them) and normalises the summed loss by their
-total target-token count, so accumulation equals one big batch. Steps whose
-loss or gradient norm is not finite are skipped (not counted as steps); after
-`max_nan_steps` in a row training stops with a UserError. Precision and host
-syncs: nmt/training/step.py. Validation: nmt/training/validation.py. The run directory (lock,
-start checks, checkpoint files): nmt/training/rundir.py.
-
-Data parallel (torchrun; `nmt.training.distributed`, docs/distributed.md): DDP model;
-rank r trains on its padded share of each epoch (`epoch_batches(rank=r,
-world_size=W)`; `batch_offset` is per rank). One all-reduce per step sums the
-ranks' target tokens (and carries rank 0's stop decision), so gradients are
-normalised by the global count and W ranks with batch b equal one process with
-W x b; loss sums are all-reduced too (global logs, one NaN-skip decision). Rank 0
-alone prepares the run directory and data (the others wait, then load), logs,
-validates and writes checkpoints (with every rank's RNG state).
-
-Returns {"step", "epoch", "best", "metric", "reason", "valid" (last validation
-metrics), "nan_steps", "signal" (None or the signal number), "run_dir", "elapsed"}.
-
-SIGINT/SIGTERM: the current step finishes, latest.pt is written, and `train`
-returns normally with `result["signal"]` set to the signal number (the CLI
-exits with 128 + signal: 130 for Ctrl-C, 143 for SIGTERM). During
-`train.tune_decode` the tuning stops between two batches instead and best.pt
-keeps the decode settings it was trained with. A second signal raises
-KeyboardInterrupt at once. Previous handlers are restored on return.
+Returns {"step", "epoch", "best", "metric", "reason", "valid", "nan_steps", "signal", "run_dir",
+"elapsed"}. SIGINT/SIGTERM: the current step finishes, latest.pt is written and `result["signal"]`
+is set (the CLI exits with 128 + signal); during `train.tune_decode` the tuning stops and best.pt
+keeps its trained settings. A second signal raises KeyboardInterrupt at once.
 """
 
 from __future__ import annotations

@@ -591,7 +591,7 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
 
     from nmt import Translator
     from nmt.model.checkpoint import load_record
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
     from nmt.text.tokenizer import Tokenizer
 
     lines = read_lines(os.path.join(BIBLE, "test.es.gz"), plan.sentences)
@@ -602,7 +602,8 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
         import transformers
 
         hf_dir = os.path.join(work, "hf-decode")
-        export_command(checkpoint, hf_dir, format="hf", force=True, quiet=True)  # `nmt export --format hf`
+        export_command(ExportOptions(checkpoint, hf_dir, format="hf", force=True,
+                                     quiet=True))  # `nmt export --format hf`
         hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
         hf_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir, attn_implementation="sdpa")
         hf_model = hf_model.to(device).eval()

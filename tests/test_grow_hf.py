@@ -38,14 +38,14 @@ def grown(request, tmp_path_factory):
     """(family, directory, imported checkpoint, fine-tuned checkpoint) for es -> en + es -> new."""
     import yaml
 
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
     family = request.param
     d = tmp_path_factory.mktemp(family)
     hf = str(d / "hf")
     fx.m2m100_model(hf, nllb=family == "nllb")
     imported = str(d / "imported.pt")
-    assert import_command(hf, imported, quiet=True) == 0
+    assert import_command(ImportOptions(hf, imported, quiet=True)) == 0
     files = {}
     for split, n in (("train", 300), ("dev", 10)):
         es, en = fx.corpus_lines(split, "es", n), fx.corpus_lines(split, "en", n)

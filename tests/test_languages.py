@@ -139,7 +139,7 @@ def test_one_accessor_for_what_a_model_translates_into(ckpt, tmp_path):
         assert load_record(path).languages == want and model_info(path).languages == want
     assert target_prefix(TorchEngine.load(with_default).tokenizer, None) == [ids["fr"]]  # the default's token
     pytest.importorskip("ctranslate2", reason="the export half needs CTranslate2 (the ct2 extra)")
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
-    export_command(with_default, str(tmp_path / "ct2"), quiet=True)
+    export_command(ExportOptions(with_default, str(tmp_path / "ct2"), quiet=True))
     assert model_info(str(tmp_path / "ct2")).languages == TargetLanguages(ids, "fr")

@@ -2,21 +2,13 @@
 
     nmt evaluate --ref test.en --compare base.hyp new.hyp [more.hyp ...] [--src test.es] [--json]
 
-The first file is the baseline; every other file is compared with it on the same references:
-- corpus BLEU / chrF (sacreBLEU's metrics, as `nmt evaluate` scores them) with a 95%
-  confidence interval from bootstrap resampling;
-- paired bootstrap resampling (1,000 resamples; Koehn, 2004) and paired approximate
-  randomization (10,000 trials; Riezler and Maxwell, 2005): sacreBLEU's own implementation
-  (`sacrebleu.significance.PairedTest`, what `sacrebleu REF -i A B --paired-bs|--paired-ar`
-  runs; seed 12345, or $SACREBLEU_SEED), so the p-values equal the sacrebleu command's;
-- per-line wins, ties and losses against the baseline by **sentence-level chrF** (chrF is
-  meaningful on one sentence; sentence BLEU is mostly zero n-gram matches and smoothing);
-- the degeneration report (nmt/evaluation/degeneration.py) of each system and its difference from the
-  baseline's, line counts per category.
-
-A p-value below 0.05 says the difference is unlikely to be chance on this test set (not that it
-holds on other data). Line counts that differ, fewer than two systems or an empty test set are
-one-line errors.
+Every file is compared with the first (the baseline) on the same references:
+- corpus BLEU / chrF with a 95% confidence interval (bootstrap resampling);
+- paired bootstrap resampling (Koehn, 2004) and paired approximate randomization (Riezler and
+  Maxwell, 2005), sacreBLEU's own `PairedTest`, so the p-values equal the sacrebleu command's;
+- per-line wins, ties and losses by sentence-level chrF (sentence BLEU is mostly smoothing);
+- each system's degeneration report (nmt/evaluation/degeneration.py) and its difference.
+A p-value below 0.05 says the difference is unlikely to be chance on this test set.
 """
 
 from __future__ import annotations

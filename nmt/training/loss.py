@@ -1,22 +1,17 @@
 """Label-smoothed cross-entropy as a pure function of logits and targets.
 
-Label smoothing follows PyTorch's formula (`F.cross_entropy(label_smoothing=eps)`):
-the target distribution puts `1 - eps` on the reference token and spreads
-`eps` uniformly over **all V classes** (the reference and PAD included), so the
-reference token gets `1 - eps + eps/V`. Per real target token:
+Label smoothing follows PyTorch's formula (`F.cross_entropy(label_smoothing=eps)`): `eps` is spread
+uniformly over **all V classes** (the reference and PAD included), so the reference gets
+`1 - eps + eps/V`. Per real target token:
 
     loss = (1 - eps) * nll + (eps / V) * sum_v(-log p_v)
 
-fairseq's `label_smoothed_cross_entropy` spreads `eps` over the other V-1 classes
-instead (`eps_i = eps/(V-1)`, reference weight `1 - eps`); for V in the thousands
-the two differ by O(eps/V) and are interchangeable in practice.
-
-`label_smoothed_nll` returns **sums** (smoothed loss, plain NLL) over the real (non-PAD) target tokens; the caller
-divides by the token count (summed over accumulated micro-batches and, with DDP,
-over ranks), so the gradient scale does not depend on how a step is split into
-batches. Computed in fp32 (logits may come from autocast). With `chunk` (train.loss_chunk) the
-log-probabilities are computed `chunk` rows at a time, in the forward pass and again in the backward one,
-so no [tokens, V] fp32 tensor outlives a chunk: the same gradient, row for row.
+(fairseq spreads `eps` over the other V-1 classes; the two differ by O(eps/V).)
+`label_smoothed_nll` returns **sums** over the real target tokens, in fp32; the caller divides by the
+token count of the whole step (micro-batches and ranks), so the gradient scale does not depend on how
+a step is split. With `chunk` (train.loss_chunk) the log-probabilities are computed
+`chunk` rows at a time, in the forward pass and again in the backward one: the same gradient, row for row,
+and no [tokens, V] fp32 tensor outlives a chunk.
 """
 
 from __future__ import annotations
@@ -34,14 +29,10 @@ def label_smoothed_nll(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Smoothed loss sum and plain NLL sum over the non-ignored target tokens.
 
-    logits [B,T,V] (any float dtype), target [B,T] (ignore_index = padding).
-    Returns (loss_sum, nll_sum): fp32 scalars. `loss_sum` equals
-    `F.cross_entropy(logits, target, label_smoothing=epsilon, ignore_index=..., reduction="sum")`
-    (tests/test_loss.py checks it against `F.cross_entropy`); `nll_sum` is the same with epsilon = 0 (for perplexity).
-    Both are differentiable (one backward). A fused autograd function: its backward
-    writes softmax - q in place into the saved log-probabilities, instead of autograd
-    through log-softmax, gather and sum (2.8x faster than F.cross_entropy on CPU: docs/architecture.md).
-    """
+    logits [B,T,V] (any float dtype), target [B,T] (ignore_index = padding) -> (loss_sum, nll_sum), fp32
+    scalars; `loss_sum` equals `F.cross_entropy(..., label_smoothing=epsilon, reduction="sum")`
+    (tests/test_loss.py), `nll_sum` the same with epsilon 0. A fused autograd function (one backward):
+    its backward writes softmax - q in place into the saved log-probabilities (BENCHMARKS.md)."""
     V = logits.size(-1)
     flat, target = logits.reshape(-1, V), target.reshape(-1)
     if chunk and flat.shape[0] > chunk:

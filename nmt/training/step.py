@@ -93,17 +93,11 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
                loss_fn: Callable | None = None) -> StepResult:
     """One optimizer update over `batches` (micro-batches already on the device).
 
-    Each micro-batch's loss sum is divided by `grad_denominator` (default: the total
-    target tokens of `batches`) before backward, so the gradients equal those of one
-    batch holding all of them. DDP: pass the global token count / world size (DDP
-    averages gradients over ranks); gradient all-reduce runs only on the last
-    micro-batch (`model.no_sync()` on the others), and `reduce` (an in-place sum
-    over ranks) makes the returned loss sums global, so the finiteness check sees
-    the same loss and (all-reduced) gradient norm on every rank and all ranks
-    skip or apply the update together. One host sync per step: that check. `loss_fn`: the
-    (loss_sum, nll_sum) function of nmt/training/loss.py (None: `label_smoothed_nll`; `train.compile`: the
-    compiled formula).
-    """
+    Each micro-batch's loss sum is divided by `grad_denominator` (default: the total target tokens of
+    `batches`), so the gradients equal those of one batch. DDP: pass the global token count / world size;
+    gradients are all-reduced on the last micro-batch only, and `reduce` (an in-place sum over ranks) makes
+    the loss sums global, so every rank skips or applies the update together. One host sync per step: the
+    finiteness check. `loss_fn`: (loss_sum, nll_sum) of nmt/training/loss.py (None: `label_smoothed_nll`)."""
     optimizer.zero_grad(set_to_none=True)
     loss_fn = loss_fn or label_smoothed_nll  # (looked up at call time: tests replace it)
     n_tokens = sum(b.n_tgt_tokens for b in batches)

@@ -3,12 +3,10 @@
     trainer = Trainer(build_training(cfg, run_dir, device, log), stop)   # nmt/train.py
     result = trainer.run()
 
-`Trainer.run` reads as a list of steps: for each epoch, for each group of `update_freq`
-batches, ask whether to stop (`stop_reason`: max_steps, max_time or a signal; under
-torchrun rank 0 decides and its decision travels in the all-reduce that opens each step,
-with the token count and the clock), take an optimizer step (`step`), log, validate and save
-(`validate`, `save`) when due. Everything the loop changes lives in one state object,
-`TrainState` (saved in every checkpoint), plus the shared `Clock`.
+`Trainer.run` reads as a list of steps: for each group of `update_freq` batches, ask whether to stop
+(`stop_reason`; under torchrun rank 0 decides, in the all-reduce that opens each step), take an
+optimizer step (`step`), log, and validate and save when due (`validate`, `save`). What the loop
+changes lives in `TrainState` (saved in every checkpoint) and the shared `Clock`.
 """
 
 from __future__ import annotations
@@ -84,15 +82,10 @@ class Clock:
 
 
 class SignalStop:
-    """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers.
-
-    The handler only records the signal: it must not write to train.log or stderr, because
-    the signal can arrive while the loop is writing to the same file (a reentrant write
-    raises RuntimeError in the middle of training). The loop reports it (`announce`).
-    A repeat within `repeat_window` seconds of the first counts as the same request:
-    under torchrun a worker gets Ctrl-C from the terminal and again from torchrun,
-    which forwards the signals it receives.
-    """
+    """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers. The handler
+    only records the signal (a write to train.log or stderr could re-enter a write in progress); the loop
+    reports it (`announce`). A repeat within `repeat_window` seconds counts as the same request (under
+    torchrun a worker gets Ctrl-C from the terminal and again from torchrun)."""
 
     def __init__(self, repeat_window: float = 0.0):
         self.requested: int | None = None
