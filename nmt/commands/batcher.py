@@ -39,7 +39,7 @@ MAX_WAIT = 1.0  # seconds: the longest a request waits for company
 
 @dataclass(frozen=True)
 class Settings:
-    """The server's limits and batching (flags of `nmt serve`; README "Serving")."""
+    """The server's limits and batching (flags of `nmt serve`; docs/serving.md)."""
 
     max_lines: int = 256  # sentences in one request (more: 413)
     max_chars: int = 100_000  # characters of text and prefixes in one request (more: 413)
