@@ -496,6 +496,28 @@ def test_resume_from_an_averaged_checkpoint_says_what_to_do(tmp_path):
         train(cfg, resume=True, quiet=True)
 
 
+def _saved_then_wait(proc, path, delay):
+    """Wait until `proc` has replaced `path` (or ended), then `delay` seconds more."""
+    def mtime():
+        try:
+            return os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return None
+    before, deadline = mtime(), time.time() + 120
+    while proc.poll() is None and mtime() == before and time.time() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay)
+
+
+def _kill_at(proc, wait):
+    """SIGKILL `proc` once `wait()` returns; False if it had already ended."""
+    wait()
+    if proc.poll() is not None:
+        return False
+    proc.kill()
+    return True
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
     """SIGKILL a tiny training run at random moments (saves every step, so some kills land in a
@@ -509,21 +531,20 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_pa
     run = os.path.join(raw["output_dir"], "killed")
     latest = os.path.join(run, "checkpoints", "latest.pt")
     rng = random.Random(0)
-    kills, mid_run, finished, scale = 0, 0, False, 1.0
+    kills, mid_run, finished = 0, 0, False
     deadline = time.time() + 300
     while not finished and time.time() < deadline:
         resume = os.path.exists(latest)
         cmd = [sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"] + (["--resume"] if resume else [])
         proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        killing = mid_run < 3 and kills < 20  # then let it finish
-        try:
-            proc.wait(timeout=rng.uniform(1.5, 6.0) * scale if killing else 300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            kills += 1
-            if not os.path.exists(latest):
-                scale *= 1.5  # a loaded machine: the run had not reached its first save yet
-        _, err = proc.communicate()
+        if kills == 0:  # the first kill at a random moment, maybe before the first save
+            killed = _kill_at(proc, lambda: time.sleep(rng.uniform(0.5, 3.0)))
+        elif mid_run < 3:  # then a random moment after this process's first save: timed by the run, not the clock
+            killed = _kill_at(proc, lambda: _saved_then_wait(proc, latest, rng.uniform(0.0, 0.3)))
+        else:
+            killed = False
+        kills += killed
+        _, err = proc.communicate(timeout=300)
         if proc.returncode not in (0, -signal.SIGKILL):
             pytest.fail(f"restart failed ({proc.returncode}): {err.decode()}")
         finished = proc.returncode == 0

@@ -129,6 +129,7 @@ class Trainer:
         self.clock: Clock = training.clock
         self.meter = Meter()
         self.pending: list[tuple] = []  # the outcomes (ok, loss_ok: device flags) of the steps not read yet
+        self.applied = True  # whether the last step read applied
         self.last_valid: dict = {}
         self.langid = training.langid.to_dict() if training.langid is not None else None  # for every checkpoint
 
@@ -208,15 +209,14 @@ class Trainer:
         """Whether the step just taken counts and the step count decides something now (then the pending
         steps are read: `_flush`): a log line, a validation, a checkpoint or the step budget is due."""
         t, step = self.t, self.state.step
-        if not self.pending:
-            return False  # (flushed by the step itself: only an applied step goes on, as before)
         due = step % t.log_every == 0 or (t.valid_every and step % t.valid_every == 0) or \
             (t.save_every and step % t.save_every == 0) or (t.max_steps and step >= t.max_steps) or \
             (t.valid_every_minutes and self.clock() - self.state.last_valid_time >= 60 * t.valid_every_minutes)
         if not due:
             return False
-        applied = self._flush()
-        return applied[-1] if applied else False
+        if self.pending:  # (with EMA the step read its own outcome)
+            self.applied = self._flush()[-1]
+        return self.applied
 
     def _flush(self) -> list[bool]:
         """Read the pending steps' outcomes (one host read): the skipped ones leave the step count and the
@@ -295,8 +295,10 @@ class Trainer:
         self.meter.add(res, group, n_tokens)
         self.pending.append((res.ok, res.loss_ok))
         self.log.progress(1)
-        if tr.ema is not None and self._flush()[-1]:
-            tr.ema.update(ckpt.unwrap(tr.model))
+        if tr.ema is not None:
+            self.applied = self._flush()[-1]
+            if self.applied:
+                tr.ema.update(ckpt.unwrap(tr.model))
 
     # ------------------------------------------------------------------ validation and checkpoints
 
