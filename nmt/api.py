@@ -8,14 +8,11 @@
     scores = translator.score(["Hola mundo."], ["Hello world."])      # forced decoding
 
 One object, one call: the model, its engine, device and threads are fixed at construction;
-`translate` takes per-call decode options (any key of a config's `decode` section,
-validated as `nmt translate` validates its flags) and returns one frozen
-`TranslationResult` per input line, in order, with the same outputs as `nmt translate`
-(which goes through this class, as do `nmt evaluate` and `nmt score`). Calls are
-thread-safe: calls of every Translator in the process run one at a time (a call already
-batches its lines and runs its batches on all the threads it is given; the CPU thread
-setting it changes while it runs, torch's intra-op threads, is process-wide). To translate
-for several threads or requests at once, gather their lines into one call.
+`translate` takes per-call decode options (validated as `nmt translate`'s flags) and returns one
+frozen `TranslationResult` per line, the same outputs as `nmt translate` (which goes through this
+class, as `nmt evaluate`, `nmt score` and `nmt serve` do). Calls are thread-safe: the calls of every
+Translator in the process run one at a time (torch's thread setting is process-wide); to translate
+for several threads at once, gather their lines into one call.
 """
 
 from __future__ import annotations
@@ -38,14 +35,10 @@ _CALLS = threading.Lock()  # one call at a time in the process (module docstring
 
 
 class Translator:
-    """A translation model ready to use: a checkpoint file (PyTorch) or a directory written by
-    `nmt export` (CTranslate2), chosen by what `path` is unless `engine` says otherwise.
-
-    device: "auto" (CUDA if available), "cpu", "cuda", "cuda:N". Keyword decode options (e.g.
-    beam_size=4, workers=1) replace the model's own `decode` defaults for every call; they are
-    checked before the model loads (ConfigError, a ValueError, names every problem). `precision`
-    (and CTranslate2's `workers`) are fixed here: a call asking for another precision is a UserError.
-    """
+    """A translation model ready to use: a checkpoint file (PyTorch) or a directory written by `nmt export`
+    (CTranslate2), chosen by what `path` is unless `engine` says otherwise. device: "auto", "cpu", "cuda",
+    "cuda:N". Keyword decode options replace the model's `decode` defaults for every call, checked before
+    the model loads (ConfigError names every problem); `precision` (and CTranslate2's `workers`) are fixed here."""
 
     def __init__(self, path: str, *, engine: str = "auto", device: str = "auto", **decode_options: Any):
         given = decode_config(None, decode_options, check_rules=False)  # a bad option fails before any work
@@ -113,24 +106,15 @@ class Translator:
                   glossary: Any = None, glossary_ignore_case: bool | None = None,
                   **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
-        `.truncated`). prefixes: per line a target prefix the output must start with (may be "").
-        first_line: the input line number of lines[0] (with sampling, a line's samples depend
-        only on the seed and its line number); line_numbers: each line's own number instead (lines
-        of several inputs in one call, as `nmt serve` gathers requests). on_batch(n): called as n
-        more lines are done. cancel(): checked at every decoding step (CTranslate2: before each
-        batch); when it returns True the call stops there and raises `nmt.errors.Cancelled` (how
-        `nmt serve` stops the work of a request nobody waits for any more). settings: decode settings
-        this translator's `decode_settings` returned (validated there, so used as they are; how `nmt
-        serve` validates a request's options once), instead of decode_options. `lines` and `prefixes`
-        are lists (any ordered iterables) of str, `line_numbers` of int: one str, a mapping or a set,
-        or an item of another type, is a one-line TypeError that names the argument; a line break
-        ("\\n", "\\r") or a lone surrogate in an item is a ValueError naming it. glossary:
-        `[(source term, target term), ...]` (or a `nmt.text.glossary.Glossary`): every output of a line
-        holds the target term of each entry whose source term occurs in the line (whole words,
-        longest match first; case-insensitive with glossary_ignore_case=True; a Glossary keeps its
-        own ignore_case, another value is a UserError); lines no entry matches translate as without
-        it (nmt/text/glossary.py; the PyTorch engine only: CTranslate2 cannot guarantee terms, a
-        UserError). Every target term is checked before any work (`check_glossary`)."""
+        `.truncated`). `lines` (and `prefixes`) are ordered iterables of str: another type is a TypeError, a
+        line break or lone surrogate in an item a ValueError, each naming the argument.
+        prefixes: per line a target prefix the output must start with (may be ""). first_line: the input
+        line number of lines[0], or line_numbers: each line's own (sampling: a line's samples depend only on
+        the seed and its number). on_batch(n): called as n more lines are done. cancel(): checked at every
+        decoding step; True stops the call with `nmt.errors.Cancelled`. settings: what `decode_settings`
+        returned, instead of decode_options. glossary: `[(source term, target term), ...]` or a `Glossary`:
+        every output holds the target term of each entry whose source term is in its line (PyTorch engine;
+        glossary_ignore_case for a list); every target term is checked first (`check_glossary`)."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
         if glossary is not None:
@@ -148,12 +132,8 @@ class Translator:
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:
         """The model's log-probability of each target given its source (`nmt score`): one
-        `nmt.translation.score.PairScore` (log_prob, n_tokens, per_token, truncated) per pair, in order. Only these
-        decode_options matter (`nmt score`'s flags): the batching keys (batch_tokens, max_batch_size,
-        workers), tgt_lang (a multilingual model's language token, scored first), src_lang (an
-        imported M2M100/NLLB model's source-language token) and protect /
-        protect_pattern (pairs scored as translation masks them). `sources` and `targets` are lists
-        of str, checked as `translate` checks `lines`."""
+        `nmt.translation.score.PairScore` per pair, in order. Only `nmt score`'s decode options matter (batching,
+        tgt_lang, src_lang, protect, protect_pattern). `sources` and `targets` are checked as `lines` are."""
         from nmt.translation.score import score_pairs
 
         sources, targets = _texts(sources, "sources"), _texts(targets, "targets")

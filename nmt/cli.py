@@ -1,12 +1,10 @@
 """Command line: `nmt train | translate | evaluate | score | tune | average | import | export | serve`.
 
-Only argument parsing and dispatch live here; every command is an importable
-function. torch is imported lazily, inside the commands, so `nmt --help`
-stays fast. Every error prints one line on stderr, without a traceback:
-exit code 2 for problems the user can fix (ConfigError, UserError, bad flags,
-missing or unreadable files), 1 when the command could not finish because of
-an OS error (disk full, I/O error), 128 + N when stopped by signal N: Ctrl-C (130) and SIGTERM
-(143) stop every command cleanly (outputs are atomic: nothing half-written is left).
+Only argument parsing and dispatch live here: each command is an importable function taking one
+options object (nmt/commands/). torch is imported lazily, inside the commands, so `nmt --help` stays
+fast. Every error prints one line on stderr: exit code 2 for problems the user can fix (ConfigError,
+UserError, bad flags, missing files), 1 for an OS error while it ran (disk full), 128 + N when stopped
+by signal N: Ctrl-C (130) and SIGTERM (143) stop every command cleanly (outputs are atomic).
 """
 
 from __future__ import annotations
@@ -112,14 +110,13 @@ def _translate_parser(sub) -> None:
     p.add_argument("--prefix", metavar="FILE", help="target prefixes, one per input line (may be empty): each output "
                    "starts with its prefix, the search continues from it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or warnings summary")
-    _add_glossary_options(p, "every output holds the target term of each entry whose source term occurs in its line "
-                          "(whole words, longest match first; constrained search, PyTorch engine)")
+    _add_glossary_options(p, "each output holds the target term of every entry whose source term is in its line "
+                          "(PyTorch engine)")
     _add_decode_options(p)
 
 
 def _add_glossary_options(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--glossary", metavar="FILE", help="terminology, a TSV file: `source term<TAB>target term` per line "
-                   f"(blank lines and # comments allowed): {what}")
+    p.add_argument("--glossary", metavar="FILE", help=f"a TSV file, `source term<TAB>target term` per line: {what}")
     p.add_argument("--glossary-ignore-case", action="store_true", help="match the glossary's source terms (and "
                    "count its target terms) ignoring case")
 
@@ -134,9 +131,8 @@ def _evaluate_parser(sub) -> None:
     )
     p.add_argument("--ref", "-r", required=True, metavar="FILE", help="reference translations, one per line")
     p.add_argument("--hyp", metavar="FILE", help="hypotheses to score, one per line (- = stdin)")
-    p.add_argument("--compare", nargs="+", metavar="HYP", help="compare two or more hypothesis files (the first is the "
-                   "baseline): scores with 95%% confidence intervals, paired bootstrap and approximate randomization "
-                   "p-values (sacreBLEU's), per-line wins/losses by sentence chrF, degeneration differences")
+    p.add_argument("--compare", nargs="+", metavar="HYP", help="compare two or more hypothesis files with the first: "
+                   "confidence intervals, paired significance tests, per-line wins and losses, degeneration")
     _add_model_options(p, "to translate --src with, then score")
     p.add_argument("--src", metavar="FILE", help="source sentences: translated with --checkpoint or --model; with --hyp "
                    "only used by the degeneration report (copied sources)")
@@ -146,15 +142,12 @@ def _evaluate_parser(sub) -> None:
                    help="sacreBLEU's BLEU tokenizer (default: from the target language, --tgt-lang or a bilingual "
                    "model's: ja-mecab for Japanese (char without MeCab, with a warning), zh for Chinese, else 13a)")
     p.add_argument("--langid", metavar="CKPT", help="count off-target outputs with the language identifier of this "
-                   "checkpoint (or `nmt export` directory), e.g. with --hyp (default: the --checkpoint's, if it has "
-                   "one: multilingual models); the hypotheses' language is --tgt-lang or the model's. An error when "
-                   "CKPT has no identifier or it does not know that language")
+                   "checkpoint or export (default: the --checkpoint's, if it has one); the language is --tgt-lang's")
     p.add_argument("--lowercase", "-lc", action="store_true", help="case-insensitive BLEU and chrF (the sacrebleu command's -lc --chrf-lowercase)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--json", dest="json_out", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    _add_glossary_options(p, "with --src, report the term-use rate (matched entries whose target term appears in "
-                          "the hypothesis; JSON: term_use, terms) and the scores on the lines with a term; "
-                          "--checkpoint translates with the terms guaranteed")
+    _add_glossary_options(p, "with --src, report the share of matched terms the outputs hold and the scores of "
+                          "lines with a term")
     _add_decode_options(p)
 
 
@@ -178,34 +171,27 @@ def _tune_parser(sub) -> None:
 
     p = sub.add_parser(
         "tune", help="choose a checkpoint's decode settings on a dev set",
-        description="Search decode settings (beam size, length penalty type and strength, n-gram blocking) on a dev "
-        "set within a time budget (successive halving; every length penalty is scored from one search), print the "
-        "table explored, and write the best settings into the decode section of a new checkpoint (-o) or of this "
-        "one (--in-place, atomically). Outputs that loop may be at most --max-loops of the lines: when no setting is "
-        "within it, nothing is written (a one-line error gives the share found). With --glossary, then also the beam "
-        "size and length penalty of the lines the glossary's constrained search takes.")
+        description="Search decode settings (beam size, length penalty, n-gram blocking) on a dev set within a "
+        "time budget, print the table explored, and write the best into the decode section of a new checkpoint (-o) "
+        "or of this one (--in-place). Settings whose outputs loop on more than --max-loops of the lines are refused.")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to tune")
     p.add_argument("--src", required=True, metavar="FILE", help="dev source sentences")
     p.add_argument("--ref", required=True, metavar="FILE", help="dev reference translations")
     p.add_argument("--output", "-o", metavar="FILE", help="write a copy of the checkpoint with the chosen settings")
     p.add_argument("--in-place", action="store_true", help="write the chosen settings into CKPT itself (atomically)")
     p.add_argument("--max-time", type=float, default=MAX_TIME, metavar="SECONDS",
-                   help=f"time budget (default {MAX_TIME:g}); the first round (100 lines per setting) always runs; "
-                   "with --glossary its two constrained searches of the chosen setting's lines come after it")
+                   help=f"time budget (default {MAX_TIME:g}); the first round (100 lines per setting) always runs")
     p.add_argument("--metric", choices=("bleu", "chrf"), default="bleu", help="what to maximise (default bleu)")
     p.add_argument("--max-loops", type=float, default=MAX_LOOPS, metavar="SHARE",
                    help=f"largest share of looping output lines allowed (a word 3-gram 3+ times; default {MAX_LOOPS:g})")
-    p.add_argument("--tgt-lang", metavar="L", help="a multilingual model's target language, the language of the dev "
-                   "references (--ref); the settings chosen on it become the model's decode settings for every "
-                   "target language (default: the model's default language)")
-    p.add_argument("--src-lang", metavar="L", help="an imported M2M100/NLLB model's source language, the language of "
-                   "the dev sources (--src); default: the model's decode.src_lang, else its data.src_lang)")
-    _add_glossary_options(p, "then also choose decode.glossary_length_penalty, the length penalty of the lines the "
-                          "glossary's constrained search takes, with the glossary applied to the dev set (a dev set "
-                          "whose references hold the terms: what the glossary is for)")
-    p.add_argument("--glossary-constrain", choices=("always", "missing"), help="with --glossary: which lines get the "
-                   "constrained search while tuning, written into the checkpoint with the penalty (default: the "
-                   "checkpoint's decode.glossary_constrain)")
+    p.add_argument("--tgt-lang", metavar="L", help="a multilingual model's target language, that of --ref; the "
+                   "settings chosen serve every target language (default: the model's default language)")
+    p.add_argument("--src-lang", metavar="L", help="an imported M2M100/NLLB model's source language, that of --src "
+                   "(default: the model's decode.src_lang, else its data.src_lang)")
+    _add_glossary_options(p, "also choose the beam size and length penalty of the lines searched with their "
+                          "terms (decode.glossary)")
+    p.add_argument("--glossary-constrain", choices=("always", "missing"), help="with --glossary: which lines are "
+                   "searched with their terms, written with the settings (default: the checkpoint's)")
     p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final table")
 
@@ -269,10 +255,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only; "
                    "0.0.0.0 or ::, every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 = a free one, printed at start)")
-    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+    p.add_argument("--allow-origin", dest="allow_origins", action="append", default=[], metavar="ORIGIN",
                    help="let web pages of ORIGIN (e.g. https://example.com; * = any) call POST /translate, with CORS "
                    "headers (default: none; pages of other sites get 403). Repeatable")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+    p.add_argument("--allow-host", dest="allow_hosts", action="append", default=[], metavar="NAME",
                    help="accept requests whose Host header is NAME (* = any; default: the --host address, and this "
                    "machine's names for a loopback one; any name when listening on every interface). Repeatable")
     g = p.add_argument_group("limits and batching")
@@ -288,7 +274,7 @@ def _serve_parser(sub) -> None:
                    "a body still arriving; the request's work stops; default: 60)")
     g.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
                    help="after a request arrives, how long to wait for others to translate with it (default: 5; "
-                   "5%% of the previous call's duration when that is longer, at most 1 s)")
+                   "longer after a long call, at most 1 s)")
     g.add_argument("--batch-lines", type=int, default=1024, metavar="N",
                    help="lines gathered into one translation call at most (default: 1024)")
     g.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
@@ -298,111 +284,95 @@ def _serve_parser(sub) -> None:
     _add_decode_options(p)
 
 
-def _decode_overrides(args: argparse.Namespace) -> dict:
-    """{decode key: value given on the command line} (absent flags are left out)."""
-    return {k[len("decode_"):]: v for k, v in vars(args).items() if k.startswith("decode_") and v is not None}
-
-
-def _model(args: argparse.Namespace, needed: bool = True) -> tuple[str | None, str]:
-    """(model path, engine) from --checkpoint / --model / --engine."""
+def _model(args: argparse.Namespace, needed: bool = True) -> dict:
+    """The model and its search settings: {"checkpoint": path, "engine": ..., "overrides": {decode key: value
+    given on the command line}}, from --checkpoint / --model / --engine and the search flags."""
     from nmt.errors import UserError
 
     if args.checkpoint and args.model:
         raise UserError("give --checkpoint or --model, not both")
     path = args.checkpoint or args.model
-    engine = "ctranslate2" if args.model and args.engine == "auto" else args.engine
     if needed and not path:
         raise UserError(f"{args.command} needs --checkpoint CKPT (or --model DIR for a CTranslate2 export)")
-    return path, engine
+    overrides = {k[len("decode_"):]: v for k, v in vars(args).items() if k.startswith("decode_") and v is not None}
+    return {"checkpoint": path, "engine": "ctranslate2" if args.model and args.engine == "auto" else args.engine,
+            "overrides": overrides}
+
+
+def _options(cls, args: argparse.Namespace, **given):
+    """A command's options object (a frozen dataclass next to the command): each field from `given` or the
+    parsed flag of its name (lists as tuples); the fields without either keep their defaults."""
+    import dataclasses
+
+    values = {f.name: given[f.name] if f.name in given else getattr(args, f.name)
+              for f in dataclasses.fields(cls) if f.name in given or hasattr(args, f.name)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from nmt.commands.train import train_command
+    from nmt.commands.train import TrainOptions, train_command
 
-    return train_command(args.config, args.overrides, resume=args.resume, device=args.device, quiet=args.quiet,
-                         check=args.check)
+    return train_command(_options(TrainOptions, args))
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from nmt.commands.translate import translate_command
+    from nmt.commands.translate import TranslateOptions, translate_command
 
-    path, engine = _model(args)
-    return translate_command(path, args.input, args.output, engine=engine, device=args.device,
-                             overrides=_decode_overrides(args), prefix=args.prefix, quiet=args.quiet,
-                             glossary=args.glossary, glossary_ignore_case=args.glossary_ignore_case)
+    return translate_command(_options(TranslateOptions, args, **_model(args)))
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from nmt.commands.evaluate import compare_command, evaluate_command
+    from nmt.commands.evaluate import EvaluateOptions, compare_command, evaluate_command
     from nmt.errors import UserError
 
-    path, engine = _model(args, needed=False)
-    if args.compare is not None:
-        if args.hyp is not None or path is not None:
+    opts = _options(EvaluateOptions, args, **_model(args, needed=False))
+    if opts.compare is not None:
+        if opts.hyp is not None or opts.checkpoint is not None:
             raise UserError("--compare scores existing hypothesis files: give it without --hyp and --checkpoint")
-        if args.langid is not None:
+        if opts.langid is not None:
             raise UserError("--compare does not count off-target outputs: give it without --langid")
-        if args.glossary is not None:
+        if opts.glossary is not None:
             raise UserError("--compare does not report term use: evaluate each file with --hyp FILE --glossary")
-        return compare_command(args.compare, args.ref, src=args.src, metrics=tuple(args.metrics), tokenize=args.tokenize,
-                               lowercase=args.lowercase, json_out=args.json)
-    if (args.hyp is None) == (path is None):
+        return compare_command(opts)
+    if opts.hyp is None and opts.checkpoint is None:  # (the rest: evaluate_command)
         raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT (or --model DIR) with --src FILE")
-    if path is not None and args.src is None:
-        raise UserError("--checkpoint needs --src FILE (the source sentences to translate)")
-    return evaluate_command(args.hyp, args.ref, checkpoint=path, engine=engine, src=args.src, save_hyps=args.save_hyps,
-                            metrics=tuple(args.metrics), tokenize=args.tokenize, lowercase=args.lowercase,
-                            json_out=args.json, quiet=args.quiet, device=args.device, overrides=_decode_overrides(args),
-                            langid=args.langid, glossary=args.glossary, glossary_ignore_case=args.glossary_ignore_case)
+    return evaluate_command(opts)
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from nmt.commands.score import score_command
+    from nmt.commands.score import ScoreOptions, score_command
 
-    path, engine = _model(args)
-    return score_command(path, args.src, args.tgt, args.output, engine=engine, device=args.device,
-                         overrides=_decode_overrides(args), quiet=args.quiet)
+    return score_command(_options(ScoreOptions, args, **_model(args)))
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from nmt.commands.tune import tune_command
+    from nmt.commands.tune import TuneOptions, tune_command
 
-    return tune_command(args.checkpoint, args.src, args.ref, output=args.output, in_place=args.in_place,
-                        max_time=args.max_time, metric=args.metric, max_loops=args.max_loops, device=args.device,
-                        quiet=args.quiet, tgt_lang=args.tgt_lang, src_lang=args.src_lang, glossary=args.glossary,
-                        glossary_ignore_case=args.glossary_ignore_case, glossary_constrain=args.glossary_constrain)
+    return tune_command(_options(TuneOptions, args))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from nmt.commands.serve import serve_command, serve_settings
+    from nmt.commands.serve import ServeOptions, serve_command
 
-    path, engine = _model(args)
-    settings = serve_settings(port=args.port, max_lines=args.max_lines, max_chars=args.max_chars,
-                              max_beam=args.max_beam, max_queue=args.max_queue, timeout=args.timeout,
-                              batch_window_ms=args.batch_window_ms, batch_lines=args.batch_lines,
-                              batching=args.batching, allow_origins=tuple(args.allow_origin))
-    return serve_command(path, engine=engine, device=args.device, overrides=_decode_overrides(args), host=args.host,
-                         port=args.port, settings=settings, access_log=args.access_log,
-                         allow_origins=tuple(args.allow_origin), allow_hosts=tuple(args.allow_host))
+    return serve_command(_options(ServeOptions, args, **_model(args)))
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
-    from nmt.commands.average import average_command
+    from nmt.commands.average import AverageOptions, average_command
 
-    return average_command(args.checkpoints, args.output)
+    return average_command(_options(AverageOptions, args))
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
-    return import_command(args.source, args.output, src_lang=args.src_lang, tgt_lang=args.tgt_lang, config=args.config,
-                          quiet=args.quiet)
+    return import_command(_options(ImportOptions, args))
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
-    return export_command(args.checkpoint, args.output, format=args.format, quantization=args.quantization, force=args.force)
+    return export_command(_options(ExportOptions, args))
 
 
 @contextlib.contextmanager
@@ -443,15 +413,10 @@ OPENMP_CHOICES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # the u
 
 
 def openmp_defaults(environ=os.environ) -> None:
-    """OMP_WAIT_POLICY=PASSIVE unless the user chose how OpenMP threads wait (any of OPENMP_CHOICES).
-
-    torch's OpenMP threads (GNU libgomp in the pip wheels) spin for about 300,000 rounds after each
-    parallel region before they sleep. With another busy process on the cores that spinning takes
-    the CPU from the threads with work: on 2 cores with one busy process, training ran 2.4-3.8x
-    and a one-batch decode 5-20x slower than with PASSIVE (threads sleep at once), which cost about
-    11% of training throughput on the idle machine (BENCHMARKS.md "OpenMP threads on a shared
-    machine"). The runtime reads the variable once, when it loads: this must run before torch is
-    imported."""
+    """OMP_WAIT_POLICY=PASSIVE unless the user chose how OpenMP threads wait (any of OPENMP_CHOICES):
+    torch's OpenMP threads spin after each parallel region, taking the CPU from threads with work
+    when another process is busy on the cores (BENCHMARKS.md "OpenMP threads on a shared machine").
+    The runtime reads the variable when it loads: this must run before torch is imported."""
     if not any(name in environ for name in OPENMP_CHOICES):
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
 

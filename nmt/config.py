@@ -327,9 +327,9 @@ def _check_schedule(t: TrainConfig, errors: list[str]) -> None:
 
 
 def _check_growth(cfg: Config, errors: list[str]) -> None:
-    """data.add_languages and data.tokenizer.add_pieces grow a fine-tuning source (nmt/training/grow.py): they need
+    """data.add_languages and data.tokenizer.add_pieces grow a fine-tuning source (nmt/training/grow/): they need
     train.init_from; language codes as for per-corpus languages. (What the source knows is checked when
-    it is loaded: nmt/training/grow.py.)"""
+    it is loaded: nmt/training/grow/.)"""
     d = cfg.data
     if d.tokenizer.add_pieces and not d.add_languages:
         errors.append("'data.tokenizer.add_pieces' is set but 'data.add_languages' is empty: new pieces are learnt from "
@@ -512,15 +512,10 @@ def _deepcopy(x: Any) -> Any:
 
 
 def config_from_dict(raw: dict, *, check_files: bool = True, training: bool = True, resume: bool = False) -> Config:
-    """Build and validate a Config from a plain dict (already merged with overrides).
-
-    Relative data paths are resolved against the current directory (as a user
-    types them). Raises ConfigError listing every problem. check_files: data files and
-    train.init_from must exist. training=False: the config of a trained model (a checkpoint's):
-    the rules that only matter to start training (the schedule against the budget,
-    train.init_from) are skipped, so a checkpoint stays loadable when they grow. resume: the
-    run continues from its latest.pt (`nmt train --resume`), which ignores train.init_from.
-    """
+    """Build and validate a Config from a plain dict (already merged with overrides); relative data paths
+    are resolved against the current directory. Raises ConfigError listing every problem. check_files:
+    data files and train.init_from must exist. training=False: a checkpoint's config, without the rules
+    that only matter to start training. resume: `nmt train --resume`, which ignores train.init_from."""
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a YAML mapping with sections data, model, train, decode")
     errors: list[str] = []
@@ -537,18 +532,13 @@ def config_from_dict(raw: dict, *, check_files: bool = True, training: bool = Tr
 
 def decode_config(base: DecodeConfig | dict | None = None, overrides: dict[str, Any] | None = None, *,
                   check_rules: bool = True) -> DecodeConfig:
-    """Decode settings from outside the code, validated like a config file: options of the API, the
-    command line and requests (through `nmt.Translator`), an export's metadata (nmt/translation/ct2.py), a tuned
-    setting (nmt/translation/tune.py). (A config's or checkpoint's `decode` section is checked by
-    `config_from_dict`; code that derives settings it knows valid, such as validation's greedy search,
-    uses `dataclasses.replace`.)
+    """Decode settings from outside the code, validated like a config file: options of the API, the command
+    line and requests, an export's metadata, a tuned setting. (A config's `decode` section is checked by
+    `config_from_dict`.)
 
-    base: a DecodeConfig (e.g. a checkpoint's `cfg.decode`), a raw `decode` mapping (e.g. the
-    metadata of a CTranslate2 export) or None (defaults). overrides: {decode key: value}, None
-    values skipped; a string value for a number or boolean key is parsed as YAML (command-line
-    flags). Raises ConfigError listing every problem (unknown keys, types, ranges, and with
-    check_rules the rules between keys, e.g. nbest <= beam_size).
-    """
+    base: a DecodeConfig, a raw `decode` mapping or None (defaults). overrides: {decode key: value}, None
+    values skipped; a string for a number or boolean key is parsed as YAML (flags). Raises ConfigError
+    listing every problem (with check_rules also the rules between keys, e.g. nbest <= beam_size)."""
     raw = to_dict(base) if isinstance(base, DecodeConfig) else dict(base or {})
     types = {name: tp for name, _, tp in decode_options()}
     for key, value in (overrides or {}).items():

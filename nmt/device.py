@@ -70,11 +70,8 @@ def resolve_workers(workers: int, device, threads: int | None = None) -> int:
 def avoid_cudnn_attention() -> None:
     """Take cuDNN out of the kernels `scaled_dot_product_attention` may pick on CUDA (process-wide:
     `torch.backends.cuda.enable_cudnn_sdp(False)`; flash / memory-efficient attention take over).
-    cuDNN's attention builds an execution plan for each new sequence length (avoiding that is
-    opt-in in PyTorch, pytorch/pytorch#155958), and nmt brings a new length at nearly every call:
-    each decoding step's cache, each token-budget batch. On an H100 (torch 2.11, cuDNN preferred on
-    Hopper) bf16 greedy decoding of the quickstart model ran at 445 target tokens/s with it and
-    10,595 in fp32, which never uses it (BENCHMARKS.md, "On a GPU")."""
+    cuDNN's attention builds an execution plan for each new sequence length, and nmt brings a new
+    length at nearly every call (each decoding step, each batch): BENCHMARKS.md, "On a GPU"."""
     import torch
 
     torch.backends.cuda.enable_cudnn_sdp(False)
@@ -82,13 +79,9 @@ def avoid_cudnn_attention() -> None:
 
 def tune_malloc(inference: bool = False) -> bool:
     """Raise glibc's mmap and trim thresholds for this process; True if applied (Linux/glibc only).
-
-    Training (inference False): blocks of up to 2 GiB come from the heap and it is never trimmed
-    (a step's activations are reused, not page-faulted in again). Inference: blocks of up to
-    `INFERENCE_MMAP` (a decoding step's temporaries) come from the heap, larger ones (decoder-cache
-    buffers, a batch's encoder activations) are mapped and unmapped as they come and go, and the
-    heap keeps at most `INFERENCE_TRIM` free at its top: long-lived buffers of changing sizes no
-    longer fragment a heap that never shrinks (peak RSS of `nmt translate`: BENCHMARKS.md)."""
+    Training: blocks up to 2 GiB come from the heap, never trimmed. Inference: blocks up to
+    `INFERENCE_MMAP` come from the heap, larger ones (cache buffers, encoder activations) are mapped, and
+    the heap keeps at most `INFERENCE_TRIM` free at its top, so changing buffer sizes do not fragment it."""
     global _malloc_tuned
     if _malloc_tuned:
         return True

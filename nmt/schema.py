@@ -49,15 +49,9 @@ def _req(help: str) -> Any:
 
 @dataclass(frozen=True)
 class CorpusConfig:
-    """One parallel corpus: two text files, or a Hugging Face `datasets` source.
-
-    Text files: set `src` and `tgt` (plain or .gz, one sentence a line).
-    Hugging Face: set `hf_path` to a hub dataset name (e.g. `wmt14`), a local
-    directory written by `save_to_disk`, or a builder name `json`/`csv`/`parquet`
-    together with `hf_data_files`. The language fields default to the
-    `translation` dict (`translation[src_lang]`); for flat columns set
-    `src_field`/`tgt_field`.
-    """
+    """One parallel corpus: two text files (`src`, `tgt`: plain or .gz, a sentence a line), or a Hugging Face
+    `datasets` source (`hf_path`: a hub name, a `save_to_disk` directory, or `json`/`csv`/`parquet` with
+    `hf_data_files`; `translation[lang]` fields by default, else `src_field`/`tgt_field`)."""
 
     src: Optional[str] = _f(None, "Source-language text file (plain or .gz), one sentence per line.")
     tgt: Optional[str] = _f(None, "Target-language text file, line-aligned with `src`.")
@@ -68,10 +62,10 @@ class CorpusConfig:
     src_field: Optional[str] = _f(None, "Column holding the source sentence; default `translation[src_lang]`. A dotted path like `translation.de` also works.")
     tgt_field: Optional[str] = _f(None, "Column holding the target sentence; default `translation[tgt_lang]`.")
     max_sentences: Optional[int] = _f(None, "Read at most this many pairs (the first N); null = all.", min=1)
-    weight: float = _f(1.0, "Sampling share per epoch (training corpora only). Each epoch has as many pairs as all training corpora together (after filtering); when all corpora have one direction, this corpus gives weight / (sum of weights) of them: whole passes, then a seeded random subset of the rest. Between directions, see `data.sampling_temperature` (a direction's share also scales with the mean weight of its corpora). 0 = not used.", min=0.0, train_only=True)
-    src_tag: Optional[str] = _f(None, "A tag `<NAME>` (letters, digits, `_`, `-`, `.`) put before every non-empty source sentence of this corpus, e.g. `<BT>` for back-translated data (training corpora only). A trained tokenizer gets it as a user-defined symbol: always one token.", train_only=True)
-    src_lang: Optional[str] = _f(None, "Source language code of this corpus (default `data.src_lang`); also the key of a Hugging Face `translation` dict. An imported M2M100/NLLB model puts its token before every source of the corpus (`decode.src_lang` at translate time).")
-    tgt_lang: Optional[str] = _f(None, "Target language code of this corpus (default `data.tgt_lang`); also the key of a Hugging Face `translation` dict. Training corpora with more than one target language make a multilingual model: one language token per target language, forced as the first target token (`--tgt-lang`; README \"Multilingual models\"). A validation corpus is decoded into its own target language.")
+    weight: float = _f(1.0, "Sampling share per epoch (training corpora only): a direction's corpora give weight / (sum of their weights) of its pairs; whole passes, then a seeded random subset. 0 = not used.", min=0.0, train_only=True)
+    src_tag: Optional[str] = _f(None, "A tag `<NAME>` put before every non-empty source sentence of this corpus, e.g. `<BT>` for back-translated data (training corpora only); always one token.", train_only=True)
+    src_lang: Optional[str] = _f(None, "Source language of this corpus (default `data.src_lang`), also the key of a Hugging Face `translation` dict; an M2M100/NLLB model puts its token before each source.")
+    tgt_lang: Optional[str] = _f(None, "Target language of this corpus (default `data.tgt_lang`). Several target languages make a multilingual model, with a language token forced first (`--tgt-lang`).")
 
     @property
     def kind(self) -> str:
@@ -91,31 +85,31 @@ class TokenizerConfig:
     src_model: Optional[str] = _f(None, "Existing source SentencePiece `.model` (with `joint: false`).")
     tgt_model: Optional[str] = _f(None, "Existing target SentencePiece `.model` (with `joint: false`).")
     threads: int = _f(2, "Threads for SentencePiece training and batch encoding.", min=1)
-    add_pieces: int = _f(0, "With `train.init_from` and `data.add_languages`: grow the source model's vocabulary by at most this many pieces of the new languages: SentencePiece (the source model's type) is trained on their training text and its pieces the vocabulary lacks are appended, most frequent first; existing ids never change; a new piece's embedding starts as the mean of the rows of the pieces the old vocabulary splits it into (nmt/training/grow.py, README \"Add a language\"). 0 = no growth.", min=0)
+    add_pieces: int = _f(0, "With `data.add_languages`: add at most this many SentencePiece pieces trained on the new languages' text to the vocabulary; existing ids stay. 0 = no growth.", min=0)
 
 
 @dataclass(frozen=True)
 class DataConfig:
     src_lang: str = _req("Source language code, e.g. `es`.")
     tgt_lang: str = _req("Target language code, e.g. `en`.")
-    train: Optional[CorpusConfig | list[CorpusConfig]] = _f(None, "Training corpus, or a list of corpora mixed by their `weight` and `data.sampling_temperature` (see `data.train.weight`, `data.train.src_tag`, `data.train.tgt_lang`). Required to train (null only in a checkpoint written by `nmt import`).")
-    valid: Optional[CorpusConfig | list[CorpusConfig]] = _f(None, "Validation corpus (loss, BLEU, early stopping), or a list of them, e.g. one per direction: each is scored on its own (train.log and TensorBoard `valid/SRC-TGT/bleu`) and the mean over them is the validation metric. Required to train (null only in a checkpoint written by `nmt import`).")
+    train: Optional[CorpusConfig | list[CorpusConfig]] = _f(None, "Training corpus, or a list of corpora mixed by their `weight` and `data.sampling_temperature`. Required to train (null only in a checkpoint written by `nmt import`).")
+    valid: Optional[CorpusConfig | list[CorpusConfig]] = _f(None, "Validation corpus, or a list (e.g. one per direction): each is scored on its own and their mean is the validation metric. Required to train (null only when imported).")
     test: Optional[CorpusConfig] = _f(None, "Test corpus (optional; used by recipes and docs).")
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig, metadata={"help": "SentencePiece settings."})
     max_len: int = _f(256, "Drop training pairs with more than this many subword tokens on either side (BOS/EOS not counted).", min=1)
     max_ratio: float = _f(3.0, "Drop training pairs whose token-length ratio (longer/shorter) exceeds this.", min=1.0)
-    drop_identical: bool = _f(False, "Drop training pairs whose target is the source as written (whitespace aside): untranslated messages, names, commands. A model trained on them learns to copy its input, which the language identifier then counts as off-target (on the gettext corpus 3-5% of the pairs; dropping them took the new language's off-target rate from 10.7% to 7.3% at the same budget: BENCHMARKS.md \"Add a language\"). Validation pairs are kept.")
+    drop_identical: bool = _f(False, "Drop training pairs whose target is the source as written (whitespace aside): untranslated messages, names, commands, which teach copying. Validation pairs are kept.")
     batch_tokens: int = _f(4096, "Token budget per batch: B x max(S, T) <= batch_tokens, i.e. neither the padded source tensor nor the padded target tensor holds more than this many positions (fairseq's --max-tokens).", min=1)
     max_batch_size: int = _f(0, "Cap on sentences per batch; 0 = no cap.", min=0)
-    protect: bool = _f(False, "Replace protected spans (placeholders such as `%s`, `{0}`, markup, `&amp;`: nmt/text/protect.py) in training and validation pairs by placeholder tokens `<ph_K>`, which become SentencePiece symbols: the model learns to copy them. Translate with `--protect`.")
-    sampling_temperature: float = _f(1.0, "Temperature T of the epoch mix between directions (a direction = the corpora with one `src_lang`/`tgt_lang` pair): direction d gets a share proportional to w_d x N_d^(1/T), N_d = the pairs (after filtering) of its corpora, w_d = the mean weight of its corpora (1 by default); inside a direction its corpora share by weight, as with one direction. T = 1: directions in proportion to their size; larger T flattens toward the small directions (T -> infinity: equal shares). One direction: no effect.", min=0.0, exclusive_min=True)
-    langid: Optional[bool] = _f(None, "Train a character n-gram language identifier (nmt/text/langid.py) on the training corpora (the first 50,000 lines of each language, sources and targets) and store it in the checkpoints: validation and `nmt evaluate` then count off-target outputs. null = only for a multilingual model.")
-    protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions instead (1-3 names or numbers that occur once, identically, on both sides; else one at the start or the end of both sides), so that a corpus with few or no spans still teaches copying them. 0 = off.", min=0.0, max=1.0)
-    terms: float = _f(0.0, "Train-time terminology (Dinu et al., 2019): the share of training pairs, among those a term dictionary entry applies to (its source term in the source and its target term in the target, as whole words: nmt/text/glossary.py), whose source gets each such term annotated inline, `source term <term> target term </term>`; `<term>` and `</term>` become SentencePiece symbols. The model learns to put a target term where it belongs; `nmt translate --glossary` guarantees the terms by constrained search. Validation pairs are not annotated. 0 = off; e.g. 0.5.", min=0.0, max=1.0)
-    term_dictionary: Optional[str] = _f(None, "With `data.terms`: the term dictionary, a TSV file (source term, tab, target term; `#` comments and blank lines skipped: nmt/text/glossary.py `read_glossary`). null = extracted from each training corpus: single words that align strongly by co-occurrence, words translated by themselves (names, identifiers) left out unless `data.term_identical` (nmt/text/terms.py; `scripts/extract_glossary.py --no-identical` writes the same list, without that flag the list with them).")
-    term_identical: bool = _f(False, "With `data.terms` and no `data.term_dictionary`: keep the words the extracted dictionary finds translated by themselves (names, identifiers: `GNOME <term> GNOME </term>`). false = left out: a model copies them anyway, and on the gettext corpus they were half of the annotations; without them the terms model gained 0.7 and 1.9 BLEU (two seeds; BENCHMARKS.md \"Glossaries\").")
-    add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the source model does not know, as a mapping new code -> the existing language whose token initialises the new one's (null: the mean of the model's language tokens), e.g. `{it: es}`. Each gets a token in the model's own convention (NLLB `ita_Latn`, M2M100 `__it__`, nmt's multilingual models `__it__`) when it is a target language of data.train; a corpus naming a language the model does not know and that is not listed here is an error. See `data.tokenizer.add_pieces` and README \"Add a language\".")
-    prefetch: int = _f(2, "Training steps whose batches a background thread collates (and, on a GPU, pins) ahead of the step that runs (nmt/data/prefetch.py): the host stays ahead of the device. 0 = collate each step's batches in the training loop. The batches are the same either way.", min=0)
+    protect: bool = _f(False, "Replace protected spans (`%s`, `{0}`, markup, `&amp;`: nmt/text/protect.py) in training and validation pairs by `<ph_K>` symbols the model learns to copy. Translate with `--protect`.")
+    sampling_temperature: float = _f(1.0, "Temperature T of the mix between directions: a direction's share grows as (its pairs)^(1/T) times its corpora's mean weight. 1 = by size; larger T flattens toward small ones.", min=0.0, exclusive_min=True)
+    langid: Optional[bool] = _f(None, "Train a character n-gram language identifier on the training corpora and keep it in the checkpoints: validation and `nmt evaluate` count off-target outputs. null = if multilingual.")
+    protect_inject: float = _f(0.2, "With protect: the share of training pairs without protected spans that get placeholders at aligned positions, so that copying is learned anyway. 0 = off.", min=0.0, max=1.0)
+    terms: float = _f(0.0, "Train-time terminology (Dinu et al., 2019): the share of pairs with a dictionary term whose source gets it inline, `src <term> tgt </term>`, for `--glossary`. 0 = off; e.g. 0.5.", min=0.0, max=1.0)
+    term_dictionary: Optional[str] = _f(None, "With `data.terms`: the term dictionary, a TSV file (source term, tab, target term). null = extracted from each training corpus (nmt/text/terms.py).")
+    term_identical: bool = _f(False, "With `data.terms` and an extracted dictionary: also annotate words translated by themselves (names, identifiers). false = leave them out: a model copies them anyway.")
+    add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the model does not know, as new code -> the language whose token initialises the new one's (null = the mean), e.g. `{it: es}`.")
+    prefetch: int = _f(2, "Training steps whose batches a background thread collates (and pins on a GPU) ahead of the running step; 0 = collate in the training loop. The batches are the same.", min=0)
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
 
     @property
@@ -180,19 +174,8 @@ class ModelConfig:
     dropout: float = _f(0.1, "Dropout on embeddings, sublayer outputs and residuals.", min=0.0, max=1.0)
     attention_dropout: float = _f(0.0, "Dropout on attention weights.", min=0.0, max=1.0)
     activation_dropout: float = _f(0.0, "Dropout after the feed-forward activation.", min=0.0, max=1.0)
-    positions: Optional[Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"]] = _f(
-        None, "Positional encoding. `sinusoidal`: the paper's table, sin and cos interleaved, "
-        "frequency 10000^(-2i/D); `sinusoidal_halves`: the same frequencies as sin half | cos half (MarianMT); "
-        "`sinusoidal_fairseq`: sin half | cos half with frequency 10000^(-i/(D/2-1)) (fairseq, tensor2tensor, "
-        "M2M100/NLLB); `learned`: a trained table per side. null: the table of the Hugging Face family with "
-        "this `norm`, so that `nmt export --format hf` can write the model: `sinusoidal_fairseq` for pre-norm "
-        "(M2M100), `sinusoidal_halves` for post-norm (MarianMT). A checkpoint stores the resolved value (models "
-        "trained before this default, whose checkpoints say `sinusoidal`, keep their table).")
-    position_offset: Optional[int] = _f(None, "Sinusoidal tables: position p of a sequence (the first token is p = 0) "
-                                        "uses the table's row p + position_offset (M2M100/NLLB: fairseq's padding id "
-                                        "+ 1, i.e. 1 for nmt's vocabularies, whose padding id is 0; 2 for an imported "
-                                        "M2M100). Must be 0 with learned positions. null: 1 with `sinusoidal_fairseq` "
-                                        "(as M2M100 numbers positions after nmt's padding id 0), else 0.", min=0)
+    positions: Optional[Literal["sinusoidal", "sinusoidal_halves", "sinusoidal_fairseq", "learned"]] = _f(None, "Positional encoding: `sinusoidal` (the paper's), `sinusoidal_halves` (MarianMT), `sinusoidal_fairseq` (M2M100/NLLB) or `learned`; null = M2M100's with pre-norm, MarianMT's with post-norm.")
+    position_offset: Optional[int] = _f(None, "Sinusoidal tables: position p (from 0) uses row p + position_offset (2 in an imported M2M100); 0 with learned positions. null = 1 with `sinusoidal_fairseq`, else 0.", min=0)
     max_positions: int = _f(1024, "Longest sequence the model accepts (positions table size).", min=1)
     share_embeddings: bool = _f(True, "Share source and target embeddings (requires `data.tokenizer.joint`).")
     tie_output: bool = _f(True, "Tie the output projection to the target embedding.")
@@ -227,22 +210,18 @@ class TrainConfig:
     betas: tuple[float, float] = _f((0.9, 0.98), "Adam betas.")
     eps: float = _f(1e-9, "Adam epsilon.", min=0.0)
     weight_decay: float = _f(0.0, "Weight decay (decoupled for adamw).", min=0.0)
-    schedule: Literal["inverse_sqrt", "noam", "cosine", "linear", "constant"] = _f("inverse_sqrt", "Learning-rate schedule; all warm up linearly over `warmup_steps`. inverse_sqrt: lr*sqrt(warmup/step) after warmup; noam: lr*d_model^-0.5*min(step^-0.5, step*warmup^-1.5); cosine/linear: decay to `min_lr` at `max_steps`.")
+    schedule: Literal["inverse_sqrt", "noam", "cosine", "linear", "constant"] = _f("inverse_sqrt", "Learning-rate schedule after a linear warmup: inverse_sqrt lr*sqrt(warmup/step); noam lr*d_model^-0.5*min(step^-0.5, step*warmup^-1.5); cosine/linear: decay to `min_lr`.")
     warmup_steps: int = _f(4000, "Linear warmup, in optimizer steps; must be below max_steps when that is set. With schedule_clock: time, give the warmup as warmup_fraction instead (or 0).", min=0)
     decay_fraction: float = _f(1.0, "cosine/linear: the share of the budget (after warmup) at the end over which the lr decays to min_lr; before it the lr stays at its peak (warmup-stable-decay). 1 = decay all the way.", min=0.0, max=1.0, exclusive_min=True)
     warmup_fraction: float = _f(0.0, "If > 0 (and < 1): the warmup is this share of the budget (max_steps, or max_time with schedule_clock: time; one of them must be set) instead of warmup_steps.", min=0.0, max=1.0, exclusive_max=True)
-    schedule_clock: Literal["steps", "time"] = _f("steps", "What the schedule follows: optimizer steps, or `time`: the seconds trained so far out of `max_time` (cosine/linear then reach min_lr exactly when the time budget ends; not reproducible bit for bit).")
+    schedule_clock: Literal["steps", "time"] = _f("steps", "What the schedule follows: optimizer `steps`, or `time`: seconds trained out of `max_time` (cosine/linear reach min_lr as the time ends; not reproducible bit for bit).")
     min_lr: float = _f(0.0, "Final learning rate of the cosine/linear schedules.", min=0.0)
     label_smoothing: float = _f(0.1, "Label smoothing epsilon (PyTorch's formula: epsilon spread over all V classes).", min=0.0, max=1.0)
     clip_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0)
     update_freq: int = _f(1, "Gradient accumulation: batches per optimizer step.", min=1)
+    loss_chunk: int = _f(0, "Compute the loss this many target tokens at a time (no [tokens, vocabulary] fp32 copy of the logits); 0 = all at once.", min=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto", "auto: bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU.")
-    compile: bool = _f(False, "torch.compile each encoder/decoder layer (one compiled graph per layer stack, dynamic "
-                       "shapes; validation and decoding stay eager) and the loss (fused label-smoothed cross-entropy). "
-                       "Costs compilation time at the start (70 s for the base model on a 2-core CPU, where compiled "
-                       "steps are slower: leave it off there). On an H200, the model and loss compiled whole trained "
-                       "the base model 1.35x faster; this per-layer form is not yet timed on a GPU (BENCHMARKS.md "
-                       "\"The training step compiled\"). Needs a GPU that Triton supports.")
+    compile: bool = _f(False, "torch.compile each encoder/decoder layer and the loss (validation and decoding stay eager); costs compilation time at the start. For GPUs that Triton supports (slower on CPU).")
     max_steps: int = _f(0, "Stop after this many optimizer steps; 0 = no limit.", min=0)
     max_epochs: int = _f(0, "Stop after this many epochs; 0 = no limit.", min=0)
     max_time: float = _f(0.0, "Stop after this many seconds of wall clock; 0 = no limit.", min=0.0)
@@ -250,24 +229,21 @@ class TrainConfig:
     valid_every_minutes: float = _f(0.0, "Also validate (and save) whenever this many minutes of training passed since the last validation; 0 = off.", min=0.0)
     valid_bleu: bool = _f(True, "Greedy-decode the validation set for BLEU/chrF at each validation.")
     valid_max_sentences: int = _f(0, "Decode at most this many validation sentences for BLEU; 0 = all.", min=0)
-    valid_tokenize: Literal["auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none"] = _f(
-        "auto", "sacreBLEU tokenizer for validation BLEU (as `nmt evaluate --tokenize`). `auto`: from each validation "
-        "set's target language, as `nmt evaluate` chooses: `ja-mecab` for Japanese (`char`, with a warning, when MeCab "
-        "is not installed: pip install \"sacrebleu[ja]\"), `zh` for Chinese, else `13a`.")
+    valid_tokenize: Literal["auto", "13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none"] = _f("auto", "sacreBLEU tokenizer for validation BLEU, as `nmt evaluate --tokenize`. auto = from the target language: `ja-mecab` for Japanese, `zh` for Chinese, else `13a`.")
     num_samples: int = _f(3, "Sample translations shown at each validation.", min=0)
     metric: Literal["bleu", "chrf", "loss", "ppl"] = _f("bleu", "Validation metric that picks the best checkpoint and drives early stopping.")
     patience: int = _f(0, "Stop after this many validations without improvement; 0 = never.", min=0)
     save_every: int = _f(0, "Also save the latest checkpoint every this many steps; 0 = at validations only.", min=0)
     keep_last: int = _f(5, "Keep this many step checkpoints besides `latest.pt` and `best.pt`.", min=0)
     log_every: int = _f(100, "Log training statistics every this many steps.", min=1)
-    max_nan_steps: int = _f(10, "Stop with an error after this many non-finite losses in a row.", min=1)
+    max_nan_steps: int = _f(10, "Stop with an error when a log line finds this many non-finite losses in a row (or more).", min=1)
     device: str = _f("auto", "`auto` (CUDA if available), `cpu`, `cuda`, `cuda:N`.")
     init_from: Optional[str] = _f(None, "Start this NEW run from another run's checkpoint (fine-tuning): its weights and its tokenizer; the architecture and data.tokenizer must match it. Ignored by --resume.")
-    init_reset: list[Literal["optimizer", "schedule", "counters"]] = _f(["optimizer", "schedule", "counters"], "With init_from, what starts fresh (leave an item out to carry it over from the checkpoint): optimizer (Adam moments), schedule (the learning-rate schedule's position), counters (the step count).")
+    init_reset: list[Literal["optimizer", "schedule", "counters"]] = _f(["optimizer", "schedule", "counters"], "With init_from, what starts fresh (leave an item out to carry it over): optimizer (Adam moments), schedule (its position), counters (the step count).")
     keep_best: int = _f(0, "Also keep the step checkpoints of the best this many validations (by `metric`), besides the last `keep_last`.", min=0)
     threads: int = _f(0, "CPU threads for torch; 0 = torch's default.", min=0)
-    ema_decay: float = _f(0.0, "Exponential moving average of the weights (fairseq's ema_decay, Marian's exponential-smoothing): after each update ema = d*ema + (1-d)*weights with d = min(ema_decay, (1+updates)/(10+updates)); validation, best.pt and every checkpoint's weights (translate, average, export) are the average, training continues from the trained weights. 0 = off; e.g. 0.9999.", min=0.0, max=1.0, exclusive_max=True)
-    tune_decode: bool = _f(False, "At the end of training run `nmt tune` on the validation set with best.pt and write the chosen decode settings into best.pt (and the run's config.yaml is left as is); costs up to tune_max_time seconds.")
+    ema_decay: float = _f(0.0, "Decay of an exponential moving average of the weights (fairseq's ema_decay); validation and saved checkpoints use the average. 0 = off; e.g. 0.9999.", min=0.0, max=1.0, exclusive_max=True)
+    tune_decode: bool = _f(False, "At the end of training, run `nmt tune` on the validation set with best.pt and write the chosen decode settings into it (up to tune_max_time seconds).")
     tune_max_time: float = _f(300.0, "Time budget of tune_decode, in seconds (the tuning stops early when the budget would be exceeded).", min=1.0)
 
 

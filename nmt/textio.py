@@ -1,33 +1,20 @@
 """Text in and out, one rule for every command (train, translate, evaluate, score).
 
-Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`; `read_json` for a JSON file):
-- a file is gzip when its first bytes are gzip's magic number, whatever its name;
-  "-" (or None) is standard input, also gzip-detected; pipes (bash's `<(...)`, FIFOs)
-  are read as streams, once: their first bytes are looked at without seeking back, and
-  `counted_lines` reads them into memory where a regular file is counted, then read
-  (`rereadable`);
-- lines are split on "\\n" only (a stray "\\r" or U+2028 inside a line cannot shift
-  the alignment of parallel files), decoded as strict UTF-8, and stripped of
-  surrounding whitespace (so CRLF files read like LF files); a UTF-8 byte-order
-  mark at the start is dropped;
-- every problem is a one-line `UserError` naming the file: not found, a directory,
-  invalid UTF-8 (with the line number), not gzip or truncated gzip.
+Reading (`iter_lines`, `read_lines`, `count_lines`, `counted_lines`, `read_json`): gzip is detected by
+its magic number; "-" (or None) is standard input; pipes are read once, as streams (`rereadable`).
+Lines are split on "\\n" only (a stray "\\r" or U+2028 cannot shift parallel files), decoded as
+strict UTF-8 (a byte-order mark dropped) and stripped of surrounding whitespace. Every problem is a
+one-line `UserError` naming the file (and the line for invalid UTF-8).
 
-Writing (`open_output`, `write_lines`, `write_file`, through `atomic_file`): a file is written to a
-temporary name in its directory and renamed into place only when everything was written, so a
-failure (disk full, Ctrl-C, a bad input line) never leaves a half-written file
-that could be taken for a result. Standard output, devices and pipes are
-written directly. `atomic_dir` does the same for a directory (exports), `link_file` for a second
-name of a finished file (checkpoints). These are nmt's only temporary-name-and-rename writers:
-every other module writes through them (tests/test_textio.py checks).
+Writing (`open_output`, `write_lines`, `write_file`, through `atomic_file`): a temporary name in
+the target's directory, renamed into place once complete, so a failure never leaves a half-written
+file; standard output, devices and pipes are written directly. `atomic_dir` does the same for a
+directory, `link_file` adds a second name to a finished file. They are nmt's only
+temporary-name-and-rename writers (tests/test_textio.py checks).
 
-`check_paths` runs before any work: inputs must exist, and no output may be the
-same file as an input (also through symlinks, standard input or standard output), nor the
-same file as another output; an output directory that a command replaces (an export) may
-not contain an input.
-
-`one_line` makes a hypothesis safe to print as one line; `lone_surrogate` says why a str is not
-Unicode text.
+`check_paths` runs before any work: inputs exist, no output is an input (also through symlinks or
+standard streams) or another output, and a directory a command replaces holds no input.
+`one_line` makes a hypothesis safe to print as one line; `lone_surrogate` says why a str is not text.
 """
 
 from __future__ import annotations
@@ -89,11 +76,9 @@ def _decompressed(stream: IO[bytes]) -> Iterator[IO[bytes]]:
 
 
 def _peek(stream: IO[bytes], magic: bytes) -> tuple[bytes, IO[bytes]]:
-    """(the first len(magic) bytes of `stream`, fewer at its end or once those seen already differ from
-    `magic`'s start, so that an interactive first line shorter than `magic` is not waited on; a stream
-    that still starts with them). A pipe cannot seek back: its buffered reader's peek() shows them, and
-    where that is not enough (a pipe that delivered fewer bytes so far, an unbuffered stream) they are
-    read and put in front of the rest."""
+    """(the first len(magic) bytes of `stream`, fewer at its end or once they differ from `magic`, so an
+    interactive short first line is not waited on; a stream that still starts with them: a pipe's bytes
+    are peeked, or read and put back in front)."""
     n = len(magic)
     if hasattr(stream, "peek"):
         head = stream.peek(n)[:n]
@@ -261,16 +246,11 @@ def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
     """The one way nmt writes a file: a binary stream that becomes `path` only when the block ends
     without an error.
 
-    A regular file (or a new one) is written under a temporary name in the same directory
-    (`prefix` + random + `suffix`; default prefix "." + the file's name), given the mode the file
-    has (a new one: 0o666 & ~umask; mkstemp alone makes 0o600), and renamed over `path`
-    (`os.replace`: a crash or kill -9 at any moment leaves the old file or the new one, never a
-    truncated one); on an error the temporary file is removed and `path` is untouched. fsync: the
-    data and the directory entry are flushed to disk too (checkpoints). An existing device or named
-    pipe (/dev/null, /dev/stdout, a FIFO) is written directly: there is nothing to replace, and
-    renaming over it would destroy it; so is any existing path under /dev or /proc, or a link into
-    them (`/dev/stdout` of a shell that sent standard output to a file is a link to that file).
-    A directory is a UserError. OSErrors name `path`."""
+    A regular (or new) file is written under a temporary name in its directory (`prefix` + random +
+    `suffix`), with the file's mode (new: 0o666 & ~umask), and renamed over `path` (`os.replace`: a crash
+    leaves the old file or the new one); on an error the temporary file is removed. fsync: data and
+    directory entry are flushed (checkpoints). Devices, named pipes and paths under /dev or /proc (or
+    links into them) are written directly. A directory is a UserError; OSErrors name `path`."""
     if os.path.exists(path) and (not os.path.isfile(path) or _special(path)):
         if os.path.isdir(path):
             raise UserError(f"output {path} is a directory")
@@ -337,13 +317,10 @@ def link_file(src: str, dst: str, *, temp: str) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(path: str, *, what: str = "dir") -> Iterator[str]:
-    """The one way nmt writes a directory (`nmt export`): a new temporary directory next to `path`
-    (`.tmp-WHAT-*`) to fill in the block, renamed to `path` only when the block ends without an error.
-    An existing `path` is renamed away first (`.tmp-old-WHAT-*`) and removed after the swap; on an error
-    the temporary directory is removed and `path` is as it was (the old one is put back if the swap was
-    cut between its two renames). A `path` that is a link is replaced by the directory (the link's
-    target is left alone). The directory gets 0o777 & ~umask (mkdtemp alone makes 0o700). Whether
-    `path` may be replaced is the caller's check."""
+    """The one way nmt writes a directory (`nmt export`): a temporary directory next to `path`, filled in
+    the block and renamed to `path` only when it ends without an error. An existing `path` is swapped out
+    and removed after (put back if the swap is cut); a link is replaced, not followed. Mode 0o777 & ~umask.
+    Whether `path` may be replaced is the caller's check."""
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{what}-", dir=parent)
@@ -438,20 +415,14 @@ def _std_fd(stream: object, default: int) -> int | None:
 def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *,
                 stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
                 input_dirs: Sequence[str] = (), output_dirs: Sequence[str] = (), new_files: Sequence[str] = ()) -> None:
-    """Fail before any work (one-line UserError) when an input is missing or an output
-    would overwrite an input.
+    """Fail before any work (one-line UserError) when an input is missing or an output would overwrite an
+    input. inputs / outputs: {option name: path}; None or "-" is standard input / output.
 
-    inputs / outputs: {option name: path}; None or "-" means standard input / output.
-    Inputs whose option is in `input_dirs` may be a directory (a CTranslate2 export) as well as a file.
-    Outputs must not be directories (nor end with '/'), must have an existing parent directory,
-    and must not be the same regular file as any input: compared by device and inode, so
-    symlinks, hard links and the file behind standard input or output are caught (devices and
-    pipes, e.g. /dev/null, are written, never replaced: they may be an input too). Two outputs may
-    not name the same file either. Outputs whose option is in `output_dirs` are directories that the
-    command replaces as a whole (an export): such a directory may exist, must have an existing
-    parent directory, and must neither be nor contain an input (compared through symlinks). Outputs whose option is in `new_files` must not
-    exist yet (a file the user may have edited, e.g. `nmt import --config`).
-    """
+    Inputs in `input_dirs` may be directories (a CTranslate2 export). Outputs must not be directories,
+    must have an existing parent, and must not be the same file as an input (by device and inode:
+    symlinks, hard links and the files behind the standard streams are caught; devices and pipes are
+    written, never replaced) or as another output. Outputs in `output_dirs` are directories the command
+    replaces (an export): they must neither be nor contain an input. Outputs in `new_files` must not exist."""
     named: list[tuple[str, tuple[int, int]]] = []
     places: list[tuple[str, str]] = []  # (what, real path) of every input on disk
     for option, path in inputs.items():

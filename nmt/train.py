@@ -3,48 +3,32 @@
 
     train(cfg, resume=False, device=None, quiet=False) -> dict of final metrics
 
-Run directory `cfg.output_dir/cfg.name/`: config.yaml (resolved), spm*.model,
-cache/ (encoded corpora), checkpoints/ (latest.pt, best.pt, step_N.pt keeping
-the last `keep_last`), tensorboard/ (event files), train.log.
+Run directory `cfg.output_dir/cfg.name/`: config.yaml (resolved), spm*.model, cache/ (encoded
+corpora), checkpoints/ (latest.pt, best.pt, the last `keep_last` step_N.pt), tensorboard/, train.log
+(nmt/training/rundir.py). Starting in a directory that has checkpoints is an error unless
+`resume=True`, which continues exactly from checkpoints/latest.pt (model, optimizer, schedule,
+scaler, RNG states, position in the epoch, best metric and patience); the config may change
+training options but not the architecture.
 
-Starting a run in a directory that already has checkpoints is an error unless
-`resume=True`, which continues exactly from checkpoints/latest.pt: model,
-optimizer, schedule, GradScaler, RNG states, epoch and the position inside
-it, best metric and patience. The config passed in may change training
-options (e.g. a larger max_steps) but not the model architecture.
+`build_training` prepares the objects the loop runs over (scripts/bench_train.py and
+scripts/bench_data.py time exactly those). One optimizer step (nmt/training/step.py) sums the loss
+over `update_freq` micro-batches and normalises it by their target tokens; non-finite steps are
+skipped, `max_nan_steps` in a row stop with a UserError. Validation: nmt/training/validation.py.
 
-The loop is `nmt.training.trainer.Trainer` over the objects `build_training` prepares (also used by
-scripts/bench_train.py and scripts/bench_data.py, so they time exactly what `nmt train` runs).
+Data parallel (torchrun; nmt/training/distributed.py, docs/distributed.md): each rank trains on its
+padded share of each epoch; one all-reduce per step sums the target tokens (and carries rank 0's stop
+decision), so W ranks with batch b equal one process with W x b. Rank 0 alone prepares the run
+directory and data, logs, validates and writes checkpoints (with every rank's RNG state).
 
-One optimizer step (`nmt.training.step.train_step`) runs forward/backward over a list of
-micro-batches (`update_freq` of them) and normalises the summed loss by their
-total target-token count, so accumulation equals one big batch. Steps whose
-loss or gradient norm is not finite are skipped (not counted as steps); after
-`max_nan_steps` in a row training stops with a UserError. Precision and host
-syncs: nmt/training/step.py. Validation: nmt/training/validation.py. The run directory (lock,
-start checks, checkpoint files): nmt/training/rundir.py.
-
-Data parallel (torchrun; `nmt.training.distributed`, docs/distributed.md): DDP model;
-rank r trains on its padded share of each epoch (`epoch_batches(rank=r,
-world_size=W)`; `batch_offset` is per rank). One all-reduce per step sums the
-ranks' target tokens (and carries rank 0's stop decision), so gradients are
-normalised by the global count and W ranks with batch b equal one process with
-W x b; loss sums are all-reduced too (global logs, one NaN-skip decision). Rank 0
-alone prepares the run directory and data (the others wait, then load), logs,
-validates and writes checkpoints (with every rank's RNG state).
-
-Returns {"step", "epoch", "best", "metric", "reason", "valid" (last validation
-metrics), "nan_steps", "signal" (None or the signal number), "run_dir", "elapsed"}.
-
-SIGINT/SIGTERM: the current step finishes, latest.pt is written, and `train`
-returns normally with `result["signal"]` set to the signal number (the CLI
-exits with 128 + signal: 130 for Ctrl-C, 143 for SIGTERM). During
-`train.tune_decode` the tuning stops between two batches instead and best.pt
-keeps the decode settings it was trained with. A second signal raises
-KeyboardInterrupt at once. Previous handlers are restored on return.
+Returns {"step", "epoch", "best", "metric", "reason", "valid", "nan_steps", "signal", "run_dir",
+"elapsed"}. SIGINT/SIGTERM: the current step finishes, latest.pt is written and `result["signal"]`
+is set (the CLI exits with 128 + signal); during `train.tune_decode` the tuning stops and best.pt
+keeps its trained settings. A second signal raises KeyboardInterrupt at once.
 """
 
 from __future__ import annotations
+
+import functools
 
 import contextlib
 import dataclasses
@@ -69,7 +53,7 @@ from nmt.training.ema import EMA
 from nmt.errors import UserError
 from nmt.text.langid import LanguageIdentifier
 from nmt.training.logging_utils import RunLogger
-from nmt.training.loss import compiled_smoothed_nll
+from nmt.training.loss import compiled_smoothed_nll, label_smoothed_nll
 from nmt.model.transformer import Transformer
 from nmt.training.optim import build_optimizer, build_scheduler
 from nmt.training.step import Precision, setup_precision
@@ -174,7 +158,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     log.start_progress(cfg.train.max_steps or None, state.step)
     return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, model, ddp,
                     optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema,
-                    compiled_smoothed_nll() if cfg.train.compile else None)
+                    _loss_fn(cfg.train))
 
 
 def _build_ema(cfg: Config, model, saved: ckpt.ModelRecord | None) -> EMA | None:
@@ -221,24 +205,23 @@ def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
 
 
 def _prepare_data(cfg: Config, run_dir: str, saved: ckpt.ModelRecord | None, log: RunLogger, env: DistEnv,
-                  source: dict | None = None):
+                  source: ckpt.ModelRecord | None = None):
     """(tokenizer, Data, language identifier or None): rank 0 trains/loads the tokenizer and encodes
     the corpora (cache files) while the others wait; then they get the tokenizer from rank 0 and
     load the cache. The tokenizer of a resumed run is its checkpoint's, of a fine-tuning run its
     source's. Rank 0 also gets the language identifier (`_langid`); the other ranks None."""
     def on_main():
         if source is not None:
-            start = ckpt.read_record(source)
-            tokenizer = Tokenizer.from_bytes(start.tokenizer, threads=cfg.data.tokenizer.threads)
+            tokenizer = source.load_tokenizer(cfg.data.tokenizer.threads)
             tokenizer.save(run_dir)
-            log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {start.step}; "
+            log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {source.step}; "
                      f"fresh: {', '.join(cfg.train.init_reset) or 'nothing'})")
         elif saved is not None:
             _check_same_model(saved.config.get("model", {}), cfg, run_dir)
             if saved.config.get("data") != to_dict(cfg.data) or saved.config.get("seed") != cfg.seed:
                 log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
                          "continue exactly")
-            tokenizer = Tokenizer.from_bytes(saved.tokenizer, threads=cfg.data.tokenizer.threads)
+            tokenizer = saved.load_tokenizer(cfg.data.tokenizer.threads)
             log.info(f"resuming {run_dir} from step {saved.step}")
         else:
             log.info(f"new run in {run_dir}" + (f" ({env.world_size} processes)" if env.distributed else ""))
@@ -268,6 +251,14 @@ def _langid(cfg: Config, tokenizer: TokenizerLike, saved: ckpt.ModelRecord | Non
     log.info(f"language identifier: {', '.join(ident.langs)} ({len(ident.index):,} character n-grams, trained in "
              f"{time.perf_counter() - t0:.1f} s on the training corpora)")
     return ident
+
+
+def _loss_fn(t) -> Callable | None:
+    """train_step's loss: the compiled formula with train.compile, chunked with train.loss_chunk, else
+    None (label_smoothed_nll)."""
+    if t.compile:
+        return compiled_smoothed_nll()
+    return functools.partial(label_smoothed_nll, chunk=t.loss_chunk) if t.loss_chunk else None
 
 
 def _restore(saved: ckpt.ModelRecord, model, optimizer, scheduler, precision: Precision, cfg: Config, env: DistEnv,

@@ -237,7 +237,7 @@ def train_variant(raw: dict, log) -> dict:
 
 def evaluate(args, name: str, checkpoint: str, lang: str, langid: str) -> dict:
     """`nmt evaluate` of one model on one direction's test lines; its outputs kept in OUT/test/NAME.LANG."""
-    from nmt.commands.evaluate import evaluate_command
+    from nmt.commands.evaluate import EvaluateOptions, evaluate_command
 
     src, ref = files(args.data, "test", lang)
     out_dir = os.path.join(args.out, "test")
@@ -249,9 +249,10 @@ def evaluate(args, name: str, checkpoint: str, lang: str, langid: str) -> dict:
         src, ref = (os.path.join(out_dir, os.path.basename(p)) for p in (src, ref))
     stdout = io.StringIO()
     with contextlib.redirect_stderr(io.StringIO()):
-        evaluate_command(None, ref, checkpoint=checkpoint, src=src, json_out=True, quiet=True, stdout=stdout,
-                         save_hyps=os.path.join(out_dir, f"{name}.{lang}"),
-                         device=args.device, langid=langid, overrides={"tgt_lang": CODES[lang], "beam_size": args.beam})
+        opts = EvaluateOptions(None, ref, checkpoint=checkpoint, src=src, json_out=True, quiet=True,
+                               save_hyps=os.path.join(out_dir, f"{name}.{lang}"), device=args.device, langid=langid,
+                               overrides={"tgt_lang": CODES[lang], "beam_size": args.beam})
+        evaluate_command(opts, stdout=stdout)
     report = json.loads(stdout.getvalue())
     off = report.get("off_target") or {}
     return {"bleu": report["bleu"]["score"], "chrf": report["chrf"]["score"], "off_target": off.get("share"),
@@ -405,10 +406,11 @@ def main(argv=None) -> int:
         log(f"base: {results['runs']['base']}")
         save()
     if "import" in args.stages:
-        from nmt.commands.import_model import import_command
+        from nmt.commands.import_model import ImportOptions, import_command
 
         with contextlib.redirect_stderr(io.StringIO()):
-            import_command(base_dir, base_ckpt, src_lang=CODES["en"], tgt_lang=CODES[args.old[0]], quiet=True)
+            import_command(ImportOptions(base_dir, base_ckpt, src_lang=CODES["en"], tgt_lang=CODES[args.old[0]],
+                                         quiet=True))
         log(f"imported into {base_ckpt}")
     if "train" in args.stages:
         import torch
@@ -429,11 +431,11 @@ def main(argv=None) -> int:
                 log(f"{name} en -> {lang}: {results['scores'][name][lang]}")
             save()
     if "export" in args.stages and "grow" in results["runs"]:
-        from nmt.commands.export import export_command
+        from nmt.commands.export import ExportOptions, export_command
 
         directory = os.path.join(args.out, "grow-hf")
         checkpoint = results["runs"]["grow"]["checkpoint"]
-        export_command(checkpoint, directory, format="hf", force=True, quiet=True)
+        export_command(ExportOptions(checkpoint, directory, format="hf", force=True, quiet=True))
         results["export"] = {lang: compare_export(args, checkpoint, directory, lang) for lang in args.old + [args.new]}
         log(f"export --format hf: {results['export']}")
         save()

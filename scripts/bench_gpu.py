@@ -5,6 +5,7 @@
     python3 scripts/bench_gpu.py --parts decode --json OUT          # only some parts (train, nmt_train, decode)
     python3 scripts/bench_gpu.py --parts train --models base --profile DIR   # where a training step's time goes
     python3 scripts/bench_gpu.py --compile --parts train,nmt_train --json OUT  # + nmt with train.compile: true
+    python3 scripts/bench_gpu.py --parts train --train-set loss_chunk=8192 --json OUT  # nmt with a train key set
 
 Progress goes to stderr, one table to stdout, everything to --json OUT. Data: the shipped Bible
 corpus (data/bible-es-en, es->en), a joint SentencePiece model trained on its training split by nmt
@@ -197,7 +198,8 @@ def bench_config(plan: Plan, output_dir: str, name: str, model: str, batch_token
            "model": {**plan.models[model], "norm": "post", "positions": "sinusoidal_halves", "activation": "relu",
                      "dropout": 0.1},
            "train": {"lr": LR, "warmup_steps": WARMUP, "max_steps": 10 ** 6, "label_smoothing": 0.1, "clip_norm": 1.0,
-                     "precision": "auto", "device": device, "valid_bleu": False, "metric": "loss", **train},
+                     "precision": "auto", "device": device, "valid_bleu": False, "metric": "loss", **TRAIN_SET,
+                     **train},
            # nmt's counterpart of transformers' beam search (nmt/interop/hf_export.py): score / length^1, exact stop
            "decode": {"beam_size": 5, "length_penalty": 1.0, "length_penalty_type": "average", "patience": 0.0}}
     return config_from_dict(raw)
@@ -452,6 +454,7 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
 
 
 PROFILE_DIR: str | None = None  # --profile
+TRAIN_SET: dict = {}  # --train-set: train keys for nmt's runs
 COMPILE = False  # --compile: a third system, nmt with train.compile: true (the JSON's `train_compiled` rows)
 COMPILED = "nmt compiled"
 
@@ -588,7 +591,7 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
 
     from nmt import Translator
     from nmt.model.checkpoint import load_record
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
     from nmt.text.tokenizer import Tokenizer
 
     lines = read_lines(os.path.join(BIBLE, "test.es.gz"), plan.sentences)
@@ -599,7 +602,8 @@ def decode_ab(plan: Plan, work: str, device, checkpoint: str, have_hf: bool, err
         import transformers
 
         hf_dir = os.path.join(work, "hf-decode")
-        export_command(checkpoint, hf_dir, format="hf", force=True, quiet=True)  # `nmt export --format hf`
+        export_command(ExportOptions(checkpoint, hf_dir, format="hf", force=True,
+                                     quiet=True))  # `nmt export --format hf`
         hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
         hf_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir, attn_implementation="sdpa")
         hf_model = hf_model.to(device).eval()
@@ -741,6 +745,8 @@ def main() -> int:
     ap.add_argument("--models", help="comma-separated models of the training A/B (default all: base,big)")
     ap.add_argument("--profile", metavar="DIR", help="after each training A/B shape, profile nmt's steps "
                     "(torch.profiler) into DIR/profile-MODEL-TOKENS.txt: host-bound or device-bound")
+    ap.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a train key for nmt's runs in every part, e.g. loss_chunk=8192 (repeatable; in the JSON)")
     ap.add_argument("--compile", action="store_true", help="a third system in the training A/B, nmt with "
                     "train.compile: true (rows in the JSON's `train_compiled`, with the compilation in warmup_s); "
                     "the `nmt train` part then compiles too")
@@ -763,8 +769,15 @@ def main() -> int:
         if unknown:
             ap.error(f"--models: unknown model(s) {', '.join(sorted(unknown))} (this plan has {', '.join(plan.models)})")
         plan = dataclasses.replace(plan, ab_models=tuple(m for m in plan.models if m in chosen))
-    global PROFILE_DIR, COMPILE
+    global PROFILE_DIR, COMPILE, TRAIN_SET
     COMPILE = args.compile
+    for item in args.train_set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--train-set {item!r}: expected KEY=VALUE, e.g. loss_chunk=8192")
+        import yaml
+
+        TRAIN_SET[key.strip()] = yaml.safe_load(value)
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         PROFILE_DIR = args.profile
@@ -780,7 +793,7 @@ def main() -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     out = dict(device=f"{device} ({name})", torch=torch.__version__, transformers=hf_version, quick=args.quick,
                peak_flops_per_s=None, peak_dtype=None, part_seconds={}, notes=notes, errors=errors, train=[], decode=[],
-               decode_eager=[], train_compiled=[], compile=COMPILE, parts=sorted(parts))
+               decode_eager=[], train_compiled=[], compile=COMPILE, train_set=dict(TRAIN_SET), parts=sorted(parts))
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         work = args.workdir or tmp
         os.makedirs(work, exist_ok=True)

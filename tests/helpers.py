@@ -1,7 +1,10 @@
 """Helpers shared by the tests (imported as `helpers`: pytest puts tests/ on sys.path).
 
 - A synthetic translation task small enough to learn on CPU in well under a minute (below).
-- `make_tiny_checkpoint`: an untrained tiny model with a word-level SentencePiece model.
+- `make_tiny_checkpoint`: an untrained tiny model with a word-level SentencePiece model;
+  `multilingual_checkpoint`: one with the target-language tokens of `LANGS`.
+- `multilingual_dict`: the synthetic task as es -> en and es -> xx (`backwards`).
+- `DDP_MICRO` / `DDP_CLIP`: the two-rank DDP step of tests/test_distributed.py (the test and its workers).
 - `FakeModel` / `FakeCache` / `fake_batch`: a scripted decoder for exact search tests.
 - Corpus helpers for the data tests: `corpus`, `write`, `corpus_cfg`, `make_cfg`, `from_lists`,
   `dirty_corpus`, `prepare_data`.
@@ -183,6 +186,57 @@ def make_tiny_checkpoint(path: str, seed: int = 0, symbols: tuple[str, ...] = ()
     return path
 
 
+LANGS = ("de", "fr")  # the target languages of `multilingual_checkpoint`
+
+
+def multilingual_checkpoint(path: str, default: str | None = None) -> str:
+    """An untrained tiny model whose word tokenizer has the target-language tokens __de__, __fr__."""
+    text = [s for pair in make_pairs(200, 0) for s in pair]
+    proto = train_sentencepiece(text, TokenizerConfig(vocab_size=70, model_type="word", threads=1), seed=1,
+                                what="joint", log=lambda m: None, symbols=[f"__{c}__" for c in LANGS])
+    plain = Tokenizer(proto)
+    ids = {c: plain.encode_tgt([f"__{c}__"])[0][-1] for c in LANGS}
+    tokenizer = Tokenizer(proto, languages=ids, default_tgt_lang=default)
+    raw = {"data": {"src_lang": "es", "tgt_lang": "de", "train": {"src": "a", "tgt": "b"}, "valid": {"src": "a", "tgt": "b"},
+                    "tokenizer": {"vocab_size": 70, "model_type": "word"}, "max_len": 20},
+           "model": {"d_model": 16, "n_heads": 2, "layers": 1, "ffn_dim": 32, "dropout": 0.0, "max_positions": 24,
+                     "tie_output": False},
+           "decode": {"beam_size": 1, "max_len_a": 0.5, "max_len_b": 4}}
+    cfg = config_from_dict(raw, check_files=False)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
+    with torch.no_grad():
+        model.output_proj.weight.normal_(0.0, 0.3)
+        for i in ids.values():  # the model would rather not say the language token: forcing must do it
+            model.output_proj.weight[i] = -model.output_proj.weight[i].abs() * 10
+    save_checkpoint(record(model.state_dict(), tokenizer, cfg), path)
+    return path
+
+
+# --------------------------------------------------------------------------- a multilingual task
+
+def backwards(line: str) -> str:
+    """The second target language "xx" of the synthetic task: English with every word spelled backwards."""
+    return " ".join(w[::-1] for w in line.split())
+
+
+def multilingual_dict(directory: str, **train) -> dict:
+    """The synthetic task as es->en and es->xx (xx: words spelled backwards), one validation set each."""
+    raw = tiny_config_dict(directory, **train)
+    p = os.path.join(directory, "data")
+    for split in ("train", "valid", "test"):
+        with open(os.path.join(p, f"{split}.en"), encoding="utf-8") as f, \
+                open(os.path.join(p, f"{split}.xx"), "w", encoding="utf-8") as out:
+            out.writelines(backwards(line) + "\n" for line in f)
+    d = raw["data"]
+    d["train"] = [{"src": f"{p}/train.es", "tgt": f"{p}/train.en"},
+                  {"src": f"{p}/train.es", "tgt": f"{p}/train.xx", "tgt_lang": "xx"}]
+    d["valid"] = [{"src": f"{p}/valid.es", "tgt": f"{p}/valid.en"},
+                  {"src": f"{p}/valid.es", "tgt": f"{p}/valid.xx", "tgt_lang": "xx"}]
+    d["tokenizer"]["vocab_size"] = 100
+    return raw
+
+
 # --------------------------------------------------------------------------- a tiny model for training steps
 
 def tiny_transformer(seed: int = 0, dropout: float = 0.0) -> Transformer:
@@ -192,6 +246,12 @@ def tiny_transformer(seed: int = 0, dropout: float = 0.0) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(ModelConfig(d_model=16, n_heads=2, layers=2, ffn_dim=32, dropout=dropout, max_positions=32),
                        20, 20)
+
+
+# the DDP step of tests/test_distributed.py, shared with its worker processes: rank r's two micro-batches
+# (different sizes and token counts on the two ranks) and the clip norm
+DDP_MICRO = {0: [np.arange(0, 5), np.arange(5, 12)], 1: [np.arange(12, 15), np.arange(15, 24)]}
+DDP_CLIP = 0.5
 
 
 class NoSchedule:
@@ -382,3 +442,27 @@ def write_yaml(path, raw: dict) -> str:
     with open(path, "w", encoding="utf-8") as f:
         yaml.safe_dump(raw, f)
     return str(path)
+
+
+# --------------------------------------------------------------------------- host reads
+
+HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero", "masked_select",
+              "unique", "equal", "allclose", "is_nonzero"}  # values copied to the host (a device sync on a GPU)
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that read tensor values on the host: HOST_READS, boolean-mask indexing, and
+    repeat_interleave with tensor repeats (its output size depends on the values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
+        masks = index if isinstance(index, tuple) else (index,)
+        if name in HOST_READS or any(isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks) or (
+                name == "repeat_interleave" and len(args) > 1 and isinstance(args[1], torch.Tensor)):
+            self.count += 1
+        return func(*args, **(kwargs or {}))

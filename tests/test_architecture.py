@@ -200,28 +200,87 @@ def test_an_import_up_a_layer_is_found():
         "nmt.errors (base) imports nmt.model (model)", "nmt.text.glossary (text) imports nmt.search.rules (search)"]
 
 
-MAX_FUNCTION_LINES = 60  # issue 35: a function reads top to bottom on one screen
+def imports_of_test_modules(tests_dir: str) -> list[str]:
+    """`file: module` for every test module a file of `tests_dir` imports (shared code lives in helpers.py)."""
+    out = []
+    for name in sorted(os.listdir(tests_dir)):
+        if name.endswith(".py"):
+            with open(os.path.join(tests_dir, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            found = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+                {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            out += [f"{name}: {m}" for m in sorted(found) if m.split(".")[0].startswith("test_")]
+    return out
 
 
-def long_functions(root: str) -> list[str]:
-    """`path:name (lines)` of every function or method of nmt/ longer than MAX_FUNCTION_LINES (its
-    decorators and docstring included)."""
+def test_tests_import_shared_code_from_helpers(tmp_path):
+    assert imports_of_test_modules(os.path.join(ROOT, "tests")) == []
+    (tmp_path / "test_a.py").write_text("from test_b import thing\nimport helpers\n")
+    (tmp_path / "test_b.py").write_text("def f():\n    import test_a\n")
+    assert imports_of_test_modules(str(tmp_path)) == ["test_a.py: test_b", "test_b.py: test_a"]
+
+
+def kind_probes(root: str) -> list[str]:
+    """`path:line` of every `x.get("kind", ...)` and `getattr(x, "kind", ...)` in nmt/: code asks a tokenizer
+    object for its kind (`TokenizerLike.kind`); only `Tokenizer.from_bytes` reads a stored entry's."""
     out = []
     for name, path in sorted(modules(root).items()):
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    out.append(f"{os.path.relpath(path, root)}:{node.name} ({lines})")
+            if not isinstance(node, ast.Call):
+                continue
+            getter = isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args
+            probe = isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) == 3
+            key = node.args[0] if getter else node.args[1] if probe else None
+            if isinstance(key, ast.Constant) and key.value == "kind":
+                out.append(f"{os.path.relpath(path, root)}:{node.lineno}")
     return out
 
 
-def test_no_function_over_sixty_lines(tmp_path):
+def test_no_tokenizer_kind_probes(tmp_path):
+    assert kind_probes(ROOT) == []
+    pkg = tmp_path / "nmt"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "probe.py").write_text('a = entry.get("kind", "spm")\nb = getattr(tok, "kind", "spm")\nc = d.get("other")\n')
+    assert kind_probes(str(tmp_path)) == [os.path.join("nmt", "probe.py") + ":1", os.path.join("nmt", "probe.py") + ":2"]
+
+
+MAX_FUNCTION_STATEMENTS = 60  # a function reads top to bottom on one screen; its docstring does not count
+
+
+def statements(function: ast.AST) -> int:
+    """The statements inside a function: nested blocks and functions included, docstrings (its own and
+    those of nested functions and classes) left out; a statement over several lines counts once."""
+    docs = {id(n.body[0]) for n in ast.walk(function)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and ast.get_docstring(n) is not None}
+    return sum(isinstance(n, ast.stmt) and id(n) not in docs for n in ast.walk(function)) - 1  # (not the def)
+
+
+def long_functions(root: str) -> list[str]:
+    """`path:name (statements)` of every function or method of nmt/ with more than MAX_FUNCTION_STATEMENTS."""
+    out = []
+    for name, path in sorted(modules(root).items()):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and statements(node) > MAX_FUNCTION_STATEMENTS:
+                out.append(f"{os.path.relpath(path, root)}:{node.name} ({statements(node)})")
+    return out
+
+
+def test_no_function_over_sixty_statements(tmp_path):
     assert long_functions(ROOT) == []
     pkg = tmp_path / "nmt"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "long.py").write_text("def f():\n" + "    x = 1\n" * 60)  # 61 lines: the check can fail
-    assert long_functions(str(tmp_path)) == [os.path.join("nmt", "long.py") + ":f (61)"]
+    doc = lambda indent: indent + '"""' + "A docstring line.\n" * 80 + indent + '"""\n'  # noqa: E731
+    (pkg / "long.py").write_text(
+        "def f():\n" + "    x = 1\n" * 61  # 61 statements: the check can fail
+        + "\n\ndef g():\n" + doc("    ") + "    if True:\n" + "        x = 1\n" * 58 + "    return (x,\n"
+        + "            x,\n" * 30 + ")\n"
+        + "\n\ndef h():\n" + doc("    ") + "    def inner():\n" + doc("        ") + "        return 1\n" + "    x = 1\n" * 59)
+    # g: 60 statements over 170 lines; h: 61 with the nested function's
+    assert long_functions(str(tmp_path)) == [os.path.join("nmt", "long.py") + ":f (61)",
+                                             os.path.join("nmt", "long.py") + ":h (61)"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +57,54 @@ def test_export_choices_come_from_the_export_command_and_the_exporter():
     choices = {a.dest: tuple(a.choices) for a in export._actions if a.choices is not None}
     assert choices == {"format": tuple(FORMATS), "quantization": QUANTIZATIONS}
     assert "int8_bfloat16" in choices["quantization"] and set(FORMATS) == {"ctranslate2", "hf", "onnx", "web"}
+
+
+HELP_CHARS = 190  # at most two lines of help per key or flag
+FIGURES = re.compile(r"\d\s*(x\b|%|BLEU)|issue \d|et al\.? (found|showed|report)")  # figures go to BENCHMARKS.md
+
+
+def _subparsers() -> dict:
+    from nmt.cli import build_parser
+
+    return next(a for a in build_parser()._actions if a.dest == "command").choices
+
+
+def test_help_says_what_a_key_does_in_two_lines():
+    """Every config key's help and every flag's help says what it does and its default, in at most about
+    two lines, without measurements or issue numbers (their history belongs in BENCHMARKS.md)."""
+    from nmt.config import iter_fields
+
+    helps = {f"config key {key}": text for key, _, _, text in iter_fields()}
+    helps.update({f"nmt {name} {'/'.join(a.option_strings) or a.dest}": a.help.replace("%%", "%")
+                  for name, sub in _subparsers().items() for a in sub._actions if a.help})
+    too_long = [f"{what} ({len(text)} characters)" for what, text in helps.items() if len(text) > HELP_CHARS]
+    assert too_long == []
+    assert [what for what, text in helps.items() if FIGURES.search(text)] == []
+    assert FIGURES.search("took 1.35x less") and FIGURES.search("+0.6 BLEU") and FIGURES.search("(issue 36)")
+
+
+def test_translate_help_fits_on_a_screen(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    assert len(_subparsers()["translate"].format_help().splitlines()) <= 110
+
+
+MODULE_DOC_LINES = 40
+
+
+def test_module_docstrings_are_short_and_name_no_issue():
+    """A module docstring says what the module does in at most 40 lines; nothing in nmt/ points to an
+    issue number (the issue's text goes stale, the code stays)."""
+    long, issues = [], []
+    for path in sorted(glob.glob(os.path.join(ROOT, "nmt", "**", "*.py"), recursive=True)):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        name = os.path.relpath(path, ROOT)
+        doc = ast.get_docstring(ast.parse(text), clean=False) or ""
+        if len(doc.splitlines()) > MODULE_DOC_LINES:
+            long.append(name)
+        issues += [f"{name}:{k + 1}" for k, line in enumerate(text.splitlines()) if re.search(r"issue \d", line)]
+    assert long == [], long
+    assert issues == []
 
 
 @pytest.mark.slow

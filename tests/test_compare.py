@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from nmt.commands.evaluate import compare_command
+from nmt.commands.evaluate import EvaluateOptions, compare_command
 from nmt.evaluation.compare import compare
 from nmt.errors import UserError
 
@@ -47,7 +47,8 @@ def _sacrebleu(ref, hyps, test, fmt):
 @pytest.mark.slow
 def test_p_values_and_intervals_are_the_sacrebleu_commands(files):
     out = io.StringIO()
-    compare_command([files["a"], files["b"], files["c"]], files["ref"], json_out=True, stdout=out)
+    compare_command(EvaluateOptions(None, files["ref"], compare=(files["a"], files["b"], files["c"]),
+                                    json_out=True), stdout=out)
     ours = json.loads(out.getvalue())
     ar = json.loads(_sacrebleu(files["ref"], [files["a"], files["b"], files["c"]], "ar", "json"))
     for i, system in enumerate(ours["systems"]):
@@ -98,9 +99,9 @@ def test_errors_are_one_line(files, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("only one line\n", encoding="utf-8")
     with pytest.raises(UserError, match=r"line counts differ: 1 lines in .*short.txt but 80 in"):
-        compare_command([files["a"], str(short)], files["ref"], stdout=io.StringIO())
+        compare_command(EvaluateOptions(None, files["ref"], compare=(files["a"], str(short))), stdout=io.StringIO())
     with pytest.raises(UserError, match="at least two"):
-        compare_command([files["a"]], files["ref"], stdout=io.StringIO())
+        compare_command(EvaluateOptions(None, files["ref"], compare=(files["a"],)), stdout=io.StringIO())
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.run([sys.executable, "-m", "nmt", "evaluate", "--ref", files["ref"], "--compare", files["a"],
                            str(short)], capture_output=True, text=True, env=env, cwd=ROOT)

@@ -7,7 +7,7 @@ floored and renormalised.
   the full forward pass (no cache) for both languages at every step, and beam search against brute
   force over every output, both scored by a copy of the rule written here.
 - weight 0 is the plain search (same outputs, same log-probabilities).
-- The multilingual checkpoint of tests/test_languages.py: the Translator, `nmt translate --contrast-lang`
+- The multilingual checkpoint of tests/helpers.py: the Translator, `nmt translate --contrast-lang`
   and the decode config give the search's outputs; one-line errors for an unknown code, a bilingual
   model and the ctranslate2 engine; the server answers 400.
 """
@@ -31,8 +31,7 @@ from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search
 from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from nmt.translation.torch_engine import TorchEngine
 
-from helpers import ENV, fake_batch, make_tiny_checkpoint, one_line_error
-from test_languages import multilingual_checkpoint
+from helpers import ENV, fake_batch, make_tiny_checkpoint, multilingual_checkpoint, one_line_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 10  # 4 specials, 3 words, three language tokens

@@ -111,7 +111,8 @@ def test_prefix_longer_than_the_limit_still_fits_and_may_end():
     model = FakeModel(seed=4)
     src, mask = fake_batch([2], seed=4)
     prefix = [4, 5, 6, 7, 4, 5]
-    (h,) = greedy_search(model, src, mask, SearchOptions(max_len_a=0.0, max_len_b=2), SearchInputs(prefixes=[prefix]))[0]
+    (h,) = greedy_search(model, src, mask, SearchOptions(max_len_a=0.0,
+                                                         max_len_b=2), SearchInputs(prefixes=[prefix]))[0]
     assert h.tokens[:6] == prefix and len(h.tokens) <= 7
 
 
@@ -183,7 +184,7 @@ import re
 
 from nmt.config import decode_config
 from nmt.translation.torch_engine import TorchEngine
-from nmt.commands.translate import translate_command
+from nmt.commands.translate import TranslateOptions, translate_command
 from nmt.translation.translate import translate_nbest
 from helpers import make_pairs
 from helpers import run_nmt as cli
@@ -223,7 +224,7 @@ def test_prefixes_are_kept_verbatim(engine, ckpt, tmp_path):
     src, pre, outp = tmp_path / "in.es", tmp_path / "prefix.en", tmp_path / "out.en"
     src.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     pre.write_text("".join(x + "\n" for x in prefixes), encoding="utf-8")
-    translate_command(ckpt, str(src), str(outp), prefix=str(pre), device="cpu", quiet=True)
+    translate_command(TranslateOptions(ckpt, str(src), str(outp), prefix=str(pre), device="cpu", quiet=True))
     got = outp.read_text(encoding="utf-8").splitlines()
     assert len(got) == len(lines) and all(g.startswith(p) for g, p in zip(got, prefixes))
     pre.write_text("only one\n", encoding="utf-8")

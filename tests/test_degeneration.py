@@ -10,7 +10,7 @@ import os
 import pytest
 
 from nmt.evaluation.degeneration import degeneration, format_report, loops, scalars
-from nmt.commands.evaluate import evaluate_command
+from nmt.commands.evaluate import EvaluateOptions, evaluate_command
 
 SRC = ["el perro ve la casa", "la luna", "uno dos tres cuatro cinco seis", "hola", "el sol ve el rio", ""]
 REF = ["the dog sees the house", "the moon", "one two three four five six", "hello", "the sun sees the river", ""]
@@ -51,10 +51,10 @@ def test_evaluate_prints_and_lists_the_report(tmp_path):
         with open(paths[name], "w", encoding="utf-8") as f:
             f.write("".join(x + "\n" for x in lines))
     out = io.StringIO()
-    evaluate_command(paths["hyp"], paths["ref"], src=paths["src"], json_out=True, stdout=out)
+    evaluate_command(EvaluateOptions(paths["hyp"], paths["ref"], src=paths["src"], json_out=True), stdout=out)
     obj = json.loads(out.getvalue())
     assert obj["degeneration"]["loops"]["lines"] == [2] and obj["degeneration"]["copies"]["lines"] == [4]
     out = io.StringIO()
-    evaluate_command(paths["hyp"], paths["ref"], stdout=out)
+    evaluate_command(EvaluateOptions(paths["hyp"], paths["ref"]), stdout=out)
     assert out.getvalue().splitlines()[-1].startswith("degeneration (6 lines")
     assert os.path.exists(paths["src"])

@@ -18,7 +18,6 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 import torch
 import yaml
@@ -34,7 +33,7 @@ from nmt.training.optim import build_optimizer, build_scheduler
 from nmt.training.step import setup_precision, train_step
 from nmt.text.tokenizer import Tokenizer
 
-from helpers import NoSchedule, random_corpus, tiny_config_dict, tiny_transformer
+from helpers import DDP_CLIP as CLIP, DDP_MICRO as MICRO, NoSchedule, random_corpus, tiny_config_dict, tiny_transformer
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -118,22 +117,17 @@ def _write_config(tmp_path, name: str, dropout: float = 0.1, **train) -> tuple[s
 # --------------------------------------------------------------------------- one DDP step
 
 
-# rank r's two micro-batches (different sizes and token counts on the two ranks)
-MICRO = {0: [np.arange(0, 5), np.arange(5, 12)], 1: [np.arange(12, 15), np.arange(15, 24)]}
-CLIP = 0.5
-
-
 STEP_WORKER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
     import nmt.training.step as train_mod
     from nmt.layout import collate
     from nmt.training.distributed import DistEnv, process_group, wrap_model
-    from helpers import NoSchedule, random_corpus, tiny_transformer
-    from test_distributed import MICRO, CLIP, FP32
+    from helpers import DDP_CLIP as CLIP, DDP_MICRO as MICRO, NoSchedule, random_corpus, tiny_transformer
 
     env = DistEnv.from_env()
     cpu = torch.device("cpu")
+    FP32 = train_mod.setup_precision("fp32", cpu)
     real = train_mod.label_smoothed_nll
     out = {{}}
     with process_group(env, cpu):

@@ -83,6 +83,8 @@ def test_checkpoints_hold_the_average_and_validation_scores_it(tmp_path):
     saved = ckpt.load_checkpoint(os.path.join(cfg.run_dir, "checkpoints", "latest.pt"))
     ts = saved["train_state"]
     assert ts["ema"]["updates"] == 14 and set(ts["raw_model"]) == set(saved["model"])
+    log = open(os.path.join(cfg.run_dir, "train.log"), encoding="utf-8").read()
+    assert "valid step 7 " in log and "step 5 |" in log and "step 10 |" in log  # the loop logs and validates as without
     assert any(not torch.equal(saved["model"][k], ts["raw_model"][k]) for k in saved["model"])
     # the reported validation loss is the averaged weights' (teacher forcing over the validation set)
     model, tokenizer, _ = ckpt.load_for_inference(os.path.join(cfg.run_dir, "checkpoints", "latest.pt"))

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from nmt.errors import UserError
-from nmt.commands.evaluate import evaluate_command
+from nmt.commands.evaluate import EvaluateOptions, evaluate_command
 from nmt.evaluation.metrics import corpus_metrics
 from nmt.textio import read_lines
 from helpers import make_pairs, one_line_error, run_nmt, write
@@ -79,7 +79,7 @@ def test_evaluate_command_text_and_json(tmp_path):
     expected = {e["name"]: e for e in _sacrebleu_json(ref, hyp, ["bleu", "chrf"])}
 
     out = io.StringIO()
-    assert evaluate_command(hyp, ref, stdout=out) == 0
+    assert evaluate_command(EvaluateOptions(hyp, ref), stdout=out) == 0
     lines = out.getvalue().splitlines()
     assert len(lines) == 3 and lines[2].startswith("degeneration (7 lines; lengths against the reference): loops")
     assert lines[0].startswith(f"BLEU = {expected['BLEU']['score']:.2f} ")
@@ -87,7 +87,7 @@ def test_evaluate_command_text_and_json(tmp_path):
     assert lines[1] == f"chrF2 = {expected['chrF2']['score']:.2f} [{expected['chrF2']['signature']}]"
 
     out = io.StringIO()
-    assert evaluate_command(hyp, ref, json_out=True, metrics=("chrf", "bleu"), stdout=out) == 0
+    assert evaluate_command(EvaluateOptions(hyp, ref, json_out=True, metrics=("chrf", "bleu")), stdout=out) == 0
     obj = json.loads(out.getvalue())
     assert obj["n_sentences"] == 7 and obj["hyp"] == hyp and obj["ref"] == ref
     assert float(f"{obj['bleu']['score']:.4f}") == expected["BLEU"]["score"]
@@ -101,10 +101,10 @@ def test_stdin_and_gzip_and_save(tmp_path):
         f.write(REF)
     hyp = _write(tmp_path, "hyp.txt", HYP)
     from_file, from_stdin = io.StringIO(), io.StringIO()
-    evaluate_command(hyp, ref, json_out=True, stdout=from_file)
+    evaluate_command(EvaluateOptions(hyp, ref, json_out=True), stdout=from_file)
     saved = tmp_path / "saved.txt"
-    evaluate_command(None, ref, json_out=True, stdin=io.BytesIO(HYP.encode()), stdout=from_stdin,
-                     save_hyps=str(saved))
+    evaluate_command(EvaluateOptions(None, ref, json_out=True, save_hyps=str(saved)), stdin=io.BytesIO(HYP.encode()),
+                     stdout=from_stdin)
     a, b = json.loads(from_file.getvalue()), json.loads(from_stdin.getvalue())
     assert a["bleu"]["score"] == b["bleu"]["score"] and a["chrf"] == b["chrf"]
     assert saved.read_text(encoding="utf-8").splitlines() == read_lines(hyp)
@@ -114,7 +114,7 @@ def test_line_count_mismatch_names_counts_and_files(tmp_path):
     ref = _write(tmp_path, "ref.txt", "a\nb\nc\n")
     hyp = _write(tmp_path, "hyp.txt", "a\nb\n")
     with pytest.raises(UserError) as e:
-        evaluate_command(hyp, ref, stdout=io.StringIO())
+        evaluate_command(EvaluateOptions(hyp, ref), stdout=io.StringIO())
     msg = str(e.value)
     assert "2" in msg and "3" in msg and hyp in msg and ref in msg
     with pytest.raises(UserError, match="2 hypotheses but 3 references"):
@@ -124,9 +124,9 @@ def test_line_count_mismatch_names_counts_and_files(tmp_path):
 def test_missing_file_and_bad_input(tmp_path):
     ref = _write(tmp_path, "ref.txt", "a\n")
     with pytest.raises(UserError, match="file not found"):
-        evaluate_command(str(tmp_path / "nope.txt"), ref, stdout=io.StringIO())
+        evaluate_command(EvaluateOptions(str(tmp_path / "nope.txt"), ref), stdout=io.StringIO())
     with pytest.raises(UserError, match="file not found"):
-        evaluate_command(ref, str(tmp_path / "nope.txt"), stdout=io.StringIO())
+        evaluate_command(EvaluateOptions(ref, str(tmp_path / "nope.txt")), stdout=io.StringIO())
     with pytest.raises(UserError, match="unknown metric"):
         corpus_metrics(["a"], ["a"], ("meteor",))
     with pytest.raises(UserError, match="nothing to score"):
@@ -136,9 +136,9 @@ def test_missing_file_and_bad_input(tmp_path):
     with pytest.raises(UserError, match="line 1: invalid UTF-8"):
         read_lines(str(bad))
     with pytest.raises(UserError, match="line 2: invalid UTF-8"):
-        evaluate_command(None, ref, stdin=io.BytesIO(b"ok\n\xff\n"), stdout=io.StringIO())
+        evaluate_command(EvaluateOptions(None, ref), stdin=io.BytesIO(b"ok\n\xff\n"), stdout=io.StringIO())
     with pytest.raises(UserError, match="--src"):
-        evaluate_command(None, ref, checkpoint="x.pt", stdout=io.StringIO())
+        evaluate_command(EvaluateOptions(None, ref, checkpoint="x.pt"), stdout=io.StringIO())
 
 
 # --------------------------------------------------------------------------- tokenize / lowercase
@@ -156,8 +156,8 @@ def test_tokenize_and_lowercase_match_the_sacrebleu_command(tmp_path, tokenize, 
     ref = _write(tmp_path, "ref.txt", "".join(r + "\n" for r in refs))
     hyp = _write(tmp_path, "hyp.txt", "".join(h + "\n" for h in hyps))
     out = io.StringIO()
-    evaluate_command(hyp, ref, metrics=("bleu", "chrf"), tokenize=tokenize, lowercase=lowercase, json_out=True,
-                     stdout=out)
+    evaluate_command(EvaluateOptions(hyp, ref, metrics=("bleu", "chrf"), tokenize=tokenize, lowercase=lowercase,
+                                     json_out=True), stdout=out)
     got = json.loads(out.getvalue())
     cmd = [sys.executable, "-m", "sacrebleu", ref, "-i", hyp, "-m", "bleu", "chrf", "-w", "6", "-f", "json",
            "-tok", tokenize] + (["-lc", "--chrf-lowercase"] if lowercase else [])
@@ -174,7 +174,7 @@ def test_tokenize_errors(tmp_path):
 
     ref = _write(tmp_path, "ref.txt", "a\n")
     with pytest.raises(UserError, match="unknown BLEU tokenizer 'spaces'"):
-        evaluate_command(ref, ref, tokenize="spaces", stdout=io.StringIO())
+        evaluate_command(EvaluateOptions(ref, ref, tokenize="spaces"), stdout=io.StringIO())
     try:
         import MeCab  # noqa: F401
     except ImportError:  # without the optional MeCab packages: a one-line install hint
@@ -207,7 +207,8 @@ def test_an_explicit_langid_that_cannot_count_off_target_is_an_error(tmp_path):
 
     def run(langid, **overrides):
         out = io.StringIO()
-        evaluate_command(hyp, ref, json_out=True, langid=langid, overrides=overrides, stdout=out, stderr=io.StringIO())
+        evaluate_command(EvaluateOptions(hyp, ref, json_out=True, langid=langid,
+                                         overrides=overrides), stdout=out, stderr=io.StringIO())
         return json.loads(out.getvalue())["off_target"]
 
     with pytest.raises(UserError) as e:
@@ -246,7 +247,7 @@ def test_save_hyps_into_a_missing_directory_fails_before_translating(ckpt, tmp_p
 
 @pytest.mark.slow
 def test_evaluate_rejects_nbest_and_uses_batch_size(ckpt, tmp_path, monkeypatch):
-    from nmt.commands.evaluate import evaluate_command
+    from nmt.commands.evaluate import EvaluateOptions, evaluate_command
 
     src = write(tmp_path / "src.es", [p[0] for p in make_pairs(9, 4)])
     one_line_error(run_nmt("evaluate", "-c", ckpt, "--src", src, "--ref", src, "--nbest", "2", "--beam", "2"),
@@ -256,6 +257,6 @@ def test_evaluate_rejects_nbest_and_uses_batch_size(ckpt, tmp_path, monkeypatch)
     seen = []
     real = batching.make_batches
     monkeypatch.setattr(batching, "make_batches", lambda lengths, bt, mbs: seen.append(mbs) or real(lengths, bt, mbs))
-    evaluate_command(None, src, checkpoint=ckpt, src=src, overrides={"max_batch_size": "2"}, quiet=True,
-                     stdout=io.StringIO())
+    evaluate_command(EvaluateOptions(None, src, checkpoint=ckpt, src=src, overrides={"max_batch_size": "2"},
+                                     quiet=True), stdout=io.StringIO())
     assert seen == [2]

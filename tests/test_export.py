@@ -184,11 +184,11 @@ def test_unknown_parameter_is_refused(ct2, tokenizers, tmp_path):
 
 
 def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # makes `import ctranslate2` fail
     with pytest.raises(UserError, match=r'pip install -e "\.\[ct2\]"'):
-        export_command(str(tmp_path / "x.pt"), str(tmp_path / "out"))
+        export_command(ExportOptions(str(tmp_path / "x.pt"), str(tmp_path / "out")))
     from nmt.translation.ct2 import Ct2Engine
 
     with pytest.raises(UserError, match="ctranslate2"):
@@ -369,7 +369,7 @@ def trained(request, tmp_path_factory):
     """(checkpoint path, export dir) of the synthetic task trained briefly, pre- or post-norm.
     post-norm also uses separate vocabularies, untied output, learned positions and GELU."""
     pytest.importorskip("ctranslate2", reason=CT2_REASON)
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
     from nmt.train import train
 
     d = tmp_path_factory.mktemp(f"trained-{request.param}")
@@ -382,7 +382,7 @@ def trained(request, tmp_path_factory):
     train(cfg, quiet=True)
     checkpoint = os.path.join(cfg.run_dir, "checkpoints", "latest.pt")
     out = str(d / "ct2")
-    assert export_command(checkpoint, out, quiet=True) == 0
+    assert export_command(ExportOptions(checkpoint, out, quiet=True)) == 0
     return checkpoint, out
 
 
@@ -521,7 +521,7 @@ def test_forced_length_as_benchmarks_use_it(trained, pairs):
 @pytest.mark.slow
 def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
     """Same output file as `nmt translate` (PyTorch): order, empty lines, n-best format."""
-    from nmt.commands.translate import translate_command
+    from nmt.commands.translate import TranslateOptions, translate_command
 
     checkpoint, out = trained
     lines = [p[0] for p in pairs[:40]]
@@ -530,8 +530,8 @@ def test_translate_command_matches_pytorch_path(trained, pairs, tmp_path):
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for nbest in (1, 2):
         kw = dict(overrides=dict(beam_size=3, nbest=nbest), device="cpu", quiet=True)
-        translate_command(checkpoint, str(src), str(tmp_path / "torch.txt"), **kw)
-        translate_command(out, str(src), str(tmp_path / "ct2.txt"), engine="ctranslate2", **kw)
+        translate_command(TranslateOptions(checkpoint, str(src), str(tmp_path / "torch.txt"), **kw))
+        translate_command(TranslateOptions(out, str(src), str(tmp_path / "ct2.txt"), engine="ctranslate2", **kw))
         got = (tmp_path / "ct2.txt").read_text(encoding="utf-8").splitlines()
         want = (tmp_path / "torch.txt").read_text(encoding="utf-8").splitlines()
         assert len(got) == len(lines) * nbest
@@ -549,7 +549,7 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     the same file as one worker, and as the PyTorch path with --workers 2."""
     from nmt.config import ConfigError
     from nmt.translation.ct2 import Ct2Engine
-    from nmt.commands.translate import translate_command
+    from nmt.commands.translate import TranslateOptions, translate_command
 
     checkpoint, out = trained
     lines = [p[0] for p in pairs[:60]]
@@ -558,10 +558,10 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     kw = lambda workers: dict(overrides=dict(beam_size=2, nbest=2, max_batch_size=4, workers=workers), device="cpu",
                               quiet=True)
-    translate_command(out, str(src), str(tmp_path / "one.txt"), engine="ctranslate2", **kw(1))
-    translate_command(out, str(src), str(tmp_path / "two.txt"), engine="ctranslate2", **kw(2))
-    translate_command(checkpoint, str(src), str(tmp_path / "torch1.txt"), **kw(1))
-    translate_command(checkpoint, str(src), str(tmp_path / "torch2.txt"), **kw(2))
+    translate_command(TranslateOptions(out, str(src), str(tmp_path / "one.txt"), engine="ctranslate2", **kw(1)))
+    translate_command(TranslateOptions(out, str(src), str(tmp_path / "two.txt"), engine="ctranslate2", **kw(2)))
+    translate_command(TranslateOptions(checkpoint, str(src), str(tmp_path / "torch1.txt"), **kw(1)))
+    translate_command(TranslateOptions(checkpoint, str(src), str(tmp_path / "torch2.txt"), **kw(2)))
     one = (tmp_path / "one.txt").read_text(encoding="utf-8")
     assert len(one.splitlines()) == 2 * len(lines)
     assert (tmp_path / "two.txt").read_text(encoding="utf-8") == one
@@ -570,7 +570,7 @@ def test_ct2_workers_give_the_sequential_results(trained, pairs, tmp_path):
     auto = 2 if (os.cpu_count() or 1) >= 2 else 1  # workers 0 = auto, as on the PyTorch path
     assert Ct2Engine(out, "cpu", workers=0).translator.num_translators == auto
     with pytest.raises(ConfigError, match="workers"):
-        translate_command(out, str(src), str(tmp_path / "x.txt"), **kw(-1))
+        translate_command(TranslateOptions(out, str(src), str(tmp_path / "x.txt"), **kw(-1)))
     assert not os.path.exists(tmp_path / "x.txt")
 
 
@@ -579,20 +579,21 @@ def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
     """stdin -> stdout; the checkpoint's decode section is the default; an over-long line is
     truncated (max_positions - 1 = 63 tokens) and counted in one warning; not-an-export refused."""
     from nmt.translation.ct2 import Ct2Engine
-    from nmt.commands.translate import translate_command
+    from nmt.commands.translate import TranslateOptions, translate_command
 
     checkpoint, out = trained
     engine = Ct2Engine(out, "cpu")
     assert engine.decode.max_len_b == 5 and engine.decode.beam_size == 1  # tests/synthetic.py's decode section
     stdout, stderr = io.BytesIO(), io.StringIO()
     text = "el perro ve la casa\n\n" + " ".join(["el gato come"] * 30) + "\n"
-    translate_command(out, None, None, stdin=io.BytesIO(text.encode()), stdout=stdout, stderr=stderr, device="cpu")
+    translate_command(TranslateOptions(out, None, None,
+                                       device="cpu"), stdin=io.BytesIO(text.encode()), stdout=stdout, stderr=stderr)
     lines = stdout.getvalue().decode().split("\n")
     assert len(lines) == 4 and lines[0] and lines[1] == "" and lines[2] and lines[3] == ""
     assert "1 input line longer than 63 tokens" in stderr.getvalue()
     with pytest.raises(UserError, match="not a CTranslate2 model directory"):
-        translate_command(str(tmp_path), None, None, engine="ctranslate2", stdin=io.BytesIO(b"x\n"),
-                          stdout=io.BytesIO())
+        translate_command(TranslateOptions(str(tmp_path), None, None,
+                                           engine="ctranslate2"), stdin=io.BytesIO(b"x\n"), stdout=io.BytesIO())
 
 
 @pytest.mark.slow
@@ -602,11 +603,11 @@ def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
     import sacrebleu
 
     from nmt.translation.ct2 import Ct2Engine
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
     checkpoint, out = trained
     q = str(tmp_path / "int8")
-    export_command(checkpoint, q, quantization="int8", quiet=True)
+    export_command(ExportOptions(checkpoint, q, quantization="int8", quiet=True))
     assert os.path.getsize(os.path.join(q, "model.bin")) < 0.6 * os.path.getsize(os.path.join(out, "model.bin"))
     from nmt.translation.translate import translate_lines
 
@@ -642,20 +643,21 @@ def test_evaluate_and_score_with_the_ctranslate2_engine(trained, pairs, tmp_path
     writes; nmt score with CTranslate2 equals the PyTorch scores (the same model, exported)."""
     from nmt.translation.torch_engine import TorchEngine
     from nmt.translation.ct2 import Ct2Engine
-    from nmt.commands.evaluate import evaluate_command
+    from nmt.commands.evaluate import EvaluateOptions, evaluate_command
     from nmt.evaluation.metrics import corpus_metrics
     from nmt.translation.score import score_pairs
-    from nmt.commands.translate import translate_command
+    from nmt.commands.translate import TranslateOptions, translate_command
 
     checkpoint, out = trained
     src, ref = tmp_path / "src.es", tmp_path / "ref.en"
     src.write_text("".join(p[0] + "\n" for p in pairs[:50]), encoding="utf-8")
     ref.write_text("".join(p[1] + "\n" for p in pairs[:50]), encoding="utf-8")
-    translate_command(out, str(src), str(tmp_path / "hyp.en"), engine="ctranslate2", device="cpu", quiet=True)
+    translate_command(TranslateOptions(out, str(src), str(tmp_path / "hyp.en"), engine="ctranslate2", device="cpu",
+                                       quiet=True))
     hyps = (tmp_path / "hyp.en").read_text(encoding="utf-8").splitlines()
     got = io.StringIO()
-    evaluate_command(None, str(ref), checkpoint=out, engine="ctranslate2", src=str(src), json_out=True,
-                     device="cpu", quiet=True, stdout=got)
+    evaluate_command(EvaluateOptions(None, str(ref), checkpoint=out, engine="ctranslate2", src=str(src),
+                                     json_out=True, device="cpu", quiet=True), stdout=got)
     assert json.loads(got.getvalue())["bleu"]["score"] == corpus_metrics(hyps, [p[1] for p in pairs[:50]])["bleu"]["score"]
     lines_src, lines_tgt = [p[0] for p in pairs[:30]] + [""], [p[1] for p in pairs[:30]] + ["the sun"]
     a = score_pairs(TorchEngine.load(checkpoint, "cpu"), lines_src, lines_tgt)

@@ -181,7 +181,7 @@ def test_every_target_term_is_checked_when_the_glossary_is_loaded(translator, ck
     """Issue 59 item 4: a target term the model cannot write, or too long for its positions, is an error
     when the glossary is loaded, whether or not (and wherever) its entry matches, not when a chunk
     with a line it matches comes up."""
-    from nmt.commands.translate import translate_command
+    from nmt.commands.translate import TranslateOptions, translate_command
 
     long_term = " ".join(["moon"] * 30)  # 30 tokens: more than the tiny model's 24 positions
     for target, message in (("zebra ✓", "cannot be written"), (long_term, "output tokens")):
@@ -192,7 +192,8 @@ def test_every_target_term_is_checked_when_the_glossary_is_loaded(translator, ck
         tsv = _write(tmp_path / "terms.tsv", [f"{s}\t{t}" for s, t in glossary])
         out = tmp_path / "out.txt"
         with pytest.raises(UserError, match=message) as e:
-            translate_command(ckpt, src, str(out), glossary=tsv, quiet=True, chunk_lines=2, device="cpu")
+            translate_command(TranslateOptions(ckpt, src, str(out), glossary=tsv, quiet=True, chunk_lines=2,
+                                               device="cpu"))
         assert "cebra" in str(e.value) and not out.exists()
 
 

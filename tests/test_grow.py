@@ -1,10 +1,10 @@
-"""Adding a language to a pretrained model (issue 38, nmt/training/grow.py): `data.add_languages`,
+"""Adding a language to a pretrained model (issue 38, nmt/training/grow/): `data.add_languages`,
 `data.tokenizer.add_pieces`, the grown SentencePiece models, the grown weights, and an nmt multilingual
 model that learns a new target language and goes on to `nmt translate --tgt-lang`, `nmt evaluate`,
 CTranslate2 and Hugging Face. Imported M2M100/NLLB models: tests/test_grow_hf.py.
 
-The synthetic task of tests/helpers.py (es -> en, es -> xx with every word spelled backwards, as in
-tests/test_multilingual.py) gets a new target language "yy": English with the vowels written å ë ï ø ü
+The synthetic task of tests/helpers.py (es -> en, es -> xx with every word spelled backwards:
+`multilingual_dict`) gets a new target language "yy": English with the vowels written å ë ï ø ü
 (characters the old vocabulary lacks) and every word ending in "in".
 """
 
@@ -16,10 +16,10 @@ import os
 import pytest
 import torch
 
-from helpers import make_pairs, tiny_config_dict
-from nmt.training import grow
+from helpers import make_pairs, multilingual_dict, tiny_config_dict
+from nmt.training.grow import grow_weights, pieces, tokenizers
 from nmt.config import ConfigError, config_from_dict
-from nmt.text.tokenizer import Tokenizer, train_sentencepiece
+from nmt.text.tokenizer import train_sentencepiece
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,10 +28,6 @@ VOWELS = str.maketrans("aeiou", "åëïøü")
 
 def yy(line: str) -> str:
     return " ".join(w.translate(VOWELS) + "in" for w in line.split())
-
-
-def xx(line: str) -> str:
-    return " ".join(w[::-1] for w in line.split())
 
 
 # --------------------------------------------------------------------------- config
@@ -78,15 +74,15 @@ def english_models():
                                       what="test", log=lambda msg: None) for kind in ("unigram", "bpe")}
 
 
-def _new_pieces(model: bytes, n: int = 30) -> grow.Grown:
+def _new_pieces(model: bytes, n: int = 30) -> pieces.Grown:
     from nmt.config import TokenizerConfig
 
     lines = [yy(t) for _, t in make_pairs(2000, seed=3)]
     cfg = config_from_dict({"data": {"src_lang": "es", "tgt_lang": "en", "train": {"src": "a", "tgt": "b"},
                                      "valid": {"src": "a", "tgt": "b"},
                                      "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
-    found = grow.candidates(lambda: iter(lines), model, cfg, n, "test", lambda msg: None)
-    return grow.append_pieces(model, found, n)
+    found = pieces.candidates(lambda: iter(lines), model, cfg, n, "test", lambda msg: None)
+    return pieces.append_pieces(model, found, n)
 
 
 def test_a_new_text_with_more_characters_than_pieces_names_add_pieces(english_models):
@@ -102,7 +98,7 @@ def test_a_new_text_with_more_characters_than_pieces_names_add_pieces(english_mo
                                      "valid": {"src": "a", "tgt": "b"},
                                      "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
     with pytest.raises(UserError) as e:
-        grow.candidates(lambda: iter(lines), english_models["unigram"], cfg, 10, "new-language", lambda msg: None)
+        pieces.candidates(lambda: iter(lines), english_models["unigram"], cfg, 10, "new-language", lambda msg: None)
     message = str(e.value)
     assert "\n" not in message and "raise add_pieces" in message and "296 pieces" in message, message
     assert "vocab_size /" not in message
@@ -146,9 +142,9 @@ def test_pieces_old_language_text_would_use_are_left_out(english_models, kind):
                                      "valid": {"src": "a", "tgt": "b"},
                                      "tokenizer": dict(vars(TokenizerConfig(threads=1)))}}, check_files=False)
     model = english_models[kind]
-    found = grow.candidates(lambda: iter(lines), model, cfg, 30, "test", lambda msg: None)
-    free = grow.append_pieces(model, found, 30)
-    kept = grow.append_pieces(model, found, 30, keep)
+    found = pieces.candidates(lambda: iter(lines), model, cfg, 30, "test", lambda msg: None)
+    free = pieces.append_pieces(model, found, 30)
+    kept = pieces.append_pieces(model, found, 30, keep)
     old, new = (spm.SentencePieceProcessor(model_proto=m) for m in (model, kept.model))
     assert new.encode(keep) == old.encode(keep)
     if kind == "bpe":  # ▁s (English's "sees", "sun") is a piece of the new text the toy English model lacks
@@ -163,9 +159,9 @@ def test_bpe_pieces_are_formed_by_one_merge_and_bring_their_characters(english_m
     import sentencepiece as spm
 
     grown = _new_pieces(english_models["bpe"])
-    sp = grow.splitter(grown.model)
+    sp = pieces.splitter(grown.model)
     for piece in grown.pieces:
-        assert sp.encode(grow.piece_text(piece), out_type=str) == [piece]
+        assert sp.encode(pieces.piece_text(piece), out_type=str) == [piece]
         assert all(c in grown.pieces[:grown.pieces.index(piece) + 1] or spm.SentencePieceProcessor(
             model_proto=english_models["bpe"]).piece_to_id(c) != 0 for c in piece)
 
@@ -175,8 +171,8 @@ def test_grown_rows_are_copies_and_means_of_old_rows():
     bias = torch.randn(6)
     state = {"src_embed.weight": embed, "tgt_embed.weight": embed, "output_proj.weight": embed,
              "output_proj.bias": bias, "encoder.x": torch.ones(2)}
-    rows = grow.Rows(6, [(4,), (1, 2, 5), ()])
-    out = grow.grow_weights(state, rows, rows)
+    rows = tokenizers.Rows(6, [(4,), (1, 2, 5), ()])
+    out = grow_weights(state, rows, rows)
     for name in ("src_embed.weight", "tgt_embed.weight", "output_proj.weight"):
         assert torch.equal(out[name][:6], embed) and out[name].shape == (9, 4)
         assert torch.equal(out[name][6], embed[4])
@@ -186,23 +182,17 @@ def test_grown_rows_are_copies_and_means_of_old_rows():
 
 # --------------------------------------------------------------------------- an nmt multilingual model
 
-def multilingual_dict(directory: str, **train) -> dict:
-    """es -> en and es -> xx, an architecture Hugging Face can represent (M2M100), unigram pieces."""
-    raw = tiny_config_dict(directory, **train)
+def m2m100_like_dict(directory: str, **train) -> dict:
+    """helpers' es -> en and es -> xx (and the yy text), an architecture Hugging Face can represent (M2M100),
+    unigram pieces."""
+    raw = multilingual_dict(directory, **train)
     p = os.path.join(directory, "data")
     for split in ("train", "valid", "test"):
-        with open(os.path.join(p, f"{split}.en"), encoding="utf-8") as f:
-            en = f.read().splitlines()
-        for lang, fn in (("xx", xx), ("yy", yy)):
-            with open(os.path.join(p, f"{split}.{lang}"), "w", encoding="utf-8") as out:
-                out.writelines(fn(line) + "\n" for line in en)
-    d = raw["data"]
-    d["train"] = [{"src": f"{p}/train.es", "tgt": f"{p}/train.en"},
-                  {"src": f"{p}/train.es", "tgt": f"{p}/train.xx", "tgt_lang": "xx"}]
-    d["valid"] = [{"src": f"{p}/valid.es", "tgt": f"{p}/valid.en"},
-                  {"src": f"{p}/valid.es", "tgt": f"{p}/valid.xx", "tgt_lang": "xx"}]
-    d["tokenizer"].update(vocab_size=100, model_type="unigram")
-    d.update(max_len=60)
+        with open(os.path.join(p, f"{split}.en"), encoding="utf-8") as f, \
+                open(os.path.join(p, f"{split}.yy"), "w", encoding="utf-8") as out:
+            out.writelines(yy(line) + "\n" for line in f.read().splitlines())
+    raw["data"]["tokenizer"].update(model_type="unigram")
+    raw["data"].update(max_len=60)
     raw["model"].update(norm="pre", positions="sinusoidal_fairseq", position_offset=1, activation="gelu")
     raw["decode"].update(max_len_a=0, max_len_b=30)
     return raw
@@ -214,7 +204,7 @@ def base(tmp_path_factory):
     from nmt.train import train
 
     d = str(tmp_path_factory.mktemp("base"))
-    raw = multilingual_dict(d, max_steps=80, warmup_steps=10, valid_every=80, valid_max_sentences=4)
+    raw = m2m100_like_dict(d, max_steps=80, warmup_steps=10, valid_every=80, valid_max_sentences=4)
     result = train(config_from_dict(raw), quiet=True)
     return d, raw, os.path.join(result["run_dir"], "checkpoints", "latest.pt")
 
@@ -241,21 +231,21 @@ def test_the_grown_source_translates_the_old_directions_as_before(base, tmp_path
     """Before any training: the new token copies xx's rows, old ids keep their rows, and every old
     direction's greedy output is the source model's for each line whose source ids did not change."""
     from nmt import Translator
-    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.model.checkpoint import load_record, save_checkpoint
     from nmt.training.finetune import load_source
 
     d, _, ckpt = base
     cfg = config_from_dict(add_yy(base, tmp_path))
     logged = []
     grown = load_source(cfg, str(tmp_path / "run"), logged.append)
-    old = load_checkpoint(ckpt)
-    tok, old_tok = Tokenizer.from_bytes(grown["tokenizer"]), Tokenizer.from_bytes(old["tokenizer"])
+    old = load_record(ckpt)
+    tok, old_tok = grown.load_tokenizer(), old.load_tokenizer()
     V = old_tok.tgt_vocab_size
     assert old_tok.languages.items() < tok.languages.items() and tok.languages["yy"] == V
-    assert tok.tgt_vocab_size == V + 1 + 20 and grown["vocab"] == {"src": V + 21, "tgt": V + 21}
+    assert tok.tgt_vocab_size == V + 1 + 20 and grown.vocab == {"src": V + 21, "tgt": V + 21}
     for name in ("src_embed.weight", "output_proj.weight"):
-        assert torch.equal(grown["model"][name][:V], old["model"][name])
-        assert torch.equal(grown["model"][name][V], old["model"][name][old_tok.languages["xx"]])
+        assert torch.equal(grown.model[name][:V], old.model[name])
+        assert torch.equal(grown.model[name][V], old.model[name][old_tok.languages["xx"]])
     logged = [line for line in logged if not line.startswith("tokenizer:")]  # (the new-language model's size)
     assert logged[0].startswith(f"add languages yy: language tokens yy (id {V}, from xx); vocabulary {V}/{V} -> {V + 21}/")
     assert logged[1].startswith("add_pieces: new-language model: 20 pieces appended (")
@@ -281,7 +271,7 @@ def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
     import yaml
 
     from nmt import Translator
-    from nmt.model.checkpoint import load_checkpoint
+    from nmt.model.checkpoint import load_record
     from nmt.cli import main
 
     d, _, _ = base
@@ -293,8 +283,8 @@ def test_a_new_target_language_is_learnt_and_travels(base, tmp_path, capsys):
     for direction in ("es-en", "es-xx", "es-yy"):
         assert f"valid step 150 {direction} |" in log
     ckpt = str(run / "checkpoints" / "latest.pt")
-    state = load_checkpoint(ckpt)
-    assert "yy" in state["tokenizer"]["languages"] and "yy" in state["langid"]["profiles"]
+    state = load_record(ckpt)
+    assert "yy" in state.load_tokenizer().languages and "yy" in state.langid["profiles"]
     test_es = os.path.join(d, "data", "test.es")
     out = tmp_path / "out.yy"
     assert main(["translate", "-c", ckpt, "-i", test_es, "-o", str(out), "--tgt-lang", "yy", "--beam", "1", "-q"]) == 0
@@ -387,15 +377,16 @@ def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsy
     import yaml
 
     from helpers import make_tiny_checkpoint
-    from nmt.model.checkpoint import load_checkpoint
+    from nmt.config import to_dict
+    from nmt.model.checkpoint import load_record
     from nmt.cli import main
     from nmt.training.finetune import load_source
 
     ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
     raw = tiny_config_dict(str(tmp_path))
-    source = load_checkpoint(ckpt)
-    raw["model"] = source["config"]["model"]
-    raw["data"]["tokenizer"] = source["config"]["data"]["tokenizer"]
+    source = load_record(ckpt)
+    raw["model"] = to_dict(source.load_config().model)
+    raw["data"]["tokenizer"] = to_dict(source.load_config().data.tokenizer)
     p = os.path.join(str(tmp_path), "data")
     with open(f"{p}/train.en", encoding="utf-8") as f, open(f"{p}/train.yy", "w", encoding="utf-8") as out:
         out.writelines(yy(line) + "\n" for line in f)
@@ -410,8 +401,8 @@ def test_a_bilingual_model_cannot_learn_a_second_target_language(tmp_path, capsy
     raw["data"]["train"] = [raw["data"]["train"][0], {"src": f"{p}/train.yy", "tgt": f"{p}/train.en", "src_lang": "yy"}]
     raw["data"]["tokenizer"]["add_pieces"] = 5
     grown = load_source(config_from_dict(raw), str(tmp_path / "run"), lambda msg: None)
-    tok = Tokenizer.from_bytes(grown["tokenizer"])
-    assert not tok.languages and tok.src_vocab_size == Tokenizer.from_bytes(source["tokenizer"]).src_vocab_size + 5
+    tok = grown.load_tokenizer()
+    assert not tok.languages and tok.src_vocab_size == source.load_tokenizer().src_vocab_size + 5
 
 
 @pytest.mark.slow
@@ -421,7 +412,7 @@ def test_separate_vocabularies_grow_the_side_the_new_text_is_on(base, tmp_path):
     import copy
 
     from nmt import Translator
-    from nmt.model.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.model.checkpoint import load_record, save_checkpoint
     from nmt.training.finetune import load_source
     from nmt.train import train
 
@@ -433,11 +424,11 @@ def test_separate_vocabularies_grow_the_side_the_new_text_is_on(base, tmp_path):
     ckpt = os.path.join(train(config_from_dict(raw), quiet=True)["run_dir"], "checkpoints", "latest.pt")
     finetune = add_yy((base[0], raw, ckpt), tmp_path, add_pieces=10, valid_bleu=False, metric="loss")
     grown = load_source(config_from_dict(finetune), str(tmp_path / "run"), lambda msg: None)
-    old, new = (Tokenizer.from_bytes(t) for t in (load_checkpoint(ckpt)["tokenizer"], grown["tokenizer"]))
+    old, new = load_record(ckpt).load_tokenizer(), grown.load_tokenizer()
     assert new.to_bytes()["src"] == old.to_bytes()["src"] and new.src_vocab_size == old.src_vocab_size
     assert new.tgt_vocab_size == old.tgt_vocab_size + 1 + 10 and new.languages["yy"] == old.tgt_vocab_size
-    assert grown["model"]["src_embed.weight"].shape[0] == old.src_vocab_size
-    assert grown["model"]["tgt_embed.weight"].shape[0] == grown["model"]["output_proj.weight"].shape[0] == \
+    assert grown.model["src_embed.weight"].shape[0] == old.src_vocab_size
+    assert grown.model["tgt_embed.weight"].shape[0] == grown.model["output_proj.weight"].shape[0] == \
         new.tgt_vocab_size
     path = str(tmp_path / "grown.pt")
     save_checkpoint(grown, path)

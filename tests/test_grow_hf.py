@@ -1,4 +1,4 @@
-"""A new language for an imported M2M100 / NLLB model (issue 38, nmt/training/grow.py), against transformers 5.
+"""A new language for an imported M2M100 / NLLB model (issue 38, nmt/training/grow/), against transformers 5.
 
 Tiny models built with transformers' own classes (tests/hf_fixtures.py), imported with `nmt import`,
 fine-tuned a few steps on es -> en (replay) and es -> a new language (English of the Bible with the
@@ -19,9 +19,8 @@ pytest.importorskip("safetensors", reason="transformers checkpoints are safetens
 
 import hf_fixtures as fx  # noqa: E402
 
-from nmt.model.checkpoint import load_checkpoint  # noqa: E402
+from nmt.model.checkpoint import load_record  # noqa: E402
 from nmt.cli import main  # noqa: E402
-from nmt.text.tokenizer import Tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")]
@@ -39,14 +38,14 @@ def grown(request, tmp_path_factory):
     """(family, directory, imported checkpoint, fine-tuned checkpoint) for es -> en + es -> new."""
     import yaml
 
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
     family = request.param
     d = tmp_path_factory.mktemp(family)
     hf = str(d / "hf")
     fx.m2m100_model(hf, nllb=family == "nllb")
     imported = str(d / "imported.pt")
-    assert import_command(hf, imported, quiet=True) == 0
+    assert import_command(ImportOptions(hf, imported, quiet=True)) == 0
     files = {}
     for split, n in (("train", 300), ("dev", 10)):
         es, en = fx.corpus_lines(split, "es", n), fx.corpus_lines(split, "en", n)
@@ -62,7 +61,7 @@ def grown(request, tmp_path_factory):
                     "valid": [{"src": files["dev", "es"], "tgt": files["dev", "en"]},
                               {"src": files["dev", "es"], "tgt": files["dev", "yy"], "tgt_lang": new}],
                     "add_languages": {new: tgt}, "tokenizer": {"add_pieces": 30}},
-           "model": load_checkpoint(imported)["config"]["model"],
+           "model": load_record(imported).config["model"],
            "decode": {"beam_size": 1, "max_len_a": 0, "max_len_b": 40},
            "train": {"init_from": imported, "max_steps": 10, "warmup_steps": 2, "lr": 1e-3, "valid_every": 10,
                      "valid_max_sentences": 2, "device": "cpu", "threads": 1}}
@@ -90,7 +89,7 @@ def test_old_ids_and_rows_are_kept(grown):
     """The grown tokenizer encodes and numbers every old language as before; the new pieces shorten the
     new language's lines; the new code is a target language (nmt translate --tgt-lang)."""
     family, d, imported, ckpt = grown
-    old, new = (Tokenizer.from_bytes(load_checkpoint(p)["tokenizer"]) for p in (imported, ckpt))
+    old, new = (load_record(p).load_tokenizer() for p in (imported, ckpt))
     code = CODES[family][2]
     V = old.tgt_vocab_size
     assert old.languages.items() < new.languages.items() and new.languages[code] == V
@@ -125,7 +124,7 @@ def test_exported_directory_gives_nmt_outputs_in_every_language(grown, tmp_path)
     assert generate(out, lines, old_token) == [r.text for r in translator.translate(lines, tgt_lang=old_code)]
     tok = transformers.AutoTokenizer.from_pretrained(out)
     targets = [yy(line) for line in fx.corpus_lines("test", "en", 30)]
-    mine = Tokenizer.from_bytes(load_checkpoint(ckpt)["tokenizer"])
+    mine = load_record(ckpt).load_tokenizer()
     if family == "nllb":  # the directory's ids are nmt's
         tok.src_lang, tok.tgt_lang = src_code, code
         assert tok(text_target=targets)["input_ids"] == [[mine.languages[code]] + ids + [2]
@@ -133,7 +132,7 @@ def test_exported_directory_gives_nmt_outputs_in_every_language(grown, tmp_path)
         assert tok(lines)["input_ids"] == [ids + [2] for ids in mine.encode_src(lines)]
     reimported = str(tmp_path / "reimported.pt")
     assert main(["import", out, "-o", reimported, "-q"]) == 0
-    again = Tokenizer.from_bytes(load_checkpoint(reimported)["tokenizer"])
+    again = load_record(reimported).load_tokenizer()
     assert tok(targets)["input_ids"] == [ids + [2] for ids in again.encode_src(targets)]  # M2M100: renumbered ids
     assert [r.text for r in Translator(reimported, device="cpu").translate(lines, tgt_lang=code, beam_size=1)] == ours
     try:
@@ -169,7 +168,7 @@ def test_a_new_source_language(grown, tmp_path):
     assert main(["train", "--config", str(config), "-q"]) == 0
     run = tmp_path / "runs" / "srcnew"
     ckpt = str(run / "checkpoints" / "latest.pt")
-    tok = Tokenizer.from_bytes(load_checkpoint(ckpt)["tokenizer"])
+    tok = load_record(ckpt).load_tokenizer()
     assert new in tok.languages and tok.languages[new] >= tok.languages[src]
     train = load_data(config_from_dict(raw), tok, str(run), log=lambda m: None).train  # the run's cached pairs
     firsts = [int(train.src(i)[0]) for i in range(len(train))]
@@ -249,7 +248,7 @@ def test_data_src_lang_becomes_the_default_source_language(grown, tmp_path, caps
         return
     assert main(["train", "--config", str(config), "-q"]) == 0
     ckpt = str(tmp_path / "runs" / "default" / "checkpoints" / "latest.pt")
-    tok = Tokenizer.from_bytes(load_checkpoint(ckpt)["tokenizer"])
+    tok = load_record(ckpt).load_tokenizer()
     lines = [yy(line) for line in fx.corpus_lines("test", "en", 10, skip=100)]
     assert [ids[0] for ids in tok.encode_src(lines)] == [tok.languages[new]] * 10
     translator = Translator(ckpt, device="cpu")

@@ -190,7 +190,7 @@ LANGS = {"marian": (None, None), "m2m100": ("es", "en"), "nllb": ("spa_Latn", "e
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """{family: (transformers model, its tokenizer set to the languages, model directory, nmt checkpoint)}."""
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
     out = {}
     for family in FAMILIES:
@@ -201,7 +201,7 @@ def imported(tmp_path_factory):
         if src:
             tokenizer.src_lang, tokenizer.tgt_lang = src, tgt
         ckpt = os.path.join(d, "imported.pt")
-        assert import_command(d, ckpt, quiet=True) == 0
+        assert import_command(ImportOptions(d, ckpt, quiet=True)) == 0
         out[family] = (model, tokenizer, d, ckpt)
     return out
 
@@ -361,7 +361,7 @@ def trained(tmp_path_factory):
     models trained with transformers' own classes (300 steps on Bible pairs, hf_fixtures.train), their
     generation_config.json as a hub model's (num_beams 4 / 5, max_length 60, no early_stopping: transformers'
     default, its heuristic stop), imported with `nmt import`."""
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
     out = {}
     for family in ("marian", "m2m100"):
@@ -371,7 +371,7 @@ def trained(tmp_path_factory):
         if family != "marian":
             tokenizer.src_lang, tokenizer.tgt_lang = "es", "en"
         ckpt = os.path.join(d, "imported.pt")
-        assert import_command(d, ckpt, quiet=True) == 0
+        assert import_command(ImportOptions(d, ckpt, quiet=True)) == 0
         out[family] = (model, tokenizer, d, ckpt)
     return out
 
@@ -443,7 +443,7 @@ def no_beam_size(imported, tmp_path_factory):
     import json
     import shutil
 
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
     out = {}
     for family in ("marian", "m2m100"):
@@ -457,7 +457,7 @@ def no_beam_size(imported, tmp_path_factory):
         with open(path, "w", encoding="utf-8") as f:
             json.dump(gen, f)
         out[family] = os.path.join(copy, "imported.pt")
-        assert import_command(copy, out[family], quiet=True) == 0
+        assert import_command(ImportOptions(copy, out[family], quiet=True)) == 0
     return out
 
 
@@ -506,16 +506,16 @@ def test_stopping_travels_through_export_and_import(trained, tmp_path):
     import json
 
     from nmt.model.checkpoint import load_checkpoint
-    from nmt.commands.export import export_command
-    from nmt.commands.import_model import import_command
+    from nmt.commands.export import ExportOptions, export_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
     _, _, _, ckpt = trained["m2m100"]
     out = str(tmp_path / "hf")
-    assert export_command(ckpt, out, format="hf", quiet=True) == 0
+    assert export_command(ExportOptions(ckpt, out, format="hf", quiet=True)) == 0
     with open(os.path.join(out, "generation_config.json"), encoding="utf-8") as f:
         assert json.load(f)["early_stopping"] is False
     again = str(tmp_path / "again.pt")
-    assert import_command(out, again, quiet=True) == 0
+    assert import_command(ImportOptions(out, again, quiet=True)) == 0
     assert load_checkpoint(again)["config"]["decode"]["stopping"] == "hf"
 
 
@@ -896,11 +896,11 @@ def test_export_refuses_what_no_family_represents(tmp_path, capsys):
 def test_ctranslate2_export_of_an_imported_model(imported, family, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is optional: pip install -e '.[ct2]'")
     from nmt import Translator
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
     _, _, _, ckpt = imported[family]
     out = str(tmp_path / "ct2")
-    assert export_command(ckpt, out, quiet=True) == 0
+    assert export_command(ExportOptions(ckpt, out, quiet=True)) == 0
     lines = fx.corpus_lines("test", "es", 30, skip=300)
     ct2 = Translator(out, device="cpu")
     torch_ = Translator(ckpt, device="cpu")
@@ -922,10 +922,10 @@ def test_ctranslate2_export_of_a_greedy_import_takes_a_beam(no_beam_size, tmp_pa
     translates instead of being refused."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is optional: pip install -e '.[ct2]'")
     from nmt import Translator
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
     out = str(tmp_path / "ct2")
-    assert export_command(no_beam_size["m2m100"], out, quiet=True) == 0
+    assert export_command(ExportOptions(no_beam_size["m2m100"], out, quiet=True)) == 0
     ct2 = Translator(out, device="cpu")
     assert ct2.decode.stopping == "exact" and len(ct2.translate(fx.corpus_lines("test", "es", 2), beam_size=4)) == 2
 

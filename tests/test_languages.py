@@ -12,46 +12,17 @@ import torch
 import torch.nn.functional as F
 
 from nmt import Translator
-from nmt.model.checkpoint import record, save_checkpoint
-from nmt.config import TokenizerConfig, config_from_dict
+from nmt.config import config_from_dict
 from nmt.errors import UserError
 from nmt.text.languages import target_prefix
 from nmt.layout import source_tensors
-from nmt.model.transformer import Transformer
 from nmt.search import SearchInputs, SearchOptions, greedy_search
-from nmt.text.tokenizer import EOS_ID, Tokenizer, train_sentencepiece
+from nmt.text.tokenizer import EOS_ID, Tokenizer
 from nmt.translation.torch_engine import TorchEngine
 
-from helpers import make_pairs, make_tiny_checkpoint
+from helpers import LANGS, make_pairs, make_tiny_checkpoint, multilingual_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-LANGS = ("de", "fr")
-
-
-def multilingual_checkpoint(path: str, default: str | None = None) -> str:
-    """An untrained tiny model whose word tokenizer has the target-language tokens __de__, __fr__."""
-    text = [s for pair in make_pairs(200, 0) for s in pair]
-    proto = train_sentencepiece(text, TokenizerConfig(vocab_size=70, model_type="word", threads=1), seed=1,
-                                what="joint", log=lambda m: None, symbols=[f"__{c}__" for c in LANGS])
-    plain = Tokenizer(proto)
-    ids = {c: plain.encode_tgt([f"__{c}__"])[0][-1] for c in LANGS}
-    tokenizer = Tokenizer(proto, languages=ids, default_tgt_lang=default)
-    raw = {"data": {"src_lang": "es", "tgt_lang": "de", "train": {"src": "a", "tgt": "b"}, "valid": {"src": "a", "tgt": "b"},
-                    "tokenizer": {"vocab_size": 70, "model_type": "word"}, "max_len": 20},
-           "model": {"d_model": 16, "n_heads": 2, "layers": 1, "ffn_dim": 32, "dropout": 0.0, "max_positions": 24,
-                     "tie_output": False},
-           "decode": {"beam_size": 1, "max_len_a": 0.5, "max_len_b": 4}}
-    cfg = config_from_dict(raw, check_files=False)
-    torch.manual_seed(0)
-    model = Transformer(cfg.model, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
-    with torch.no_grad():
-        model.output_proj.weight.normal_(0.0, 0.3)
-        for i in ids.values():  # the model would rather not say the language token: forcing must do it
-            model.output_proj.weight[i] = -model.output_proj.weight[i].abs() * 10
-    save_checkpoint(record(model.state_dict(), tokenizer, cfg), path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> str:
     return multilingual_checkpoint(str(tmp_path_factory.mktemp("ml") / "ml.pt"))
@@ -168,7 +139,7 @@ def test_one_accessor_for_what_a_model_translates_into(ckpt, tmp_path):
         assert load_record(path).languages == want and model_info(path).languages == want
     assert target_prefix(TorchEngine.load(with_default).tokenizer, None) == [ids["fr"]]  # the default's token
     pytest.importorskip("ctranslate2", reason="the export half needs CTranslate2 (the ct2 extra)")
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
 
-    export_command(with_default, str(tmp_path / "ct2"), quiet=True)
+    export_command(ExportOptions(with_default, str(tmp_path / "ct2"), quiet=True))
     assert model_info(str(tmp_path / "ct2")).languages == TargetLanguages(ids, "fr")

@@ -135,3 +135,27 @@ def test_the_formula_train_compile_uses_equals_the_fused_loss(eps, dtype):
     torch.testing.assert_close(n2, n1, rtol=1e-6, atol=1e-5)
     tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=0.01, atol=1e-3)
     torch.testing.assert_close(g2, g1, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_chunked_loss_gives_the_same_gradient_without_an_fp32_copy(dtype, eps):
+    """train.loss_chunk: the loss sums equal the whole-batch loss's (to float rounding: summed chunk by
+    chunk), the gradient is the same row for row (both outputs differentiated), and nothing of [N, V] in
+    fp32 is saved for the backward pass when the logits are bf16 (the whole-batch loss saves one)."""
+    torch.manual_seed(0)
+    N, V = 37, 50  # 37 rows in chunks of 8: a short last chunk
+    base = torch.randn(N, V) * 3
+    target = torch.randint(0, V, (N,))
+    target[[3, 20]] = PAD_ID
+    outs, grads = [], []
+    for chunk in (0, 8):
+        logits = base.to(dtype).requires_grad_()
+        loss, nll = label_smoothed_nll(logits.view(1, N, V), target.view(1, N), eps, chunk=chunk)
+        saved = [t for t in loss.grad_fn.saved_tensors if t.dtype == torch.float32 and t.numel() >= N * V]
+        assert bool(saved) == (chunk == 0 and dtype == torch.bfloat16 or dtype == torch.float32)
+        (loss * 0.3 + nll * 0.7).backward()
+        outs.append(torch.stack([loss, nll]).detach())
+        grads.append(logits.grad)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-6, atol=1e-5)
+    assert torch.equal(grads[1], grads[0])

@@ -22,35 +22,14 @@ from nmt.config import ConfigError, config_from_dict, replace
 from nmt.data.batches import corpus_shares, epoch_batches, epoch_pairs, load_data, mix_counts
 from nmt.evaluation.degeneration import degeneration, format_report
 from nmt.errors import UserError
-from nmt.commands.evaluate import evaluate_command
+from nmt.commands.evaluate import EvaluateOptions, evaluate_command
 from nmt.evaluation.metrics import language_tokenize
 from nmt.text.langid import LanguageIdentifier, off_target
 from nmt.text.tokenizer import Tokenizer, build_tokenizer, language_symbol
 
-from helpers import make_pairs, tiny_config_dict
+from helpers import backwards, make_pairs, multilingual_dict, tiny_config_dict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def backwards(line: str) -> str:
-    return " ".join(w[::-1] for w in line.split())
-
-
-def multilingual_dict(directory: str, **train) -> dict:
-    """The synthetic task as es->en and es->xx (xx: words spelled backwards), one validation set each."""
-    raw = tiny_config_dict(directory, **train)
-    p = os.path.join(directory, "data")
-    for split in ("train", "valid", "test"):
-        with open(os.path.join(p, f"{split}.en"), encoding="utf-8") as f, \
-                open(os.path.join(p, f"{split}.xx"), "w", encoding="utf-8") as out:
-            out.writelines(backwards(line) + "\n" for line in f)
-    d = raw["data"]
-    d["train"] = [{"src": f"{p}/train.es", "tgt": f"{p}/train.en"},
-                  {"src": f"{p}/train.es", "tgt": f"{p}/train.xx", "tgt_lang": "xx"}]
-    d["valid"] = [{"src": f"{p}/valid.es", "tgt": f"{p}/valid.en"},
-                  {"src": f"{p}/valid.es", "tgt": f"{p}/valid.xx", "tgt_lang": "xx"}]
-    d["tokenizer"]["vocab_size"] = 100
-    return raw
 
 
 # --------------------------------------------------------------------------- config
@@ -303,14 +282,14 @@ def test_the_checkpoint_translates_into_each_language_and_counts_off_target(trai
         with open(paths[name], "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
     out = io.StringIO()  # into xx, measured as xx: on target
-    evaluate_command(None, paths["xx"], checkpoint=best, src=paths["src"], json_out=True, quiet=True,
-                     overrides={"tgt_lang": "xx"}, stdout=out, stderr=io.StringIO())
+    evaluate_command(EvaluateOptions(None, paths["xx"], checkpoint=best, src=paths["src"], json_out=True, quiet=True,
+                                     overrides={"tgt_lang": "xx"}), stdout=out, stderr=io.StringIO())
     res = json.loads(out.getvalue())
     assert res["tgt_lang"] == "xx" and res["off_target"]["share"] <= 0.05
     assert res["off_target"]["reference_share"] == 0.0 and res["degeneration"]["off_target"]["lang"] == "xx"
     out = io.StringIO()  # English text scored as xx (a model that answers in the wrong language): all off target
-    evaluate_command(paths["en"], paths["xx"], json_out=True, overrides={"tgt_lang": "xx"}, langid=best,
-                     stdout=out, stderr=io.StringIO())
+    evaluate_command(EvaluateOptions(paths["en"], paths["xx"], json_out=True, overrides={"tgt_lang": "xx"},
+                                     langid=best), stdout=out, stderr=io.StringIO())
     res = json.loads(out.getvalue())
     assert res["off_target"]["count"] >= 28 and res["off_target"]["reference_count"] == 0
     assert res["degeneration"]["off_target"]["lines"][:3] == [1, 2, 3]
@@ -398,8 +377,8 @@ def test_evaluate_picks_the_tokenizer_from_tgt_lang_unless_told(tmp_path, monkey
 
     def run(tokenize=None, **overrides):
         out, err = io.StringIO(), io.StringIO()
-        evaluate_command(str(hyp), str(ref), json_out=True, tokenize=tokenize, overrides=overrides, stdout=out,
-                         stderr=err)
+        evaluate_command(EvaluateOptions(str(hyp), str(ref), json_out=True, tokenize=tokenize,
+                                         overrides=overrides), stdout=out, stderr=err)
         return json.loads(out.getvalue())["bleu"]["signature"], err.getvalue()
     assert "tok:zh" in run(tgt_lang="zh_CN")[0]
     assert "tok:13a" in run()[0] and "tok:13a" in run(tgt_lang="de")[0]
@@ -440,12 +419,12 @@ def test_the_degeneration_report_counts_off_target_lines_and_the_references_floo
 @pytest.mark.slow
 def test_a_ctranslate2_export_keeps_the_languages_and_the_identifier(trained, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2 is an optional extra (pip install -e '.[ct2]')")
-    from nmt.commands.export import export_command
+    from nmt.commands.export import ExportOptions, export_command
     from nmt.interop.export_dir import LANGID_FILE
 
     _, _, best = trained
     out = str(tmp_path / "ct2")
-    export_command(best, out, quiet=True)
+    export_command(ExportOptions(best, out, quiet=True))
     assert os.path.isfile(os.path.join(out, LANGID_FILE))
     src = [p[0] for p in make_pairs(12, 13)]
     for lang in ("en", "xx"):
@@ -456,6 +435,6 @@ def test_a_ctranslate2_export_keeps_the_languages_and_the_identifier(trained, tm
         with open(paths[name], "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
     res = io.StringIO()
-    evaluate_command(None, paths["ref"], checkpoint=out, src=paths["src"], json_out=True, quiet=True,
-                     overrides={"tgt_lang": "xx", "workers": 1}, stdout=res, stderr=io.StringIO())
+    evaluate_command(EvaluateOptions(None, paths["ref"], checkpoint=out, src=paths["src"], json_out=True, quiet=True,
+                                     overrides={"tgt_lang": "xx", "workers": 1}), stdout=res, stderr=io.StringIO())
     assert json.loads(res.getvalue())["off_target"]["lang"] == "xx"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from nmt.config import decode_config
 from nmt.translation.torch_engine import TorchEngine
 from nmt.errors import UserError
-from nmt.commands.score import score_command
+from nmt.commands.score import ScoreOptions, score_command
 from nmt.translation.score import score_pairs
 from nmt.translation.translate import translate_nbest
 
@@ -92,7 +92,7 @@ def test_command_output_errors_and_truncation(engine, tmp_path):
         assert float(per) == pytest.approx(want / want_n, abs=1e-4)
     tgt.write_text("one\ntwo\n", encoding="utf-8")
     with pytest.raises(UserError, match="line counts differ: 8 lines .* but 2"):
-        score_command(str(ckpt), str(src), str(tgt), None)
+        score_command(ScoreOptions(str(ckpt), str(src), str(tgt), None))
     long = make_pairs(1, 1)[0][0]
     scores = score_pairs(engine, [" ".join([long] * 5)], ["the sun"])
     assert scores[0].truncated and scores[0].n_tokens == 3

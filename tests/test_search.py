@@ -22,7 +22,7 @@ from nmt.model.transformer import Transformer
 from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, search
 from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-from helpers import V, FakeModel, fake_batch
+from helpers import V, FakeModel, HostReads, fake_batch
 
 
 ALLOWED = [t for t in range(V) if t not in (PAD_ID, BOS_ID, EOS_ID)]  # UNK may be generated
@@ -422,28 +422,6 @@ def test_min_len_and_forced_length(model):
 
 # --------------------------------------------------------------------------- host reads per step
 
-HOST_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero", "masked_select",
-              "unique", "equal", "allclose", "is_nonzero"}  # values copied to the host (a device sync on a GPU)
-
-
-class _HostReads(torch.overrides.TorchFunctionMode):
-    """Counts the calls that read tensor values on the host: HOST_READS, boolean-mask indexing, and
-    repeat_interleave with tensor repeats (its output size depends on the values)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
-        masks = index if isinstance(index, tuple) else (index,)
-        if name in HOST_READS or any(isinstance(m, torch.Tensor) and m.dtype == torch.bool for m in masks) or (
-                name == "repeat_interleave" and len(args) > 1 and isinstance(args[1], torch.Tensor)):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 class _NoEos(torch.nn.Module):
     """A tiny random Transformer that never ends by itself (EOS logit -30): outputs run to their limit."""
 
@@ -490,7 +468,7 @@ def test_decoding_reads_the_host_at_most_once_per_step(case):
     reads, lengths = [], []
     for limit in (10, 20):
         options = SearchOptions(beam_size=beam, max_len_a=0.0, max_len_b=limit, **extra)
-        with _HostReads() as counter:
+        with HostReads() as counter:
             out = search(model, src, mask, options, inputs, ops=ops)
         reads.append(counter.count)
         lengths.append(max(len(h.tokens) for hyps in out for h in hyps))

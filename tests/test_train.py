@@ -26,7 +26,7 @@ from nmt.training.step import setup_precision, train_step
 from nmt.train import SignalStop, train
 from nmt.training import rundir
 
-from helpers import (ENV, ROOT, NoSchedule, one_line_error, random_corpus, run_nmt, tiny_config, tiny_config_dict,
+from helpers import (ENV, ROOT, HostReads, NoSchedule, one_line_error, random_corpus, run_nmt, tiny_config, tiny_config_dict,
                      tiny_transformer, write_yaml)
 
 CPU = torch.device("cpu")
@@ -77,7 +77,7 @@ def test_nonfinite_loss_skips_the_update(monkeypatch):
     real = step_mod.label_smoothed_nll
     monkeypatch.setattr(step_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
     res, delta, sched = _sgd_step([collate(random_corpus(12), np.arange(12))])
-    assert not res.updated and res.nonfinite_loss and sched.steps == 0
+    assert not res.updated and res.nonfinite_loss and sched.steps == 1  # (the trainer rewinds it: optim.rewind)
     assert all(torch.all(d == 0) for d in delta.values())
 
 
@@ -225,6 +225,32 @@ def test_resume_is_bitwise_identical(tmp_path):
         assert torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"])
 
 
+def test_training_steps_read_nothing_on_the_host(tmp_path, monkeypatch):
+    """Two runs of 4 and 12 steps with nothing due between (no log line, validation or checkpoint) read tensor
+    values on the host the same number of times: the steps in between read nothing (on the path a GPU runs:
+    the CPU fast paths off). The code before read the finiteness of every step's loss."""
+    monkeypatch.setenv("NMT_CPU_TUNING", "0")
+    reads = []
+    for steps in (4, 12):
+        cfg = _small(tmp_path, f"reads{steps}", max_steps=steps, log_every=1000, valid_every=1000, warmup_steps=2)
+        with HostReads() as counter:
+            result = train(cfg, quiet=True)
+        assert result["step"] == steps
+        reads.append(counter.count)
+    assert reads[1] == reads[0], reads
+
+
+def test_a_chunked_loss_trains_the_same_weights(tmp_path):
+    """train.loss_chunk computes the loss in pieces but its gradient row for row as the whole batch does:
+    the same weights after a few steps."""
+    weights = []
+    for chunk in (0, 16):
+        result = train(_small(tmp_path, f"chunk{chunk}", max_steps=4, warmup_steps=2, loss_chunk=chunk), quiet=True)
+        model, _, _ = ckpt.load_for_inference(os.path.join(result["run_dir"], "checkpoints", "latest.pt"))
+        weights.append(model.state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_nan_steps_are_skipped_counted_and_bounded(tmp_path, monkeypatch):
     real, calls = step_mod.label_smoothed_nll, {"n": 0}
 
@@ -243,8 +269,8 @@ def test_nan_steps_are_skipped_counted_and_bounded(tmp_path, monkeypatch):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
     monkeypatch.setattr(step_mod, "label_smoothed_nll", lambda *a: tuple(x * float("nan") for x in real(*a)))
-    with pytest.raises(UserError, match="3 non-finite losses in a row"):
-        train(_small(tmp_path, "allnan", max_steps=6, max_nan_steps=3), quiet=True)
+    with pytest.raises(UserError, match=r"[3-6] non-finite losses in a row \(train.max_nan_steps=3\)"):
+        train(_small(tmp_path, "allnan", max_steps=6, max_nan_steps=3), quiet=True)  # (read at the next log line)
 
 
 SCRIPT = """
@@ -470,6 +496,28 @@ def test_resume_from_an_averaged_checkpoint_says_what_to_do(tmp_path):
         train(cfg, resume=True, quiet=True)
 
 
+def _saved_then_wait(proc, path, delay):
+    """Wait until `proc` has replaced `path` (or ended), then `delay` seconds more."""
+    def mtime():
+        try:
+            return os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return None
+    before, deadline = mtime(), time.time() + 120
+    while proc.poll() is None and mtime() == before and time.time() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay)
+
+
+def _kill_at(proc, wait):
+    """SIGKILL `proc` once `wait()` returns; False if it had already ended."""
+    wait()
+    if proc.poll() is not None:
+        return False
+    proc.kill()
+    return True
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
     """SIGKILL a tiny training run at random moments (saves every step, so some kills land in a
@@ -483,21 +531,20 @@ def test_kill_9_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_pa
     run = os.path.join(raw["output_dir"], "killed")
     latest = os.path.join(run, "checkpoints", "latest.pt")
     rng = random.Random(0)
-    kills, mid_run, finished, scale = 0, 0, False, 1.0
+    kills, mid_run, finished = 0, 0, False
     deadline = time.time() + 300
     while not finished and time.time() < deadline:
         resume = os.path.exists(latest)
         cmd = [sys.executable, "-m", "nmt", "train", "--config", path, "--quiet"] + (["--resume"] if resume else [])
         proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        killing = mid_run < 3 and kills < 20  # then let it finish
-        try:
-            proc.wait(timeout=rng.uniform(1.5, 6.0) * scale if killing else 300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            kills += 1
-            if not os.path.exists(latest):
-                scale *= 1.5  # a loaded machine: the run had not reached its first save yet
-        _, err = proc.communicate()
+        if kills == 0:  # the first kill at a random moment, maybe before the first save
+            killed = _kill_at(proc, lambda: time.sleep(rng.uniform(0.5, 3.0)))
+        elif mid_run < 3:  # then a random moment after this process's first save: timed by the run, not the clock
+            killed = _kill_at(proc, lambda: _saved_then_wait(proc, latest, rng.uniform(0.0, 0.3)))
+        else:
+            killed = False
+        kills += killed
+        _, err = proc.communicate(timeout=300)
         if proc.returncode not in (0, -signal.SIGKILL):
             pytest.fail(f"restart failed ({proc.returncode}): {err.decode()}")
         finished = proc.returncode == 0

@@ -25,8 +25,8 @@ from nmt.translation import batching
 from nmt.translation import translate as tr
 from nmt.model.checkpoint import load_checkpoint, load_for_inference
 from nmt.commands import translate as tc
-from nmt.commands.average import average_command
-from nmt.commands.evaluate import evaluate_command
+from nmt.commands.average import AverageOptions, average_command
+from nmt.commands.evaluate import EvaluateOptions, evaluate_command
 from nmt.config import ConfigError, DecodeConfig, decode_config
 from nmt.device import resolve_workers
 from nmt.translation.torch_engine import TorchEngine
@@ -304,7 +304,8 @@ def test_command_files_progress_and_warning(ckpt, loaded, tmp_path):
     expected = tr.translate_lines(engine, lines, engine.decode, warn=lambda m: None)
     for quiet in (False, True):
         out, err = tmp_path / f"out{quiet}.txt", io.StringIO()
-        assert tc.translate_command(ckpt, str(src), str(out), device="cpu", quiet=quiet, stderr=err) == 0
+        assert tc.translate_command(tc.TranslateOptions(ckpt, str(src), str(out), device="cpu",
+                                                        quiet=quiet), stderr=err) == 0
         assert out.read_bytes().decode("utf-8").split("\n") == expected + [""]
         warnings = [x for x in err.getvalue().splitlines() if "truncated" in x]
         if quiet:
@@ -346,7 +347,7 @@ def test_command_reads_gzip_input(ckpt, loaded, tmp_path):
         f.write("".join(line + "\n" for line in lines))
     expected = tr.translate_lines(engine, lines, engine.decode, warn=lambda m: None)
     out = tmp_path / "out.txt"
-    assert tc.translate_command(ckpt, str(src), str(out), device="cpu", quiet=True) == 0
+    assert tc.translate_command(tc.TranslateOptions(ckpt, str(src), str(out), device="cpu", quiet=True)) == 0
     assert out.read_text(encoding="utf-8").split("\n") == expected + [""]
 
 
@@ -359,8 +360,9 @@ def test_command_stdin_chunks_and_nbest_format(ckpt, loaded):
     outputs = []
     for chunk_lines in (3, tc.CHUNK_LINES):  # order and indices survive chunked streaming
         out, err = io.BytesIO(), io.StringIO()
-        tc.translate_command(ckpt, None, None, device="cpu", overrides={"beam_size": "2", "nbest": "2"},
-                             stdin=io.BufferedReader(io.BytesIO(data)), stdout=out, stderr=err, chunk_lines=chunk_lines)
+        opts = tc.TranslateOptions(ckpt, device="cpu", overrides={"beam_size": "2", "nbest": "2"},
+                                   chunk_lines=chunk_lines)
+        tc.translate_command(opts, stdin=io.BufferedReader(io.BytesIO(data)), stdout=out, stderr=err)
         assert "sent" not in err.getvalue()  # no progress bar when reading stdin
         assert err.getvalue().count("truncated") == 1
         outputs.append(out.getvalue().decode("utf-8"))
@@ -386,17 +388,17 @@ def test_command_errors(ckpt, tmp_path):
     bad.write_bytes("uno\ndos\n".encode() + b"tr\xe9s\n")
     one = {"beam_size": 1}
     with pytest.raises(UserError, match="line 3: invalid UTF-8"):
-        tc.translate_command(ckpt, str(bad), str(tmp_path / "o.txt"), device="cpu", overrides=one)
+        tc.translate_command(tc.TranslateOptions(ckpt, str(bad), str(tmp_path / "o.txt"), device="cpu", overrides=one))
     assert not os.path.exists(tmp_path / "o.txt") and os.listdir(tmp_path) == ["bad.txt"]  # no half output, no temp
     with pytest.raises(UserError, match="file not found"):
-        tc.translate_command(ckpt, str(tmp_path / "nope.txt"), None, overrides=one)
+        tc.translate_command(tc.TranslateOptions(ckpt, str(tmp_path / "nope.txt"), None, overrides=one))
     with pytest.raises(UserError, match="not found"):
-        tc.translate_command(str(tmp_path / "nope.pt"), None, None, overrides=one)
+        tc.translate_command(tc.TranslateOptions(str(tmp_path / "nope.pt"), None, None, overrides=one))
     with pytest.raises(UserError, match="same file"):
-        tc.translate_command(ckpt, str(bad), str(bad), overrides=one)
+        tc.translate_command(tc.TranslateOptions(ckpt, str(bad), str(bad), overrides=one))
     assert bad.read_bytes().endswith(b"tr\xe9s\n")  # the input was not clobbered
     with pytest.raises(ConfigError, match="decode.beam_size"):
-        tc.translate_command(ckpt, str(bad), None, overrides={"beam_size": "many"})
+        tc.translate_command(tc.TranslateOptions(ckpt, str(bad), None, overrides={"beam_size": "many"}))
 
 
 @pytest.mark.slow
@@ -420,7 +422,7 @@ def test_average_command_equals_manual_average(tmp_path):
     a = make_tiny_checkpoint(str(tmp_path / "a.pt"), seed=1)
     b = make_tiny_checkpoint(str(tmp_path / "b.pt"), seed=2)
     out = str(tmp_path / "avg.pt")
-    assert average_command([a, b], out, quiet=True) == 0
+    assert average_command(AverageOptions([a, b], out, quiet=True)) == 0
     sa, sb, avg = (load_checkpoint(p)["model"] for p in (a, b, out))
     assert avg.keys() == sa.keys()
     differing = 0
@@ -433,7 +435,7 @@ def test_average_command_equals_manual_average(tmp_path):
     model, tokenizer, cfg = load_for_inference(out)
     assert len(tr.translate_lines(TorchEngine.load(out, "cpu"), ["el sol", ""])) == 2
     with pytest.raises(UserError, match="not found"):
-        average_command([a, str(tmp_path / "missing.pt")], out, quiet=True)
+        average_command(AverageOptions([a, str(tmp_path / "missing.pt")], out, quiet=True))
 
 
 def test_evaluate_command_translates_then_scores(ckpt, loaded, tmp_path):
@@ -443,8 +445,8 @@ def test_evaluate_command_translates_then_scores(ckpt, loaded, tmp_path):
     src.write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
     ref.write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
     out = io.StringIO()
-    evaluate_command(None, str(ref), checkpoint=ckpt, src=str(src), save_hyps=str(saved), json_out=True,
-                     device="cpu", overrides={"beam_size": 1}, quiet=True, stdout=out)
+    evaluate_command(EvaluateOptions(None, str(ref), checkpoint=ckpt, src=str(src), save_hyps=str(saved),
+                                     json_out=True, device="cpu", overrides={"beam_size": 1}, quiet=True), stdout=out)
     hyps = read_lines(str(saved))
     assert hyps == tr.translate_lines(engine, [p[0] for p in pairs], decode_config(engine.decode, dict(beam_size=1)))
     obj = json.loads(out.getvalue())
@@ -453,4 +455,5 @@ def test_evaluate_command_translates_then_scores(ckpt, loaded, tmp_path):
     assert obj["bleu"]["score"] == expected["bleu"]["score"] and obj["chrf"]["score"] == expected["chrf"]["score"]
     ref.write_text("one line\n", encoding="utf-8")
     with pytest.raises(UserError, match=f"8 lines in {src}.* 1 in {ref}"):
-        evaluate_command(None, str(ref), checkpoint=ckpt, src=str(src), device="cpu", quiet=True, stdout=out)
+        evaluate_command(EvaluateOptions(None, str(ref), checkpoint=ckpt, src=str(src), device="cpu",
+                                         quiet=True), stdout=out)

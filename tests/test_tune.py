@@ -73,11 +73,11 @@ def test_every_scored_setting_is_what_the_search_gives(trained, patience):
 
 @pytest.mark.slow
 def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
-    from nmt.commands.tune import tune_command
+    from nmt.commands.tune import TuneOptions, tune_command
 
     checkpoint, src, ref = trained
     out = str(tmp_path / "tuned.pt")
-    assert tune_command(checkpoint, src, ref, output=out, max_time=30, device="cpu", quiet=True) == 0
+    assert tune_command(TuneOptions(checkpoint, src, ref, output=out, max_time=30, device="cpu", quiet=True)) == 0
     printed = capsys.readouterr().out
     assert "tune: chose" in printed and "round 1" in printed
     before, after = ckpt.load_checkpoint(checkpoint), ckpt.load_checkpoint(out)
@@ -98,7 +98,7 @@ def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
     with open(checkpoint, "rb") as f, open(copy, "wb") as g:
         g.write(f.read())
     inode = os.stat(copy).st_ino
-    assert tune_command(copy, src, ref, in_place=True, max_time=30, device="cpu", quiet=True) == 0
+    assert tune_command(TuneOptions(copy, src, ref, in_place=True, max_time=30, device="cpu", quiet=True)) == 0
     assert ckpt.load_checkpoint(copy)["config"]["decode"] == after["config"]["decode"]
     assert os.stat(copy).st_ino != inode
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
@@ -106,15 +106,15 @@ def test_command_writes_only_the_decode_section(trained, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_errors_are_one_line(trained, tmp_path):
-    from nmt.commands.tune import tune_command
+    from nmt.commands.tune import TuneOptions, tune_command
 
     checkpoint, src, ref = trained
     with pytest.raises(UserError, match="not both"):
-        tune_command(checkpoint, src, ref, output=str(tmp_path / "x.pt"), in_place=True)
+        tune_command(TuneOptions(checkpoint, src, ref, output=str(tmp_path / "x.pt"), in_place=True))
     short = tmp_path / "short.en"
     short.write_text("one line\n", encoding="utf-8")
     with pytest.raises(UserError, match="line counts differ"):
-        tune_command(checkpoint, src, str(short), max_time=5, device="cpu", quiet=True)
+        tune_command(TuneOptions(checkpoint, src, str(short), max_time=5, device="cpu", quiet=True))
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "nmt", "tune", "-c", checkpoint, "--src", src, "--ref", ref,
                         "--metric", "ter"], capture_output=True, text=True, cwd=ROOT, env=env)
@@ -175,7 +175,7 @@ def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys, 
     import re
 
     from nmt.translation import tune as tuning
-    from nmt.commands.tune import tune_command
+    from nmt.commands.tune import TuneOptions, tune_command
 
     checkpoint, src, ref = trained
     monkeypatch.setattr(tuning, "PENALTIES", tuple(("gnmt", a / 10) for a in range(0, 31, 3)))
@@ -183,8 +183,8 @@ def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys, 
     tsv = tmp_path / "glossary.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in GLOSSARY), encoding="utf-8")
     out = str(tmp_path / "tuned.pt")
-    assert tune_command(checkpoint, src, ref, output=out, max_time=60, device="cpu", quiet=True, glossary=str(tsv),
-                        glossary_constrain="missing", max_loops=1.0) == 0
+    assert tune_command(TuneOptions(checkpoint, src, ref, output=out, max_time=60, device="cpu", quiet=True,
+                                    glossary=str(tsv), glossary_constrain="missing", max_loops=1.0)) == 0
     printed = capsys.readouterr().out
     assert "glossary round" in printed
     beam, alpha = re.search(r"with the glossary, beam (\d+) and length penalty ([\d.]+)", printed).groups()
@@ -193,13 +193,13 @@ def test_command_with_a_glossary_writes_its_settings(trained, tmp_path, capsys, 
     assert decode["glossary"]["beam_size"] == (int(beam) if int(beam) != 2 else None)  # None: the setting's own won
     assert decode["glossary"]["length_penalty"] == (float(alpha) if float(alpha) != decode["length_penalty"] else None)
     with pytest.raises(UserError, match="go with --glossary"):
-        tune_command(checkpoint, src, ref, glossary_ignore_case=True)
+        tune_command(TuneOptions(checkpoint, src, ref, glossary_ignore_case=True))
     bad = tmp_path / "bad.tsv"
     bad.write_text("perro\tdog\ngato\n", encoding="utf-8")
     with pytest.raises(UserError, match="line 2"):
-        tune_command(checkpoint, src, ref, glossary=str(bad), device="cpu", quiet=True)
+        tune_command(TuneOptions(checkpoint, src, ref, glossary=str(bad), device="cpu", quiet=True))
     with pytest.raises(UserError):
-        tune_command(checkpoint, src, ref, glossary=str(tmp_path / "none.tsv"), device="cpu", quiet=True)
+        tune_command(TuneOptions(checkpoint, src, ref, glossary=str(tmp_path / "none.tsv"), device="cpu", quiet=True))
 
 
 def test_a_new_setting_drops_glossary_settings_chosen_for_the_old_one(trained, tmp_path):
@@ -310,7 +310,7 @@ def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_pat
 
     import nmt.translation.tune
     from helpers import make_pairs, make_tiny_checkpoint
-    from nmt.commands.tune import tune_command
+    from nmt.commands.tune import TuneOptions, tune_command
     from nmt.translation.torch_engine import TorchEngine
 
     checkpoint = make_tiny_checkpoint(str(tmp_path / "untrained.pt"))
@@ -328,15 +328,15 @@ def test_when_no_setting_keeps_loops_within_the_limit_nothing_is_written(tmp_pat
     out = str(tmp_path / "tuned.pt")
     for kw in (dict(output=out), dict(in_place=True)):
         with pytest.raises(UserError) as e:
-            tune_command(checkpoint, src, ref, max_time=60, device="cpu", quiet=True, **kw)
+            tune_command(TuneOptions(checkpoint, src, ref, max_time=60, device="cpu", quiet=True, **kw))
         msg = str(e.value)
         assert "\n" not in msg and f"{100 * found.row.loops:.1f}% of the 100 dev lines" in msg, msg
         assert "greedy, no-repeat 0" in msg and "nothing written" in msg
         assert f"--max-loops {found.row.loops:g} would accept it" in msg  # (k of 100 lines: exact at 0.1%)
     assert not os.path.exists(out) and open(checkpoint, "rb").read() == before
     # the limit it names accepts that setting
-    assert tune_command(checkpoint, src, ref, output=out, max_time=60, max_loops=found.row.loops, device="cpu",
-                        quiet=True) == 0
+    assert tune_command(TuneOptions(checkpoint, src, ref, output=out, max_time=60, max_loops=found.row.loops,
+                                    device="cpu", quiet=True)) == 0
     assert ckpt.load_checkpoint(out)["tuned"]["settings"] == {"beam_size": 1, "no_repeat_ngram": 0}
 
 
@@ -363,7 +363,7 @@ def test_a_multilingual_checkpoint_is_tuned_in_the_language_of_tgt_lang(tmp_path
     it has it: the dev set is decoded into that language (the chosen row's BLEU on the whole dev set is what
     translating into it gives), the settings go into the decode section (one for every language: its
     tgt_lang is unchanged) and the `tuned` record names the language."""
-    from test_multilingual import multilingual_dict
+    from helpers import multilingual_dict
 
     from nmt.api import Translator
 

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from nmt import textio
 from nmt.model.checkpoint import average_checkpoints
 from nmt.errors import UserError
 
 
-def average_command(checkpoints: list[str], output: str, *, quiet: bool = False) -> int:
-    """`nmt average`: write the parameter average of `checkpoints` to `output`. Returns 0."""
+@dataclass(frozen=True)
+class AverageOptions:
+    """`nmt average`'s arguments."""
+
+    checkpoints: tuple[str, ...]
+    output: str
+    quiet: bool = False
+
+
+def average_command(opts: AverageOptions) -> int:
+    """`nmt average`: write the parameter average of the checkpoints to `output`. Returns 0."""
+    checkpoints, output = opts.checkpoints, opts.output
     if not checkpoints:
         raise UserError("average needs at least one checkpoint")
     textio.check_paths({f"checkpoint {i + 1}": p for i, p in enumerate(checkpoints)}, {"--output": output})
     average_checkpoints(list(checkpoints), output)
-    if not quiet:
+    if not opts.quiet:
         print(f"averaged {len(checkpoints)} checkpoints into {output}", file=sys.stderr)
     return 0

@@ -5,29 +5,19 @@ translates them in groups.
     batcher.submit(job)                        # asyncio.QueueFull when max_queue requests wait (503)
     task = asyncio.create_task(batcher.run())  # until cancelled
 
-The batcher takes the first queued request, then gathers more until `gather_wait` seconds
-after that request arrived (requests that queued while the previous call ran are taken at
-once), at most `batch_lines` lines. The wait is `window`, or `wait_fraction` (5%) of the
-previous call's duration when that is longer (at most 1 s): under load, clients whose answers
-left together come back spread over tens of milliseconds, and a call started on the first few
-of them would leave the rest waiting a whole call (p95 latency twice the median); waiting 5% of
-a call gathers them for at most 5% of the throughput. It groups the gathered requests by their
-decode settings (validated once, when the request was parsed: nmt/commands/serve_request.py; a frozen
-`DecodeConfig`, so equal settings are one group) and makes one translate call per group, in a worker thread, so the event loop
-keeps answering while the model runs (the calls of nmt.Translator run one at a time in the
-process anyway: nmt/api.py). Each line keeps its number within its own request (the
-`line_numbers` of the call), so a sampled line gets the samples `nmt translate` gives it for that
-request alone; each sentence is searched independently of its batch companions (nmt/translation/translate.py),
-so a request's results do not depend on who shared its call.
+The batcher takes the first queued request, then gathers more until `gather_wait` seconds after it
+arrived (`window`, or `wait_fraction` of the previous call's duration when that is longer, at most
+1 s), at most `batch_lines` lines. It groups them by their validated decode settings (a frozen
+`DecodeConfig`: nmt/commands/serve_request.py) and makes one translate call per group in a worker
+thread, so the event loop keeps answering. Each line keeps its number within its own request, and
+each sentence is searched independently of its batch, so a request's results do not depend on who
+shared its call.
 
-A request is abandoned when its future is done before its answer: the server cancels it when
-its time limit passes (504) or its client goes away. An abandoned request leaves the queue at
-once (its slot is free for the next); if it is being translated, the call stops at its next
-decoding step (the `cancel` argument: nmt.Translator's, which raises nmt.errors.Cancelled) and
-runs again over the requests of the call still waiting, which get the same results (they do
-not depend on the call's other lines). When a shared call fails, each of its requests is
-translated alone, so only the one that fails gets the error. With `batching` off the batcher
-takes one request per call (the comparison point of scripts/bench_serve.py).
+A request is abandoned when its future is done first (its time limit passed, or its client went
+away): it leaves the queue at once; if it is being translated, the call stops at its next decoding
+step (`cancel`) and runs again for the requests still waiting. When a shared call fails, each of
+its requests is translated alone, so only the one that fails gets the error. With `batching` off
+the batcher takes one request per call.
 """
 
 from __future__ import annotations
@@ -49,7 +39,7 @@ MAX_WAIT = 1.0  # seconds: the longest a request waits for company
 
 @dataclass(frozen=True)
 class Settings:
-    """The server's limits and batching (flags of `nmt serve`; README "Serving")."""
+    """The server's limits and batching (flags of `nmt serve`; docs/serving.md)."""
 
     max_lines: int = 256  # sentences in one request (more: 413)
     max_chars: int = 100_000  # characters of text and prefixes in one request (more: 413)

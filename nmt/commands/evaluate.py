@@ -2,20 +2,12 @@
 with a checkpoint or export first (through `nmt.Translator`) and score the result; `--compare`: two or more
 hypothesis files against a baseline (nmt/evaluation/compare.py).
 
-Output: one human-readable line per metric (nmt/evaluation/metrics.py: the `sacrebleu` command's scores),
+Output: one line per metric, as the `sacrebleu` command prints it (score, details, signature), then
+the degeneration report (nmt/evaluation/degeneration.py); or one JSON object (`evaluate_command`).
 
-    BLEU = 34.56 66.0/41.2/28.1/19.6 (BP = 1.000 ratio = 1.012 hyp_len = 2530 ref_len = 2500) [nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0]
-    chrF2 = 58.12 [nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0]
-
-(the score, sacreBLEU's verbose details, the signature in brackets), then one line of
-the degeneration report (nmt/evaluation/degeneration.py); or with `json_out=True` one JSON object:
-see `evaluate_command` for its fields.
-
-The target language (`--tgt-lang`, else the model's: a bilingual checkpoint's data.tgt_lang)
-chooses BLEU's tokenizer unless `--tokenize` does (`metrics.language_tokenize`: ja-mecab for Japanese,
-zh for Chinese, else 13a) and, with the language identifier a multilingual checkpoint carries
-(nmt/text/langid.py; `--langid CKPT` for a hypothesis file), lets the degeneration report count
-off-target outputs, next to the references' own rate.
+The target language (`--tgt-lang`, else the model's) chooses BLEU's tokenizer unless `--tokenize`
+does (`metrics.language_tokenize`) and, with a language identifier (a multilingual checkpoint's, or
+`--langid CKPT`), lets the report count off-target outputs next to the references' own rate.
 """
 
 from __future__ import annotations
@@ -23,17 +15,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple, Sequence
 
 from nmt import textio
 from nmt.api import Translator
-from nmt.evaluation.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, compare
+from nmt.evaluation.compare import AR_TRIALS, BOOTSTRAP_SAMPLES, METRIC_NAMES, check_comparison, compare
 from nmt.evaluation.degeneration import degeneration, format_report
 from nmt.errors import UserError
 from nmt.text.glossary import load_glossary
 from nmt.interop.export_dir import read_langid, read_metadata
 from nmt.text.languages import TargetLanguages, stored_target_languages
-from nmt.evaluation.metrics import METRICS, check_tokenize, corpus_metrics, language_tokenize
+from nmt.evaluation.metrics import check_line_counts, check_metrics, check_tokenize, corpus_metrics, language_tokenize
 from nmt.translation.translate import truncation_warning
 
 
@@ -130,9 +123,7 @@ def format_terms(report: dict, names: Sequence[str]) -> str:
 
 def _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid, glossary) -> None:
     """Everything `evaluate_command` can check before any work (UserError)."""
-    for name in names:
-        if name not in METRICS:
-            raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+    check_metrics(names)
     check_tokenize(tokenize)
     if checkpoint is not None:
         if hyp is not None:
@@ -193,55 +184,61 @@ def _write_report(results: dict, report: dict, json_out: bool, header: dict, std
     stdout.flush()
 
 
-def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None, engine: str = "auto",
-                     src: str | None = None, save_hyps: str | None = None,
-                     metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None, lowercase: bool = False,
-                     json_out: bool = False, device: str = "auto", overrides: dict[str, Any] | None = None,
-                     quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
-                     stderr: IO[str] | None = None, langid: str | None = None, glossary: str | None = None,
-                     glossary_ignore_case: bool = False) -> int:
-    """`nmt evaluate`: score `hyp` (None or "-" = standard input) against `ref`, or translate
-    `src` with `checkpoint` (a checkpoint file or a CTranslate2 export; `engine` auto, torch or
-    ctranslate2; `overrides`: decode settings, default the model's) and score the result.
-    `save_hyps` writes the hypotheses (atomically). `tokenize` / `lowercase`: sacreBLEU's options.
-    Prints one line per metric, or one JSON object with `json_out`:
-    `{"hyp": path, "ref": path, "n_sentences": N, "tgt_lang": L, "bleu": {...}, ...}` with the fields of
-    `corpus_metrics` (less `text`), `degeneration` (nmt/evaluation/degeneration.py, with the flagged line
-    numbers) and `off_target` (its off_target entry without the line numbers: lang, count, share,
-    reference_count, reference_share; null when not measured); when translating, also `src` and
-    `checkpoint`, and `hyp` is `save_hyps` (or null). With `hyp`, `src` is optional: the report then
-    also counts copied sources. The target language L (`overrides["tgt_lang"]`, else the model's)
-    picks the BLEU tokenizer when `tokenize` is None (`language_tokenize`); `langid`: a checkpoint or
-    export whose language identifier counts off-target outputs (default: the translating model's; a
-    UserError when it has none, or does not know the language L). `glossary`: a TSV glossary (needs
-    `src`): the checkpoint translates with its terms, and the report adds `term_report`'s line (JSON:
-    `term_use`, the percent of matched entries whose target term appears in the hypothesis, and `terms`,
-    its counts and the scores on the lines with a term).
-    Everything is checked before any work. Returns 0.
-    """
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """`nmt evaluate`'s flags (`compare_command` reads ref, compare, src, metrics, tokenize, lowercase, json_out)."""
+
+    hyp: str | None  # the hypotheses to score (None or "-": standard input), or None to translate src
+    ref: str
+    checkpoint: str | None = None  # translate src with this checkpoint or `nmt export` directory (--model)
+    engine: str = "auto"
+    src: str | None = None  # with hyp: only the degeneration report's copies use it
+    save_hyps: str | None = None  # also write the translations here
+    metrics: tuple[str, ...] = ("bleu", "chrf")
+    tokenize: str | None = None  # sacreBLEU's BLEU tokenizer; None: from the target language
+    lowercase: bool = False
+    json_out: bool = False  # one JSON object instead of text
+    device: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)  # {decode key: value} over the model's decode section
+    quiet: bool = False
+    langid: str | None = None  # a checkpoint or export whose language identifier counts off-target outputs
+    glossary: str | None = None  # report the use of its terms (needs src)
+    glossary_ignore_case: bool = False
+    compare: tuple[str, ...] | None = None  # hypothesis files to compare, the first the baseline
+
+
+def evaluate_command(opts: EvaluateOptions, *, stdin: IO[bytes] | None = None, stdout: IO[str] | None = None,
+                     stderr: IO[str] | None = None) -> int:
+    """`nmt evaluate`: score `hyp` against `ref`, or translate `src` with `checkpoint` and score the result;
+    print one line per metric, or with `json_out` one JSON object: `hyp`, `ref`, `n_sentences`, `tgt_lang`,
+    each metric (`corpus_metrics` less `text`), `degeneration`, `off_target` (null when not measured); when
+    translating also `src`, `checkpoint`, and `hyp` is `save_hyps`; with a glossary `term_use`, `terms`.
+    The target language picks the BLEU tokenizer when `tokenize` is None. Everything is checked before
+    any work. Returns 0."""
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
-    overrides = dict(overrides or {})
-    names = [m.lower() for m in metrics]
+    hyp, ref, checkpoint, engine, src, save_hyps, tokenize, lowercase, langid, glossary = (
+        opts.hyp, opts.ref, opts.checkpoint, opts.engine, opts.src, opts.save_hyps, opts.tokenize, opts.lowercase,
+        opts.langid, opts.glossary)
+    overrides = dict(opts.overrides)
+    names = [m.lower() for m in opts.metrics]
     _check_command(hyp, ref, checkpoint, src, save_hyps, names, tokenize, overrides, stdin, langid, glossary)
-    terms = _glossary(glossary, glossary_ignore_case, src)
-    translator = _translator(checkpoint, engine, device, overrides) if checkpoint is not None else None
+    terms = _glossary(glossary, opts.glossary_ignore_case, src)
+    translator = _translator(checkpoint, engine, opts.device, overrides) if checkpoint is not None else None
     if translator is not None and terms is not None:
         translator.check_glossary(glossary=terms)  # before any work
     lang, tokenize, identifier = _language(checkpoint, engine, langid, overrides.get("tgt_lang"), tokenize,
                                            lambda msg: print(f"nmt evaluate: warning: {msg}", file=stderr, flush=True))
     refs = textio.read_lines(ref)
     lines = textio.read_lines(src) if src is not None else None
-    if lines is not None and len(lines) != len(refs):
-        raise UserError(f"line counts differ: {len(lines)} lines in {src} but {len(refs)} in {ref}")
+    check_line_counts((ref, refs), (src, lines))
     finished = None
     if checkpoint is not None:
-        hyps, finished = _translate(translator, lines, quiet, stderr, terms)
+        hyps, finished = _translate(translator, lines, opts.quiet, stderr, terms)
         hyp_name = f"{src} (translated by {checkpoint})"
     else:
         hyps, hyp_name = textio.read_lines(hyp, stdin=stdin), textio.display_name(hyp)
-    if len(hyps) != len(refs):
-        raise UserError(f"line counts differ: {len(hyps)} lines in {hyp_name} but {len(refs)} in {ref}")
+    check_line_counts((ref, refs), (hyp_name, hyps))
     results = corpus_metrics(hyps, refs, names, tokenize=tokenize, lowercase=lowercase)
     report = degeneration(hyps, refs, lines, finished, tokenize=tokenize, identifier=identifier, lang=lang)
     if save_hyps:
@@ -250,7 +247,7 @@ def evaluate_command(hyp: str | None, ref: str, *, checkpoint: str | None = None
               **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {}),
               **({"glossary": glossary} if terms is not None else {})}
     term_use = term_report(hyps, refs, lines, terms, names, tokenize=tokenize, lowercase=lowercase) if terms else None
-    _write_report(results, report, json_out, header, stdout, term_use)
+    _write_report(results, report, opts.json_out, header, stdout, term_use)
     return 0
 
 
@@ -279,28 +276,21 @@ def format_comparison(result: dict, metrics: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def compare_command(hyps: Sequence[str], ref: str, *, src: str | None = None, metrics: Sequence[str] = ("bleu", "chrf"),
-                    tokenize: str | None = None, lowercase: bool = False, json_out: bool = False,
-                    stdout: IO[str] | None = None) -> int:
+def compare_command(opts: EvaluateOptions, *, stdout: IO[str] | None = None) -> int:
     """`nmt evaluate --compare HYP...`: read the files, compare, print (text or one JSON object). Returns 0."""
     stdout = stdout if stdout is not None else sys.stdout
-    names = [m.lower() for m in metrics]
-    for m in names:
-        if m not in METRIC_NAMES:
-            raise UserError(f"--compare supports the metrics bleu and chrf, not {m!r}")
-    if len(hyps) < 2:
-        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
+    hyps, ref, src, tokenize = opts.compare or (), opts.ref, opts.src, opts.tokenize
+    names = [m.lower() for m in opts.metrics]
+    check_comparison(names, len(hyps))
     check_tokenize(tokenize)
     textio.check_paths({"--ref": ref, **{f"--compare {i + 1}": h for i, h in enumerate(hyps)},
                         **({"--src": src} if src is not None else {})}, {})
     refs = textio.read_lines(ref)
     srcs = textio.read_lines(src) if src is not None else None
     systems = [(h, textio.read_lines(h)) for h in hyps]
-    for name, lines in systems + ([(src, srcs)] if srcs is not None else []):
-        if len(lines) != len(refs):
-            raise UserError(f"line counts differ: {len(lines)} lines in {name} but {len(refs)} in {ref}")
-    result = compare(systems, refs, srcs, names, tokenize=tokenize, lowercase=lowercase)
-    if json_out:
+    check_line_counts((ref, refs), *systems, (src, srcs))
+    result = compare(systems, refs, srcs, names, tokenize=tokenize, lowercase=opts.lowercase)
+    if opts.json_out:
         stdout.write(json.dumps({"ref": ref, **result}, ensure_ascii=False) + "\n")
     else:
         stdout.write(format_comparison(result, names) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 from nmt.errors import UserError
@@ -95,11 +96,23 @@ FORMATS: dict[str, Callable[..., None]] = {"ctranslate2": export_ctranslate2, "h
                                            "web": functools.partial(export_onnx, web=True)}
 
 
-def export_command(checkpoint: str, output_dir: str, *, format: str = "ctranslate2",
-                   quantization: str | None = None, force: bool = False, quiet: bool = False) -> int:
-    """`nmt export`: write the `format` directory (a key of FORMATS) of `checkpoint`. Returns 0."""
-    check_export_paths(checkpoint, output_dir)
-    if format not in FORMATS:
-        raise UserError(f"unknown export format {format!r} (supported: {', '.join(FORMATS)})")
-    FORMATS[format](checkpoint, output_dir, quantization=quantization, force=force, quiet=quiet)
+@dataclass(frozen=True)
+class ExportOptions:
+    """`nmt export`'s flags."""
+
+    checkpoint: str
+    output: str  # the directory to write
+    format: str = "ctranslate2"  # a key of FORMATS
+    quantization: str | None = None  # CTranslate2's (default float32)
+    force: bool = False  # replace an earlier export
+    quiet: bool = False
+
+
+def export_command(opts: ExportOptions) -> int:
+    """`nmt export`: write the `format` directory of the checkpoint. Returns 0."""
+    check_export_paths(opts.checkpoint, opts.output)
+    if opts.format not in FORMATS:
+        raise UserError(f"unknown export format {opts.format!r} (supported: {', '.join(FORMATS)})")
+    FORMATS[opts.format](opts.checkpoint, opts.output, quantization=opts.quantization, force=opts.force,
+                         quiet=opts.quiet)
     return 0

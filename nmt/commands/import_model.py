@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nmt import textio
@@ -51,8 +52,19 @@ def _stop_summary(d: dict) -> str:
     return " (stopping hf)" if d["stopping"] == "hf" else " (exact stop)"
 
 
-def import_command(source: str, output: str, *, src_lang: str | None = None, tgt_lang: str | None = None,
-                   config: str | None = None, quiet: bool = False, stderr=None) -> int:
+@dataclass(frozen=True)
+class ImportOptions:
+    """`nmt import`'s arguments."""
+
+    source: str  # a model directory or hub id
+    output: str  # the checkpoint to write
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    config: str | None = None  # also write a fine-tuning config here (a new file)
+    quiet: bool = False
+
+
+def import_command(opts: ImportOptions, *, stderr=None) -> int:
     """`nmt import`: write the checkpoint of a Hugging Face model to `output` (and, with `config`, a
     fine-tuning config for it). Returns 0."""
     import yaml
@@ -60,19 +72,20 @@ def import_command(source: str, output: str, *, src_lang: str | None = None, tgt
     from nmt.model.checkpoint import save_checkpoint
 
     stderr = stderr or sys.stderr
+    source, output, config = opts.source, opts.output, opts.config
     outputs = {"--output": output, **({"--config": config} if config else {})}
     textio.check_paths({}, outputs, new_files=("--config",))  # before a download
     model_dir = model_directory(source)
     files = {f"SRC/{name}": os.path.join(model_dir, name) for name in sorted(os.listdir(model_dir))
              if os.path.isfile(os.path.join(model_dir, name))}
     textio.check_paths(files, outputs, new_files=("--config",))  # no output replaces a file of the model
-    state, notes = import_model(source, src_lang=src_lang, tgt_lang=tgt_lang, model_dir=model_dir)
+    state, notes = import_model(source, src_lang=opts.src_lang, tgt_lang=opts.tgt_lang, model_dir=model_dir)
     save_checkpoint(state, output)
     if config:
         text = yaml.safe_dump(finetune_config(state, output), sort_keys=False, allow_unicode=True)
         textio.write_lines(config, (FINETUNE_HEADER.format(output=output, source=source, config=config) + text)
                            .rstrip("\n").split("\n"))
-    if not quiet:
+    if not opts.quiet:
         for note in notes:
             print(f"nmt import: note: generation_config: {note}", file=stderr)
         c, info, targets = state.config, state.imported_from, state.languages

@@ -4,6 +4,7 @@ through `nmt.Translator.score` (what the numbers are: nmt/translation/score.py).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from nmt import textio
@@ -11,20 +12,33 @@ from nmt.api import Translator
 from nmt.errors import UserError
 
 
-def score_command(path: str, src: str, tgt: str, output: str | None, *, engine: str = "auto", device: str = "auto",
-                  overrides: dict[str, Any] | None = None, quiet: bool = False, stdout: IO[bytes] | None = None,
-                  stderr: IO[str] | None = None) -> int:
+@dataclass(frozen=True)
+class ScoreOptions:
+    """`nmt score`'s flags."""
+
+    checkpoint: str  # a checkpoint file or an `nmt export` directory (--checkpoint, --model)
+    src: str
+    tgt: str
+    output: str | None = None  # None: standard output
+    engine: str = "auto"
+    device: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)  # {decode key: value}: batching, languages, protect
+    quiet: bool = False
+
+
+def score_command(opts: ScoreOptions, *, stdout: IO[bytes] | None = None, stderr: IO[str] | None = None) -> int:
     """`nmt score`: one line per (src, tgt) pair (module docstring) to `output` (stdout when None)."""
     from tqdm import tqdm
 
     stderr = stderr if stderr is not None else sys.stderr
+    path, src, tgt, output, quiet = opts.checkpoint, opts.src, opts.tgt, opts.output, opts.quiet
     textio.check_paths({"--src": src, "--tgt": tgt, "--checkpoint": path}, {"--output": output},
                        stdout=stdout, input_dirs=("--checkpoint",))
     (n_src, src_lines), (n_tgt, tgt_lines) = textio.counted_lines(src), textio.counted_lines(tgt)
     if n_src != n_tgt:
         raise UserError(f"line counts differ: {n_src} lines in {src} but {n_tgt} in {tgt}")
-    overrides = dict(overrides or {})
-    translator = Translator(path, engine=engine, device=device, **overrides)
+    overrides = dict(opts.overrides)
+    translator = Translator(path, engine=opts.engine, device=opts.device, **overrides)
     translator.check_language()
     if overrides.get("protect") is None:  # a model trained with data.protect sees its spans as placeholders
         overrides["protect"] = translator.knows_placeholders

@@ -3,36 +3,24 @@
     nmt serve --checkpoint runs/quickstart/checkpoints/best.pt --port 8000
     curl -s localhost:8000/translate -d '{"text": ["Hola."], "options": {"beam_size": 4}}'
 
-Endpoints (README "Serving"):
-- POST /translate `{"text": [line, ...], "options": {decode key: value}, "prefix": [line, ...]}`
-  ("options" and "prefix" optional) -> `{"translations": [{"text", "score", "log_prob",
-  "finished", "truncated", ...}, ...]}`, one item per line in input order; with nbest > 1 each
-  item carries its n-best list under "nbest"; with alignment / protect / prefixes, "alignment" /
-  "protected" / "prefix_truncated".
+Endpoints:
+- POST /translate `{"text": [line, ...], "options": {decode key: value}, "prefix": [line, ...]}` ->
+  `{"translations": [{"text", "score", "log_prob", "finished", "truncated", ...}, ...]}`, one item
+  per line in input order ("nbest", "alignment", "protected", "prefix_truncated" where asked).
 - GET /health: 200 and the server's counters while it serves, 503 while it shuts down.
 - GET /: a page to try the model (nmt/commands/serve_page.py).
 
-Each request is checked in the event loop (JSON shape, limits, decode options validated once, as
-`nmt translate` validates its flags: the same one-line messages; lengths within the model's
-positions) and queued with its validated settings for the batcher (nmt/commands/batcher.py), which translates requests that arrive
-together in one `nmt.Translator` call in a worker thread. Every answer, errors included, is JSON;
-errors are one line `{"error": ...}`: 400 bad JSON, text or options, or a Host header that is not
-this server's; 403 a cross-origin POST (a web page of another site) unless --allow-origin allows
-its origin; 404 / 405 no such endpoint or method; 408 the body did not arrive within --timeout;
-413 too many lines or characters; 503 full queue (Retry-After) or shutting down; 504 time limit
-passed; 500 a failure in the model. A request can set only the decode keys in REQUEST_KEYS: the
-server-wide ones (SERVER_KEYS) are fixed when it starts, and no request names a file or changes
-the server's state.
+Each request is checked in the event loop (JSON shape, limits, decode options with `nmt translate`'s
+messages) and queued for the batcher (nmt/commands/batcher.py), which translates requests that
+arrive together in one `nmt.Translator` call in a worker thread. Errors are one JSON line
+`{"error": ...}`: 400 bad request or Host header, 403 a cross-origin POST not allowed by
+--allow-origin, 404 / 405, 408 body too slow, 413 too large, 503 full queue or shutting down, 504
+time limit passed, 500 a model failure. A request sets only the decode keys in REQUEST_KEYS.
+A request past its time limit (counted from its arrival), or whose client went away, leaves the
+queue at once, and its call stops at the next decoding step.
 
-A request whose time limit passes, or whose client goes away, is abandoned at once: it leaves the
-queue (its slot is free), and the call translating it stops at its next decoding step (the
-batcher runs the call again for the requests that shared it). The time limit counts from the
-request's arrival, reading its body included.
-
-SIGTERM or Ctrl-C: new requests get 503, and so do those still sending their body; the requests
-already accepted are answered, then the process exits 0; a second signal exits at once (128 +
-signal), the requests still in progress answered 503. The ASGI stack (Starlette, uvicorn) is the optional extra `serve` and is imported only
-here, when the server starts.
+SIGTERM or Ctrl-C: new requests get 503, accepted ones are answered, then exit 0; a second signal
+exits at once (128 + signal). Starlette and uvicorn (the extra `serve`) are imported only here.
 """
 
 from __future__ import annotations
@@ -45,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from nmt.api import Translator
@@ -133,27 +122,48 @@ def listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def serve_settings(*, port: int, max_lines: int, max_chars: int, max_beam: int, max_queue: int, timeout: float,
-                   batch_window_ms: float, batch_lines: int, batching: bool, allow_origins: tuple[str, ...] = ()) -> Settings:
+@dataclass(frozen=True)
+class ServeOptions:
+    """`nmt serve`'s flags: the model and its default search settings, where to listen, the limits."""
+
+    checkpoint: str  # a checkpoint file or an `nmt export` directory (--checkpoint, --model)
+    engine: str = "auto"
+    device: str = "auto"
+    overrides: dict = field(default_factory=dict)  # {decode key: value}: the server's default search settings
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: a free one
+    access_log: bool = False  # one line per request on stdout (uvicorn's access log)
+    allow_origins: tuple[str, ...] = ()  # origins whose web pages may POST (CORS; "*": any)
+    allow_hosts: tuple[str, ...] = ()  # Host header names accepted besides the address (`allowed_hosts`)
+    max_lines: int = 256
+    max_chars: int = 100_000
+    max_beam: int = 16
+    max_queue: int = 256
+    timeout: float = 60.0  # seconds
+    batch_window_ms: float = 5.0
+    batch_lines: int = 1024
+    batching: bool = True
+
+
+def serve_settings(opts: ServeOptions) -> Settings:
     """The server's Settings from `nmt serve`'s flags, each checked first (a one-line UserError naming the
     flag), --port and --allow-origin too."""
-    given = {"max_lines": max_lines, "max_chars": max_chars, "max_beam": max_beam, "max_queue": max_queue,
-             "batch_lines": batch_lines}
+    given = {"max_lines": opts.max_lines, "max_chars": opts.max_chars, "max_beam": opts.max_beam,
+             "max_queue": opts.max_queue, "batch_lines": opts.batch_lines}
     for flag, value in given.items():
         if value < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
-    if not 0 <= port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {port}")
-    if not 0 < timeout < math.inf:
-        raise UserError(f"--timeout must be a positive number of seconds, got {timeout:g}")
-    if not 0 <= batch_window_ms < math.inf:
-        raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {batch_window_ms:g}")
-    for origin in allow_origins:
+    if not 0 <= opts.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {opts.port}")
+    if not 0 < opts.timeout < math.inf:
+        raise UserError(f"--timeout must be a positive number of seconds, got {opts.timeout:g}")
+    if not 0 <= opts.batch_window_ms < math.inf:
+        raise UserError(f"--batch-window-ms must be a number of milliseconds, at least 0, got {opts.batch_window_ms:g}")
+    for origin in opts.allow_origins:
         if origin != "*" and not _is_origin(origin):
             raise UserError(f"--allow-origin {origin}: not an origin (scheme://host[:port], e.g. https://example.com, "
                             "as browsers send it; * for any)")
-    return Settings(max_lines=max_lines, max_chars=max_chars, max_beam=max_beam, max_queue=max_queue, timeout=timeout,
-                    window=batch_window_ms / 1000, batch_lines=batch_lines, batching=batching)
+    return Settings(**given, timeout=opts.timeout, window=opts.batch_window_ms / 1000, batching=opts.batching)
 
 
 def _is_origin(text: str) -> bool:
@@ -166,24 +176,20 @@ def _is_origin(text: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
 
 
-def serve_command(path: str, *, engine: str = "auto", device: str = "auto", overrides: dict | None = None,
-                  host: str = "127.0.0.1", port: int = 8000, settings: Settings = Settings(),
-                  access_log: bool = False, allow_origins: tuple[str, ...] = (),
-                  allow_hosts: tuple[str, ...] = ()) -> int:
+def serve_command(opts: ServeOptions) -> int:
     """`nmt serve`: load the model, listen on host:port, serve until SIGTERM / Ctrl-C. Returns 0
-    after a drain; a second signal ends the process at once with 128 + signal. access_log: one
-    line per request on stdout (uvicorn's access log). allow_origins: origins whose web pages
-    may POST (with CORS headers; "*": any); allow_hosts: Host header names accepted besides the
-    listening address (see `allowed_hosts`). UserError when the server's own default search
-    settings are over its limits."""
+    after a drain; a second signal ends the process at once with 128 + signal. UserError when the
+    server's own default search settings are over its limits."""
+    settings = serve_settings(opts)
     _, uvicorn = require_stack()
-    translator = Translator(path, engine=engine, device=device, **(overrides or {}))
-    errors = over_limits(translator.decode, overrides or {}, settings.max_beam, translator.max_positions)
+    path, host, access_log = opts.checkpoint, opts.host, opts.access_log
+    translator = Translator(path, engine=opts.engine, device=opts.device, **opts.overrides)
+    errors = over_limits(translator.decode, opts.overrides, settings.max_beam, translator.max_positions)
     if errors:
         raise UserError(f"the server's default search settings are over its limits: {errors[0]}")
-    sock = listen(host, port)
+    sock = listen(host, opts.port)
     service = Service(translator, settings, os.path.basename(os.path.normpath(path)))
-    app = build_app(service, allowed_hosts(host, allow_hosts), frozenset(allow_origins))
+    app = build_app(service, allowed_hosts(host, opts.allow_hosts), frozenset(opts.allow_origins))
     config = uvicorn.Config(app, log_level="info" if access_log else "warning",
                             access_log=access_log, lifespan="on")
     server = _server_class(uvicorn)(config, service)

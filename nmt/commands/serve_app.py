@@ -24,11 +24,9 @@ class ClientGone(Exception):
 
 
 class Service:
-    """What the app serves: the translator, the settings, the batcher (made when the event loop
-    runs), whether it is shutting down (`draining`, set by the signal handler; `stopping`, the
-    event the server sets from it, wakes the requests still sending their body; `stopped`, set on a
-    second signal, answers the requests still waiting for their translation 503), and how many
-    requests are in progress (`in_flight`: being received or answered; the drain waits for them)."""
+    """What the app serves: the translator, the settings, the batcher (made when the event loop runs),
+    whether it shuts down (`draining`; `stopping` wakes the requests still sending their body; `stopped`,
+    a second signal, answers the waiting ones 503), and `in_flight`, the requests the drain waits for."""
 
     def __init__(self, translator, settings: Settings, name: str):
         self.translator, self.settings, self.name = translator, settings, name
@@ -184,12 +182,10 @@ def _same_origin(origin: str, host: str) -> bool:
 
 
 class Guard:
-    """ASGI middleware: the server's Host and Origin policy (README "Serving"). A Host header that
-    is not one of `hosts` (None: any) gets 400; a request other than GET / HEAD with an Origin
-    header that is neither the server's own nor one of `origins` ("*": any) gets 403, before the
-    app reads it. Browsers send Origin with every POST, and a page of another site could make
-    the browser of someone running the server post to it (the answer unreadable to the page, but
-    the work done); curl and other clients that send no Origin are not affected."""
+    """ASGI middleware: the server's Host and Origin policy. A Host header not in `hosts` (None: any) gets
+    400; a request other than GET / HEAD whose Origin is neither the server's own nor in `origins` ("*":
+    any) gets 403 before the app reads it, so a page of another site cannot make a visitor's browser post
+    to the server. Clients that send no Origin (curl) are not affected."""
 
     def __init__(self, app, hosts: frozenset[str] | None, origins: frozenset[str]):
         self.app, self.hosts, self.origins = app, hosts, origins

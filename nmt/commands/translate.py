@@ -10,6 +10,7 @@ temporary name and renamed when complete.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import IO, Any, Sequence
 
 from nmt import textio
@@ -88,34 +89,46 @@ def _prefix_chunks(prefix: str | None, input: str | None):
     return lines
 
 
-def translate_command(path: str, input: str | None, output: str | None, *, engine: str = "auto",
-                      device: str = "auto", overrides: dict[str, Any] | None = None, prefix: str | None = None,
-                      quiet: bool = False, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
-                      stderr: IO[str] | None = None, chunk_lines: int = CHUNK_LINES, glossary: str | None = None,
-                      glossary_ignore_case: bool = False) -> int:
-    """`nmt translate`: input file or stdin -> output file or stdout, with the checkpoint (or
-    CTranslate2 export) at `path`. `overrides` {decode key: value} replace the model's `decode`
-    settings; `prefix`: a file with one target prefix per input line. A progress bar (stderr) is
-    shown when reading a file, unless quiet; quiet also silences the truncation warning and the
-    protect report and the glossary report. glossary: a TSV glossary file whose terms every output
-    holds (nmt/text/glossary.py), matched ignoring case with glossary_ignore_case. Returns 0."""
+@dataclass(frozen=True)
+class TranslateOptions:
+    """`nmt translate`'s flags (nmt/cli.py builds it from the parsed command line)."""
+
+    checkpoint: str  # a checkpoint file or an `nmt export` directory (--checkpoint, --model)
+    input: str | None = None  # None or "-": standard input
+    output: str | None = None  # None: standard output
+    engine: str = "auto"
+    device: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)  # {decode key: value} over the model's decode section
+    prefix: str | None = None  # a file of target prefixes, one per input line
+    quiet: bool = False  # no progress bar, warnings or reports
+    glossary: str | None = None  # a TSV glossary whose terms every output holds (nmt/text/glossary.py)
+    glossary_ignore_case: bool = False
+    chunk_lines: int = CHUNK_LINES
+
+
+def translate_command(opts: TranslateOptions, *, stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None,
+                      stderr: IO[str] | None = None) -> int:
+    """`nmt translate`: input file or stdin -> output file or stdout. A progress bar (stderr) is shown
+    when reading a file, unless quiet. Returns 0."""
     from tqdm import tqdm
 
     stderr = stderr if stderr is not None else sys.stderr
+    path, input, output, prefix, quiet, glossary = (opts.checkpoint, opts.input, opts.output, opts.prefix, opts.quiet,
+                                                    opts.glossary)
     inputs = {"--input": input, "--checkpoint": path, **({"--prefix": prefix} if prefix is not None else {}),
               **({"--glossary": glossary} if glossary is not None else {})}
     textio.check_paths(inputs, {"--output": output}, stdin=stdin, stdout=stdout, input_dirs=("--checkpoint",))
     from_file = not textio.is_stdin(input)
-    terms = load_glossary(glossary, glossary_ignore_case)
+    terms = load_glossary(glossary, opts.glossary_ignore_case)
     prefix_lines = _prefix_chunks(prefix, input)
-    translator = Translator(path, engine=engine, device=device, **(overrides or {}))
+    translator = Translator(path, engine=opts.engine, device=opts.device, **opts.overrides)
     translator.check_language()  # before any output
     if terms is not None:
         translator.check_glossary(glossary=terms)  # before any output
     decode = translator.decode
     total = textio.count_lines(input) if textio.rereadable(input) and not quiet else None  # (a pipe: no total)
-    if not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)():
-        chunk_lines = 1  # interactive: answer each line as it is typed
+    interactive = not from_file and getattr(stdin if stdin is not None else sys.stdin, "isatty", lambda: False)()
+    chunk_lines = 1 if interactive else opts.chunk_lines  # interactive: answer each line as it is typed
     n_truncated = n_prefix_cut = index = protected = exact = 0
     term_counts = _TermCounts(terms, decode)
     with textio.open_output(output, stdout) as out, \

@@ -86,7 +86,7 @@ def _describe(corpus: CorpusConfig) -> str:
 
 def _tokenizer_hash(tokenizer: TokenizerLike) -> str:
     protos = tokenizer.to_bytes()
-    if protos.get("kind", "spm") != "spm":  # an imported tokenizer (nmt/text/hf_tokenizer.py): its files and settings
+    if tokenizer.kind != "spm":  # an imported tokenizer (nmt/text/hf_tokenizer.py): its files and settings
         settings = json.dumps({k: v for k, v in protos.items() if k != "files"}, sort_keys=True).encode()
         return hashlib.sha256(settings + b"".join(protos["files"][name] for name in sorted(protos["files"]))).hexdigest()
     return hashlib.sha256(protos["src"] + (protos["tgt"] or b"")).hexdigest()

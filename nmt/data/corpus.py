@@ -1,10 +1,8 @@
 """Encoded corpora: streaming encode + filter into cache files, loaded into memory or mapped.
 
-A split (train or valid) is one or more corpora read chunk by chunk
-(`nmt.text.sources.iter_pairs`, 100k pairs at a time), encoded with SentencePiece,
-filtered (`filter_pairs`) and appended to six flat files; memory does not grow
-with the corpus. The corpora of a split are stored one after another: the
-first `parts[0]` pairs come from corpus 0, and so on.
+A split (train or valid) is one or more corpora read chunk by chunk (`nmt.text.sources.iter_pairs`),
+encoded with SentencePiece, filtered (`filter_pairs`) and appended to six flat files, so memory does
+not grow with the corpus. The corpora of a split are stored one after another (`parts`).
 
 Cache entry `run_dir/cache/<split>-<key>`:
     .src_tokens.bin   [total source tokens] int16 (vocab <= 32768) or int32
@@ -12,34 +10,19 @@ Cache entry `run_dir/cache/<split>-<key>`:
     .src_lens.bin     [N] int32
     .tgt_tokens.bin, .tgt_offsets.bin, .tgt_lens.bin   the same for the targets
     .json             version, dtypes and lengths of the arrays, statistics, digest of the arrays
-The key hashes CACHE_VERSION, the split, each corpus' source fingerprint
-(`nmt.text.sources.source_fingerprint`: path, size, mtime, ctime and inode of each file) and tag,
-the tokenizer model bytes, the filter settings, `data.protect` and `data.terms` (nmt/data/batches.py); term
-annotations (`annotate_chunk`) change the sources of pairs the filters kept as plain pairs. Files
-are written through `nmt.textio.atomic_file` (temporary names, renamed); the .json marker comes
-last, so an entry is complete only when its .json exists. A write error (disk full) is an OSError naming the cache file. A
-cache miss first removes every file of the split (stale entries, partial writes); when the run
-directory held an entry of the split before and the new arrays differ from it (their digest), one
-log line says so: a resumed run then does not continue exactly.
+The key hashes CACHE_VERSION, the split, each corpus' source fingerprint (path, size, mtime, ctime
+and inode: `nmt.text.sources.source_fingerprint`; ctime because no tool can set it back after an
+edit) and tag, the tokenizer model, the filter settings, `data.protect` and `data.terms`. Files are
+written atomically (`nmt.textio.atomic_file`), the .json last: an entry is complete when its .json
+exists. A cache miss removes every file of the split first; when the new arrays differ from the
+entry the run directory held before (their digest), a log line says a resumed run does not
+continue exactly.
 
-Why the fingerprint holds ctime: an edit of the same size with the mtime kept (`cp -p`,
-`rsync -a -c`, `tar x`, `os.utime`) leaves (size, mtime) as they were, but the kernel sets
-ctime to the present on every change of a file and no tool can set it back. A content hash
-would also see an edit, at a cost on every start: sha256 reads 1.5 GB/s here, 0.7 s per GiB
-of corpus (warm page cache; a cold disk is slower) against microseconds for a stat. The
-other direction (chmod, a hard link, a copy: ctime or inode change, the content does not)
-costs one re-encoding, never wrong data; the digest of the arrays then tells that the data
-are the same and no warning is logged.
-
-Loading checks every entry before use (`EncodedCorpus.check`: offsets against sizes, ids
-against the vocabulary; one numpy pass, O(N)): a file corrupted in place is encoded again
-(a log line says why), never an IndexError deep in training. An entry is then read into
-memory when it is small (`in_memory_limit`: 1/16 of the machine's memory, shared out
-between the ranks of a node), else memory-mapped (`np.memmap`, read-only), so that ranks of
-one node share its pages. The trade-off: a mapped file truncated while a run uses it kills
-the run with SIGBUS (the kernel has no page to give; Python cannot recover from it), so only
-corpora too large to read are mapped; arrays read into memory cost memory once per rank and
-cannot be affected by anything done to the files. Either way the arrays are read-only.
+Loading checks every entry (`EncodedCorpus.check`: offsets against sizes, ids against the vocabulary):
+a corrupted file is encoded again, never an IndexError deep in training. An entry is read into memory
+when it is small (`in_memory_limit`: 1/16 of the machine's memory shared between a node's ranks),
+else memory-mapped read-only so that a node's ranks share its pages (a mapped file truncated while
+a run uses it kills the run with SIGBUS, so only corpora too large to read are mapped).
 """
 
 from __future__ import annotations
@@ -72,14 +55,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class EncodedCorpus:
-    """N encoded pairs as flat token arrays plus offsets (no BOS/EOS stored).
-
-    Pair i's source ids are src_tokens[src_offsets[i]:src_offsets[i+1]]
-    (offsets int64 [N+1]); likewise for the target. The arrays are in memory or
-    memory-mapped files (`load`). `stats` holds the counts from reading and
-    filtering, per corpus under "corpora"; `parts` the number of pairs of each
-    corpus, in order.
-    """
+    """N encoded pairs as flat token arrays plus offsets (no BOS/EOS stored): pair i's source ids are
+    src_tokens[src_offsets[i]:src_offsets[i+1]] (offsets int64 [N+1]), likewise the target; in memory or
+    memory-mapped (`load`). `stats`: counts from reading and filtering (per corpus under "corpora");
+    `parts`: the pairs of each corpus, in order."""
 
     def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray, tgt_tokens: np.ndarray,
                  tgt_offsets: np.ndarray, stats: dict | None = None, *,
@@ -182,18 +161,11 @@ def in_memory_limit() -> int:
 def filter_pairs(src_lens: np.ndarray, tgt_lens: np.ndarray, max_len: int,
                  max_ratio: float | None, tgt_prefix: int = 0,
                  identical: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-    """Keep mask [N] and counts per rule; each dropped pair is counted under its first rule.
-
-    Rules in order: `empty` (either side has no tokens), `too_long` (either side
-    longer than max_len tokens, BOS/EOS not counted), `ratio` (longer/shorter
-    > max_ratio), `identical` (the pairs the mask `identical` [N] marks: `identical_pairs`).
-    With max_ratio None (validation) only `too_long` applies: `empty`, `ratio` and
-    `identical` are skipped, and empty pairs are kept. Counts: pairs, empty,
-    too_long, ratio, identical, kept. Per pair, so filtering chunk by chunk equals filtering the whole.
-    tgt_prefix: tokens before every non-empty target (a multilingual model's language token),
-    not counted by the ratio rule: it is not text (else short sources would be dropped in the
-    into-X directions only).
-    """
+    """Keep mask [N] and counts per rule (pairs, empty, too_long, ratio, identical, kept); a dropped pair
+    counts under its first rule: `empty`, `too_long` (over max_len tokens, BOS/EOS not counted), `ratio`
+    (longer/shorter > max_ratio), `identical` (the mask `identical` [N]). With max_ratio None (validation)
+    only `too_long` applies. Per pair, so filtering chunk by chunk equals filtering the whole.
+    tgt_prefix: tokens before every non-empty target (a language token), not counted by the ratio rule."""
     s, t = np.asarray(src_lens), np.asarray(tgt_lens)
     empty = (s == 0) | (t == 0) if max_ratio is not None else np.zeros(len(s), bool)
     too_long = ~empty & ((s > max_len) | (t > max_len))

@@ -1,17 +1,14 @@
 """Batches prepared off the critical path: a background thread that collates the next training steps.
 
-On a GPU the host must stay ahead of the device: while step n runs, the host collates (numpy gathers,
-padding, masks) and pins the micro-batches of steps n+1, n+2, ... in a background thread, and the
-training loop only starts their asynchronous copies (`Batch.to`, non_blocking from pinned memory).
-numpy and torch release the GIL in that work, so it overlaps the loop's own Python.
+While step n runs, a background thread collates (numpy gathers, padding, masks) and pins the
+micro-batches of steps n+1, n+2, ...; the training loop only starts their asynchronous copies. numpy
+and torch release the GIL in that work, so it overlaps the loop's own Python.
 
-`Prefetcher(make, items, depth)` yields `make(item)` for each item, in order: at most `depth` items
-wait ready (and one more is in the making); `depth` 0 computes each in the consumer's thread (no
-thread). The results are those of `make` (a pure function here: `collate` of fixed pair indices), so
-training is the same bit for bit
-with or without it, and resuming stays exact: the loop counts the batches it consumed, not the ones
-prepared. An exception in `make` is raised in the consumer at the item that failed; `close()` (or
-leaving a `with` block, or the generator being closed) stops the thread without waiting for the rest.
+`Prefetcher(make, items, depth)` yields `make(item)` for each item, in order, at most `depth` ahead;
+`depth` 0 computes each in the consumer's thread. `make` is a pure function (`collate` of fixed pair
+indices), so training is the same bit for bit with or without it, and resuming stays exact. An
+exception in `make` is raised in the consumer at the failing item; `close()` (or leaving a `with`
+block) stops the thread without waiting for the rest.
 """
 
 from __future__ import annotations

@@ -2,21 +2,13 @@
 
     nmt evaluate --ref test.en --compare base.hyp new.hyp [more.hyp ...] [--src test.es] [--json]
 
-The first file is the baseline; every other file is compared with it on the same references:
-- corpus BLEU / chrF (sacreBLEU's metrics, as `nmt evaluate` scores them) with a 95%
-  confidence interval from bootstrap resampling;
-- paired bootstrap resampling (1,000 resamples; Koehn, 2004) and paired approximate
-  randomization (10,000 trials; Riezler and Maxwell, 2005): sacreBLEU's own implementation
-  (`sacrebleu.significance.PairedTest`, what `sacrebleu REF -i A B --paired-bs|--paired-ar`
-  runs; seed 12345, or $SACREBLEU_SEED), so the p-values equal the sacrebleu command's;
-- per-line wins, ties and losses against the baseline by **sentence-level chrF** (chrF is
-  meaningful on one sentence; sentence BLEU is mostly zero n-gram matches and smoothing);
-- the degeneration report (nmt/evaluation/degeneration.py) of each system and its difference from the
-  baseline's, line counts per category.
-
-A p-value below 0.05 says the difference is unlikely to be chance on this test set (not that it
-holds on other data). Line counts that differ, fewer than two systems or an empty test set are
-one-line errors.
+Every file is compared with the first (the baseline) on the same references:
+- corpus BLEU / chrF with a 95% confidence interval (bootstrap resampling);
+- paired bootstrap resampling (Koehn, 2004) and paired approximate randomization (Riezler and
+  Maxwell, 2005), sacreBLEU's own `PairedTest`, so the p-values equal the sacrebleu command's;
+- per-line wins, ties and losses by sentence-level chrF (sentence BLEU is mostly smoothing);
+- each system's degeneration report (nmt/evaluation/degeneration.py) and its difference.
+A p-value below 0.05 says the difference is unlikely to be chance on this test set.
 """
 
 from __future__ import annotations
@@ -25,6 +17,7 @@ import math
 from typing import Sequence
 
 from nmt.evaluation.degeneration import CATEGORIES, degeneration
+from nmt.evaluation.metrics import check_line_counts, make_metric
 from nmt.errors import UserError
 
 BOOTSTRAP_SAMPLES = 1000  # sacreBLEU's defaults
@@ -32,14 +25,13 @@ AR_TRIALS = 10000
 METRIC_NAMES = {"bleu": "BLEU", "chrf": "chrF2"}
 
 
-def _metric(name: str, tokenize: str | None, lowercase: bool):
-    from sacrebleu.metrics import BLEU, CHRF
-
-    if name == "bleu":
-        return BLEU(lowercase=lowercase, tokenize=tokenize)
-    if name == "chrf":
-        return CHRF(lowercase=lowercase)
-    raise UserError(f"--compare supports the metrics bleu and chrf, not {name!r}")
+def check_comparison(metrics: Sequence[str], n_systems: int) -> None:
+    """UserError for a metric the paired tests do not take (`METRIC_NAMES`), or fewer than two systems."""
+    for name in metrics:
+        if name not in METRIC_NAMES:
+            raise UserError(f"--compare supports the metrics bleu and chrf, not {name!r}")
+    if n_systems < 2:
+        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
 
 
 def paired_tests(systems: Sequence[tuple[str, Sequence[str]]], refs: Sequence[str], metrics: Sequence[str] = ("bleu", "chrf"),
@@ -49,11 +41,12 @@ def paired_tests(systems: Sequence[tuple[str, Sequence[str]]], refs: Sequence[st
     None) and {"signatures": {metric: {"bs": ..., "ar": ...}}}. sacreBLEU's PairedTest, both test types."""
     from sacrebleu.significance import PairedTest
 
+    check_comparison(metrics, len(systems))
     out: dict = {"signatures": {}}
     for name in metrics:
         per_test = {}
         for test, n in (("bs", bootstrap), ("ar", trials)):
-            metric = _metric(name, tokenize, lowercase)
+            metric = make_metric(name, lowercase=lowercase, tokenize=tokenize)
             # ar: a bootstrap of the same size as the bs test gives its confidence intervals
             sigs, scores = PairedTest(list(systems), {name: metric}, [list(refs)], test_type=test, n_samples=n,
                                       n_ar_confidence=bootstrap if test == "ar" else -1)()
@@ -102,16 +95,11 @@ def compare(systems: Sequence[tuple[str, Sequence[str]]], refs: Sequence[str], s
     """The whole comparison as a dict (module docstring): {"n_sentences", "systems": [{"name",
     metric: {...}, "lines" (wins/ties/losses; not for the baseline), "degeneration", "degeneration_delta"}],
     "signatures"}."""
-    if len(systems) < 2:
-        raise UserError("--compare needs at least two hypothesis files (the first is the baseline)")
+    check_comparison(metrics, len(systems))
     n = len(refs)
     if n == 0:
         raise UserError("nothing to compare: the reference is empty")
-    for name, hyps in systems:
-        if len(hyps) != n:
-            raise UserError(f"line counts differ: {len(hyps)} lines in {name} but {n} in the reference")
-    if srcs is not None and len(srcs) != n:
-        raise UserError(f"line counts differ: {len(srcs)} lines in the source but {n} in the reference")
+    check_line_counts(("the reference", refs), *systems, ("the source", srcs))
     tests = paired_tests(systems, refs, metrics, tokenize=tokenize, lowercase=lowercase, bootstrap=bootstrap,
                          trials=trials)
     reports = [degeneration(hyps, refs, srcs, tokenize=tokenize) for _, hyps in systems]

@@ -1,26 +1,19 @@
-"""A report of degenerate outputs: loops, outputs far too short or long, copies, empty lines,
-outputs cut off at the length limit.
-
-BLEU averages these away; counting them makes early stops and loops visible (in
-`nmt evaluate` and in every validation during training). Words are the tokens of
-sacreBLEU's BLEU tokenizer (13a by default, `zh` for Chinese...), so the counts
-work for any script.
+"""A report of degenerate outputs: loops, outputs far too short or long, copies, empty lines, outputs
+cut off at the length limit, off-target outputs; `nmt evaluate` and every validation print it.
+Words are the tokens of sacreBLEU's BLEU tokenizer, so the counts work for any script.
 
     report = degeneration(hyps, refs=refs, srcs=srcs, finished=finished)
-    format_report(report)  ->  "degeneration (1477 lines): loops 2.1% (31), short 0.4% (6), ..."
+    format_report(report)  ->  "degeneration (N lines): loops ...% (n), short ...% (n), ..."
 
 Categories, each with `count`, `share` and the 1-based `lines` it flags:
 - loops: a word 3-gram occurs 3 or more times in the output;
-- short / long: output words / reference words < 0.5 or > 2 (against the source when no
-  reference is given); lines whose reference (or source) is empty are not judged;
-- copies: the output equals the source (non-empty);
+- short / long: output words / reference words < 0.5 or > 2 (against the source without a
+  reference); lines whose reference (or source) is empty are not judged;
+- copies: the output equals the (non-empty) source;
 - empty: the output is empty although the source (or reference) is not;
-- at_limit: the search stopped at the maximum output length without EOS (only when
-  `finished` flags are known, i.e. when nmt produced the outputs; else None);
-- off_target: the output is in another language than `lang` (nmt/text/langid.py `off_target`,
-  with a language identifier trained on the model's training corpora; only with one, else
-  None). The references' own rate is reported next to it (`reference_share`): lines too short
-  or too ambiguous to identify, and untranslated messages, put a floor under the measurement.
+- at_limit: stopped at the maximum length without EOS (only with `finished` flags, else None);
+- off_target: in another language than `lang` (nmt/text/langid.py; only with an identifier, else
+  None), next to the references' own rate (`reference_share`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Corpus-level scores with sacreBLEU (BLEU, chrF, TER) and the choice of BLEU's tokenizer: what `nmt evaluate`
-and validation during training (nmt/training/validation.py) score with (`nmt evaluate --compare` checks its
---tokenize here too).
+"""Corpus-level scores with sacreBLEU (BLEU, chrF, TER) and the choice of BLEU's tokenizer, for `nmt evaluate`
+and validation (nmt/training/validation.py).
 
-Scores are computed with sacreBLEU's Python API using its defaults, so they
-are identical to the `sacrebleu` command on the same files (BLEU: tokenizer
-13a, exponential smoothing; chrF: chrF2, character order 6; TER: tercom).
-sacreBLEU's tokenizers ignore surrounding whitespace, so lines read by nmt's one rule
-(nmt/textio.py: stripped) score as the `sacrebleu` command scores the same files.
-
-The target language chooses BLEU's tokenizer unless the user does (`language_tokenize`: ja-mecab
-for Japanese, zh for Chinese, else 13a); `check_tokenize` refuses a tokenizer sacreBLEU lacks.
+Scores use sacreBLEU's Python API with its defaults, so they equal the `sacrebleu` command's on the
+same files. The target language chooses BLEU's tokenizer unless the user does (`language_tokenize`:
+ja-mecab for Japanese, zh for Chinese, else 13a); `check_tokenize` refuses one sacreBLEU lacks.
 """
 
 from __future__ import annotations
@@ -22,6 +16,24 @@ from nmt.errors import UserError
 
 METRICS = ("bleu", "chrf", "ter")
 TOKENIZERS = ("13a", "intl", "zh", "ja-mecab", "ko-mecab", "char", "none")  # sacreBLEU's, without downloads
+
+
+def check_metrics(names: Sequence[str]) -> None:
+    """UserError for no metric, or one that is not in `METRICS` (names in lower case)."""
+    if not names:
+        raise UserError(f"no metric given (choose from {', '.join(METRICS)})")
+    for name in names:
+        if name not in METRICS:
+            raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+
+
+def check_line_counts(ref: tuple[str, Sequence[str]], *others: tuple[str, Sequence[str] | None]) -> None:
+    """UserError naming the first of `others` (name, lines; None lines skipped) whose line count is not the
+    reference's (name, lines)."""
+    ref_name, refs = ref
+    for name, lines in others:
+        if lines is not None and len(lines) != len(refs):
+            raise UserError(f"line counts differ: {len(lines)} lines in {name} but {len(refs)} in {ref_name}")
 
 
 def check_tokenize(tokenize: str | None) -> None:
@@ -67,8 +79,8 @@ def language_tokenize(lang: str | None) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
-    """A sacreBLEU metric object with sacreBLEU's defaults.
+def make_metric(name: str, *, lowercase: bool, tokenize: str | None):
+    """A sacreBLEU metric object with sacreBLEU's defaults (`name` one of `METRICS`).
 
     `lowercase` applies to BLEU and chrF, `tokenize` to BLEU; TER keeps its
     default (case-insensitive), as the `sacrebleu` command does.
@@ -79,37 +91,26 @@ def _make_metric(name: str, *, lowercase: bool, tokenize: str | None):
         return BLEU(lowercase=lowercase, tokenize=tokenize)
     if name == "chrf":
         return CHRF(lowercase=lowercase)
-    if name == "ter":
-        return TER()
-    raise UserError(f"unknown metric {name!r} (choose from {', '.join(METRICS)})")
+    return TER()
 
 
 def corpus_metrics(hyps: Sequence[str], refs: Sequence[str], metrics: Iterable[str] = ("bleu", "chrf"), *,
                    lowercase: bool = False, tokenize: str | None = None) -> dict:
-    """Corpus scores of `hyps` against one reference per line.
-
-    Returns `{metric: {...}}` in the order asked, for each metric
-    (`"bleu"`, `"chrf"`, `"ter"`, case-insensitive):
-      - `name`: sacreBLEU's name (`BLEU`, `chrF2`, `TER`),
-      - `score`: the full-precision corpus score (0-100),
-      - `signature`: `metric.get_signature()` as a string,
-      - `verbose`: sacreBLEU's details (BLEU: n-gram precisions, BP, lengths; else ""),
-      - `text`: the human-readable line printed by `nmt evaluate`.
-    BLEU also gets `precisions`, `bp`, `ratio`, `hyp_len`, `ref_len`.
-    `tokenize=None` is sacreBLEU's default (13a). Raises UserError when the
-    line counts differ, when there is nothing to score, or for an unknown metric.
-    """
+    """Corpus scores of `hyps` against one reference per line: `{metric: {...}}` in the order asked
+    ("bleu", "chrf", "ter"), each with `name` (sacreBLEU's), `score` (0-100), `signature`, `verbose`
+    (BLEU's details) and `text` (the line `nmt evaluate` prints); BLEU also `precisions`, `bp`, `ratio`,
+    `hyp_len`, `ref_len`. `tokenize=None` is sacreBLEU's 13a. UserError when the line counts differ,
+    nothing is scored, or a metric is unknown."""
     hyps, refs = list(hyps), list(refs)
     if len(hyps) != len(refs):
         raise UserError(f"{len(hyps)} hypotheses but {len(refs)} references: the line counts must match")
     if not hyps:
         raise UserError("nothing to score: no hypotheses and no references")
     names = [m.lower() for m in metrics]
-    if not names:
-        raise UserError(f"no metric given (choose from {', '.join(METRICS)})")
+    check_metrics(names)
     out: dict = {}
     for name in names:
-        metric = _make_metric(name, lowercase=lowercase, tokenize=tokenize)
+        metric = make_metric(name, lowercase=lowercase, tokenize=tokenize)
         result = metric.corpus_score(hyps, [refs])
         signature = str(metric.get_signature())
         entry = {"name": result.name, "score": float(result.score), "signature": signature,

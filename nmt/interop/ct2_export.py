@@ -1,42 +1,32 @@
 """The CTranslate2 writer of `nmt export` (nmt/commands/export.py): a model, its tokenizer and config -> a
 CTranslate2 model directory (`write_export`); nmt/translation/ct2.py translates with the result.
 
-The exported directory holds everything needed to translate without nmt or PyTorch:
+The directory holds everything needed to translate without nmt or PyTorch:
 
     model.bin, config.json                 CTranslate2 weights and settings
     shared_vocabulary.json                 (or source_/target_vocabulary.json) SentencePiece pieces in id order
     spm.model | spm.src.model + spm.tgt.model   (an imported model: its own tokenizer files + hf_tokenizer.json)
-    nmt_export.json                        nmt metadata: the checkpoint's config (decode defaults: `stopping:
-                                           hf` becomes exact, `ct2_decode`), step
+    nmt_export.json                        the checkpoint's config (decode: `stopping: hf` becomes exact) and step
     langid.json                            the checkpoint's language identifier, if it has one (nmt evaluate)
     README.md                              how to load it
 
-Mapping (our names -> CTranslate2's TransformerSpec, cf. its fairseq/OpenNMT-py converters):
-
-- `src_embed` / `tgt_embed` -> `encoder.embeddings[0]` / `decoder.embeddings`, scaled by sqrt(D)
-  or 1 (`scale_embeddings`, model.scale_embeddings); `output_proj` (weight, and bias with
-  model.output_bias) -> `decoder.projection` (CTranslate2 aliases tied copies).
-- Positions are always written as an explicit table (`position_encodings.encodings`, row p =
-  position p, BOS at 0): CTranslate2's built-in sinusoids are the tensor2tensor variant
-  (concatenated sin|cos, timescale log(1e4)/(D/2-1), first position 1), not ours (interleaved
-  sin/cos of the paper, first position 0). Every sinusoidal variant is written as the model's own
-  table (`sinusoids`, model.position_offset already applied); learned tables are copied as they are.
+Mapping (our names -> CTranslate2's TransformerSpec, as its fairseq/OpenNMT-py converters):
+- `src_embed` / `tgt_embed` -> `encoder.embeddings[0]` / `decoder.embeddings` (scaled by sqrt(D) with
+  model.scale_embeddings); `output_proj` (and its bias) -> `decoder.projection`.
+- Positions: always an explicit table (`position_encodings.encodings`, model.position_offset applied),
+  since CTranslate2's built-in sinusoids are only the tensor2tensor variant.
 - Activations: relu -> RELU, gelu (erf) -> GELU, silu -> SWISH.
 - `self_attn.qkv_proj` (rows q|k|v) -> `self_attention.linear[0]`, `out_proj` -> `linear[1]`;
   `cross_attn.q_proj` -> `attention.linear[0]`, `kv_proj` (rows k|v) -> `linear[1]`,
   `out_proj` -> `linear[2]`; `ffn.fc1/fc2` -> `ffn.linear_0/linear_1`.
 - Layer norms: encoder `norm1, norm2` -> `self_attention.layer_norm, ffn.layer_norm`; decoder
   `norm1, norm2, norm3` -> `self_attention`, `attention`, `ffn` `.layer_norm`; `final_norm` ->
-  `layer_norm` (pre-norm only, `pre_norm=True`); post-norm sets `pre_norm=False`. CTranslate2
-  applies each sublayer norm before (pre) or after the residual (post) as we do. Our
-  epsilon (PyTorch's 1e-5) is written to `config.layer_norm_epsilon` (CTranslate2's default differs).
-- Sequences: sources are `pieces + </s>` (`add_source_eos`), targets start with the tokenizer's start
-  token (`decoder_start_token`: `<s>` for nmt's own models, `<pad>` for MarianMT, `</s>` for M2M100/NLLB)
-  and end with `</s>`.
+  `layer_norm` (`pre_norm` as model.norm); our epsilon goes to `config.layer_norm_epsilon`.
+- Sequences: sources are `pieces + </s>`; targets start with the tokenizer's start token
+  (`decoder_start_token`) and end with `</s>`.
 
-Every parameter of the model must be consumed by the mapping, else the export refuses (so a
-future architecture option cannot be silently dropped); options CTranslate2 cannot represent
-raise UserError naming the option.
+Every parameter must be consumed by the mapping, else the export refuses; options CTranslate2
+cannot represent raise UserError naming the option.
 """
 
 from __future__ import annotations
@@ -285,12 +275,9 @@ def ct2_decode(decode) -> tuple[Any, str | None]:
 
 def write_export(model, tokenizer, cfg, output_dir: str, *, quantization: str | None = None,
                  force: bool = False, checkpoint: str = "", step: int | None = None, langid: dict | None = None) -> str:
-    """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`.
-
-    The directory is built next to `output_dir` and renamed into place, so an existing export
-    is replaced only once the new one is complete. With `force`, only an existing nmt export
-    (or empty directory) is replaced, never an arbitrary directory.
-    """
+    """Write the CTranslate2 directory for (model, tokenizer, cfg); returns `output_dir`. Built next to it
+    and renamed into place (`textio.atomic_dir`); with `force` only an earlier nmt export (or an empty
+    directory) is replaced."""
     require_ctranslate2()
     from nmt.config import to_dict
 

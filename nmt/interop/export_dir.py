@@ -1,16 +1,12 @@
-"""The directories `nmt export` writes, as both writers (nmt/interop/ct2_export.py, nmt/interop/hf_export.py) and their readers
-(nmt/translation/ct2.py, `nmt evaluate`) see them; no torch at import.
+"""The directories `nmt export` writes, as both writers (nmt/interop/ct2_export.py, nmt/interop/hf_export.py)
+and their readers (nmt/translation/ct2.py, `nmt evaluate`) see them; no torch at import.
 
-- `nmt_export.json` (`METADATA_FILE`) marks a directory nmt wrote: a CTranslate2 export's holds the checkpoint's
-  config (`FORMAT`, `VERSION`; `read_metadata` reads and checks it), a Hugging Face export's says "nmt-hf".
-  Both name the checkpoint by its file name and step (not its path: an export is made to be shared).
-  `langid.json` (`LANGID_FILE`, `read_langid`): the checkpoint's language identifier, when it has one.
-- Before writing: `check_export_paths` (the output directory is not, and does not hold, the checkpoint),
-  `check_output_dir` (only an earlier export or an empty directory is replaced, and only with --force);
-  no NaN or infinite weight is exported, nor imported (nmt/model/checkpoint.py `check_finite`). The directory
-  itself is written by `textio.atomic_dir`.
-- CTranslate2's side: `require_ctranslate2` (the optional package, or how to install it) and `vocabularies`
-  (the piece lists in id order, which writer and reader must agree on).
+- `nmt_export.json` (`METADATA_FILE`, `read_metadata`) marks a directory nmt wrote and names the
+  checkpoint by file name and step; `langid.json` (`read_langid`): its language identifier, if any.
+- Before writing: `check_export_paths` (the output does not hold the checkpoint), `check_output_dir`
+  (only an earlier export or an empty directory is replaced, with --force); the directory is written
+  by `textio.atomic_dir`.
+- CTranslate2's side: `require_ctranslate2` and `vocabularies` (the piece lists in id order).
 """
 
 from __future__ import annotations

@@ -2,35 +2,25 @@
 
 Reads a local model directory as transformers' `save_pretrained` writes it (config.json, then
 model.safetensors, pytorch_model.bin, or their sharded `*.index.json` forms) without importing
-transformers. tests/test_hf.py checks the result against transformers' own forward pass.
+transformers; tests/test_hf.py checks the result against transformers' own forward pass.
 
 Families (`model_type` in config.json; NLLB checkpoints are `m2m_100`):
+- `marian` (MarianMT, OPUS-MT): post-norm, no final norms, `positions: sinusoidal_halves`,
+  `final_logits_bias` (`output_bias`), usually `swish` (= `silu`); separate vocabularies with
+  `share_encoder_decoder_embeddings: false`.
+- `m2m_100` (M2M100, NLLB): pre-norm with a final LayerNorm per stack, `sinusoidal_fairseq` whose
+  first position is row pad_token_id + 1 (`position_offset`), no logits bias.
+Both scale embeddings by sqrt(D) with `scale_embedding`. Embedding ties follow transformers 5:
+`tie_word_embeddings` (the default) makes the embeddings and `lm_head` one matrix.
 
-- `marian` (MarianMTModel, OPUS-MT): post-norm, no final norms, sinusoidal positions with sines in
-  the first half and cosines in the second (`positions: sinusoidal_halves`, first position 0),
-  embeddings scaled by sqrt(D) when `scale_embedding`, `final_logits_bias` added to the logits
-  (`output_bias`), activation usually `swish` (= `silu`). `share_encoder_decoder_embeddings: false`
-  gives separate source/target vocabularies (`decoder_vocab_size`).
-- `m2m_100` (M2M100ForConditionalGeneration, NLLB): pre-norm with a final LayerNorm per stack,
-  fairseq's sinusoidal table (`sinusoidal_fairseq`) whose first position is row pad_token_id + 1
-  (`position_offset`), embeddings scaled by sqrt(D) when `scale_embedding`, no logits bias.
-
-Embedding ties follow transformers 5: with `tie_word_embeddings` (the default) the encoder and
-decoder embeddings and `lm_head` are one matrix (`model.shared`; for a Marian model with
-separate vocabularies, the decoder embedding and `lm_head`); without it all of them are
-independent and `model.shared` is not used by the forward pass.
-
-Weight names (HF -> nmt; q/k/v are fused in nmt: rows q|k|v, cross-attention rows k|v):
-`model.{encoder,decoder}.layers.N.self_attn.{q,k,v}_proj` -> `...self_attn.qkv_proj`,
-`self_attn.out_proj` -> `self_attn.out_proj`, `encoder_attn.q_proj` -> `cross_attn.q_proj`,
-`encoder_attn.{k,v}_proj` -> `cross_attn.kv_proj`, `encoder_attn.out_proj` -> `cross_attn.out_proj`,
-`fc1/fc2` -> `ffn.fc1/fc2`, `self_attn_layer_norm` -> `norm1`, `encoder_attn_layer_norm` -> `norm2`
-(decoder), `final_layer_norm` -> `norm2` (encoder) / `norm3` (decoder), `model.{encoder,decoder}.layer_norm`
--> `{encoder,decoder}.final_norm`, embeddings -> `src_embed`/`tgt_embed`, `lm_head` -> `output_proj.weight`,
-`final_logits_bias[0]` -> `output_proj.bias`. `weights_to_nmt` and `weights_to_hf` are inverse.
-
-The padding id is part of the model (embedding rows without gradient): MarianMT's
-`pad_token_id` is vocab_size - 1, M2M100's 1; `HFArchitecture.pad_id` carries it to `Transformer`.
+Weight names (HF -> nmt; nmt fuses q/k/v as rows q|k|v, cross-attention k/v as rows k|v):
+`self_attn.{q,k,v}_proj` -> `self_attn.qkv_proj`, `encoder_attn.q_proj` -> `cross_attn.q_proj`,
+`encoder_attn.{k,v}_proj` -> `cross_attn.kv_proj`, `*.out_proj` -> `*.out_proj`, `fc1/fc2` ->
+`ffn.fc1/fc2`, `self_attn_layer_norm` -> `norm1`, `encoder_attn_layer_norm` -> `norm2` (decoder),
+`final_layer_norm` -> `norm2` (encoder) / `norm3` (decoder), `model.{encoder,decoder}.layer_norm` ->
+`{encoder,decoder}.final_norm`, `lm_head` -> `output_proj.weight`, `final_logits_bias[0]` ->
+`output_proj.bias`. `weights_to_nmt` and `weights_to_hf` are inverse. The padding id is part of the
+model (MarianMT: vocab_size - 1, M2M100: 1; `HFArchitecture.pad_id`).
 """
 
 from __future__ import annotations

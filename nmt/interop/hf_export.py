@@ -1,32 +1,20 @@
 """The Hugging Face writer of `nmt export --format hf` (nmt/commands/export.py): an nmt model -> a Hugging Face
-model directory (`write_hf`).
+model directory (`write_hf`) that transformers' `AutoModelForSeq2SeqLM` and `AutoTokenizer` load and
+whose `generate()` searches as `nmt translate` does.
 
-The directory loads with transformers' `AutoModelForSeq2SeqLM` and `AutoTokenizer`, and its
-`generate()` (with the written generation_config.json) searches as `nmt translate` does:
-
-- Family by architecture (nmt/interop/hf.py `architecture_from_nmt`): post-norm -> MarianMT (needs
-  `positions: sinusoidal_halves`), pre-norm -> M2M100 (needs `positions: sinusoidal_fairseq`,
-  `position_offset` = pad id + 1, no output bias, one vocabulary). Anything else: one line naming the
-  options. nmt's defaults (`positions` and `position_offset` null) are these tables, so a model
-  trained with them is represented either way; models trained before, with the paper's interleaved
-  sinusoids (`positions: sinusoidal`), cannot be.
-- Tokenizer. A model imported with `nmt import` gets its own files back (MarianTokenizer,
-  M2M100Tokenizer, or NLLB's tokenizer.json; languages and pieces added by nmt/training/grow.py included, an M2M100
-  model's ids renumbered as M2M100Tokenizer numbers them). A model with nmt's SentencePiece models gets
-  MarianTokenizer files for either family (`tokenizer_class` in tokenizer_config.json): source.spm
-  and target.spm = nmt's model(s), vocab.json = every piece at its SentencePiece id. MarianTokenizer
-  looks its special tokens up by name, so nmt's ids hold as they are (pad 0, unk 1, `<s>` 2, `</s>` 3)
-  and its ids equal nmt's: source `pieces </s>`, no language token (which M2M100's and NLLB's
-  tokenizers would add). decoder_start_token_id = `<s>`.
-- generation_config.json from the checkpoint's decode section: num_beams; length_penalty (average:
-  alpha; none: 0; gnmt has no counterpart: alpha, noted); early_stopping "never" for nmt's exact
-  stop, false for `stopping: hf` (transformers' default heuristic, the same rule), true for patience
-  1 (the same rule as transformers' true; other patience values are noted); bad_words_ids = the ids
-  nmt never generates (pad, and the start token unless it is
-  EOS); max_length = max_len_b + 1 when max_len_a is 0 (+1 with MarianMT's forced EOS, as imported),
-  else max_positions (a length relative to the source has no counterpart, noted);
-  no_repeat_ngram_size, min_length; forced_bos_token_id = the default target language of a
-  multilingual model.
+- Family (nmt/interop/hf.py `architecture_from_nmt`): post-norm -> MarianMT (`positions:
+  sinusoidal_halves`), pre-norm -> M2M100 (`sinusoidal_fairseq`, `position_offset` = pad id + 1, no
+  output bias, one vocabulary); anything else is one line naming the options. nmt's defaults are
+  these tables; models with the paper's interleaved sinusoids cannot be written.
+- Tokenizer: an imported model gets its own files back (pieces and languages added by
+  nmt/training/grow/ included). A model with nmt's SentencePiece models gets MarianTokenizer files
+  for either family (source.spm, target.spm, vocab.json with every piece at its id), so the ids
+  equal nmt's: source `pieces </s>`, no language token, decoder start `<s>`.
+- generation_config.json from the decode section: num_beams; length_penalty (average: alpha; none:
+  0; gnmt: alpha, noted); early_stopping "never" for the exact stop, false for `stopping: hf`, true
+  for patience 1 (other values noted); bad_words_ids = the ids nmt never generates; max_length from
+  max_len_b when max_len_a is 0, else max_positions (noted); no_repeat_ngram_size, min_length;
+  forced_bos_token_id = a multilingual model's default target language.
 """
 
 from __future__ import annotations
@@ -139,7 +127,7 @@ def build_directory(model, tokenizer, cfg) -> tuple[dict[str, bytes], dict, list
     from nmt.model.checkpoint import check_finite  # (torch: imported with the model)
 
     check_finite(model.state_dict(), "cannot export to Hugging Face")
-    state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/training/grow.py)
+    state, tokenizer = hf_numbering(model.state_dict(), tokenizer)  # (M2M100 pieces added by nmt/training/grow/)
     arch = architecture_from_nmt(cfg.model, model.src_embed.num_embeddings, model.tgt_embed.num_embeddings,
                                  tokenizer.specials.pad)
     kind = tokenizer.kind
@@ -184,7 +172,7 @@ def write_hf(model, tokenizer, cfg, output_dir: str, *, force: bool = False, che
     return files, notes
 
 
-# --------------------------------------------------------------------------- languages and pieces added by nmt/training/grow.py
+# --------------------------------------------------------------------------- languages and pieces added by nmt/training/grow/
 
 def hf_numbering(state: dict, tokenizer) -> tuple[dict, object]:
     """(state dict, tokenizer) numbered as the Hugging Face directory needs them. An M2M100 tokenizer with
@@ -220,13 +208,10 @@ def m2m100_added_tokens(tokenizer) -> dict:
     knows a fixed list of codes (`language_codes`), so a new `__xx__` is an added token with its id
     (`added_tokens_decoder`; forced_bos_token_id = convert_tokens_to_ids("__xx__"); `tgt_lang` cannot
     name it). The tokenizer is numbered as `hf_numbering` numbers it."""
-    from nmt.text.hf_tokenizer import M2M100_CODES
-
     vocab = json.loads(tokenizer.files["vocab.json"])
     if max(vocab.values()) >= len(vocab):
         raise ValueError("vocab.json has ids past its size: renumber with hf_numbering first")
-    fixed = set(M2M100_CODES[tokenizer.settings["language_codes"]].split())
-    if set(tokenizer.languages) <= fixed:
+    if set(tokenizer.languages) <= tokenizer.fixed_codes:
         return {}
     special = dict(special=True, lstrip=False, rstrip=False, normalized=False, single_word=False)
     # every language token with its id: transformers numbers the special tokens it does not find there

@@ -120,27 +120,15 @@ def decode_from_generation(gen: dict, tokenizer) -> tuple[dict, list[str]]:
     """nmt `decode` keys for a model's generation settings (checked by `checked_generation`), and notes
     on what does not map.
 
-    - num_beams -> beam_size (transformers' default 1: greedy when absent).
-    - length_penalty alpha -> length_penalty_type `average`, length_penalty alpha (default 1.0):
-      transformers divides a finished hypothesis' summed log-probability by L ** alpha with L the
-      generated tokens counting the forced language token and EOS: nmt's `average` with nmt's
-      length (generated tokens including EOS, the forced language token being one of them).
-    - max_new_tokens N, or max_length M (which counts the decoder start: N = M - 1) -> max_len_a 0,
-      max_len_b N, an absolute limit as transformers'; with forced_eos_token_id (MarianMT)
-      transformers spends the last of the N tokens on a forced EOS, so the limit becomes N - 1: an
-      output cut at the limit then has the same tokens in both. Absent: nmt's defaults (a * source
-      length + b; transformers' own default, 20 tokens, is not a limit anyone wants).
-    - min_length m (counts the start) -> min_len m - 1; no_repeat_ngram_size -> no_repeat_ngram.
-    - bad_words_ids: nmt never generates <pad> and a decoder start other than EOS (Specials.
-      never_generated); MarianMT's [[pad]] is exactly that, other entries are noted as not applied.
-    - early_stopping (beam search's stopping rule, also for a greedy config: `--beam 4` then searches
-      as generate(num_beams=4)): false or absent (transformers' default, a heuristic) -> stopping
-      `hf`, the same rule; true (stop once num_beams hypotheses have finished) -> patience 1.0, the
-      same rule; "never" -> nmt's exact stop (stopping `exact`), which is transformers' "never" (its
-      bound at the maximum length) for nmt's best hypotheses.
-    Not mapped (noted): sampling, renormalize_logits (nmt masks forbidden tokens without
-    renormalising).
-    """
+    - num_beams -> beam_size (default 1).
+    - length_penalty alpha -> `average` with that alpha (transformers divides by L ** alpha, L the
+      generated tokens with the forced language token and EOS: nmt's length).
+    - max_new_tokens N, or max_length N + 1 -> max_len_a 0, max_len_b N (N - 1 with MarianMT's
+      forced_eos_token_id, so an output cut at the limit is the same); absent: nmt's defaults.
+    - min_length m -> min_len m - 1; no_repeat_ngram_size -> no_repeat_ngram.
+    - bad_words_ids: nmt never generates <pad> (nor a start token other than EOS); other entries noted.
+    - early_stopping: false or absent -> stopping `hf`; true -> patience 1.0; "never" -> `exact`.
+    Not mapped (noted): sampling, renormalize_logits."""
     decode: dict[str, Any] = {"beam_size": gen.get("num_beams", 1), "length_penalty_type": "average",
                               "length_penalty": float(gen.get("length_penalty", 1.0))}
     notes = []

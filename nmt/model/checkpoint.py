@@ -1,8 +1,9 @@
 """Self-contained checkpoints: the record, atomic save, safe load, inference loading, averaging.
 
 A checkpoint is `torch.save` of one dict (loaded with `weights_only=True`, so a file cannot run
-code). This module is the one that builds it (`record`, `tokenizer_entries`) and reads it
-(`read_record`, `load_record`: a typed `ModelRecord`); every other module calls them. Its keys, in
+code). This module is the one that builds it (`record`, `ModelRecord.with_tokenizer`) and reads it
+(`read_record`, `load_record`: a typed `ModelRecord`, whose `load_config` / `load_tokenizer` give a
+Config and a tokenizer); every other module calls them. Its keys, in
 the order written (`KEYS`; tests/test_checkpoint.py compares this list with the keys that
 `nmt train`, `nmt import`, `nmt tune` and `nmt average` write):
 
@@ -43,8 +44,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from nmt.config import Config, config_from_dict, to_dict
 from nmt.errors import UserError
 from nmt.text.languages import TargetLanguages, stored_target_languages
+from nmt.text.tokenizer import Tokenizer
+from nmt.text.tokens import TokenizerLike
 from nmt.textio import atomic_file, link_file
 
 FORMAT = "nmt-checkpoint"
@@ -79,6 +83,18 @@ class ModelRecord:
         """What the model translates into (nmt/text/languages.py)."""
         return stored_target_languages(self.tokenizer, self.config)
 
+    def load_config(self) -> Config:
+        """The stored config, checked as a trained model's (ConfigError when it breaks today's rules)."""
+        return config_from_dict(self.config, check_files=False, training=False)
+
+    def load_tokenizer(self, threads: int = 1) -> TokenizerLike:
+        """The stored tokenizer: nmt's SentencePiece models or an imported one (`Tokenizer.from_bytes`)."""
+        return Tokenizer.from_bytes(self.tokenizer, threads=threads)
+
+    def with_tokenizer(self, tokenizer: TokenizerLike, model: dict | None = None) -> ModelRecord:
+        """This record with another tokenizer (its `tokenizer` and `vocab` entries) and, given, other weights."""
+        return dataclasses.replace(self, model=self.model if model is None else model, **tokenizer_entries(tokenizer))
+
     def to_dict(self) -> dict:
         """The entries to save, in the order of `KEYS` (None ones left out), then `others`."""
         entries = {k: getattr(self, k) for k in ENTRIES if getattr(self, k) is not None}
@@ -102,8 +118,6 @@ def record(model_state: dict, tokenizer, cfg, *, step: int = 0, epoch: int = 0, 
     """The record of a model: its weights (a state dict), its resolved Config, its tokenizer
     (`tokenizer_entries`), the counters, its language identifier (`to_dict()`, or None) and `extra`
     entries (train_state, imported_from, ...: another name is a TypeError)."""
-    from nmt.config import to_dict
-
     return ModelRecord(model=model_state, config=to_dict(cfg), **tokenizer_entries(tokenizer), step=step,
                        epoch=epoch, langid=langid, **extra)
 
@@ -237,13 +251,11 @@ def _as_tuple(x: Any) -> Any:
 
 def build_model_from_checkpoint(rec: ModelRecord, path: str) -> tuple[nn.Module, Any, Any]:
     """(model in train mode on CPU, tokenizer, Config) from a checkpoint's record."""
-    from nmt.config import ConfigError, config_from_dict
+    from nmt.config import ConfigError
     from nmt.model.transformer import Transformer
-    from nmt.text.tokenizer import Tokenizer
 
     try:
-        cfg = config_from_dict(rec.config, check_files=False, training=False)
-        tokenizer = Tokenizer.from_bytes(rec.tokenizer)
+        cfg, tokenizer = rec.load_config(), rec.load_tokenizer()
         model = Transformer(cfg.model, rec.vocab["src"], rec.vocab["tgt"], tokenizer.specials.pad)
         model.load_state_dict(rec.model)
     except (KeyError, ConfigError, RuntimeError, ValueError) as e:

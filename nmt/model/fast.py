@@ -1,15 +1,12 @@
 """The model's CPU fast paths (on by default; `NMT_CPU_TUNING=0` turns them off: nmt/device.py
 `cpu_tuning`); nmt/model/transformer.py stays written like the paper. Each computes what the plain
-piece computes (tests/test_fast.py checks each against it):
+piece computes (tests/test_fast.py):
 
-- `install_for_training(model)`: `nn.Dropout` layers become `NumpyDropout`, which draws its masks with
-  numpy's PCG64 (seeded by one draw from torch's generator per call, so `torch.manual_seed` and
-  checkpointed RNG states still fix every mask) instead of torch's per-element `bernoulli_`; same
+- `install_for_training(model)`: `nn.Dropout` layers become `NumpyDropout`, drawing masks with numpy's
+  PCG64 seeded from torch's generator (so `torch.manual_seed` still fixes every mask); same
   distribution, different stream.
 - `pack_linear_weights(model)`: the larger `nn.Linear` layers become `PackedLinear` (a oneDNN-packed
-  copy of the weight for the few-row matmuls of decoding steps; parameters and state_dict unchanged).
-
-The search's own fast paths are nmt/search/fast.py's; the allocator's, nmt/device.py `tune_malloc`.
+  weight for decoding's few-row matmuls; parameters and state_dict unchanged).
 The class swaps change only the model objects they are applied to.
 """
 

@@ -1,30 +1,19 @@
 """Reduced-precision inference for the PyTorch engine: `decode.precision` / `--precision`.
 
-- `fp32`: the model as trained (the reference every other precision is measured against).
-- `bf16`, `fp16`: the forward passes run under `torch.autocast` with that dtype (matmuls and
-  attention in 16 bits, LayerNorm and log-softmax in fp32; the search still ranks fp32
-  log-probabilities). On a GPU: fp16 everywhere, bf16 where the GPU supports it. On a CPU: bf16
-  only where oneDNN has native bf16 kernels (AVX-512 BF16 / AMX; elsewhere it is emulated and
-  slower than fp32); fp16 is refused on CPU.
-- `int8`: CPU only. Every `nn.Linear` of the model (encoder, decoder, output projection) is
-  replaced once, when the model loads, by an `Int8Linear`: its weight quantized per output channel
-  to int8 (symmetric), each call's activations quantized per row (per token, symmetric), the
-  product computed by PyTorch's own int8 matrix multiply, `torch._int_mm` (int8 x int8 -> int32;
-  on x86 CPUs oneDNN's VNNI/AMX kernels), then rescaled to fp32. Embeddings, LayerNorm, attention
-  and the log-softmax stay fp32. Why not the older routes: `torch.ao.quantization.quantize_dynamic`
-  is deprecated ("please migrate to torchao", PyTorch 2.13 docs, Quantization page; torchao is not
-  a dependency here); the FBGEMM kernel behind it, `torch.ops.quantized.linear_dynamic`, needs
-  its weights as a quantized tensor, whose creation functions torch 2.13 also deprecates
-  (pytorch/pytorch#184982), and quantizes activations with one scale per call, so a sentence's
-  output would depend on its batch companions. `torch._int_mm` takes plain int8 tensors (it is
-  the CPU/GPU int8 matmul that torchao's dynamic int8 quantization calls); a torch without it
-  gets a one-line error (`int8_available`), and so does a CPU whose int8 products are slower than
-  fp32 ones (`int8_speedup`, measured at load: without AVX-512 VNNI, AVX-VNNI or AMX, `_int_mm`
-  has no fast kernel), pointed to CTranslate2's int8.
+- `fp32`: the model as trained (the reference).
+- `bf16`, `fp16`: the forward passes run under `torch.autocast` with that dtype (LayerNorm and
+  log-softmax in fp32; the search ranks fp32 log-probabilities). GPU: fp16, and bf16 where
+  supported. CPU: bf16 only with native oneDNN bf16 kernels (AVX-512 BF16 / AMX); fp16 is refused.
+- `int8`: CPU only. Every `nn.Linear` is replaced at load by an `Int8Linear`: weights quantized per
+  output channel, activations per row (so a sentence's output does not depend on its batch), the
+  product by `torch._int_mm` (int8 x int8 -> int32), rescaled to fp32; embeddings, LayerNorm,
+  attention and log-softmax stay fp32. A torch without `_int_mm` (`int8_available`), or a CPU whose
+  int8 products are slower than fp32 (`int8_speedup`, measured at load), gets a one-line error
+  pointing to CTranslate2's int8.
 - `auto` (the default): fp32 for the PyTorch engine; with CTranslate2, the exported weights' type.
 
-CTranslate2 (nmt/translation/ct2.py) maps the same names onto its `compute_type` (`float32`, `bfloat16`,
-`float16`, `int8`), so one flag chooses the precision for either engine.
+CTranslate2 (nmt/translation/ct2.py) maps the same names onto its `compute_type`, so one flag chooses
+the precision for either engine.
 """
 
 from __future__ import annotations
@@ -62,11 +51,9 @@ def int8_available() -> bool:
 
 @functools.cache
 def int8_speedup() -> float:
-    """How many times faster this CPU multiplies int8 matrices (`torch._int_mm`, the product of every
-    `Int8Linear`) than fp32 ones (`torch.mm`), measured once per process on a [256, 512] x [512, 512]
-    product (a few milliseconds; the best of interleaved runs, so another process's load counts little).
-    Above 1 where oneDNN has int8 kernels (AVX-512 VNNI, AVX-VNNI, AMX); on AVX2 alone `_int_mm` is
-    several times slower than fp32."""
+    """How many times faster this CPU multiplies int8 matrices (`torch._int_mm`) than fp32 ones (`torch.mm`),
+    measured once per process on a [256, 512] x [512, 512] product (the best of interleaved runs). Above 1
+    where oneDNN has int8 kernels (AVX-512 VNNI, AVX-VNNI, AMX); below 1 on AVX2 alone."""
     g = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (256, 512), dtype=torch.int8, generator=g)
     b = torch.randint(-127, 128, (512, 512), dtype=torch.int8, generator=g)
@@ -104,12 +91,9 @@ def check(precision: str, device: torch.device) -> None:
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b with W quantized per output channel to int8 once (`from_linear`) and x quantized
-    per row (per token) at each call: x_i ~ s_i q_i with s_i = max|x_i| / 127, q_i int8; the product
-    runs in int8 with int32 accumulation (`torch._int_mm`, oneDNN's VNNI/AMX kernels on x86) and is
-    rescaled by s_i and the weight scales. Per-row scales keep each sentence's result independent
-    of its batch companions (FBGEMM's `quantized::linear_dynamic` takes one scale per call, over
-    the whole batch). fp32 in, fp32 out; inference only."""
+    """y = x W^T + b with W quantized per output channel to int8 once (`from_linear`) and x per row at each
+    call (s_i = max|x_i| / 127); the product runs in int8 with int32 accumulation (`torch._int_mm`) and
+    is rescaled. Per-row scales keep each sentence's result independent of its batch. Inference only."""
 
     def __init__(self, weight_t: Tensor, scale: Tensor, bias: Tensor | None):
         super().__init__()

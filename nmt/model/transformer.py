@@ -340,13 +340,10 @@ class Transformer(nn.Module):
             nn.init.zeros_(self.output_proj.bias)
 
     def compile_layers(self) -> None:
-        """torch.compile each encoder and decoder layer's training forward in place (`train.compile`),
-        dynamic shapes: regional compilation. The layers of a stack share one compiled graph (compiled once,
-        not once per layer) and every batch shape reuses it; parameter names do not change (checkpoints are
-        the same). In eval mode (validation) and in decoding steps the layers run eagerly: no second set of
-        graphs to compile for a few validation batches. Duck sizing is turned off (process-wide): a first
-        batch whose row count equals its length would otherwise specialise the graph to that equality and
-        cost a second compilation."""
+        """torch.compile each encoder and decoder layer's training forward in place (`train.compile`), with
+        dynamic shapes; a stack's layers share one compiled graph, and parameter names do not change. Eval
+        mode and decoding run eagerly. Duck sizing is turned off (process-wide), so a first batch whose row
+        count equals its length does not specialise the graph."""
         import torch.fx.experimental._config as fx_config
 
         fx_config.use_duck_shape = False

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.search.decoding import check_cancel, start
@@ -32,44 +31,17 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
                 *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `options.nbest` hypotheses, best first.
 
-    Each step extends the K live beams of a sentence and ranks the K*V candidates by summed
-    log-probability. Candidates in the top K that end (EOS or maximum length) go to the
-    sentence's finished list, ranked by penalised score; the next live beams are the K best
-    candidates that do not end, taken from the top 2K (as fairseq and CTranslate2 do: an
-    ending candidate does not cost the search a live beam). Early stop: see `_stopped` (with a length penalty the search goes on
-    while a live beam can still win, so even K = 1 may return a longer output than greedy
-    search; with `length_penalty_type: none`, K = 1 is greedy search). At the first step after a
-    forced prefix only the best candidate may end (CTranslate2's rule: a prefix that already reads
-    as a whole translation would otherwise let the short hypothesis in through the lower beams);
-    an EOS candidate ranked 2..K there leaves its beam slot empty.
-
-    keep_all: every candidate that ends in the top K is kept and no sentence stops before its
-    beams do (nothing is pruned by the length penalty): all its finished hypotheses are returned,
-    best first. Any length penalty can then be applied afterwards, with the result the search
-    would give under it: the live beams never depend on the penalty (nmt/translation/tune.py; for a sentence with
-    terms, keep its EOS-ended hypotheses first, below). (A minimum
-    length cannot: it renormalises the distribution, which moves the live beams.)
-
-    patience > 0: a sentence also stops once `max_finished(K, patience)` candidates have ended in
-    its top K (counted from the start, whether or not they enter the n-best): fairseq's rule
-    (patience 1) and CTranslate2's `patience` (Kasai et al., 2022). Faster with a length penalty,
-    where the exact stop waits for a bound that is loose; a longer hypothesis that would have won
-    can then be missed. With keep_all the count still applies (it does not depend on the penalty).
-    A sentence with terms (`inputs.constraints`) stops so with patience 1 when `patience` is 0
-    (`stop_counts`): fairseq's constrained search's rule. Its hypotheses that ended with EOS rank
-    before those the length limit ended (best score first within each): a hypothesis at the limit is
-    the length rule's fallback, which forced its missing terms into its last steps, and with a length
-    penalty one that rambled on to the limit and had a term appended there can outscore one that
-    placed every term and ended (BENCHMARKS.md, "Glossaries").
-
-    stopping "hf": transformers' rule (`generate()` with `early_stopping=False`, its default) instead of
-    the exact stop: each sentence keeps its K best finished hypotheses (not only nbest), and stops once
-    it has K of them and its best live beam, scored with the penalty at its *current* length, does not
-    beat the K-th (`_stopped`). With a length penalty that can stop before a longer hypothesis
-    that would have won (transformers' heuristic); without one it is exact as the default is.
-    keep_all needs the exact stop (the heuristic depends on the penalty).
-
-    cancel: see `Cancel`.
+    Each step ranks the extensions of a sentence's K live beams by summed log-probability; those in
+    the top K that end (EOS or the length limit) join its finished list, ranked by penalised score,
+    and the next live beams are the K best that do not end, from the top 2K (fairseq's and
+    CTranslate2's rule). At the first step after a forced prefix only the best candidate may end
+    (CTranslate2's rule; an EOS ranked 2..K leaves its slot empty). A sentence stops when no live beam
+    can still win (`_stopped`, exact), with `stopping: hf` by transformers' heuristic, with `patience`
+    > 0 also after `max_finished(K, patience)` endings in its top K, and, where a rule allocates its
+    beams (glossary terms) and patience is 0, after K endings (`stop_counts`); such a sentence ranks
+    its EOS-ended hypotheses first (`_best_first`). keep_all: every ending in the top K is kept and no
+    sentence stops before its beams run out, so any length penalty can be applied afterwards
+    (nmt/translation/tune.py); it needs the exact stop. cancel: see `Cancel`.
     """
     rules = StepRules(options, inputs, src.shape[0], src.device)
     if src.shape[0] == 0:
@@ -226,8 +198,8 @@ def _candidates(beams: _Beams, rules: StepRules, logits: Tensor, t: int, K: int,
     logp = rules.log_probs(logits, t)  # [N*k, V]
     V = logp.shape[1]
     cand = logp.add_(beams.scores.view(-1, 1)).view(N, k * V)  # in place: logp is fresh
-    found = rules.candidates(cand, K, ops.topk, ops.argmax)
-    top, idx = found if found is not None else _topk(cand, 2 * K, ops)  # [N, 2K]
+    found = rules.candidates(cand, K, ops)
+    top, idx = found if found is not None else ops.top(cand, 2 * K)  # [N, 2K]
     word = idx % V  # [N, 2K] token of each candidate
     rows = idx // V + (torch.arange(N, device=device) * k)[:, None]  # [N, 2K] row of its parent beam
     alive = top > NEG_INF
@@ -287,33 +259,13 @@ def stop_counts(options: SearchOptions, constrained: list[bool] | None, B: int, 
 def _stopped(scores: Tensor, kth_best: Tensor, best_possible_lp: Tensor | float) -> Tensor:
     """Which sentences are done: no live beam can ever beat their n-best finished hypotheses.
 
-    scores [N,K] summed log-probs of the live beams (-inf = none), kth_best [N,nbest],
-    best_possible_lp [N] = lp(max_len). A live beam with log-prob L (<= 0) that ends later,
-    at length l <= max_len, has log-prob L' <= L (every token adds a log-prob <= 0) and a
-    penalty lp(l) <= lp(max_len) (lp does not decrease with length), so its score is
-    L' / lp(l) <= L / lp(l) <= L / lp(max_len): dividing a non-positive number by a larger
-    positive one can only raise it. Hence L / lp(max_len) bounds everything the beam can
-    still produce, and once the nbest-th finished score reaches the best bound the sentence's
-    result is final, the same as decoding on to max_len. (Stopping at K finished
-    hypotheses, as fairseq does, is not safe: with a length penalty a longer hypothesis can
-    still overtake the finished ones.) No live beam gives a bound of -inf: done.
-
-    stopping "hf" calls it with kth_best [N,K] and lp(t), the penalty at the live beams' current length
-    t: transformers' test (`_check_early_stop_heuristic` with early_stopping=False: done when all K
-    finished slots are filled and the best live beam's log-prob / t ** alpha is not above the worst of
-    them). A heuristic: a live beam that goes on can still score better under a length penalty.
+    scores [N,K] summed log-probs of the live beams (-inf = none), kth_best [N,nbest], best_possible_lp
+    [N] = lp(max_len). A beam with log-prob L <= 0 that ends later, at length l <= max_len, scores at
+    most L / lp(l) <= L / lp(max_len) (log-probs only fall, lp only grows), so once the nbest-th finished
+    score reaches the best such bound the result is final. stopping "hf" passes kth_best [N,K] and
+    lp(t), the penalty at the current length: transformers' `_check_early_stop_heuristic` (a heuristic).
     """
     bound = scores.max(dim=1).values / best_possible_lp  # [N]
     return kth_best[:, -1] >= bound
 
 
-def _topk(cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor]:
-    """Top K of cand [N, C] along dim 1, padded with -inf when C < K (tiny vocabularies)."""
-    if cand.shape[1] >= K:
-        return ops.topk(cand, K)
-    top, idx = cand.topk(cand.shape[1], dim=1)
-    if top.shape[1] < K:
-        pad = K - top.shape[1]
-        top = F.pad(top, (0, pad), value=NEG_INF)
-        idx = F.pad(idx, (0, pad), value=0)
-    return top, idx

@@ -1,34 +1,22 @@
 """DecoderCache: what step-by-step decoding keeps between steps.
 
-Shapes: B rows (sentences x beams), N distinct source sentences, H heads,
-Tmax = max_len, S source length, Dh head dim.
+Shapes: B rows (sentences x beams), N distinct source sentences, H heads, Tmax = max_len,
+S source length, Dh head dim.
 
-- Self-attention K/V, per layer `[B,H,C,Dh]`, filled one position per step (the past is
-  never re-copied by a step). Positions `0 .. length-1` are filled. The capacity C grows by
-  `chunk` positions (`GROW_CHUNK`) when a step needs room, up to `max_len` (Tmax), so a batch
-  holds what its outputs need, not what its longest possible output would (`chunk=0`: all
-  Tmax positions at once, as a preallocated cache).
-- Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder
-  output. They are stored once per *source sentence*, not per row: rows
-  `n*group .. (n+1)*group-1` all translate source n (its beams), and their
-  `group` queries attend together to that source's single K/V copy. Beam
-  reordering therefore never copies them; dropping finished sentences selects N.
+- Self-attention K/V, per layer `[B,H,C,Dh]`, one position filled per step; the capacity C grows by
+  `chunk` positions (`GROW_CHUNK`) up to Tmax as steps need it (`chunk=0`: all at once).
+- Cross-attention K/V, per layer `[N,H,S,Dh]`, computed once from the encoder output and stored once
+  per source sentence: its `group` beam rows attend together to one copy, so beam reordering never
+  copies them.
 - `src_mask [N,S]` (True = token) and its attention form `cross_mask [N,1,1,S]`.
 
-The cache owns its buffers: it is the only code that writes, advances or reorders them.
-A decoding step asks it, layer by layer, to `append(layer, k, v)` the new position's
-self-attention keys/values (it returns the filled views to attend to) and reads the
-cross-attention keys/values with `cross(layer)`; after the last layer the model calls
-`advance()`. The search calls `reorder(indices)` (beam reordering, expanding sentences to
-beams, dropping finished sentences). nmt/search/fast.py's `ReusingDecoderCache` reorders with
-fewer copies and without allocating (one spare buffer; fewer rows reuse the same memory);
-same contents.
+The cache owns its buffers: a step calls `append(layer, k, v)` (which returns the filled views),
+`cross(layer)` and, after the last layer, `advance()`; the search calls `reorder(indices)`.
+nmt/search/fast.py's `ReusingDecoderCache` reorders without allocating; same contents.
 
-`StaticDecoderCache` is the form a CUDA graph can replay (nmt/search/cuda_graphs.py): every buffer is
-allocated once at its full size and never moves, the position is a device tensor that the step
-itself advances, and a step attends to all Tmax positions under a mask (`self_mask`) instead of
-to a growing slice. Rows that leave the batch are compacted into the first rows in place; the
-rows after them are padding whose results nobody reads.
+`StaticDecoderCache` is the form a CUDA graph can replay (nmt/search/cuda_graphs.py): buffers of full
+size that never move, a device-side position the step advances, attention over all Tmax positions
+under `self_mask`; rows that leave are compacted into the first rows in place.
 """
 
 from __future__ import annotations
@@ -139,13 +127,10 @@ class DecoderCache:
     def reorder(self, indices: Tensor, sources: Tensor | None = None, group: int | None = None) -> None:
         """Row i becomes row indices[i] of the old rows. indices [B'] (long, any B').
 
-        Self-attention K/V: the filled positions of every layer are gathered into new buffers.
-        Cross-attention K/V: the caller that knows its layout says it (the searches: no host read):
-        the new rows come in runs of `group` rows of one source, `sources` [N'] the old sources
-        they keep (None: the same ones, and no copy). group None: found from `indices` (a host read),
-        one copy per run when the new rows form runs of one length with the same source (beam
-        expansion, reordering, dropping whole sentences), else one copy per row (group 1).
-        """
+        Self-attention K/V are gathered into new buffers. Cross-attention K/V: the searches give their
+        layout (no host read): runs of `group` rows of one source, `sources` [N'] the old sources kept (None:
+        the same, no copy). group None: found from `indices` (a host read): one copy per run of equal
+        length, else one per row."""
         indices = indices.to(device=self.src_mask.device, dtype=torch.long)
         if group is None:
             found, group = source_groups((indices // self.group).tolist())
@@ -188,17 +173,12 @@ def source_groups(row_sources: list[int]) -> tuple[list[int], int]:
 
 
 class StaticDecoderCache(DecoderCache):
-    """A DecoderCache whose buffers never move, for CUDA graphs (see the module docstring).
-
-    All layers' self-attention K/V live in one buffer `kv` [2,layers,Bcap,H,Tmax,Dh] (zeros at
-    first), the cross-attention K/V in `ckv` [2,layers,Ncap,H,S,Dh], and `pos` [1] (long, on the
-    device) is the position the next step writes. A step runs on all Bcap rows: `rows` (B) of them
-    are the batch, the rest padding. `reorder` compacts the kept rows into the first ones in place
-    while the group stays the same and more than half of the rows stay; otherwise it allocates new
-    buffers of exactly the new size and `generation` changes (a graph of the old ones is stale).
-    A step must run on all Bcap rows (nmt/search/cuda_graphs.py's GraphedDecoder pads its tokens), so this
-    cache is for that decoder, not for `SearchOps.cache_cls`.
-    """
+    """A DecoderCache whose buffers never move, for CUDA graphs (module docstring): self-attention K/V in
+    one buffer `kv` [2,layers,Bcap,H,Tmax,Dh], cross-attention K/V in `ckv` [2,layers,Ncap,H,S,Dh], and
+    `pos` [1] (on the device) the position the next step writes. A step runs on all Bcap rows, `rows` of
+    them the batch. `reorder` compacts the kept rows in place while the group stays and more than half
+    of the rows stay; else it allocates buffers of the new size and `generation` changes (old graphs are
+    stale). For nmt/search/cuda_graphs.py's GraphedDecoder, which pads its tokens, not for `SearchOps.cache_cls`."""
 
     kv: Tensor
     ckv: Tensor

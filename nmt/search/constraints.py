@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from nmt.search.options import NEG_INF, Rule, Terms
+from nmt.search.options import NEG_INF, PLAIN_OPS, Rule, SearchOps, Terms
 
 
 def _failure(seq: Sequence[int]) -> list[int]:
@@ -237,8 +237,8 @@ class TermRule(Rule):
     def tokens_needed(self) -> list[int]:
         return [sum(len(q) for q in cs) for cs in self.terms.seqs]
 
-    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor]:
-        return allocate(self.state, cand, K, topk, argmax, self.margin)
+    def candidates(self, cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor]:
+        return allocate(self.state, cand, K, ops, self.margin)
 
 
 class PlaceholderRule(Rule):
@@ -319,23 +319,21 @@ def _advance(cons: Constraints, sent: Tensor, lengths: Tensor, progress: Tensor,
     return p, done
 
 
-def allocate(state: ConstraintState, cand: Tensor, K: int,
-             topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None,
-             argmax: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None,
+def allocate(state: ConstraintState, cand: Tensor, K: int, ops: SearchOps = PLAIN_OPS,
              margin: float = math.inf) -> tuple[Tensor, Tensor]:
     """Dynamic beam allocation (module docstring). cand [N, k*V]: each live beam's summed log-probs of
     its extensions (-inf = not allowed), beams sentence-major, the rows of `state` in that order
     (N*k). -> (scores, indices) [N, 2K] into k*V, in allocation order, as the search's top-k gives them
-    (-inf where there are fewer candidates). topk, argmax: the search's (`SearchOps`; None: torch's).
+    (-inf where there are fewer candidates). ops: the search's top-k and argmax.
     margin (decode.glossary_margin): a beam's term tokens join the candidates only where their
     log-prob is at most `margin` below the beam's best token's (the top 2K are kept whatever they hold)."""
     N, kV = cand.shape
     k = state.sent.shape[0] // N
     V = kV // k
-    top, idx = _topk(cand, 2 * K, topk)  # [N, 2K]
+    top, idx = ops.top(cand, 2 * K)  # [N, 2K]
     tokens, valid = state.next_tokens()  # [N*k, C]
     rows = cand.view(N * k, V)
-    best_score, best = argmax(rows) if argmax is not None else rows.max(dim=1)  # [N*k] each beam's own best token
+    best_score, best = ops.argmax(rows)  # [N*k] each beam's own best token
     if margin != math.inf:  # term tokens the model finds implausible here are not tried
         valid = valid & (rows.gather(1, tokens.clamp(min=0)) >= best_score[:, None] - margin)
     ok = torch.cat([valid, torch.ones_like(best[:, None], dtype=torch.bool)], dim=1).view(N, -1)
@@ -353,15 +351,6 @@ def allocate(state: ConstraintState, cand: Tensor, K: int,
     bank = torch.where(d | (p == lengths), lengths, p).sum(dim=1).view(N, -1)  # [N, M]
     order = _round_robin(score, bank)[:, :2 * K]
     return score.gather(1, order), idx.gather(1, order)
-
-
-def _topk(cand: Tensor, n: int, topk) -> tuple[Tensor, Tensor]:
-    """Top n of cand [N, C] along dim 1, padded with -inf (index 0) when C < n."""
-    if cand.shape[1] >= n:
-        return topk(cand, n) if topk is not None else cand.topk(n, dim=1)
-    top, idx = cand.topk(cand.shape[1], dim=1)
-    pad = n - top.shape[1]
-    return torch.nn.functional.pad(top, (0, pad), value=NEG_INF), torch.nn.functional.pad(idx, (0, pad))
 
 
 def _duplicates(idx: Tensor) -> Tensor:

@@ -1,32 +1,21 @@
 """Decoding steps as CUDA graphs: the GPU fast path of nmt/search/decoding.py's step protocol.
 
-A decoding step of a 6-layer model launches a few hundred small kernels; at the batch sizes of
-translation the GPU finishes each faster than Python and PyTorch can launch the next, so eager
-decoding on a GPU is launch-bound (issue 36: 4x the batch gave 2.2-3.9x the throughput).
-`GraphedDecoder` records one step of `model.decode_step` over a `StaticDecoderCache` (nmt/search/cache.py:
-buffers that never move, the position a device tensor the step advances, attention over all Tmax
-positions under a mask) as a CUDA graph and replays it: one launch per step instead of hundreds.
+Eager decoding on a GPU is launch-bound: a step launches a few hundred small kernels.
+`GraphedDecoder` records one step of `model.decode_step` over a `StaticDecoderCache`
+(nmt/search/cache.py) as a CUDA graph and replays it: one launch per step.
 
-- A step's shapes are fixed while the cache keeps its buffers: a graph is recorded the second
-  time a step runs on the same buffers (the first runs eagerly: beam search's first step has one
-  row per sentence, then expands) and replayed until `reorder` replaces them (the group of rows per
-  sentence changes, or half of the rows have left: nmt/search/cache.py). Rows that leave are compacted
-  into the first rows, and the step runs on the padding rows too (their results are dropped), so
-  a batch records a handful of graphs, not one per finished sentence.
-- The search itself (scores, top-k, the rules) stays eager, outside the graph; only the model's
-  step is recorded. Same kernels, same inputs: a replayed step returns bit for bit what the same
-  step returns eagerly over the same cache (tests/test_gpu.py), and on CPU (no graphs) the runner
-  runs that eager step, so its reordering and padding are tested by the CPU suite
-  (tests/test_cuda_graphs.py).
+- A graph is recorded the second time a step runs on the same cache buffers (the first runs
+  eagerly) and replayed until `reorder` replaces them; rows that leave are compacted and the
+  padding rows run too, so a batch records a handful of graphs.
+- Only the model's step is recorded; the search (scores, top-k, rules) stays eager. A replayed
+  step returns bit for bit the eager step's result (tests/test_gpu.py); on CPU the runner runs
+  that eager step (tests/test_cuda_graphs.py).
 - Under autocast the weight casts are recorded with the step (autocast's cast cache is off while
-  recording: a graph must not read cached casts that the autocast region frees when it ends).
+  recording).
+- Recording uses "thread_local" capture mode; a step that cannot be recorded is decoded eagerly,
+  with a warning, for the rest of its batch.
 
-- Recording runs in "thread_local" capture mode (CUDA calls of other threads, e.g. a distributed
-  run's watchdog, may go on meanwhile). A step that cannot be recorded is decoded eagerly, with a
-  warning, for the rest of its batch.
-
-`TorchEngine.load` uses it on CUDA devices; `NMT_CUDA_GRAPHS=0` (read when the engine loads) turns it
-off (A/B: scripts/bench_gpu.py).
+`TorchEngine.load` uses it on CUDA devices; `NMT_CUDA_GRAPHS=0` turns it off (scripts/bench_gpu.py).
 """
 
 from __future__ import annotations

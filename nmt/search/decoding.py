@@ -77,12 +77,10 @@ def contrast(logits: Tensor, others: Sequence[Tensor], weight: float) -> Tensor:
 
 
 class _ContrastDecoder:
-    """One decoder over 1 + C stacked groups of the same rows: the search's (target language) and one
-    group per contrast language, whose input has that language's token in place of the target
-    language's (step 2's input: a multilingual model's first output token is its language token). One
-    forward pass per step for all of them. Step 1 gives the first group's logits (the language token is
-    forced there); every later step `contrast` of the groups. Row r of group g is row g * N + r of the
-    inner decoder (N: the search's current rows)."""
+    """One decoder over 1 + C stacked groups of the same rows: the search's and one per contrast language,
+    whose input has that language's token in place of the target language's. One forward pass per step;
+    step 1 gives the first group's logits (the language token is forced), later steps `contrast` of the
+    groups. Row r of group g is row g * N + r of the inner decoder."""
 
     def __init__(self, inner, rows: int, tokens: Sequence[int], weight: float):
         self.inner, self.n, self.tokens, self.weight, self.t = inner, rows, tokens, weight, 0

@@ -51,17 +51,10 @@ def blocked_argmax(x: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class ReusingDecoderCache(DecoderCache):
-    """DecoderCache whose `reorder` avoids allocations and most copies.
-
-    When at most half of the rows change (beam search: most beams keep their own parent
-    row), only the changed rows are copied, in place (their parents' filled positions are
-    gathered first, then written). Otherwise each buffer's rows are gathered into one spare
-    buffer, which takes that buffer's place, and the buffer it replaces becomes the spare for
-    the next one: one buffer of extra memory, none allocated after the first. Fewer rows
-    (finished sentences leaving) are gathered into the first rows of the spare (a view), so
-    a shrinking batch reuses its memory; more rows (expanding sentences to beams) allocate.
-    Growing (`grow`) drops the spare.
-    """
+    """DecoderCache whose `reorder` avoids allocations and most copies: when at most half of the rows
+    change (beam search), only those are copied, in place; otherwise each buffer's rows are gathered into
+    one spare buffer, which takes its place and leaves the old one as the next spare. Fewer rows reuse the
+    spare's first rows (a view); more rows allocate. Growing (`grow`) drops the spare."""
 
     spare: Tensor | None = field(default=None, repr=False)  # a free buffer: >= B rows, shaped like self_k[0]
 

@@ -59,18 +59,23 @@ class Hypothesis:
 
 @dataclass(frozen=True)
 class SearchOps:
-    """The tensor operations the search relies on. The plain ones (`PLAIN_OPS`) are torch's;
-    nmt/search/fast.py provides faster CPU versions that compute the same results.
-
-    topk(x [N,C], K) -> (values, indices) [N,K] (K <= C), best first; argmax(x [N,C]) ->
-    (values, indices) [N]; cache_cls: the DecoderCache class to decode with; decoder_cls: the cached
-    decoder itself (None: nmt/search/decoding.py's plain one; nmt/search/cuda_graphs.py's `GraphedDecoder` on CUDA).
-    """
+    """The tensor operations the search relies on: torch's (`PLAIN_OPS`), or nmt/search/fast.py's faster
+    CPU versions with the same results. topk(x [N,C], K) -> (values, indices) [N,K], best first;
+    argmax(x [N,C]) -> (values, indices) [N]; cache_cls: the DecoderCache class; decoder_cls: the cached
+    decoder (None: nmt/search/decoding.py's; nmt/search/cuda_graphs.py's `GraphedDecoder` on CUDA)."""
 
     topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] = lambda x, k: x.topk(k, dim=1)
     argmax: Callable[[Tensor], tuple[Tensor, Tensor]] = lambda x: x.max(dim=1)
     cache_cls: type = DecoderCache
     decoder_cls: type | None = None
+
+    def top(self, x: Tensor, K: int) -> tuple[Tensor, Tensor]:
+        """`topk` of x [N,C] for any K: padded with -inf (index 0) where C < K (tiny vocabularies)."""
+        if x.shape[1] >= K:
+            return self.topk(x, K)
+        top, idx = x.topk(x.shape[1], dim=1)
+        pad = K - top.shape[1]
+        return torch.nn.functional.pad(top, (0, pad), value=NEG_INF), torch.nn.functional.pad(idx, (0, pad))
 
 
 PLAIN_OPS = SearchOps()
@@ -78,21 +83,16 @@ PLAIN_OPS = SearchOps()
 
 @dataclass(frozen=True, kw_only=True)
 class SearchOptions:
-    """The settings of a search (nmt/search/__init__.py's docstring has the conventions), checked when built
-    (ValueError). Greedy when beam_size == 1, sampling when `sampling` is not "none".
+    """The settings of a search (conventions: nmt/search/__init__.py), checked when built (ValueError).
+    Greedy when beam_size == 1, sampling when `sampling` is not "none".
 
-    Beam search: beam_size K, nbest (<= K), the length penalty (`length_penalty` alpha,
-    `length_penalty_type`), `patience` (> 0: a sentence also stops after `max_finished(K, patience)`
-    endings), `stopping` ("exact" or transformers' "hf"), `keep_all` (every finished hypothesis, no
-    pruning by the penalty: nmt/translation/tune.py; needs "exact"). Sampling: `sampling` "topk" | "topp", nbest
-    samples per sentence, topk, topp, temperature, seed. Every search: the length limit `max_len_a` *
-    source length + `max_len_b`, `min_len`, `no_repeat_ngram`, `glossary_margin` (nmt/search/constraints.py
-    `allocate`); the tokenizer's `specials`; `free_prefix` (leading forced prefix tokens that count
-    log-prob 0: an imported M2M100/NLLB model's language token); `placeholder_tokens` (with
-    decode.protect: per placeholder <ph_k> the target ids that write it); `use_cache` (False: re-decode
-    the whole prefix at each step, the reference path for tests and benchmarks); `contrast_tokens`,
-    `contrast_weight` (language-contrastive decoding: nmt/search/decoding.py `contrast`).
-    """
+    Beam search: beam_size, nbest, length_penalty(_type), `patience` (> 0: also stop after
+    `max_finished(K, patience)` endings), `stopping`, `keep_all` (every finished hypothesis:
+    nmt/translation/tune.py; needs "exact"). Sampling: topk, topp, temperature, seed. Every search: the
+    length limit max_len_a * source length + max_len_b, min_len, no_repeat_ngram, glossary_margin, the
+    tokenizer's `specials`, `free_prefix` (leading forced tokens that count 0), `placeholder_tokens` (per
+    <ph_k> its target ids), `use_cache` (False: re-decode the whole prefix each step, the reference path),
+    `contrast_tokens`, `contrast_weight` (nmt/search/decoding.py `contrast`)."""
 
     beam_size: int = 1
     nbest: int = 1
@@ -173,15 +173,11 @@ class Terms:
 
 @dataclass(frozen=True)
 class SearchInputs:
-    """The per-sentence data of one batch (each field None, or one entry per sentence).
-
-    prefixes: target ids forced first (may be empty). placeholders: the placeholders (k of <ph_k>) in
-    the sentence's source, each to be written exactly once (with `SearchOptions.placeholder_tokens`;
-    TorchEngine fills them from the sources). keys: one integer per sentence that, with the seed,
-    fixes its samples (default 0..B-1). constraints: the terms each output must contain (glossary
-    terms: a `Terms`, or per sentence its list of target id sequences; greedy and beam search, not
-    sampling). A batch without constraints is searched exactly as before.
-    """
+    """The per-sentence data of one batch (each field None, or one entry per sentence). prefixes: target ids
+    forced first. placeholders: the k of each <ph_k> in the sentence's source, each written exactly once
+    (TorchEngine fills them). keys: integers that, with the seed, fix the samples (default 0..B-1).
+    constraints: the terms each output must contain (a `Terms`, or per sentence its id sequences; not
+    with sampling). A batch without constraints is searched exactly as before."""
 
     prefixes: Sequence[list[int]] | None = None
     placeholders: Sequence[Sequence[int]] | None = None
@@ -271,8 +267,8 @@ class Rule:
     # ---- beam search
     constrained: Sequence[bool] | None = None  # sentences whose beams the rule allocates (`candidates`)
 
-    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor] | None:
-        """The top 2K of cand [N, k*V] in the order the search takes them, or None (plain top-k)."""
+    def candidates(self, cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor] | None:
+        """The top 2K of cand [N, k*V] in the order the search takes them (`ops`: its top-k), or None (plain top-k)."""
         return None
 
     def empty_slots(self, word: Tensor, t: int, K: int) -> Tensor | None:

@@ -1,19 +1,16 @@
-"""The step rules: what a search may generate at each step (nmt/search/__init__.py's docstring has the
-conventions), as a list of rules with one protocol, as CTranslate2's `logits_processors`.
+"""The step rules: what a search may generate at each step (conventions: nmt/search/__init__.py), as a
+list of rules with one protocol, as CTranslate2's `logits_processors`.
 
-`StepRules(options, inputs, B, device)` builds a batch's list once (`build_rules`: the forced prefix,
-the never-generated tokens, min_len, n-gram blocking, placeholders and glossary terms, each only where
+`StepRules(options, inputs, B, device)` builds a batch's list once (`build_rules`: forced prefix,
+never-generated tokens, min_len, n-gram blocking, placeholders and glossary terms, each only where
 the batch uses it) and runs it; the searches know `StepRules`, not the rules. Per step a search calls
-`log_probs(logits, t)`, then `advance(tokens)` with what its rows chose, and `reorder(rows)` when its
-rows change (beams reordered, sentences leaving); `start(sent, V, limits)` before the first step. Each
-rule owns the state of its rows and reorders it itself.
+`log_probs(logits, t)`, `advance(tokens)` and, when its rows change, `reorder(rows)`; `start(sent, V,
+limits)` before the first step. Each rule owns and reorders the state of its rows.
 
-A step, in order: each rule's `mask` of the logits (before the softmax, in place: the search's
-distribution is the model's renormalised over what they allow); the one length budget: a row whose
-rules still need at least as many tokens as steps are left before its limit may write only what they
-need (`Rule.budget`, `Rule.forced`); a row left with nothing may end (EOS with its own logit); the
-log-softmax; each rule's `mask_log_probs` (PAD/start never, forced prefix tokens). No step reads a
-tensor value on the host.
+A step, in order: each rule's `mask` of the logits (before the softmax); the one length budget (a row
+whose rules need as many tokens as steps are left may write only what they need: `Rule.budget`,
+`Rule.forced`); a row left with nothing may end; the log-softmax; each rule's `mask_log_probs`. No
+step reads a tensor value on the host.
 
 Shapes: B sentences, R rows (row r belongs to sentence `sent[r]`), V vocabulary, t the step (1-based).
 """
@@ -27,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.search.constraints import PlaceholderRule, TermRule
-from nmt.search.options import NEG_INF, Rule, SearchInputs, SearchOptions, Terms
+from nmt.search.options import NEG_INF, Rule, SearchInputs, SearchOps, SearchOptions, Terms
 
 
 class Never(Rule):
@@ -212,10 +209,10 @@ class StepRules:
         return dead
 
     # ---- beam search
-    def candidates(self, cand: Tensor, K: int, topk, argmax) -> tuple[Tensor, Tensor] | None:
+    def candidates(self, cand: Tensor, K: int, ops: SearchOps) -> tuple[Tensor, Tensor] | None:
         """The first rule's candidate order (dynamic beam allocation), or None: the plain top 2K."""
         for rule in self.rules:
-            found = rule.candidates(cand, K, topk, argmax)
+            found = rule.candidates(cand, K, ops)
             if found is not None:
                 return found
         return None

@@ -1,14 +1,10 @@
 """Sampling: `nbest` independent outputs per sentence (`SearchOptions.sampling`), drawn token by token.
 
-Each step draws from the model's distribution divided by `temperature` and cut to its
-`topk` most probable tokens (`sampling="topk"`) or to the smallest set of tokens whose
-probability reaches `topp` (`"topp"`, nucleus sampling), after the search's step rules
-(nmt/search/rules.py: PAD/BOS never, min_len, prefixes, n-gram blocking, placeholders). The draw is the
-Gumbel-max trick with noise that is a hash of (seed, sentence key, sample number, step,
-token): a sentence's samples depend only on the seed and its key (the pipeline uses the
-input line number), not on batching, workers or other sentences. `log_prob` is the
-model's own (temperature 1, before any cut; renormalised over what the step rules allow, as
-in nmt/search/__init__.py): what `nmt score` gives for the output when no rule removed a token.
+Each step draws from the model's distribution divided by `temperature`, cut to its `topk` most
+probable tokens or to the smallest set reaching probability `topp` (nucleus), after the step rules.
+The draw is the Gumbel-max trick with noise hashed from (seed, sentence key, sample number, step,
+token), so a sentence's samples depend only on the seed and its key (the input line number).
+`log_prob` is the model's own (temperature 1, before any cut), as in nmt/search/__init__.py.
 """
 
 from __future__ import annotations

@@ -1,30 +1,22 @@
 """Glossaries: which terms a line holds, which target terms its translation must contain, and how
-often a translation used them (issue 37). Importable without torch.
+often a translation used them. Importable without torch.
 
 A glossary is a list of `Entry(source, target)`: from a TSV file (`read_glossary`: source term, tab,
-target term; blank lines and lines starting with `#` are skipped) or from `[[source, target], ...]`
-(`check_entries`: the API's and the server's form). One source term has one target: the same entry twice is
-kept once, the same source term with another target is an error (with `ignore_case`, source terms
-that differ only in case count as the same term).
+target term; blank lines and `#` lines skipped) or from `[[source, target], ...]` (`check_entries`:
+the API's and the server's form). A source term has one target: a repeated entry is kept once, the
+same source term with another target is an error.
 
-Matching (`Glossary.match`) works on *units*: a line is cut into words (runs of letters, digits,
-combining marks and `_`), single characters of scripts written without spaces between words
-(Chinese, Japanese kana, Thai, Lao, Khmer, Myanmar, Tibetan) and single other characters
-(punctuation, symbols); whitespace only separates units. A term matches where the line has its
-units in a row, with whitespace between two units exactly where the term has some (any amount:
-`New York` matches `New  York`; `C++` does not match `C + +`). So matches are whole words: `dog`
-does not match in `dogs` or `hotdog`, while punctuation inside or at the edge of a term is just
-more units (`e-mail`, `C++`, `.NET`), and a term in an unspaced script matches inside a run of
-that script. Units compare after Unicode NFC normalisation, case-sensitively unless `ignore_case`
-(then `str.casefold`). Where matches overlap, the longest (in characters of the line) wins; of
-equally long ones the leftmost; then the next longest among those left, and so on. Each match is
-an entry and its source span in the line.
+Matching (`Glossary.match`) works on *units*: words (runs of letters, digits, combining marks and
+`_`), single characters of scripts written without spaces (Chinese, Japanese kana, Thai, ...) and
+single other characters (punctuation, symbols). A term matches where the line has its units in a
+row, with whitespace exactly where the term has some (any amount), so matches are whole words:
+`dog` does not match in `dogs`, while `e-mail`, `C++`, `.NET` match as they are. Units compare
+after NFC normalisation, case-sensitively unless `ignore_case` (`str.casefold`). Overlapping
+matches: the longest wins, then the leftmost.
 
-A line's translation must contain the target term of each matched entry (`Glossary.targets`:
-distinct targets, once each, however often their entries match). A target *appears* in a text
-(`appears`) by the same rule as a source term matches: the units in a row, whole words, the same
-`ignore_case`. `term_use` is the share of matched (line, entry) pairs whose target appears in the
-line's translation.
+A line's translation must contain the target term of each matched entry (`Glossary.targets`). A
+target *appears* in a text (`appears`) by the same rule as a source term matches; `term_use` is the
+share of matched (line, entry) pairs whose target appears in the line's translation.
 """
 
 from __future__ import annotations

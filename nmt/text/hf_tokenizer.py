@@ -4,7 +4,7 @@ Each adapter reads the tokenizer files of a model directory with sentencepiece a
 gives the ids transformers 5's own tokenizer gives (tests/test_hf_import.py compares them), behind
 the interface `nmt.text.tokens.TokenizerLike` that nmt's own `nmt.text.tokenizer.Tokenizer` implements too
 (encode_src, encode_tgt, decode_tgt, specials, languages, default_tgt_lang, vocabulary sizes,
-to_bytes / save, vocab_pieces, ...); `load` reads back what `save` wrote. Which ids
+to_bytes / save, vocab_pieces, ...); `read_saved` reads back what `save` wrote. Which ids
 mean what (transformers' `tokenization_marian.py`, `tokenization_m2m_100.py`, `tokenization_nllb.py`):
 
 - `marian` (OPUS-MT): source.spm and target.spm cut the text into pieces, vocab.json (one
@@ -18,7 +18,7 @@ mean what (transformers' `tokenization_marian.py`, `tokenization_m2m_100.py`, `t
 - `nllb`: sentencepiece.bpe.model alone; a piece's id is its SentencePiece id + 1 (fairseq's
   offset; SentencePiece's `<unk>` 0 -> 3), language tokens (`eng_Latn`, ...) follow at
   sp_size + 1 + their index (or the ids tokenizer.json gives them), then `<mask>`. Source
-  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout). Pieces nmt/training/grow.py appended
+  `src_Lang pieces </s>` (transformers 5's default, non-legacy layout). Pieces nmt/training/grow/ appended
   to the SentencePiece model come after every other id (`added_pieces`: read back from tokenizer.json).
 
 The target language of M2M100/NLLB is nmt/text/languages.py's mechanism: `languages` maps every code to
@@ -100,7 +100,7 @@ class HFTokenizer:
         self._drop = frozenset(settings["drop"]) | frozenset(self.languages.values())
 
     def to_bytes(self) -> dict:
-        """For a checkpoint (`nmt.text.tokenizer.Tokenizer.from_bytes` dispatches on "kind")."""
+        """For a checkpoint (`nmt.text.tokenizer.Tokenizer.from_bytes` reads it back)."""
         return {"kind": self.kind, "files": dict(self.files), "settings": dict(self.settings),
                 "languages": dict(self.languages), "default_tgt_lang": self.default_tgt_lang}
 
@@ -198,6 +198,16 @@ class _MultilingualTokenizer(HFTokenizer):
         self._sp = load_sentencepiece(files["sentencepiece.bpe.model"], "sentencepiece.bpe.model")
         self._src_lang = self.languages[settings["src_lang"]]
 
+    @property
+    def default_src_lang(self) -> str:
+        """The source language used when none is asked for (the model's data.src_lang)."""
+        return self.settings["src_lang"]
+
+    def with_source_language(self, code: str) -> "_MultilingualTokenizer":
+        """This tokenizer with `code` (one of `languages`) as its default source language."""
+        return type(self)(self.files, {**self.settings, "src_lang": code}, threads=self.threads,
+                          languages=self.languages, default_tgt_lang=self.default_tgt_lang)
+
     def encode_src(self, lines: list[str], src_lang: str | None = None) -> list[list[int]]:
         """The token of `src_lang` (None: the model's default, its data.src_lang) + pieces (nmt adds
         `</s>`); an empty line stays empty. One-line UserError for a language the model lacks."""
@@ -219,6 +229,11 @@ class M2M100Tokenizer(_MultilingualTokenizer):
         super().__init__(files, settings, **kw)
         self._vocab = _json(files["vocab.json"], "vocab.json")
         self._pieces_of = {i: p for p, i in self._vocab.items()}
+
+    @property
+    def fixed_codes(self) -> set[str]:
+        """The language codes transformers' M2M100Tokenizer knows (a fixed list; not the ones nmt added)."""
+        return set(M2M100_CODES[self.settings["language_codes"]].split())
 
     def _encode(self, lines: list[str]) -> list[list[int]]:
         unk = self.specials.unk
@@ -247,7 +262,7 @@ class NllbTokenizer(_MultilingualTokenizer):
     def __init__(self, files: dict[str, bytes], settings: dict, **kw):
         super().__init__(files, settings, **kw)
         added = settings.get("added_pieces") or {"sp_size": self._sp.get_piece_size(), "first_id": 0}
-        self._n, self._shift = added["sp_size"], added["first_id"] - added["sp_size"]  # pieces nmt/training/grow.py appended
+        self._n, self._shift = added["sp_size"], added["first_id"] - added["sp_size"]  # pieces nmt/training/grow/ appended
 
     def _id(self, i: int) -> int:
         """The model id of SentencePiece id i: fairseq's offset, or after every old id for an appended piece."""
@@ -277,16 +292,8 @@ class NllbTokenizer(_MultilingualTokenizer):
 KINDS = {cls.kind: cls for cls in (MarianTokenizer, M2M100Tokenizer, NllbTokenizer)}
 
 
-def from_bytes(d: dict, *, threads: int = 1) -> HFTokenizer:
-    """The adapter of a checkpoint's `tokenizer` entry (`HFTokenizer.to_bytes`)."""
-    if d.get("kind") not in KINDS:
-        raise UserError(f"unknown tokenizer kind {d.get('kind')!r} in the checkpoint (known: spm, {', '.join(KINDS)})")
-    return KINDS[d["kind"]](d["files"], d["settings"], threads=threads, languages=d.get("languages"),
-                            default_tgt_lang=d.get("default_tgt_lang"))
-
-
-def load(directory: str, *, threads: int = 1) -> HFTokenizer | None:
-    """The adapter `save` wrote into `directory`, or None if it holds none."""
+def read_saved(directory: str) -> dict | None:
+    """The checkpoint entry (`HFTokenizer.to_bytes`) of what `save` wrote into `directory`, or None if it holds none."""
     path = os.path.join(directory, SETTINGS_FILE)
     if not os.path.isfile(path):
         return None
@@ -296,7 +303,7 @@ def load(directory: str, *, threads: int = 1) -> HFTokenizer | None:
     for name in meta["files"]:
         with open(os.path.join(directory, name), "rb") as f:
             files[name] = f.read()
-    return from_bytes({**meta, "files": files}, threads=threads)
+    return {**meta, "files": files}
 
 
 # --------------------------------------------------------------------------- reading a model directory
@@ -411,7 +418,7 @@ def _m2m100_settings(files: dict[str, bytes], config: dict, tok_config: dict, mo
         raise UserError(f"{model_dir}/tokenizer_config.json: language_codes {tok_config['language_codes']!r} is not "
                         f"supported (supported: {', '.join(M2M100_CODES)})")
     languages = {code: len(vocab) + i for i, code in enumerate(codes.split())}
-    for i, token in (tok_config.get("added_tokens_decoder") or {}).items():  # codes added by nmt/training/grow.py
+    for i, token in (tok_config.get("added_tokens_decoder") or {}).items():  # codes added by nmt/training/grow/
         code = re.fullmatch(r"__(.+)__", str(token.get("content", "")) if isinstance(token, dict) else "")
         if code and code.group(1) not in languages and str(i).isdigit():
             languages[code.group(1)] = int(i)
@@ -448,7 +455,7 @@ def _nllb_settings(files: dict[str, bytes], config: dict, tok_config: dict, mode
 
 def _appended_pieces(sp: spm.SentencePieceProcessor, tokenizer_json: dict, model_dir: str) -> dict:
     """{"added_pieces": ...} when tokenizer.json numbers the last SentencePiece pieces after every other id
-    (pieces nmt/training/grow.py appended to an NLLB vocabulary), else {}."""
+    (pieces nmt/training/grow/ appended to an NLLB vocabulary), else {}."""
     vocab = (tokenizer_json.get("model") or {}).get("vocab") or {}
     n = sp.get_piece_size()
     first = next((i for i in range(3, n) if vocab.get(sp.id_to_piece(i), i + 1) != i + 1), n)

@@ -1,5 +1,5 @@
-"""A small language identifier trained from the training corpora themselves, to count
-off-target outputs (translations in the wrong language).
+"""A small language identifier trained from the training corpora themselves, to count off-target
+outputs (translations in the wrong language).
 
 Multinomial naive Bayes over character 1-4-grams with add-one smoothing, uniform priors:
 
@@ -7,21 +7,15 @@ Multinomial naive Bayes over character 1-4-grams with add-one smoothing, uniform
     score(lang) = sum over the text's n-grams g known to the model of log P(g | lang)
     P(g | lang) = (count(g, lang) + alpha) / (total(lang) + alpha * V)
 
-count(g, lang) is kept only for the `max_ngrams` most frequent n-grams of each language
-(the size bound: the model stores at most languages x max_ngrams n-grams); total(lang) counts
-every n-gram of its training lines; V is the number of distinct kept n-grams over all
-languages. N-grams no language kept are ignored. Why this and not Cavnar-Trenkle rank
-profiles, with the accuracies measured on the gettext corpus: data/gettext/README.md.
+Only the `max_ngrams` most frequent n-grams of each language are kept; V counts the distinct kept
+n-grams; n-grams no language kept are ignored. Why this model: data/gettext/README.md.
 
     ident = LanguageIdentifier.train({"en": en_lines, "de": de_lines, "ja": ja_lines})
     ident.predict("Datei öffnen")          -> "de"
     off_target(hyps, "de", ident)           -> (count, 1-based line numbers of non-German lines)
-    torch.save({"langid": ident.to_dict()}) ... LanguageIdentifier.from_dict(d)  (weights_only=True safe)
 
-`nmt train` trains one per run when `wanted` says so (`for_run`: from the run's own training
-corpora, sources and targets, by their language codes) and stores it in every checkpoint
-(`langid`); validation and `nmt evaluate` use it to count off-target outputs
-(nmt/evaluation/degeneration.py).
+`nmt train` trains one per run when `wanted` says so (`for_run`) and stores it in every checkpoint
+(`langid`, `to_dict()`); validation and `nmt evaluate` count off-target outputs with it.
 """
 
 from __future__ import annotations
@@ -36,11 +30,7 @@ from nmt.errors import UserError
 from nmt.text.languages import target_languages
 
 FORMAT = "nmt-langid-nb/1"
-# off_target's default margin (nats). On the gettext test split (trained on its train split; means
-# over the 8 languages): references flagged 8.1% at margin 0 (argmax), 4.0% at 10; English lines and
-# other-language lines in place of the expected language flagged 94.7% and 96.4% at 10
-# (data/gettext/README.md).
-MARGIN = 10.0
+MARGIN = 10.0  # off_target's default margin (nats); how it was chosen: data/gettext/README.md
 
 
 def ngrams(text: str, orders: Sequence[int]) -> list[str]:

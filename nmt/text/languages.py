@@ -1,30 +1,22 @@
 """Target languages of a multilingual model: the language token forced as the first target token.
 
 A model that translates into several languages has one token per target language in its target
-vocabulary (`Tokenizer.languages`: {code: token id}), the convention of M2M100 and NLLB: the
-decoder starts from its start token, the language token is forced as the first output token,
-and the translation follows. nmt uses the one mechanism for imported M2M100/NLLB models and for
-multilingual models it trains, so `--tgt-lang` (`decode.tgt_lang`) means the same for both.
+vocabulary (`Tokenizer.languages`: {code: token id}), as M2M100 and NLLB: the decoder starts from its
+start token, the language token is forced first, and the translation follows. Imported and
+nmt-trained multilingual models share the mechanism, so `--tgt-lang` (`decode.tgt_lang`) means the same.
 
-- Training targets are `[language token] + y` (the model learns to predict it, so its
-  log-probability becomes ~0); translation forces it as a one-token prefix (before any
-  `--prefix`); outputs never show it (`Tokenizer.decode_tgt` drops it); `nmt score` scores
-  `[language token] + y + EOS`, as Hugging Face does with labels `[lang, y, </s>]`.
-- A bilingual model has no language tokens: `tgt_lang` must be unset there.
-- Imported M2M100/NLLB models (nmt/text/hf_tokenizer.py, `free_language_token`) score the forced token as
-  transformers' generate() does (`forced_bos_token_id`): its log-probability counts 0 in the search's
-  log_prob and score (`free_prefix`); `nmt score` still counts it (Hugging Face's labels do).
+- Training targets are `[language token] + y`; translation forces it as a one-token prefix (before
+  any `--prefix`); outputs never show it; `nmt score` scores `[language token] + y + EOS`, as Hugging
+  Face's labels `[lang, y, </s>]`. A bilingual model has none: `tgt_lang` must be unset there.
+- Imported M2M100/NLLB models (`free_language_token`) count the forced token 0 in the search's
+  log_prob and score, as transformers' `forced_bos_token_id` (`free_prefix`); `nmt score` counts it.
 
-Source languages: nmt's own models and Marian carry no source language (a multilingual nmt model
-reads any of its source languages as it is); an imported M2M100/NLLB model puts a source-language token
-first in every source (`source_languages`), one of its `languages`: `decode.src_lang` (`--src-lang`) or a
-training corpus's src_lang picks it, by default the model's data.src_lang (`nmt import --src-lang`, or a
-fine-tuning run's; `check_source_language`).
+Source languages: only an imported M2M100/NLLB model puts a source-language token first in every
+source (`source_languages`): `decode.src_lang` (`--src-lang`) or a training corpus's src_lang picks
+it, by default the model's data.src_lang (`check_source_language`).
 
-What a model translates into is read in one way: `target_languages(tokenizer, cfg)` for a loaded model,
-`stored_target_languages(entry, config)` for what a checkpoint or an export stores (the tokenizer's
-`languages` and `default_tgt_lang`, the config's data.tgt_lang); both give a `TargetLanguages`. The
-tokenizer holds the language tokens; nothing else keeps a copy of what they mean.
+What a model translates into is read one way: `target_languages(tokenizer, cfg)` for a loaded model,
+`stored_target_languages(entry, config)` for a checkpoint or an export; both give a `TargetLanguages`.
 """
 
 from __future__ import annotations
@@ -98,14 +90,10 @@ def target_prefix(tokenizer, tgt_lang: str | None) -> list[int]:
 
 
 def contrast_tokens(tokenizer, contrast_lang: str | None, tgt_lang: str | None, weight: float = 0.0) -> tuple[int, ...]:
-    """The language tokens of `contrast_lang` (decode.contrast_lang, language-contrastive decoding: one
-    code or several, comma-separated), () when it is unset or empty (`--contrast-lang ''` turns off a
-    checkpoint's). The target language (`tgt_lang`, else the model's default) is left out where listed, so
-    one list serves every direction of a model. One-line UserError for a bilingual model, an unknown code,
-    or a `weight` (decode.contrast_weight) that reaches 1 summed over the languages used: a token every
-    language writes alike (punctuation, a name, a number) keeps 1 - weight * their number of its
-    probability. With no target language yet (settings whose calls will name it) the codes are checked
-    and the weight waits for the target (`target_prefix` refuses a search without one)."""
+    """The language tokens of `contrast_lang` (decode.contrast_lang: codes, comma-separated), () when unset
+    or empty; the target language is left out, so one list serves every direction. One-line UserError for
+    a bilingual model, an unknown code, or a `weight` that reaches 1 summed over the languages used. With
+    no target language yet the codes are checked and the weight waits for it."""
     if not (contrast_lang or "").strip():
         return ()
     langs = target_languages(tokenizer)

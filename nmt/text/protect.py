@@ -1,22 +1,16 @@
 """Protected spans: placeholders and markup that a translation must copy, never translate.
 
-Software strings carry format specifiers and markup (`Deleted %d files`, `Hello {name}`,
-`<b>Save</b> &amp; exit`). `mask` replaces each such span by a placeholder token
-`<ph_K>` (K = 0, 1, ... in order of appearance) before SentencePiece; `restore` puts the
-spans back after decoding. A model trained with `data.protect: true` saw the same
-placeholders on both sides of its training pairs (`mask_pair`), so it learned to copy
-them; the placeholders are user-defined SentencePiece symbols (one token each).
+`mask` replaces each span (`Deleted %d files`, `Hello {name}`, `<b>Save</b> &amp; exit`) by a
+placeholder `<ph_K>` (K = 0, 1, ... in order) before SentencePiece; `restore` puts the spans back
+after decoding. A model trained with `data.protect: true` saw the placeholders, one SentencePiece
+symbol each, on both sides of its pairs (`mask_pair`), so it learned to copy them.
 
-Spans (PATTERNS, tried left to right; an extra user regex is tried first):
-- printf: `%s`, `%d`, `%5.2f`, `%1$s`, `%-10s`, `%lld`, `%%`, `%@`, and `%(name)s`;
-- braces: `{0}`, `{name}`, `{0:.2f}`, `{}`, `{user.name}`;
-- markup tags: `<b>`, `</b>`, `<br/>`, `<a href="x">`;
-- character references: `&amp;`, `&#39;`, `&#x27;`.
-At most MAX_SPANS spans per line are protected; later ones stay text.
+Spans (PATTERNS, tried left to right; an extra user regex first): printf (`%s`, `%5.2f`, `%1$s`,
+`%(name)s`, ...), braces (`{0}`, `{name}`, `{0:.2f}`), markup tags (`<b>`, `</b>`, `<a href="x">`),
+character references (`&amp;`, `&#39;`). At most MAX_SPANS per line; later ones stay text.
 
-`restore` never invents text: a placeholder the model produced without a matching
-source span is dropped, and a line counts as exact only if every span came back
-exactly once.
+`restore` never invents text: a placeholder without a source span is dropped, and a line is exact
+only if every span came back exactly once.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Reading parallel corpora: text files (plain or gzip) and Hugging Face `datasets`.
 
-Everything streams: `iter_pairs` yields aligned chunks of at most `chunk`
-pairs (two lists of stripped sentences), `iter_side` one side's sentences, so
-memory does not grow with the corpus. `read_corpus` collects the chunks into
-two lists (for small corpora: validation, tests).
+Everything streams: `iter_pairs` yields aligned chunks of at most `chunk` pairs, `iter_side` one
+side's sentences; `read_corpus` collects them (small corpora: validation, tests). Text files follow
+`nmt.textio.iter_lines`' rule; Hugging Face datasets are read from their Arrow table in batches, and
+`datasets` is imported only where one is read. Every problem a user can cause is a one-line
+`UserError` naming the file (and line) or the field.
 
-Text files are read by the one line rule of `nmt.textio.iter_lines` (gzip by
-content, split on "\\n", strict UTF-8, stripped). Hugging Face datasets are
-read from their memory-mapped Arrow table in batches (`with_format("arrow")`),
-never copied whole into Python lists. `datasets` is imported only where a
-Hugging Face source is read (start-up time; some machines do not have it).
-
-Every problem a user can cause is a one-line `UserError` naming the file (and
-line) or the field; source and target files with different line counts name
-both counts.
-
-`source_fingerprint` describes a corpus for cache keys without reading it:
-paths with size, modification time, status-change time (ns) and inode of every
-file involved (ctime: an edit that keeps size and mtime, `cp -p`, `tar x`, still
-changes it; nmt/data/corpus.py says why not a content hash); for a hub dataset, its
-name, configuration and split.
+`source_fingerprint` describes a corpus for cache keys without reading it: each file's path, size,
+mtime, ctime and inode; for a hub dataset, its name, configuration and split.
 """
 
 from __future__ import annotations
@@ -52,12 +40,8 @@ def _mismatch(src_path: str, n_src: int, tgt_path: str, n_tgt: int) -> UserError
 
 def iter_text_pairs(src_path: str, tgt_path: str, limit: int | None = None,
                     chunk: int | None = None) -> Iterator[tuple[list[str], list[str]]]:
-    """Aligned chunks of two text files (the first `limit` pairs); UserError if their line counts differ.
-
-    The whole files are counted even when `limit` stops reading early, so a
-    misaligned pair of files is refused whatever `limit` is. A mismatch is
-    found when the shorter file ends, i.e. after the chunks before it.
-    """
+    """Aligned chunks of two text files (the first `limit` pairs); UserError if their line counts differ
+    (counted over the whole files, found when the shorter one ends)."""
     chunk = chunk or CHUNK
     src_it, tgt_it = _text_lines(src_path), _text_lines(tgt_path)
     n = 0
@@ -179,13 +163,9 @@ def _check_field(flat: Any, field: str, corpus: CorpusConfig) -> None:
 
 def _iter_hf(corpus: CorpusConfig, src_lang: str, tgt_lang: str,
              chunk: int) -> Iterator[tuple[list[str], list[str]]]:
-    """(source, target) chunks of a Hugging Face dataset, read from its Arrow table `chunk` rows at a time.
-
-    Fields are column names or dotted paths into nested columns
-    (`translation.de`); the default is `translation.<lang>`. Null values read
-    as empty strings (dropped later by filtering). `flatten`, `select` of the
-    first rows and `select_columns` are zero-copy views of the memory-mapped table.
-    """
+    """(source, target) chunks of a Hugging Face dataset, read from its Arrow table `chunk` rows at a time
+    (zero-copy views). Fields are column names or dotted paths (`translation.de`, the default
+    `translation.<lang>`); nulls read as empty strings."""
     ds = _load_dataset(corpus)
     if corpus.max_sentences is not None and corpus.max_sentences < len(ds):
         ds = ds.select(range(corpus.max_sentences))
@@ -216,13 +196,9 @@ def file_fingerprint(path: str) -> list:
 
 
 def source_fingerprint(corpus: CorpusConfig, src_lang: str, tgt_lang: str) -> list:
-    """A JSON-able description of a corpus that changes when its data changes.
-
-    Files are identified by absolute path, size, mtime, ctime and inode (not content); a
-    save_to_disk directory by those of every file in it; a hub dataset only by
-    its name, configuration and split (the hub's own cache handles versions).
-    Weights and tags are not part of it (the callers that need them add them).
-    """
+    """A JSON-able description of a corpus that changes when its data changes: each file's absolute path,
+    size, mtime, ctime and inode (not content), every file of a save_to_disk directory; a hub dataset by
+    its name, configuration and split. Weights and tags are not part of it."""
     fp: list = [corpus.kind, src_lang, tgt_lang, corpus.max_sentences]
     if corpus.kind == "text":
         return fp + [_stat(corpus.src or ""), _stat(corpus.tgt or "")]

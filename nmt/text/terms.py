@@ -5,28 +5,18 @@ markers, `source term <term> target term </term>`:
 
     el perro come  ->  el perro <term> dog </term> come
 
-`<term>` and `</term>` (TERM_SYMBOLS) are SentencePiece user-defined symbols `▁<term>`, `▁</term>`
-(one token each) of a model trained with `data.terms > 0`. Training (`TermAnnotator`) annotates a
-share of the pairs a dictionary entry applies to, an entry applying to a pair when its source term
-matches in the source and its target term appears in the target (nmt/text/glossary.py's whole-word rule),
-so the model learns to put a target term where it belongs; at translation time `nmt translate
---glossary` guarantees the terms by constrained search (nmt/translation/line_terms.py; the source is not annotated). With
-data.protect the pair is masked first, then annotated (the markers look like markup, which
-protection would otherwise take for a span).
+`<term>` and `</term>` (TERM_SYMBOLS) are SentencePiece user-defined symbols of a model trained with
+`data.terms > 0`. `TermAnnotator` annotates a share of the pairs an entry applies to (its source term
+matches in the source, nmt/text/glossary.py's whole-word rule, and its target term is in the target).
+With data.protect the pair is masked first, then annotated.
 
 Extraction (`extract_dictionary`, `data.term_dictionary: null`, scripts/extract_glossary.py): single
-source/target words that align strongly by co-occurrence: word w (source) and v (target), each in at
-least `min_count` lines and neither among the `stopwords` most frequent words of its side (at most a
-tenth of its distinct words), that occur together in c lines with c / df(w) >= min_share and
-c / df(v) >= min_share (each occurs with the other in most of its lines); their Dice coefficient
-2c / (df(w) + df(v)) ranks them, and each word enters one entry at most (competitive linking: best
-Dice first). Entries come rarest source word first. Words are nmt/text/glossary.py's units that contain
-a letter (case kept); scripts without spaces between words give no entries. The dictionary a run
-extracts for training (`data.term_dictionary: null`) leaves out words translated by themselves
-(identical=False) unless `data.term_identical`: names and identifiers, which a model copies anyway.
-With them, half the annotations of the gettext corpus were `GNOME <term> GNOME </term>`, and the
-terms model was 2.2 BLEU below the plain one; without them 0.3 and 1.5 (two seeds; BENCHMARKS.md
-"Glossaries").
+words w (source) and v (target), each in at least `min_count` lines and not among the `stopwords` most
+frequent of its side, that occur together in c lines with c / df(w) >= min_share and
+c / df(v) >= min_share; Dice 2c / (df(w) + df(v)) ranks them and each word enters one entry at most
+(competitive linking), rarest source word first. Scripts without spaces between words give no
+entries. Words translated by themselves (names, identifiers) are left out unless
+`data.term_identical`.
 """
 
 from __future__ import annotations

@@ -160,14 +160,17 @@ class Tokenizer:
 
     @classmethod
     def from_bytes(cls, d: dict, *, threads: int = 1) -> "Tokenizer":
-        """The tokenizer of a checkpoint's entry: nmt's SentencePiece models, or (a "kind" other than
-        "spm") an imported Hugging Face tokenizer (nmt/text/hf_tokenizer.py)."""
-        if d.get("kind", "spm") != "spm":
-            from nmt.text import hf_tokenizer
+        """The tokenizer of a checkpoint's entry (`to_bytes` of either family), the one reader of its kind:
+        nmt's SentencePiece models (an entry without one), or the imported adapter it names."""
+        languages, default = d.get("languages"), d.get("default_tgt_lang")
+        if "kind" not in d or d["kind"] == cls.kind:
+            return cls(d["src"], None if d["joint"] else d["tgt"], threads=threads, languages=languages,
+                       default_tgt_lang=default)
+        from nmt.text.hf_tokenizer import KINDS
 
-            return hf_tokenizer.from_bytes(d, threads=threads)
-        return cls(d["src"], None if d["joint"] else d["tgt"], threads=threads, languages=d.get("languages"),
-                   default_tgt_lang=d.get("default_tgt_lang"))
+        if d["kind"] not in KINDS:
+            raise UserError(f"unknown tokenizer kind {d['kind']!r} in the checkpoint (known: spm, {', '.join(KINDS)})")
+        return KINDS[d["kind"]](d["files"], d["settings"], threads=threads, languages=languages, default_tgt_lang=default)
 
     def save(self, run_dir: str, settings: dict | None = None) -> None:
         """Write spm.model (joint) or spm.src.model + spm.tgt.model into run_dir, then `settings` as spm.json.
@@ -192,9 +195,9 @@ class Tokenizer:
         with hf_tokenizer.json), or None if it holds none."""
         from nmt.text import hf_tokenizer
 
-        imported = hf_tokenizer.load(run_dir, threads=threads)
+        imported = hf_tokenizer.read_saved(run_dir)
         if imported is not None:
-            return imported
+            return cls.from_bytes(imported, threads=threads)
         joint, src, tgt = (os.path.join(run_dir, n) for n in (JOINT_FILE, SRC_FILE, TGT_FILE))
         if os.path.isfile(joint):
             return cls(read_model_file(joint), threads=threads)
@@ -333,7 +336,7 @@ def tokenizer_settings(cfg: Config) -> dict:
     from nmt.text.sources import file_fingerprint, source_fingerprint  # local: the tokenizer alone needs no data code
 
     tok, d = cfg.data.tokenizer, cfg.data
-    section = {k: v for k, v in to_dict(tok).items() if k not in ("threads", "add_pieces")}  # (add_pieces: nmt/training/grow.py)
+    section = {k: v for k, v in to_dict(tok).items() if k not in ("threads", "add_pieces")}  # (add_pieces: nmt/training/grow/)
     if tok.model or tok.src_model:
         sources = [file_fingerprint(p) for p in (tok.model, tok.src_model, tok.tgt_model) if p]
     else:

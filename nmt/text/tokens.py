@@ -3,7 +3,8 @@
 Two families implement `TokenizerLike`: nmt's own SentencePiece models (`nmt.text.tokenizer.Tokenizer`,
 kind "spm") and the adapters of imported Hugging Face models (`nmt.text.hf_tokenizer`: kinds "marian",
 "m2m100", "nllb"). Code that takes either family reads these members directly, never by probing
-(`tokenizer.kind`, not `getattr(tokenizer, "kind", "spm")`); tests/test_hf_import.py checks that
+(`tokenizer.kind`, not `getattr(tokenizer, "kind", "spm")`): a stored tokenizer's kind is read by
+`nmt.text.tokenizer.Tokenizer.from_bytes` alone; tests/test_hf_import.py checks that
 both families declare every member. `load_sentencepiece` is the one loader of a serialized
 SentencePiece model for both.
 """

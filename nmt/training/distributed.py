@@ -1,30 +1,20 @@
 """Data-parallel training under torchrun: process group, DDP, rank-aware helpers.
 
-`torchrun --nproc_per_node N -m nmt train --config X.yaml` starts N processes
-with WORLD_SIZE/RANK/LOCAL_RANK (and MASTER_ADDR/MASTER_PORT) in their
-environment. `DistEnv.from_env()` reads them; without WORLD_SIZE (or with
-WORLD_SIZE=1) training is the plain single process and every helper below
-is a local no-op.
+`torchrun --nproc_per_node N -m nmt train --config X.yaml` starts N processes with
+WORLD_SIZE/RANK/LOCAL_RANK in their environment; `DistEnv.from_env()` reads them. Without
+WORLD_SIZE (or with 1) training is the plain single process and every helper is a no-op.
 
     env = DistEnv.from_env()
     with process_group(env, resolve_torch_device("auto")) as device:   # NCCL on cuda:LOCAL_RANK, else gloo
         ...  env.broadcast(obj), env.all_reduce_sum(tensor), env.gather(obj), main_first(env, fn)
-                                                  # destroyed on the way out, also on errors
 
-Failure model (docs/distributed.md): an error on one rank is reported by that
-rank (one rank-prefixed line, see `rank_errors`) and the process exits non-zero;
-torchrun then stops the other ranks (SIGTERM, SIGKILL after its
---shutdown-timeout, 30 s). A rank blocked in a collective whose peer died gets
-an error from gloo/NCCL at once, or at the latest after the process-group
-timeout: `NMT_DIST_TIMEOUT` seconds (default 1800; it also bounds how long the
-other ranks wait for rank 0's validation and checkpointing). Errors that every
-rank would hit in the same way (bad run directory, bad data, too many NaN
-steps) are decided on rank 0 and printed once: rank 0 raises the UserError,
-the other ranks exit quietly with the same code (`all_ranks_error`).
+Failures (docs/distributed.md): an error on one rank is reported by that rank (`rank_errors`) and
+the process exits non-zero; torchrun stops the others. A rank blocked in a collective gets an error
+after at most `NMT_DIST_TIMEOUT` seconds (default 1800). Errors every rank would hit (bad run
+directory, data, NaN steps) are decided on rank 0 and printed once (`all_ranks_error`).
 
-Test hook: `NMT_TEST_FAIL_RANK=r` (with `NMT_TEST_FAIL_STEP=k`, default 0)
-makes rank r raise a RuntimeError before training step k+1 (`simulate_failure`);
-tests/test_distributed.py uses it to check that such a job ends promptly.
+Test hook: `NMT_TEST_FAIL_RANK=r` (with `NMT_TEST_FAIL_STEP=k`) makes rank r raise before training
+step k+1 (`simulate_failure`).
 """
 
 from __future__ import annotations
@@ -138,14 +128,9 @@ def rank_device(env: DistEnv, device: torch.device) -> torch.device:
 
 @contextlib.contextmanager
 def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
-    """Join the job's process group (NCCL for CUDA, gloo for CPU); yield this rank's device.
-
-    `init_process_group` reads MASTER_ADDR/MASTER_PORT from torchrun. The group is
-    destroyed on the way out, also on errors; on a normal end after a barrier, so that no rank
-    tears down its gloo connections while a peer is still working (a CI run once saw rank 0 abort,
-    "terminate called without an active exception", after its last log line). A group that is
-    already initialised (a script that set one up itself) is used as it is and left alone.
-    """
+    """Join the job's process group (NCCL for CUDA, gloo for CPU); yield this rank's device. The group is
+    destroyed on the way out, also on errors, and after a barrier on a normal end (so that no rank tears
+    down its connections while a peer still works). A group already initialised is used and left alone."""
     device = rank_device(env, device)
     if not env.distributed:
         yield device
@@ -168,13 +153,9 @@ def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
 
 
 def wrap_model(env: DistEnv, model: nn.Module, device: torch.device) -> nn.Module:
-    """DistributedDataParallel around `model` when distributed, else `model` itself.
-
-    DDP broadcasts rank 0's parameters at construction and averages gradients
-    (sum / world size) in the backward of a step's last micro-batch (`no_sync`
-    on the others, see `train_step`). Buffers are not re-broadcast at every
-    forward: the model's buffers are constants (e.g. sinusoidal positions).
-    """
+    """DistributedDataParallel around `model` when distributed, else `model` itself. DDP broadcasts rank 0's
+    parameters at construction and averages gradients in the backward of a step's last micro-batch; the
+    buffers (constants such as sinusoidal positions) are not re-broadcast."""
     if not env.distributed:
         return model
     ddp = nn.parallel.DistributedDataParallel
@@ -196,13 +177,9 @@ def all_ranks_error(env: DistEnv, error: UserError) -> BaseException:
 
 
 def main_first(env: DistEnv, fn: Callable[[], T]) -> T | None:
-    """Run `fn` on rank 0 while the other ranks wait; None on the others.
-
-    For work that must not race (run directory, tokenizer training, corpus cache
-    files): the other ranks continue after it and read what rank 0 wrote. If
-    `fn` raises on rank 0, rank 0 re-raises it and the others exit quietly with
-    code 2 (UserError, printed once by rank 0) or 1 (anything else).
-    """
+    """Run `fn` on rank 0 while the other ranks wait; None on the others. For work that must not race (run
+    directory, tokenizer training, corpus cache). If `fn` raises on rank 0, rank 0 re-raises it and the
+    others exit quietly with code 2 (UserError) or 1 (anything else)."""
     if not env.distributed:
         return fn()
     result, code = None, 0
@@ -219,12 +196,8 @@ def main_first(env: DistEnv, fn: Callable[[], T]) -> T | None:
 
 
 def check_shared_file(env: DistEnv, path: str) -> None:
-    """UserError on a rank that does not see rank 0's `path` (same size and mtime).
-
-    Every rank reads the run directory that rank 0 writes (tokenizer, corpus
-    cache, checkpoints to resume from), so on several nodes `output_dir` must be
-    on a shared file system; this catches a node-local one before training.
-    """
+    """UserError on a rank that does not see rank 0's `path` (same size and mtime): on several nodes
+    `output_dir` must be on a shared file system."""
     if not env.distributed:
         return
     def stat(p: str):
@@ -237,13 +210,9 @@ def check_shared_file(env: DistEnv, path: str) -> None:
 
 @contextlib.contextmanager
 def rank_errors(env: DistEnv) -> Iterator[None]:
-    """Make a failure on one rank of a distributed job visible as that rank's failure.
-
-    UserError on a rank other than 0 gets a `rank R (host): ` prefix (the CLI
-    prints it, exit code 2). Any other exception prints its traceback and then
-    one line `nmt train: error on rank R (host): Type: message`, and exits with
-    code 1; torchrun then stops the other ranks. A single process is unchanged.
-    """
+    """Make a failure on one rank visible as that rank's: a UserError on a rank other than 0 gets a `rank R
+    (host): ` prefix (exit code 2); any other exception prints its traceback and one line `nmt train: error
+    on rank R (host): Type: message`, then exits with code 1. A single process is unchanged."""
     if not env.distributed:
         yield
         return

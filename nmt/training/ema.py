@@ -1,21 +1,18 @@
 """Exponential moving average of the weights (`train.ema_decay`; fairseq's --ema-decay, Marian's
 --exponential-smoothing).
 
-After every optimizer update, each floating-point tensor of the model's state (parameters and
-buffers) moves toward the trained value:
+After every optimizer update, each floating-point tensor of the model's state moves toward the
+trained value:
 
     ema = d * ema + (1 - d) * weight,    d = min(ema_decay, (1 + updates) / (10 + updates))
 
-`updates` counts the updates before this one. The second term is Marian's (and TensorFlow's
-`ExponentialMovingAverage(num_updates=...)`) warm-up: early on the average forgets fast, so a short
-run is not dragged back to its random initialisation (with ema_decay 0.9999 the average spans
-about a tenth of the steps trained so far until step ~90,000). The average is kept in fp32,
-on the model's device, one tensor per storage (tied embeddings stay tied).
+`updates` counts the updates before this one; the second term (Marian's and TensorFlow's warm-up)
+lets the average forget fast early on. The average is kept in fp32 on the model's device, one tensor
+per storage (tied embeddings stay tied).
 
-When EMA is on, validation, `best.pt` and every checkpoint's `model` (so translation, `nmt
-average`, export and fine-tuning) use the averaged weights; the trained weights, which training
-continues from, are saved in `train_state["raw_model"]` and the average's counter in
-`train_state["ema"]`, so `--resume` continues bit for bit (nmt/train.py `_restore`).
+With EMA on, validation, `best.pt` and every checkpoint's `model` hold the average; the trained
+weights, which training continues from, are saved in `train_state["raw_model"]` and the counter in
+`train_state["ema"]`, so `--resume` continues bit for bit.
 """
 
 from __future__ import annotations

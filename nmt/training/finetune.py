@@ -25,7 +25,7 @@ run directory must not contain the source (a fine-tuning run never writes into i
 directory); carrying the counters over, max_steps must lie beyond the source's step.
 
 Languages the source does not know (`data.add_languages`) and new pieces (`data.tokenizer.add_pieces`)
-grow the source's tokenizer and weights before the run starts (nmt/training/grow.py; its rules for corpus
+grow the source's tokenizer and weights before the run starts (nmt/training/grow/; its rules for corpus
 languages apply to every fine-tuning run).
 
 An imported M2M100/NLLB model puts a source-language token before every source: each corpus's src_lang
@@ -44,17 +44,18 @@ from typing import Callable
 
 from nmt.model import checkpoint as ckpt
 from nmt.training import grow
-from nmt.config import Config, init_from_problem, to_dict
+from nmt.config import Config, ConfigError, init_from_problem, to_dict
 from nmt.errors import UserError
+from nmt.text.tokens import TokenizerLike
 
 MAY_DIFFER = frozenset({"dropout", "attention_dropout", "activation_dropout"})  # model keys fine-tuning may change
 RESETS = ("optimizer", "schedule", "counters")
-TOKENIZER_MAY_DIFFER = ("threads", "add_pieces")  # data.tokenizer keys a fine-tuning run may set (add_pieces: nmt/training/grow.py)
+TOKENIZER_MAY_DIFFER = ("threads", "add_pieces")  # data.tokenizer keys a fine-tuning run may set (add_pieces: nmt/training/grow/)
 
 
-def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -> dict:
+def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -> ckpt.ModelRecord:
     """The checkpoint of train.init_from, checked against `cfg` (module docstring), with the languages
-    and pieces of data.add_languages / data.tokenizer.add_pieces added (nmt/training/grow.py)."""
+    and pieces of data.add_languages / data.tokenizer.add_pieces added (nmt/training/grow/)."""
     path = cfg.train.init_from
     problem = init_from_problem(path)
     if problem:
@@ -64,82 +65,70 @@ def load_source(cfg: Config, run_dir: str, log: Callable[[str], None] = print) -
     if src_dir == here or src_dir.startswith(here + os.sep):
         raise UserError(f"train.init_from {path} lies inside this run's directory {run_dir}: a fine-tuning run needs "
                         "its own run directory (choose another name or output_dir)")
-    source = ckpt.load_checkpoint(path, mmap=True)
-    record = ckpt.read_record(source)
-    saved = record.config
-    new = to_dict(cfg)
-    theirs = saved.get("model", {})
-    diff = [f"model.{k}: {theirs.get(k)!r} in the checkpoint, {v!r} in the config" for k, v in new["model"].items()
-            if k not in MAY_DIFFER and theirs.get(k) != v]
-    if diff:
-        raise UserError(f"train.init_from {path}: the architecture differs from the checkpoint's "
-                        f"({', '.join(diff)}); a fine-tuning run keeps the source's architecture "
-                        "(only dropout rates may change)")
-    mine = {k: v for k, v in new["data"]["tokenizer"].items() if k not in TOKENIZER_MAY_DIFFER}
-    theirs = {k: v for k, v in saved.get("data", {}).get("tokenizer", {}).items() if k not in TOKENIZER_MAY_DIFFER}
-    diff = [f"data.tokenizer.{k}" for k in mine if theirs.get(k) != mine[k]]
-    kind = record.tokenizer.get("kind", "spm")
-    if kind != "spm":
-        _check_imported(cfg, path, record, diff)
-    elif diff:
-        raise UserError(f"train.init_from {path}: {', '.join(diff)} differ from the checkpoint's; a fine-tuning "
-                        "run uses its source's tokenizer: copy the source's data.tokenizer section")
+    record = ckpt.load_record(path)
+    try:
+        saved = record.load_config()
+    except ConfigError as e:
+        raise UserError(f"train.init_from {path}: its config does not load ({e.errors[0]})") from None
+    tokenizer = record.load_tokenizer(cfg.data.tokenizer.threads)
+    _check_same_settings(cfg, path, saved, tokenizer)
     kept = [r for r in RESETS if r not in cfg.train.init_reset]
     if kept and record.train_state is None:
         raise UserError(f"train.init_from {path} has no training state (an averaged checkpoint?): it cannot carry "
                         f"over {', '.join(kept)}; set train.init_reset: [optimizer, schedule, counters]")
     _check_steps_left(cfg, path, int(record.step or 0))
-    if "optimizer" not in cfg.train.init_reset and (grow.check_languages(cfg, source).tokens
+    if "optimizer" not in cfg.train.init_reset and (grow.check_languages(cfg, tokenizer, saved).tokens
                                                      or cfg.data.tokenizer.add_pieces):
         raise UserError(f"train.init_reset: the optimizer state of train.init_from {path} cannot be carried over "
                         "when data.add_languages / data.tokenizer.add_pieces grow the vocabulary (its moments have the "
                         "old embeddings' shape): add optimizer to train.init_reset")
-    _check_default_source_language(cfg, path, record.tokenizer)
-    source = grow.grow_source(cfg, source, log)
-    tok = source["tokenizer"]
-    if tok.get("kind") in ("m2m100", "nllb"):  # data.src_lang is its default source language (checked above)
-        source = {**source, "tokenizer": {**tok, "settings": {**tok["settings"], "src_lang": cfg.data.src_lang}}}
-    return source
+    _check_default_source_language(cfg, path, tokenizer)
+    record = grow.grow_source(cfg, record, log)
+    if tokenizer.source_languages:  # data.src_lang is its default source language (checked above)
+        record = record.with_tokenizer(record.load_tokenizer(tokenizer.threads).with_source_language(cfg.data.src_lang))
+    return record
 
 
-def m2m100_tokenizer_codes(tok: dict) -> set[str]:
-    """The language codes transformers' M2M100Tokenizer knows for an imported M2M100 tokenizer entry
-    (its fixed list; languages nmt added are not in it)."""
-    from nmt.text.hf_tokenizer import M2M100_CODES
+def _check_same_settings(cfg: Config, path: str, saved: Config, tokenizer: TokenizerLike) -> None:
+    """The architecture (but dropout rates) and data.tokenizer (but `TOKENIZER_MAY_DIFFER`) of the source's
+    config `saved` are the new config's. An imported tokenizer (nmt import) is used as it is, so
+    data.tokenizer must say nothing else than the checkpoint's (its defaults, with `joint` telling whether
+    source and target share one vocabulary)."""
+    new, theirs = to_dict(cfg.model), to_dict(saved.model)
+    diff = [f"model.{k}: {theirs.get(k)!r} in the checkpoint, {v!r} in the config" for k, v in new.items()
+            if k not in MAY_DIFFER and theirs.get(k) != v]
+    if diff:
+        raise UserError(f"train.init_from {path}: the architecture differs from the checkpoint's "
+                        f"({', '.join(diff)}); a fine-tuning run keeps the source's architecture "
+                        "(only dropout rates may change)")
+    mine, theirs = to_dict(cfg.data.tokenizer), to_dict(saved.data.tokenizer)
+    diff = [f"data.tokenizer.{k}" for k in mine if k not in TOKENIZER_MAY_DIFFER and theirs.get(k) != mine[k]]
+    if diff and tokenizer.kind != "spm":
+        separate = "" if saved.data.tokenizer.joint else "; joint: false, its vocabularies are separate"
+        raise UserError(f"train.init_from {path}: its tokenizer was imported from Hugging Face ({tokenizer.kind}) and "
+                        f"is used as it is (nothing is trained): leave {', '.join(diff)} out of data.tokenizer (only "
+                        f"threads and add_pieces may be set{separate})")
+    if diff:
+        raise UserError(f"train.init_from {path}: {', '.join(diff)} differ from the checkpoint's; a fine-tuning "
+                        "run uses its source's tokenizer: copy the source's data.tokenizer section")
 
-    return set(M2M100_CODES[tok["settings"]["language_codes"]].split())
 
-
-def _check_default_source_language(cfg: Config, path: str, tok: dict) -> None:
+def _check_default_source_language(cfg: Config, path: str, tokenizer: TokenizerLike) -> None:
     """data.src_lang becomes an imported M2M100/NLLB tokenizer's default source language (its `src_lang`
     setting; module docstring): one-line UserErrors, before anything is grown, for a language the model
     neither knows nor learns (data.add_languages), and for M2M100 one outside transformers' fixed list
     of codes (a language nmt added, now or in an earlier run), which M2M100Tokenizer cannot take as
     src_lang."""
-    settings = tok.get("settings") or {}
     code = cfg.data.src_lang
-    if tok.get("kind") not in ("m2m100", "nllb") or settings.get("src_lang") == code:
+    if not tokenizer.source_languages or tokenizer.default_src_lang == code:
         return
-    known = set(tok.get("languages") or {})
-    if code not in known and code not in cfg.data.add_languages:
-        raise UserError(f"data.src_lang: {code!r} is not a language of the {tok['kind']} model in train.init_from "
+    if code not in tokenizer.languages and code not in cfg.data.add_languages:
+        raise UserError(f"data.src_lang: {code!r} is not a language of the {tokenizer.kind} model in train.init_from "
                         f"{path}: choose one of its codes, or list it in data.add_languages with a corpus in it")
-    if tok["kind"] == "m2m100" and code not in m2m100_tokenizer_codes(tok):
+    if tokenizer.kind == "m2m100" and code not in tokenizer.fixed_codes:
         raise UserError(f"data.src_lang: {code!r} is a new language, which transformers' M2M100Tokenizer cannot take as "
-                        f"its src_lang (a fixed list of codes): keep data.src_lang {settings.get('src_lang')!r} (or "
+                        f"its src_lang (a fixed list of codes): keep data.src_lang {tokenizer.default_src_lang!r} (or "
                         f"another code the model knew) and set src_lang: {code} on the corpora in it")
-
-
-def _check_imported(cfg: Config, path: str, source: ckpt.ModelRecord, diff: list[str]) -> None:
-    """A source whose tokenizer was imported from Hugging Face (nmt import): that tokenizer is used as
-    it is, so data.tokenizer must say nothing else than the checkpoint's (its defaults, with `joint`
-    telling whether source and target share one vocabulary)."""
-    tok = source.tokenizer
-    if diff:
-        joint = source.config["data"]["tokenizer"]["joint"]
-        raise UserError(f"train.init_from {path}: its tokenizer was imported from Hugging Face ({tok['kind']}) and is "
-                        f"used as it is (nothing is trained): leave {', '.join(diff)} out of data.tokenizer (only "
-                        f"threads and add_pieces may be set{'' if joint else '; joint: false, its vocabularies are separate'})")
 
 
 def _check_steps_left(cfg: Config, path: str, source_step: int) -> None:
@@ -152,10 +141,9 @@ def _check_steps_left(cfg: Config, path: str, source_step: int) -> None:
                         f"{source_step} + the steps to train, or reset the counters (init_reset: [..., counters])")
 
 
-def apply(source: dict, cfg: Config, model, optimizer, scheduler) -> int:
+def apply(start: ckpt.ModelRecord, cfg: Config, model, optimizer, scheduler) -> int:
     """Load the source's weights (and what init_reset leaves out) into the fresh run's objects;
     returns the step count to start from (0 unless counters are carried over)."""
-    start = ckpt.read_record(source)
     model.load_state_dict(start.model)
     reset, ts = cfg.train.init_reset, start.train_state or {}
     if "optimizer" not in reset:

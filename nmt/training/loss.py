@@ -1,20 +1,17 @@
 """Label-smoothed cross-entropy as a pure function of logits and targets.
 
-Label smoothing follows PyTorch's formula (`F.cross_entropy(label_smoothing=eps)`):
-the target distribution puts `1 - eps` on the reference token and spreads
-`eps` uniformly over **all V classes** (the reference and PAD included), so the
-reference token gets `1 - eps + eps/V`. Per real target token:
+Label smoothing follows PyTorch's formula (`F.cross_entropy(label_smoothing=eps)`): `eps` is spread
+uniformly over **all V classes** (the reference and PAD included), so the reference gets
+`1 - eps + eps/V`. Per real target token:
 
     loss = (1 - eps) * nll + (eps / V) * sum_v(-log p_v)
 
-fairseq's `label_smoothed_cross_entropy` spreads `eps` over the other V-1 classes
-instead (`eps_i = eps/(V-1)`, reference weight `1 - eps`); for V in the thousands
-the two differ by O(eps/V) and are interchangeable in practice.
-
-`label_smoothed_nll` returns **sums** (smoothed loss, plain NLL) over the real (non-PAD) target tokens; the caller
-divides by the token count (summed over accumulated micro-batches and, with DDP,
-over ranks), so the gradient scale does not depend on how a step is split into
-batches. Computed in fp32 (logits may come from autocast).
+(fairseq spreads `eps` over the other V-1 classes; the two differ by O(eps/V).)
+`label_smoothed_nll` returns **sums** over the real target tokens, in fp32; the caller divides by the
+token count of the whole step (micro-batches and ranks), so the gradient scale does not depend on how
+a step is split. With `chunk` (train.loss_chunk) the log-probabilities are computed
+`chunk` rows at a time, in the forward pass and again in the backward one: the same gradient, row for row,
+and no [tokens, V] fp32 tensor outlives a chunk.
 """
 
 from __future__ import annotations
@@ -28,20 +25,19 @@ from nmt.layout import PAD_ID
 
 
 def label_smoothed_nll(
-    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = PAD_ID
+    logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int = PAD_ID, chunk: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Smoothed loss sum and plain NLL sum over the non-ignored target tokens.
 
-    logits [B,T,V] (any float dtype), target [B,T] (ignore_index = padding).
-    Returns (loss_sum, nll_sum): fp32 scalars. `loss_sum` equals
-    `F.cross_entropy(logits, target, label_smoothing=epsilon, ignore_index=..., reduction="sum")`
-    (tests/test_loss.py checks it against `F.cross_entropy`); `nll_sum` is the same with epsilon = 0 (for perplexity).
-    Both are differentiable (one backward). A fused autograd function: its backward
-    writes softmax - q in place into the saved log-probabilities, instead of autograd
-    through log-softmax, gather and sum (2.8x faster than F.cross_entropy on CPU: docs/architecture.md).
-    """
+    logits [B,T,V] (any float dtype), target [B,T] (ignore_index = padding) -> (loss_sum, nll_sum), fp32
+    scalars; `loss_sum` equals `F.cross_entropy(..., label_smoothing=epsilon, reduction="sum")`
+    (tests/test_loss.py), `nll_sum` the same with epsilon 0. A fused autograd function (one backward):
+    its backward writes softmax - q in place into the saved log-probabilities (BENCHMARKS.md)."""
     V = logits.size(-1)
-    return _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target.reshape(-1), float(epsilon), ignore_index)
+    flat, target = logits.reshape(-1, V), target.reshape(-1)
+    if chunk and flat.shape[0] > chunk:
+        return _ChunkedCrossEntropy.apply(flat, target, float(epsilon), ignore_index, chunk)
+    return _SmoothedCrossEntropy.apply(flat, target, float(epsilon), ignore_index)
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -54,17 +50,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int):
-        V = logits.size(-1)
-        keep = target != ignore_index  # [N] True = real token
-        safe = target.masked_fill(~keep, 0).unsqueeze(-1)  # [N,1]
-        # [N,V] in fp32 (or fp64); bf16/fp16 logits are cast inside the kernel, with no fp32 copy of them
-        lprobs = F.log_softmax(logits, dim=-1, dtype=logits.dtype if logits.dtype == torch.float64 else torch.float32)
-        nll_sum = lprobs.gather(-1, safe).squeeze(-1).masked_fill(~keep, 0.0).sum().neg()
-        if epsilon:
-            smooth_sum = lprobs.sum(-1).masked_fill(~keep, 0.0).sum().neg()  # sum over tokens, classes of -log p
-            loss_sum = (1.0 - epsilon) * nll_sum + (epsilon / V) * smooth_sum
-        else:
-            loss_sum = nll_sum.clone()
+        lprobs, safe, keep = _log_probs(logits, target, ignore_index)
+        loss_sum, nll_sum = _sums(lprobs, safe, keep, epsilon)
         ctx.save_for_backward(lprobs, safe, keep)
         ctx.epsilon, ctx.in_dtype = epsilon, logits.dtype
         return loss_sum, nll_sum
@@ -72,15 +59,60 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: torch.Tensor, g_nll: torch.Tensor):
         lprobs, safe, keep = ctx.saved_tensors
-        eps, V = ctx.epsilon, lprobs.size(-1)
-        # d loss/dx = p - (1-eps) onehot - eps/V ; d nll/dx = p - onehot  (real tokens only)
-        w = keep.to(lprobs.dtype).unsqueeze(-1)  # [N,1]
-        grad = lprobs.exp_()  # [N,V] softmax, in place
-        grad.mul_(w * (g_loss + g_nll))
-        grad.scatter_add_(-1, safe, -w * (g_loss * (1.0 - eps) + g_nll))
-        if eps:
-            grad.sub_(w * (g_loss * (eps / V)))
-        return grad.to(ctx.in_dtype), None, None, None
+        return _grad(lprobs, safe, keep, ctx.epsilon, g_loss, g_nll).to(ctx.in_dtype), None, None, None
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """`_SmoothedCrossEntropy` over `chunk` rows at a time: saves the logits (no copy) and computes each
+    chunk's log-probabilities again in the backward pass, writing its gradient rows in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, epsilon: float, ignore_index: int, chunk: int):
+        sums = [_sums(*_log_probs(logits[i:i + chunk], target[i:i + chunk], ignore_index), epsilon)
+                for i in range(0, logits.shape[0], chunk)]
+        ctx.save_for_backward(logits, target)
+        ctx.epsilon, ctx.ignore_index, ctx.chunk = epsilon, ignore_index, chunk
+        return torch.stack([s[0] for s in sums]).sum(), torch.stack([s[1] for s in sums]).sum()
+
+    @staticmethod
+    def backward(ctx, g_loss: torch.Tensor, g_nll: torch.Tensor):
+        logits, target = ctx.saved_tensors
+        grad, c = torch.empty_like(logits), ctx.chunk
+        for i in range(0, logits.shape[0], c):
+            grad[i:i + c] = _grad(*_log_probs(logits[i:i + c], target[i:i + c], ctx.ignore_index), ctx.epsilon,
+                                  g_loss, g_nll)
+        return grad, None, None, None, None
+
+
+def _log_probs(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
+    """(log-probabilities [N,V] in fp32, or fp64 for fp64 logits: bf16/fp16 logits are cast inside the
+    kernel, with no fp32 copy of them; target ids [N,1] with padding at 0; keep [N]: True = real token)."""
+    keep = target != ignore_index
+    safe = target.masked_fill(~keep, 0).unsqueeze(-1)
+    dtype = logits.dtype if logits.dtype == torch.float64 else torch.float32
+    return F.log_softmax(logits, dim=-1, dtype=dtype), safe, keep
+
+
+def _sums(lprobs: torch.Tensor, safe: torch.Tensor, keep: torch.Tensor, epsilon: float):
+    """(smoothed loss sum, nll sum) over the real tokens."""
+    nll_sum = lprobs.gather(-1, safe).squeeze(-1).masked_fill(~keep, 0.0).sum().neg()
+    if not epsilon:
+        return nll_sum.clone(), nll_sum
+    smooth_sum = lprobs.sum(-1).masked_fill(~keep, 0.0).sum().neg()  # sum over tokens, classes of -log p
+    return (1.0 - epsilon) * nll_sum + (epsilon / lprobs.size(-1)) * smooth_sum, nll_sum
+
+
+def _grad(lprobs, safe, keep, eps: float, g_loss: torch.Tensor, g_nll: torch.Tensor) -> torch.Tensor:
+    """The gradient [N,V] written over `lprobs` (in place): d loss/dx = p - (1-eps) onehot - eps/V,
+    d nll/dx = p - onehot (real tokens only)."""
+    V = lprobs.size(-1)
+    w = keep.to(lprobs.dtype).unsqueeze(-1)  # [N,1]
+    grad = lprobs.exp_()  # [N,V] softmax, in place
+    grad.mul_(w * (g_loss + g_nll))
+    grad.scatter_add_(-1, safe, -w * (g_loss * (1.0 - eps) + g_nll))
+    if eps:
+        grad.sub_(w * (g_loss * (eps / V)))
+    return grad
 
 
 def smoothed_nll_formula(

@@ -1,36 +1,24 @@
 """Optimizer and learning-rate schedules.
 
-Step numbering: the k-th optimizer update (k = 1, 2, ...) uses `lr_at(k)`.
-`build_scheduler` wraps `lr_at` in a `LambdaLR` whose internal counter starts at
-0, hence `lambda i: lr_at(i + 1) / lr`; call `scheduler.step()` after each
-successful `optimizer.step()`. All schedules warm up linearly from lr/warmup at
-step 1 to their peak at step `warmup_steps`:
+The k-th optimizer update (k = 1, 2, ...) uses `lr_at(k)`; `build_scheduler` wraps it in a `LambdaLR`
+(`lambda i: lr_at(i + 1) / lr`): `scheduler.step()` follows each optimizer step,
+and `rewind` takes back the ones the optimizer skipped (once known: nmt/training/trainer.py). All schedules
+warm up linearly from lr/warmup at step 1 to their peak at step `warmup_steps`:
 
 - constant:      lr
 - inverse_sqrt:  lr * sqrt(warmup / step)                        (after warmup)
-- noam:          lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-                 (its own warmup; peak lr * (d_model * warmup)^-0.5 at step = warmup)
+- noam:          lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)   (its own warmup)
 - cosine:        min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
 - linear:        min_lr + (lr - min_lr) * (1 - p)
-  with p = (step - warmup) / (max_steps - warmup) clamped to [0, 1]; with
-  `decay_fraction` f < 1 the lr stays at its peak until the last f of that span and
-  decays over it (warmup-stable-decay): p = (step - (max_steps - f * span)) / (f * span).
+  with p = (step - warmup) / (max_steps - warmup) clamped to [0, 1]; with `decay_fraction` f < 1
+  the lr stays at its peak until the last f of that span (warmup-stable-decay).
 
-The clock (`train.schedule_clock`): `steps` (above), or `time`: the same formulas with
-"step" the seconds trained so far and max_steps replaced by train.max_time, so that
-cosine/linear reach min_lr exactly when the time budget ends (the best model a machine
-can train in N minutes). `train.warmup_fraction` > 0 gives the warmup as a share of the
-budget (max_steps or max_time) instead of warmup_steps. A time-keyed schedule depends on
-the machine's speed: runs are not reproducible bit for bit.
+`train.schedule_clock: time` uses the same formulas with "step" the seconds trained and max_steps
+train.max_time (not reproducible bit for bit); `train.warmup_fraction` gives the warmup as a share
+of the budget. nmt/config.py `_check_schedule` checks the warmup against the budget.
 
-The config checks the warmup against the budget (nmt/config.py `_check_schedule`): warmup_steps
-counts optimizer steps only, so a time clock takes its warmup as warmup_fraction (or none);
-warmup_steps must be below max_steps; warmup_fraction needs the budget it is a share of.
-
-Weight decay (only when `weight_decay > 0`): applied to matrices (dim >= 2:
-linear weights and embeddings, which double as the tied output projection),
-never to biases and norm gains (dim < 2), as in nanoGPT / GPT-2. `adamw` decays
-decoupled; `adam` adds the L2 term to the gradient (PyTorch's Adam).
+Weight decay (`weight_decay > 0`) applies to matrices (dim >= 2), never to biases and norm gains,
+as in nanoGPT; `adamw` decays decoupled, `adam` adds the L2 term to the gradient.
 """
 
 from __future__ import annotations
@@ -107,3 +95,15 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, d_model:
             raise ValueError("schedule_clock 'time' needs a clock")
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(clock(), cfg, d_model) / base)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lr_at(i + 1, cfg, d_model) / base)
+
+
+def rewind(scheduler: torch.optim.lr_scheduler.LambdaLR, skipped: int) -> None:
+    """Take back `skipped` of the scheduler's steps (updates the optimizer skipped: it counts only the
+    applied ones) and set the learning rates it then gives."""
+    if not skipped:
+        return
+    scheduler.last_epoch -= skipped
+    lrs = [base * f(scheduler.last_epoch) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs

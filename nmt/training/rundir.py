@@ -5,10 +5,8 @@
         ...
         save_checkpoints(run_dir, payload, step, ...)   # latest.pt, step_N.pt, best.pt
 
-Checkpoint files are `latest.pt`, `best.pt` and `step_N.pt` in `run_dir/checkpoints/`;
-files being written have a temporary name (nmt.model.checkpoint.TEMP_PREFIX) and never count.
-Only the holder of the lock writes into the run directory, so temporaries found at
-start are leftovers of a killed run and are deleted.
+Files being written have a temporary name (nmt.model.checkpoint.TEMP_PREFIX) and never count; only
+the lock's holder writes, so temporaries found at start are a killed run's and are deleted.
 """
 
 from __future__ import annotations

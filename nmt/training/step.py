@@ -4,9 +4,13 @@ Precision: `auto` = bf16 autocast on CUDA GPUs that support it, else fp16 with
 a GradScaler (fp16 overflow steps are skipped by the scaler and not counted as
 NaN steps); fp32 on CPU. TF32 matmuls on CUDA. The loss is always fp32.
 
-Host syncs: one per step in a single process (the finiteness check that decides whether to apply
-the update, as fairseq does); under torchrun also the read of the step's token count
-(nmt/training/trainer.py). Loss/grad-norm sums stay on the device and are read only by `Meter.report`.
+Host reads: none per step. Whether the update applies (a finite loss and gradient norm) is decided on
+the device: the fused optimizer skips a step whose `found_inf` is set, as it does under a GradScaler;
+the flag stays on the device (`StepResult.ok`) until the trainer reads the flags of its pending steps
+(nmt/training/trainer.py: at log time, validation, checkpoints and the stop checks). Loss and grad-norm
+sums stay on the device and are read only by `Meter.report`. Exceptions, one read per step: fp16's
+GradScaler path and an optimizer without the fused kernel. Under torchrun the step's token count is
+read too (the all-reduce that opens each step).
 """
 
 from __future__ import annotations
@@ -63,14 +67,23 @@ def setup_precision(name: str, device: torch.device) -> Precision:
 
 @dataclass
 class StepResult:
-    """Sums over the step's target tokens (0-dim fp32 tensors, no sync) and the outcome."""
+    """Sums over the step's target tokens (0-dim fp32 tensors) and the outcome (0-dim bool tensors), all
+    on the device: nothing is read by the step."""
 
     loss_sum: torch.Tensor  # label-smoothed loss
     nll_sum: torch.Tensor  # plain negative log-likelihood
     grad_norm: torch.Tensor  # before clipping
     n_tokens: int
-    updated: bool  # False: skipped (non-finite loss or gradient)
-    nonfinite_loss: bool  # the loss itself was NaN/inf (counts towards max_nan_steps)
+    ok: torch.Tensor  # the update was applied (finite loss and gradient)
+    loss_ok: torch.Tensor  # the loss was finite (a non-finite one counts towards max_nan_steps)
+
+    @property
+    def updated(self) -> bool:
+        return bool(self.ok)  # (a host read)
+
+    @property
+    def nonfinite_loss(self) -> bool:
+        return not bool(self.loss_ok)  # (a host read)
 
 
 def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.optim.Optimizer,
@@ -80,17 +93,11 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
                loss_fn: Callable | None = None) -> StepResult:
     """One optimizer update over `batches` (micro-batches already on the device).
 
-    Each micro-batch's loss sum is divided by `grad_denominator` (default: the total
-    target tokens of `batches`) before backward, so the gradients equal those of one
-    batch holding all of them. DDP: pass the global token count / world size (DDP
-    averages gradients over ranks); gradient all-reduce runs only on the last
-    micro-batch (`model.no_sync()` on the others), and `reduce` (an in-place sum
-    over ranks) makes the returned loss sums global, so the finiteness check sees
-    the same loss and (all-reduced) gradient norm on every rank and all ranks
-    skip or apply the update together. One host sync per step: that check. `loss_fn`: the
-    (loss_sum, nll_sum) function of nmt/training/loss.py (None: `label_smoothed_nll`; `train.compile`: the
-    compiled formula).
-    """
+    Each micro-batch's loss sum is divided by `grad_denominator` (default: the total target tokens of
+    `batches`), so the gradients equal those of one batch. DDP: pass the global token count / world size;
+    gradients are all-reduced on the last micro-batch only, and `reduce` (an in-place sum over ranks) makes
+    the loss sums global, so every rank skips or applies the update together. One host sync per step: the
+    finiteness check. `loss_fn`: (loss_sum, nll_sum) of nmt/training/loss.py (None: `label_smoothed_nll`)."""
     optimizer.zero_grad(set_to_none=True)
     loss_fn = loss_fn or label_smoothed_nll  # (looked up at call time: tests replace it)
     n_tokens = sum(b.n_tgt_tokens for b in batches)
@@ -116,52 +123,63 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm, foreach=True)
     else:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-    loss_ok, grad_ok = torch.stack([loss_acc, grad_norm.float()]).isfinite().tolist()  # the one sync
-    updated = loss_ok and grad_ok
-    if precision.scaler is not None:
-        if updated:
+    finite = torch.stack([loss_acc, grad_norm.float()]).isfinite()
+    ok, loss_ok = finite.all(), finite[0]
+    if precision.scaler is not None:  # (fp16: the scaler lowers its scale after an overflow)
+        if bool(ok):  # a host read
             precision.scaler.step(optimizer)
-        precision.scaler.update()  # lowers the scale after an overflow
-    elif updated:
+        precision.scaler.update()
+    else:
+        _apply(optimizer, ok)
+    scheduler.step()  # the trainer rewinds it for the steps its flags show skipped (`optim.rewind`)
+    return StepResult(loss_acc, nll_acc, grad_norm.detach(), n_tokens, ok, loss_ok)
+
+
+def _apply(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
+    """optimizer.step() where `ok` [bool, 0-dim] holds, decided on the device by the fused kernel's
+    `found_inf` (the attribute a GradScaler sets; the skipped step's counters are restored); an optimizer
+    without it reads `ok`."""
+    if not optimizer.defaults.get("fused"):
+        if bool(ok):
+            optimizer.step()
+        return
+    optimizer.found_inf = (~ok).float()
+    try:
         optimizer.step()
-    if updated:
-        scheduler.step()
-    return StepResult(loss_acc, nll_acc, grad_norm.detach(), n_tokens, updated, not loss_ok)
+    finally:
+        optimizer.found_inf = None
 
 
 class Meter:
-    """Training statistics between two log lines; tensors summed on the device (no sync)."""
+    """Training statistics between two log lines, summed on the device over the steps that applied
+    (nothing read until `report`)."""
 
     def __init__(self):
         self.reset()
 
     def reset(self) -> None:
-        self.loss = self.nll = self.gnorm = None
-        self.tokens = self.real = self.padded = self.steps = 0
+        self.sums = None  # [loss, nll, grad norm, steps, tokens, real tokens, padded tokens]
         self.t0 = time.perf_counter()
 
     def add(self, res: StepResult, group: Sequence[Batch], n_tokens: int) -> None:
         """n_tokens: the step's target tokens over all ranks (res.loss_sum is global too)."""
-        if not res.updated:
-            return
-        acc = lambda a, b: b if a is None else a + b
-        self.loss, self.nll = acc(self.loss, res.loss_sum), acc(self.nll, res.nll_sum)
-        self.gnorm = acc(self.gnorm, res.grad_norm.float())
-        self.tokens += n_tokens
-        self.steps += 1
-        for b in group:
-            self.real += b.n_src_tokens + b.n_tgt_tokens
-            self.padded += b.src.numel() + b.tgt_out.numel()
+        real = sum(b.n_src_tokens + b.n_tgt_tokens for b in group)
+        padded = sum(b.src.numel() + b.tgt_out.numel() for b in group)
+        w = res.ok.double()
+        values = torch.stack([res.loss_sum, res.nll_sum, res.grad_norm.float()]).double()
+        step = torch.cat([torch.where(res.ok, values, 0.0), torch.stack([w, w * n_tokens, w * real, w * padded])])
+        self.sums = step if self.sums is None else self.sums + step
 
     def report(self, log: RunLogger, state, lr: float) -> None:
-        if not self.steps:
+        if self.sums is None:
             return
-        loss, nll, gnorm = (torch.stack([self.loss, self.nll, self.gnorm]).cpu() / torch.tensor(
-            [self.tokens, self.tokens, self.steps])).tolist()
+        loss, nll, gnorm, steps, tokens, real, padded = self.sums.tolist()
+        if not steps:
+            return
         seconds = max(time.perf_counter() - self.t0, 1e-9)
-        stats = {"loss": loss, "ppl": math.exp(min(nll, 50.0)), "lr": lr, "grad_norm": gnorm,
-                 "tokens_per_s": self.tokens / seconds, "padding_efficiency": self.real / max(self.padded, 1)}
+        stats = {"loss": loss / tokens, "ppl": math.exp(min(nll / tokens, 50.0)), "lr": lr, "grad_norm": gnorm / steps,
+                 "tokens_per_s": tokens / seconds, "padding_efficiency": real / max(padded, 1)}
         log.scalars("train", stats, state.step)
         log.info(f"step {state.step} | epoch {state.epoch} | {format_stats(stats)}")
-        log.progress(0, {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{stats['tokens_per_s']:.0f}"})
+        log.progress(0, {"loss": f"{stats['loss']:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{stats['tokens_per_s']:.0f}"})
         self.reset()

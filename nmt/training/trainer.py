@@ -3,12 +3,10 @@
     trainer = Trainer(build_training(cfg, run_dir, device, log), stop)   # nmt/train.py
     result = trainer.run()
 
-`Trainer.run` reads as a list of steps: for each epoch, for each group of `update_freq`
-batches, ask whether to stop (`stop_reason`: max_steps, max_time or a signal; under
-torchrun rank 0 decides and its decision travels in the all-reduce that opens each step,
-with the token count and the clock), take an optimizer step (`step`), log, validate and save
-(`validate`, `save`) when due. Everything the loop changes lives in one state object,
-`TrainState` (saved in every checkpoint), plus the shared `Clock`.
+`Trainer.run` reads as a list of steps: for each group of `update_freq` batches, ask whether to stop
+(`stop_reason`; under torchrun rank 0 decides, in the all-reduce that opens each step), take an
+optimizer step (`step`), log, and validate and save when due (`validate`, `save`). What the loop
+changes lives in `TrainState` (saved in every checkpoint) and the shared `Clock`.
 """
 
 from __future__ import annotations
@@ -22,6 +20,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import torch
+
 from nmt.model import checkpoint as ckpt
 from nmt.training import distributed as dist
 from nmt.training import rundir
@@ -30,6 +30,7 @@ from nmt.errors import UserError
 from nmt.layout import Batch, collate
 from nmt.data.prefetch import Prefetcher
 from nmt.training.logging_utils import format_stats
+from nmt.training.optim import rewind
 from nmt.training.step import Meter, train_step
 from nmt.training.validation import validate
 
@@ -81,15 +82,10 @@ class Clock:
 
 
 class SignalStop:
-    """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers.
-
-    The handler only records the signal: it must not write to train.log or stderr, because
-    the signal can arrive while the loop is writing to the same file (a reentrant write
-    raises RuntimeError in the middle of training). The loop reports it (`announce`).
-    A repeat within `repeat_window` seconds of the first counts as the same request:
-    under torchrun a worker gets Ctrl-C from the terminal and again from torchrun,
-    which forwards the signals it receives.
-    """
+    """SIGINT/SIGTERM -> `requested` (first), KeyboardInterrupt (second); restores handlers. The handler
+    only records the signal (a write to train.log or stderr could re-enter a write in progress); the loop
+    reports it (`announce`). A repeat within `repeat_window` seconds counts as the same request (under
+    torchrun a worker gets Ctrl-C from the terminal and again from torchrun)."""
 
     def __init__(self, repeat_window: float = 0.0):
         self.requested: int | None = None
@@ -132,6 +128,8 @@ class Trainer:
         self.state: TrainState = training.state
         self.clock: Clock = training.clock
         self.meter = Meter()
+        self.pending: list[tuple] = []  # the outcomes (ok, loss_ok: device flags) of the steps not read yet
+        self.applied = True  # whether the last step read applied
         self.last_valid: dict = {}
         self.langid = training.langid.to_dict() if training.langid is not None else None  # for every checkpoint
 
@@ -148,6 +146,7 @@ class Trainer:
             reason = self._epoch()
             if reason is None:  # the epoch is exhausted
                 state.epoch, state.batch_offset = state.epoch + 1, 0
+        self._flush()
         signalled = self.env.broadcast(self.stop.requested)  # rank 0's view: every rank takes the same branch
         if signalled is not None:
             self.stop.announce(self.log.info)
@@ -180,7 +179,9 @@ class Trainer:
             return self._steps(prepared)
 
     def _steps(self, prepared) -> str | None:
-        """The training steps of one epoch over its prepared micro-batch groups (`_epoch`)."""
+        """The training steps of one epoch over its prepared micro-batch groups (`_epoch`). A step's outcome
+        stays on the device (nmt/training/step.py); the loop reads the pending ones (`_flush`) only where the
+        step count decides something: a log line, a validation, a checkpoint, the step budget."""
         state, t, tr = self.state, self.t, self.tr
         for host_group in prepared:
             dist.simulate_failure(self.env, state.step)
@@ -189,7 +190,8 @@ class Trainer:
             if why is not StopReason.CONTINUE:
                 self.stop.announce(self.log.info)
                 return self._describe(why, signum)
-            if not self.step(group, n_tokens):
+            self.step(group, n_tokens)
+            if not self._settled():
                 continue
             if state.step % t.log_every == 0:
                 self.meter.report(self.log, state, tr.scheduler.get_last_lr()[0])
@@ -202,6 +204,47 @@ class Trainer:
             elif t.save_every and state.step % t.save_every == 0:
                 self.save(improved=False, with_step=False)
         return None
+
+    def _settled(self) -> bool:
+        """Whether the step just taken counts and the step count decides something now (then the pending
+        steps are read: `_flush`): a log line, a validation, a checkpoint or the step budget is due."""
+        t, step = self.t, self.state.step
+        due = step % t.log_every == 0 or (t.valid_every and step % t.valid_every == 0) or \
+            (t.save_every and step % t.save_every == 0) or (t.max_steps and step >= t.max_steps) or \
+            (t.valid_every_minutes and self.clock() - self.state.last_valid_time >= 60 * t.valid_every_minutes)
+        if not due:
+            return False
+        if self.pending:  # (with EMA the step read its own outcome)
+            self.applied = self._flush()[-1]
+        return self.applied
+
+    def _flush(self) -> list[bool]:
+        """Read the pending steps' outcomes (one host read): the skipped ones leave the step count and the
+        schedule, count towards train.max_nan_steps (a UserError after that many in a row) and are logged.
+        Returns per pending step whether it applied."""
+        if not self.pending:
+            return []
+        state, t, tr = self.state, self.t, self.tr
+        flags = torch.stack([torch.stack(p) for p in self.pending]).tolist()  # [[ok, loss_ok], ...]
+        first = state.step - len(flags) + 1  # the step number the first pending one took
+        self.pending, skipped = [], 0
+        for k, (ok, loss_ok) in enumerate(flags):
+            if ok:
+                state.nan_steps = 0
+                continue
+            skipped += 1
+            if not loss_ok or tr.precision.scaler is None:  # (an fp16 overflow is the scaler's business)
+                state.nan_steps, state.nan_total = state.nan_steps + 1, state.nan_total + 1
+                self.log.info(f"warning: non-finite loss/gradient at step {first + k - skipped + 1}: update "
+                              f"skipped ({state.nan_steps} in a row, {state.nan_total} in total)")
+        state.step -= skipped
+        rewind(tr.scheduler, skipped)
+        if state.nan_steps >= t.max_nan_steps:
+            self.save(improved=False, with_step=False)
+            raise dist.all_ranks_error(self.env, UserError(
+                f"{state.nan_steps} non-finite losses in a row (train.max_nan_steps={t.max_nan_steps}); "
+                f"lower train.lr, raise warmup_steps or set clip_norm"))
+        return [bool(ok) for ok, _ in flags]
 
     def _sync(self, group: list[Batch]) -> tuple[int, StopReason, int]:
         """The all-reduce that opens each step: the global target-token count, rank 0's stop decision and its
@@ -239,35 +282,29 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def step(self, group: list[Batch], n_tokens: int) -> bool:
-        """One optimizer update over `group`; False when it was skipped (non-finite loss or gradient)."""
+    def step(self, group: list[Batch], n_tokens: int) -> None:
+        """One optimizer update over `group`, counted at once (`_flush` takes back a skipped one: a
+        non-finite loss or gradient). With EMA the outcome is read at once: the average follows only
+        the applied updates."""
         state, t, tr, env = self.state, self.t, self.tr, self.env
         sync = dict(grad_denominator=n_tokens / env.world_size, reduce=env.all_reduce_sum) if env.distributed else {}
         res = train_step(tr.forward, group, tr.optimizer, tr.scheduler, tr.precision, label_smoothing=t.label_smoothing,
                          clip_norm=t.clip_norm, pad_id=tr.tokenizer.specials.pad, loss_fn=tr.loss_fn, **sync)
         state.batch_offset += len(group)
+        state.step += 1
         self.meter.add(res, group, n_tokens)
-        if res.updated:
-            state.step, state.nan_steps = state.step + 1, 0
-            if tr.ema is not None:
+        self.pending.append((res.ok, res.loss_ok))
+        self.log.progress(1)
+        if tr.ema is not None:
+            self.applied = self._flush()[-1]
+            if self.applied:
                 tr.ema.update(ckpt.unwrap(tr.model))
-            self.log.progress(1)
-            return True
-        if res.nonfinite_loss or tr.precision.scaler is None:  # (an fp16 overflow is the scaler's business)
-            state.nan_steps, state.nan_total = state.nan_steps + 1, state.nan_total + 1
-            self.log.info(f"warning: non-finite loss/gradient at step {state.step + 1}: update skipped "
-                          f"({state.nan_steps} in a row, {state.nan_total} in total)")
-            if state.nan_steps >= t.max_nan_steps:
-                self.save(improved=False, with_step=False)
-                raise dist.all_ranks_error(env, UserError(
-                    f"{state.nan_steps} non-finite losses in a row (train.max_nan_steps={t.max_nan_steps}); "
-                    f"lower train.lr, raise warmup_steps or set clip_norm"))
-        return False
 
     # ------------------------------------------------------------------ validation and checkpoints
 
     def validate(self) -> bool:
         """Validate on rank 0 (the others wait), then save; True when early stopping says stop."""
+        self._flush()
         state, t, tr, env = self.state, self.t, self.tr, self.env
         shared = None
         if env.is_main:
@@ -328,6 +365,7 @@ class Trainer:
 
     def save(self, improved: bool, with_step: bool) -> None:
         """Collective: every rank calls it at the same step (their RNG states are gathered); rank 0 writes."""
+        self._flush()
         rngs = self.env.gather(ckpt.rng_state())
         if self.env.is_main:
             state = dataclasses.replace(self.state, elapsed=self.clock.local())

@@ -1,14 +1,9 @@
 """Validation during training: teacher-forced loss and perplexity, greedy BLEU/chrF, samples.
 
-Each validation set (`data.valid`, or each item of the list: `nmt.data.batches.ValidSet`) is
-scored on its own and decoded into its own target language (a multilingual model's
-language token, nmt/text/languages.py), with the BLEU tokenizer of that language
-(`train.valid_tokenize: auto`) and, when the run has a language identifier (nmt/text/langid.py),
-its off-target outputs counted. One set gives the flat metrics `loss`, `ppl`, `bleu`, ...
-Several give `NAME/loss`, `NAME/bleu`, ... per set (NAME = "es-en"; TensorBoard
-`valid/es-en/bleu`), one train.log block per set, and their means under the plain names
-(`ppl` = exp of the mean `nll`): the mean is what `train.metric` selects on, so every
-direction counts the same.
+Each validation set (`nmt.data.batches.ValidSet`) is scored on its own, decoded into its own target
+language with that language's BLEU tokenizer, its off-target outputs counted when the run has a
+language identifier. Several sets give `NAME/loss`, `NAME/bleu`, ... (NAME = "es-en") and their
+means under the plain names, which `train.metric` selects on.
 """
 
 from __future__ import annotations

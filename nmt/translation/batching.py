@@ -1,14 +1,9 @@
 """Batches for inference: token-budget batches of sorted sentences, and how they are run.
 
-`make_batches` groups sentences longest first into batches of at most `batch_tokens`
-padded positions and `max_batch_size` sentences; `run_batches` runs a function over them,
-several at once in a thread pool on CPU (`decode.workers`); `run_engine` does both for an
-engine (nmt/translation/engine.py) and is what the text pipeline (nmt/translation/translate.py) and scoring use.
-
-Thread policy on CPU: the workers share torch's intra-op threads (threads / workers each,
-set for the duration of the run and restored afterwards: `torch.set_num_threads` is
-process-wide, so runs must not overlap; `nmt.Translator` runs one call at a time in the
-process).
+`make_batches` groups sentences longest first into batches of at most `batch_tokens` padded positions
+and `max_batch_size` sentences; `run_batches` runs a function over them, several at once in a thread
+pool on CPU (`decode.workers`, sharing torch's intra-op threads for the run); `run_engine` does both
+for an engine (the text pipeline and scoring use it).
 """
 
 from __future__ import annotations
@@ -23,13 +18,9 @@ Progress = Callable[[int], None]
 
 
 def make_batches(lengths: Sequence[int], batch_tokens: int, max_batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches, longest sentences first.
-
-    `lengths` are padded-tensor lengths (EOS included). A batch holds at most
-    `max_batch_size` sentences and `B * max(length) <= batch_tokens` positions;
-    a sentence over the budget on its own gets a batch of one. Equal lengths
-    keep their input order (stable sort), so batching is deterministic.
-    """
+    """Indices grouped into batches, longest sentences first: at most `max_batch_size` sentences and
+    `B * max(length) <= batch_tokens` positions (`lengths` with EOS; a sentence over the budget alone
+    gets a batch of one). Equal lengths keep their input order, so batching is deterministic."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
@@ -47,19 +38,12 @@ def make_batches(lengths: Sequence[int], batch_tokens: int, max_batch_size: int)
 
 def run_batches(fn: Callable[[list[int]], object], batches: Sequence[list[int]], workers: int,
                 torch_device=None, costs: Sequence[float] | None = None) -> Iterator[tuple[list[int], object]]:
-    """(batch, fn(batch)) for each batch, in order; with workers > 1, `workers` batches run at
-    once in a thread pool (torch and CTranslate2 release the GIL inside their work).
-
-    torch_device: the device of a torch model that fn runs. On CPU the workers share torch's
-    intra-op threads (threads / workers each, restored afterwards): at 32-160 rows one op does
-    not keep two cores busy (an OpenMP fork/join per op, Python between ops), two batches at
-    once with one thread each do. On other devices batches run one at a time.
-    costs: each batch's estimated work (`batch_cost`). Given them, the pool
-    takes the largest batches first, and the batches run one at a time, with all threads, when
-    they cannot be shared out evenly (see `_balanced`): one large batch and one small one
-    would otherwise leave a core idle while the large one runs on half the threads.
-    On an error, queued batches are dropped and running ones finish before it propagates.
-    """
+    """(batch, fn(batch)) for each batch, in order; with workers > 1, `workers` batches run at once in a
+    thread pool (torch and CTranslate2 release the GIL). On CPU (`torch_device`) the workers share torch's
+    intra-op threads (restored afterwards); on other devices batches run one at a time. costs: each
+    batch's estimated work (`batch_cost`): the largest go first, and batches that cannot be shared out
+    evenly run one at a time with all threads (`_balanced`). On an error, queued batches are dropped and
+    running ones finish before it propagates."""
     import torch
 
     if torch_device is not None and torch_device.type != "cpu":

@@ -1,50 +1,22 @@
 """The CTranslate2 engine: a model exported by `nmt export`, behind nmt/translation/engine.py's protocol.
 
-The text pipeline is nmt/translation/translate.py's, the same as for PyTorch models (batches, workers,
-empty lines, truncation, order). This module only searches and scores batches of ids.
-The search settings arrive as the one `SearchOptions` that nmt.search takes (nmt/search/options.py),
-mapped here onto `translate_batch`'s arguments. They follow nmt.search exactly; what CTranslate2 cannot
-do the same way is refused (`nmt.translation.engine.check_decode` by its `supports`, a one-line error) instead of giving other outputs:
+The text pipeline is nmt/translation/translate.py's, as for PyTorch models; this module only searches
+and scores batches of ids. The one `SearchOptions` is mapped onto `translate_batch`'s arguments so
+that outputs follow nmt.search exactly; what CTranslate2 cannot do the same way is refused
+(`nmt.translation.engine.check_decode`, by `supports`) instead of giving other outputs:
 
-- Maximum output length per sentence: `nmt.search.max_output_lengths` (EOS counted, as
-  CTranslate2's `max_decoding_length` does). CTranslate2 takes one limit per call: a batch
-  is searched under its largest limit, and the sentences whose own smaller limit a
-  hypothesis reaches are searched again with their exact limit.
-- `min_len` -> `min_decoding_length`, `no_repeat_ngram` -> `no_repeat_ngram_size`: both engines
-  remove the forbidden tokens before the softmax (renormalised; the prefix counts, as in
-  nmt.search), on the generated tokens (not the start token).
-- PAD and BOS are never generated. nmt masks them after its log-softmax (not renormalised);
-  CTranslate2 can only mask before (`suppress_sequences`, renormalised). So sentences are
-  first translated unmasked (CTranslate2's log-probabilities are then ours to float precision)
-  and only the rare ones whose result contains PAD or BOS again with both suppressed.
-- Length penalty: CTranslate2 divides by `length ** alpha` only at the end of the search and
-  ends a sentence once `beam_size * patience` hypotheses are finished; nmt's beam search goes
-  on until no live beam can still win (exact). With patience = the length limit, CTranslate2
-  never stops early (at most beam_size hypotheses finish per step) and returns every finished
-  hypothesis (`return_end_token`, so a length counts EOS as ours does); we recover each raw
-  log-probability and rank them with our formula (gnmt, average or none). Both searches keep
-  the same live beams (the K best candidates that do not end, refilled from the top 2K), so the
-  best is the same. Without a penalty both stop when the best candidate ends; for an n-best list
-  CTranslate2 is given a negligible penalty (`NO_EARLY_EXIT`) and searches to the end too.
-  `decode.patience` > 0 is CTranslate2's own rule in both engines (nmt.search stops a sentence
-  after round(beam_size * patience) finished candidates, as CTranslate2 does): it is passed on
-  as is (with no penalty, as the negligible one: else CTranslate2 would ignore it), and the
-  finished hypotheses it returns are ranked here. CTranslate2 returns at most that many: when
-  more finish at the last step it keeps those best under `length ** alpha`, which is nmt's
-  `average` ranking but not `gnmt`'s, so patience with the gnmt penalty is refused.
-- `stopping: hf` (transformers' heuristic stop, nmt.search) depends on the penalised scores of the
-  live beams at every step, which CTranslate2 does not return: refused with a length penalty (without
-  one it gives the exact stop's results, which are searched as above).
-- Prefixes: CTranslate2 forces them and scores only what follows; the prefix's own
-  log-probability is added from `score_batch` (less its first `nmt.text.languages.free_prefix` tokens,
-  which count 0 as in nmt.search: an imported M2M100/NLLB model's language token). Right after a prefix, only the best candidate may
-  end (CTranslate2's rule, which nmt.search follows).
-- Sampling is refused: CTranslate2 draws its own random numbers (one generator per thread,
-  seeded once), so its samples cannot be the PyTorch engine's (`--engine torch`).
-- Protected spans (`protect`): CTranslate2 cannot forbid tokens per sentence and step, so its
-  search is not constrained as nmt.search's is; among the finished hypotheses of its beam the
-  best one that has every placeholder of its source exactly once is taken (greedy search has
-  only one). The protect report counts the lines that still miss one.
+- Length limit: `nmt.search.max_output_lengths`; one limit per call, so a batch is searched under
+  its largest and the sentences that reach their own smaller limit again with it.
+- `min_len`, `no_repeat_ngram`: CTranslate2's `min_decoding_length`, `no_repeat_ngram_size`.
+- PAD and BOS: nmt masks them after the softmax, CTranslate2 only before; the rare sentences whose
+  result holds one are translated again with both suppressed.
+- Length penalty: CTranslate2 searches to the end (patience = the length limit) and returns every
+  finished hypothesis; they are ranked here with nmt's formula, so the best is the same. With
+  `decode.patience` > 0 both engines use CTranslate2's rule; with the gnmt penalty it is refused.
+  `stopping: hf` with a length penalty is refused.
+- Prefixes: CTranslate2 forces them; their own log-probability comes from `score_batch`.
+- Sampling is refused (CTranslate2 draws its own random numbers).
+- Protected spans: the best finished hypothesis with every placeholder exactly once is taken.
 """
 
 from __future__ import annotations
@@ -81,13 +53,10 @@ def resolve_ct2_device(name: str | None, ctranslate2) -> tuple[str, int]:
 class Ct2Engine:
     """An exported model loaded in CTranslate2, with its tokenizer and decode defaults.
 
-    model_dir: a directory written by `nmt export`. compute_type: CTranslate2's ("default" keeps
-    the exported weights' type; "int8", "float32", ...). intra_threads: threads per translation
-    (0 = CTranslate2's default, or cores / workers with workers > 1). workers: batches translated
-    at once (CTranslate2's inter_threads; None = the exported decode.workers; 0 = auto, see
-    `resolve_workers`). precision: a decode.precision, mapped onto compute_type (nmt/model/precision.py;
-    None: the export's decode.precision, whose default `auto` keeps compute_type).
-    """
+    model_dir: a directory written by `nmt export`. compute_type: CTranslate2's ("default": the exported
+    type). intra_threads: threads per translation (0: CTranslate2's default, or cores / workers).
+    workers: CTranslate2's inter_threads (None: the export's decode.workers; 0: `resolve_workers`).
+    precision: a decode.precision, mapped onto compute_type (None: the export's)."""
 
     name = "ctranslate2"
     supports = frozenset()  # none of nmt.search.options.FEATURES (module docstring): each is refused by name
@@ -141,14 +110,10 @@ class Ct2Engine:
 
     def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
                      cancel: Cancel | None = None) -> list[list[Hypothesis]]:
-        """Per source (ids without EOS) up to `options.nbest` hypotheses, best first; greedy when
-        beam_size == 1; the options are mapped onto `translate_batch`'s arguments (module docstring).
-        CTranslate2 takes one output limit per call: the batch's largest. Sentences
-        whose own (smaller) limit a hypothesis reaches are searched again with their exact limit,
-        grouped by limit, so no output exceeds its sentence's maximum length. Of the inputs only the
-        prefixes are used: `keys` are for sampling, which is refused, and the placeholders the search
-        cannot enforce are checked by name (`_rank`). cancel: checked before each search (CTranslate2
-        cannot stop one that runs)."""
+        """Per source (ids without EOS) up to `options.nbest` hypotheses, best first, with the options mapped
+        onto `translate_batch` (module docstring). A batch is searched under its largest output limit; the
+        sentences whose smaller limit a hypothesis reaches are searched again with it. Of the inputs only the
+        prefixes are used (placeholders are checked by `_rank`). cancel: checked before each search."""
         prefixes = inputs.prefixes
         refused = options.features() - self.supports
         if refused:

@@ -1,44 +1,31 @@
 """Inference engines: the small interface between the text pipeline and a model, and `load_engine`.
 
-nmt/translation/translate.py owns the one text pipeline (protect, encode, truncate, detokenize, restore
-order; batching and workers: nmt/translation/batching.py; files are read and written by the commands) for `nmt translate`, `nmt evaluate`,
-validation during training and `nmt.Translator`; `nmt score` (nmt/translation/score.py) batches through
-nmt/translation/batching.py too. They talk to a model only through this protocol, which two engines implement: `TorchEngine` (nmt/translation/torch_engine.py:
-a Transformer and nmt/search/__init__.py) and `Ct2Engine` (nmt/translation/ct2.py: a model exported with
-`nmt export`). `load_engine(path)` picks one by what `path` is.
+The text pipeline (nmt/translation/translate.py, batching in nmt/translation/batching.py) talks to a
+model only through this protocol, which `TorchEngine` (nmt/translation/torch_engine.py) and
+`Ct2Engine` (nmt/translation/ct2.py) implement; `load_engine(path)` picks one by what `path` is.
 
     class Engine(Protocol):
         name: str                       "torch" or "ctranslate2"
         tokenizer: Tokenizer
-        decode: DecodeConfig            the model's default search settings (its config's `decode`)
+        decode: DecodeConfig            the model's default search settings
         max_positions: int              longest sequence the model accepts
         torch_device: torch.device | None   a PyTorch model's device (None: the engine runs its own threads)
-        workers: int | None             batches the engine searches at once (None: decided per call, `resolve_workers`)
+        workers: int | None             batches searched at once (None: decided per call, `resolve_workers`)
         precision: str                  decode.precision it was loaded with (nmt/model/precision.py)
         supports: frozenset[str]        the nmt.search.options.FEATURES it searches as nmt.search does
-                                        (`check_decode` refuses the others; "terms": glossary terms)
-        def check_precision(p)           UserError unless calls with decode.precision p can run (fixed at load)
+        def check_precision(p)           UserError unless decode.precision p can run (fixed at load)
         def running() -> ContextManager  around a run of calls: the model in eval mode
         def search_batch(src_ids, options, inputs=NO_INPUTS, cancel=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
         def align_batch(src_ids, tgt_ids) -> list[list[tuple[int, int]]]   (UserError where unsupported)
 
-`src_ids` are subword ids without EOS (at most max_positions - 1 each; at least one for
-search_batch, possibly none for score_batch);
-the engine appends EOS. `search_batch` searches with `options`, one
-nmt.search.options.SearchOptions that the caller builds once from the decode settings
-(`SearchOptions.from_decode(decode, engine.tokenizer)`) and both engines consume as it is (the PyTorch
-engine hands it to nmt.search; CTranslate2's maps it onto `translate_batch`'s arguments), and returns
-per source up to `options.nbest` hypotheses, best first (Hypothesis: tokens without BOS/EOS, score,
-log_prob, finished). `inputs` (nmt.search.options.SearchInputs) carry the per-source data: `keys`
-(one integer per source, the input line number) fix the (PyTorch engine's) samples with
-`options.sampling`; `prefixes` (target ids per source) are forced; `constraints` (glossary terms,
-only where it `supports` "terms") must appear in every output. `cancel()` (or None)
-is checked at every decoding step (CTranslate2: before each of its calls, which it cannot stop) and
-True raises nmt.errors.Cancelled.
-`score_batch` returns per pair the log-probability of each target token and of the
-final EOS under the model (teacher forcing). `align_batch` gives per pair the
-(source index, target index) alignment of each target token (nmt.model.transformer.Transformer.alignment).
+`src_ids` are subword ids without EOS (the engine appends it; at most max_positions - 1 each).
+`search_batch` searches with the one `SearchOptions` the caller built from the decode settings and
+returns per source up to `options.nbest` hypotheses, best first; `inputs` (`SearchInputs`) carry the
+per-source sampling keys, prefixes and constraints (only where it `supports` "terms"). `cancel()` is
+checked at every step (CTranslate2: before each call) and True raises nmt.errors.Cancelled.
+`score_batch`: per pair the log-probability of each target token and of EOS (teacher forcing).
+`align_batch`: per pair the (source index, target index) of each target token.
 """
 
 from __future__ import annotations

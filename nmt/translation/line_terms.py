@@ -1,18 +1,13 @@
 """Lines with glossary terms: what each line's output must hold, and how those lines are searched.
 nmt/translation/translate.py builds a call's `LineTerms` once (`LineTerms.of`) and lets it search each batch.
 
-- A line's terms: the target term of every glossary entry whose source term the line holds
-  (nmt/text/glossary.py: whole words, longest match first), as target token ids, each distinct target
-  encoded once. Checked when found: the model must be able to write each term, and its output limit
-  must have room for them all (with the line's prefix, placeholders and an EOS).
+- A line's terms: the target term of every matched glossary entry (nmt/text/glossary.py), as token
+  ids; checked when found: the model can write each, and its output limit has room for them all.
 - decode.glossary.constrain `always`: a line with a term is searched with its terms as constraints
-  (nmt/search/constraints.py); a line without one as without the glossary. `missing`: every line is searched as
-  without the glossary first and keeps its outputs where each already holds every term of its line
-  (whole words, as `nmt evaluate --glossary` counts term use); only the others are searched again with
-  constraints.
-- The constrained search takes decode.glossary.beam_size and decode.glossary.length_penalty where set
-  (`term_settings`), else the search's own.
-With decode.protect, terms are matched in the masked line (protected spans are copied as they are).
+  (nmt/search/constraints.py). `missing`: every line is searched as without the glossary first, and
+  only the lines whose outputs miss a term are searched again with constraints.
+- The constrained search takes decode.glossary.beam_size and length_penalty where set (`term_settings`).
+With decode.protect, terms are matched in the masked line.
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """Forced decoding (`nmt score`, `Translator.score`): the model's log-probability of given translations.
 
-For each (source, target) pair the target is encoded, EOS appended, and every token's
-log-probability under the model is read off one teacher-forced pass (the same fp32
-log-softmax over the full vocabulary that search sums into `Hypothesis.log_prob`, so a
-hypothesis that beam search produced scores exactly its `log_prob`). This is what
-back-translation filtering and n-best reranking use (fairseq's --score-reference,
-Marian's scorer, Sockeye's `score`).
+For each (source, target) pair the target is encoded, EOS appended, and every token's log-probability
+is read off one teacher-forced pass (the fp32 log-softmax that search sums into `Hypothesis.log_prob`,
+so a finished hypothesis scores exactly its `log_prob`). For back-translation filtering and n-best
+reranking (as fairseq's --score-reference, Marian's scorer).
 
 Output, one line per input pair, in order, tab-separated:
 
     LOG_PROB <tab> LOG_PROB_PER_TOKEN <tab> TOKENS
 
-LOG_PROB: summed log-probability (natural log) of the target tokens and EOS; TOKENS: their
-number (EOS included, so an empty target has 1); LOG_PROB_PER_TOKEN = LOG_PROB / TOKENS. For a
-multilingual model the target language token (`--tgt-lang`) comes first and counts too, as
-in Hugging Face's labels `[lang, y, </s>]` (nmt/text/languages.py).
-Every pair is scored, empty lines too (an empty source is the source EOS alone). A model
-trained with data.protect scores pairs as translation sees them (`--protect` by default for
-such a model; `--no-protect` scores the raw text): protected spans become placeholders, the
-source's numbered in order, the target's with the placeholder of the same source span.
-The score always ends with EOS: it equals the `log_prob` of a hypothesis that ended with EOS
-(finished); one cut at the length limit has no EOS in its log_prob, so its score is lower by
-log p(EOS) at that point.
-Sources and targets longer than max_positions - 1 tokens are truncated (one warning
-counts them; such a score covers the kept tokens only).
+LOG_PROB: the natural-log sum over the target tokens and EOS; TOKENS: their number (an empty target
+has 1); a multilingual model's language token comes first and counts too. Every pair is scored,
+empty lines too. A model trained with data.protect scores pairs as translation sees them (`--protect`
+by default for it). Sources and targets longer than max_positions - 1 tokens are truncated (one
+warning counts them).
 """
 
 from __future__ import annotations

@@ -25,17 +25,11 @@ MAX_CPU_ROWS = 256  # decoder rows (sentences x beams) searched at once on CPU (
 class TorchEngine:
     """A Transformer searched by nmt/search/__init__.py.
 
-    `TorchEngine.load(checkpoint, device, precision=...)` for the commands (on CPU with nmt/model/fast.py's and nmt/search/fast.py's
-    fast paths installed, on CUDA with nmt/search/cuda_graphs.py's decoder; nmt/model/precision.py's int8 weights or
-    autocast); `TorchEngine(model, tokenizer, decode, ops, autocast=dtype)` wraps a live model
-    (validation during training). Calls run inside
-    `running()` (eval mode). `precision`: what the model runs ("fp32", "bf16", "fp16", "int8"), fixed
-    when it loads.
-
-    autocast: a reduced-precision dtype (torch.bfloat16 / torch.float16) the model's forward
-    passes run under, or None (fp32). Autocast is a thread-local setting, so every call enters
-    it itself, in the thread that runs the call (the pipeline may run batches in worker threads).
-    """
+    `TorchEngine.load(checkpoint, device, precision=...)` for the commands (with the CPU fast paths, or
+    CUDA graphs on CUDA; int8 weights or autocast); `TorchEngine(model, tokenizer, decode, ops,
+    autocast=dtype)` wraps a live model (validation). Calls run inside `running()` (eval mode).
+    `precision` is fixed when it loads. autocast (torch.bfloat16 / torch.float16, or None) is
+    thread-local, so every call enters it in its own thread."""
 
     name = "torch"
     workers = None
@@ -108,11 +102,9 @@ class TorchEngine:
 
     def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
                      cancel: Cancel | None = None) -> list[list[Hypothesis]]:
-        """Per source its n-best hypotheses (`search`). On CPU a batch is searched in consecutive parts of
-        at most `MAX_CPU_ROWS` decoder rows (sentences x beams or samples): the decoder cache and beam
-        state of a 256-sentence batch at beam 5 would otherwise hold 1,280 rows; at 256 rows the matmuls
-        are as efficient (and use nmt/model/fast.py's packed weights). Each sentence's search is independent of
-        its companions, so the results are the same. cancel: checked at every step (nmt.search.Cancel)."""
+        """Per source its n-best hypotheses (`search`). On CPU a batch is searched in consecutive parts of at
+        most `MAX_CPU_ROWS` decoder rows (sentences x beams), as efficient and with less memory; each
+        sentence's search is independent, so the results are the same. cancel: checked at every step."""
         step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // options.rows_per_sentence)
         if len(src_ids) <= step:
             return self.search(src_ids, options, inputs, cancel)

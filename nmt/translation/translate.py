@@ -1,23 +1,17 @@
-"""The one text pipeline: translation for `nmt translate`, `nmt evaluate`, validation during
-training and `nmt.Translator`, for both engines (nmt/translation/engine.py). (`nmt score` shares its
-encoding limits and batching, nmt/translation/batching.py, but not its search.)
+"""The one text pipeline: translation for `nmt translate`, `nmt evaluate`, validation during training
+and `nmt.Translator`, for both engines (nmt/translation/engine.py).
 
-`translate_chunk(engine, lines, decode)` masks protected spans, encodes the lines,
-sorts them by source length into token-budget batches (`decode.batch_tokens` padded
-source positions, at most `decode.max_batch_size` sentences; nmt/translation/batching.py), runs
-`engine.search_batch` on them (several batches at once with `decode.workers`),
-detokenizes, restores protected spans and the input order. Guarantees:
-
-- one result per input line, in the input's order;
-- a line that encodes to no tokens (empty, blank) gives "" without reaching the model;
-- a line longer than the model accepts is truncated to `max_positions - 1` tokens (room
-  for the source EOS), never dropped; its result says so (`TranslationResult.truncated`);
-- each sentence is searched independently of its batch companions, so results do not
-  depend on batching or workers (scores up to float rounding: the padding of a batch);
+`translate_chunk(engine, lines, decode)` masks protected spans, encodes the lines, sorts them into
+token-budget batches (nmt/translation/batching.py), runs `engine.search_batch` on them (several at
+once with `decode.workers`), detokenizes, restores protected spans and the input order. Guarantees:
+- one result per input line, in order; a line that encodes to no tokens gives "" without the model;
+- a line longer than the model accepts is truncated to `max_positions - 1` tokens, never dropped
+  (`TranslationResult.truncated`);
+- each sentence is searched independently of its batch, so results do not depend on batching or
+  workers (scores up to float rounding);
 - every output text is one line (`textio.one_line`);
-- with a glossary (the PyTorch engine), every output of a line holds the target term of every entry
-  whose source term matches in the line, and a line no entry matches is searched exactly as without
-  the glossary (nmt/translation/line_terms.py: which lines get the constrained search, and how).
+- with a glossary (PyTorch engine), every output holds the target term of each matched entry, and a
+  line no entry matches is searched as without it (nmt/translation/line_terms.py).
 """
 
 from __future__ import annotations
@@ -40,11 +34,9 @@ Warn = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Translation:
-    """One output of one input line: text, score (after the length penalty), log_prob (summed
-    token log-probabilities), finished (False: it stopped at the maximum length), alignment
-    ((source, target) subword index pairs, with decode.alignment) and protected (with
-    decode.protect: None if the line had no protected span, else whether every span came
-    back exactly once)."""
+    """One output of one input line: text, score (after the length penalty), log_prob, finished (False: cut
+    at the maximum length), alignment ((source, target) subword index pairs, with decode.alignment) and
+    protected (decode.protect: None without spans, else whether every span came back exactly once)."""
 
     text: str
     score: float
@@ -162,14 +154,10 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
                     first_line: int = 0, prefixes: Sequence[str] | None = None,
                     line_numbers: Sequence[int] | None = None,
                     cancel: Callable[[], bool] | None = None, glossary=None) -> list[TranslationResult]:
-    """One TranslationResult per line, in order (module docstring).
-
-    first_line: the input line number of lines[0] (sampling keys). line_numbers: each line's own
-    number instead (lines gathered from several inputs, e.g. the requests `nmt serve` translates
-    together); first_line is then not used. prefixes: per line a target prefix text the output
-    must start with (may be empty). cancel: checked at every decoding step; True stops the call
-    (nmt.errors.Cancelled). glossary: a `nmt.text.glossary.Glossary` whose terms the outputs must hold.
-    """
+    """One TranslationResult per line, in order (module docstring). first_line: the input line number of
+    lines[0] (sampling keys), or line_numbers: each line's own. prefixes: per line a target prefix the
+    output must start with (may be empty). cancel: checked at every decoding step; True raises
+    nmt.errors.Cancelled. glossary: a `nmt.text.glossary.Glossary` whose terms the outputs must hold."""
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     src_ids, truncated = encode_sources(engine, lines, decode.src_lang)
@@ -217,12 +205,9 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
 
 def translate_nbest(engine, lines: Sequence[str], decode: DecodeConfig | None = None, *,
                     warn: Warn | None = None, prefixes: Sequence[str] | None = None) -> list[list[Translation]]:
-    """Per input line `decode.nbest` Translations, best first (greedy when beam_size == 1).
-
-    decode: default the engine's. Empty lines give `decode.nbest` copies of EMPTY. Over-long
-    lines are truncated and counted in one warning passed to `warn` (default: stderr).
-    prefixes: see translate_chunk.
-    """
+    """Per input line `decode.nbest` Translations, best first (decode: default the engine's). Empty lines
+    give copies of EMPTY; over-long lines are truncated and counted in one warning to `warn` (default:
+    stderr). prefixes: see translate_chunk."""
     decode = decode or engine.decode
     results = translate_chunk(engine, lines, decode, prefixes=prefixes)
     n_truncated = sum(r.truncated for r in results)

@@ -1,49 +1,27 @@
 """Choosing a model's decode settings on a dev set, within a time budget (`nmt tune`, `train.tune_decode`).
 
-    nmt tune --checkpoint CK --src dev.es --ref dev.en [-o TUNED.pt | --in-place] [--max-time 600] [--metric bleu|chrf]
-             [--max-loops 0.02] [--tgt-lang L] [--glossary FILE [--glossary-ignore-case] [--glossary-constrain M]]
+What is searched: the beam size (greedy, 5), n-gram blocking (off, 3, 4, 6), and for beam search the
+length penalty (gnmt and average, alpha 0.5 ... 2.0 in steps of 0.1, and none). Outputs that loop (a
+word 3-gram 3+ times: nmt/evaluation/degeneration.py) may be at most `max_loops` of the lines; when
+no setting is within it, nothing is chosen (`TuneResult.within_limit`). A multilingual model is tuned
+in one target language; the settings serve every language (the decode section is one).
 
-What is searched: the beam size (greedy, 5), n-gram blocking (off, 3, 4, 6), and for beam search
-the length penalty (gnmt and average, alpha 0.5 ... 2.0 in steps of 0.1, and none). Outputs that loop (a word
-3-gram 3+ times: nmt/evaluation/degeneration.py) may be at most `max_loops` of the lines (default 2%):
-BLEU barely notices a loop, a reader does. When no setting is within that limit, nothing is chosen
-(`TuneResult.within_limit`; `nmt tune` then writes nothing and says which share it found).
-A multilingual model is tuned on a dev set in one of its target languages (`--tgt-lang`); the
-settings chosen there become its decode settings for every language (the decode section is one).
+How: beam search's live beams do not depend on the length penalty, so one search that keeps every
+finished hypothesis (`SearchOptions(keep_all=True)`) gives the output under every penalty at once.
+Each (beam size, n-gram) pair, an "arm", is decoded once per line, and the arms are raced by
+successive halving (Jamieson and Talwalkar, 2016): all arms decode the first 100 lines of a fixed
+shuffle of the dev set, the better half the lines up to 200, and so on, until one arm has the whole
+dev set or the next round would overrun the time budget (the first round always runs). The chosen
+setting is the best one on the most lines its arm decoded.
 
-How: the penalty costs nothing to try. Beam search's live beams never depend on the length
-penalty (they are the K best candidates by log-probability), so one search that keeps every
-hypothesis it finishes (`SearchOptions(keep_all=True)`, `Decoder.arm_options`) gives, for every penalty at once, the
-output the search would return under it: rank its finished hypotheses by that penalty. So each
-(beam size, n-gram) pair, an "arm", is decoded once per line and all penalties are scored from it.
-(The checkpoint's `patience` is kept: its count of finished hypotheses does not depend on the
-penalty either, so the same holds under it.)
-The arms are then raced by successive halving (Jamieson and Talwalkar, 2016): all arms decode the
-first 100 lines of a fixed shuffle of the dev set; the better half (by the metric of its best
-penalty, loops within the limit) decodes the next lines up to 200, and so on, doubling, until one
-arm has the whole dev set or the time budget would run out (the next round's time is estimated
-from the measured speed of each arm; the first round always runs). The chosen setting is the best
-one on the largest set of lines its arm decoded; the table printed shows each arm's best setting
-per round and, for the winner, every penalty on its last round.
+With a glossary, once the setting is chosen, the lines searched with their terms
+(decode.glossary.constrain) get their own beam size (the setting's, or twice it) and length penalty
+(`tune_glossary`), by the same one-search trick.
 
-With a glossary (`--glossary`), once the setting is chosen, the lines the glossary's constrained search
-takes (decode.glossary.constrain: every line with a term, or those whose free output lacks one) get their
-own beam size and length penalty (`decode.glossary.beam_size`, `decode.glossary.length_penalty`): the
-setting's beam size and twice it, every alpha of its penalty type, scored on the same dev lines with the
-glossary applied as `nmt translate` applies it (`tune_glossary`; the same one-search-per-beam-size trick:
-the constrained search's live beams and its stop after beam_size endings do not depend on the penalty).
-Forced terms make outputs longer under the free search's penalty, and dynamic beam allocation spreads the
-beam over hypotheses with more and fewer terms written (BENCHMARKS.md "Glossaries").
-
-Scores are sacreBLEU's (corpus BLEU or chrF), computed from per-line sufficient statistics so
-that each setting costs a sum. Settings are chosen on the dev set only.
-
-The result is written into the `decode` section of a copy of the checkpoint (`-o`), or of the
-checkpoint itself (`--in-place`, atomically: a temporary file renamed over it); everything else
-in the checkpoint (weights, tokenizer, training state) is written back unchanged, and the
-checkpoint gets a `tuned` record (settings, metric, lines, the table). `train.tune_decode`
-runs it on the validation set at the end of training, on best.pt; its `stop` (a signal arrived)
-ends the race between two batches with `Stopped`, and nothing is written.
+Scores are sacreBLEU's corpus BLEU or chrF, summed from per-line statistics. The result goes into
+the `decode` section of a copy of the checkpoint (`-o`) or of the checkpoint itself (`--in-place`,
+atomically), with a `tuned` record (settings, metric, lines, the table); nothing else changes.
+`train.tune_decode` runs it on best.pt; its `stop` ends the race between two batches (`Stopped`).
 """
 
 from __future__ import annotations
@@ -337,12 +315,10 @@ class Race:
 
 
 def tune_glossary(race: Race, best: Row, constrain: str, log: Callable[[str], None]) -> list[Row]:
-    """Every glossary_beam_size (the setting's beam size and twice it) and glossary_length_penalty (alpha
-    of the setting's penalty type) scored on the chosen setting's dev lines with the glossary applied as
-    `nmt translate` applies it (`constrain`: "always", every line with a term constrained; "missing", those
-    whose free output lacks one of its terms): per beam size one constrained search keeping every
-    hypothesis gives every alpha (as for the free search); the other lines keep the chosen setting's
-    output. [] when there is nothing to tune (greedy, no penalty, no line the constrained search takes)."""
+    """Every glossary_beam_size (the setting's beam size and twice it) and glossary_length_penalty (alpha of
+    the setting's penalty type) scored on the chosen setting's dev lines with the glossary applied as
+    `nmt translate` applies it (`constrain`), one constrained search per beam size; the other lines keep
+    the setting's output. [] when there is nothing to tune."""
     setting, decoder = best.setting, race.decoder
     if setting.beam_size == 1 or setting.length_penalty_type == "none" or decoder.terms is None:
         return []
@@ -385,12 +361,10 @@ def tune(engine, src_lines: Sequence[str], ref_lines: Sequence[str], *, metric: 
          max_loops: float = MAX_LOOPS, beams: Sequence[int] = BEAMS, ngrams: Sequence[int] = NGRAMS,
          log: Callable[[str], None] = print, stop: Callable[[], bool] = lambda: False,
          tgt_lang: str | None = None, src_lang: str | None = None, glossary=None) -> TuneResult:
-    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring).
-    tgt_lang: a multilingual model's target language, the references' (default: the engine's decode
-    setting, else the model's default); src_lang: the dev sources' language where a token gives it
-    (imported M2M100/NLLB; default: the engine's decode setting). glossary: a `nmt.text.glossary.Glossary`; with
-    it, once the setting is chosen, its glossary_beam_size and glossary_length_penalty too (`tune_glossary`). `stop()` is asked between
-    batches and once more at the end: true raises `Stopped`. Check `within_limit` before using the result."""
+    """Choose decode settings for `engine` (a TorchEngine) on these dev lines (module docstring). tgt_lang,
+    src_lang: the dev set's languages where the model needs them (default: the engine's settings).
+    glossary: with it, also `tune_glossary`. `stop()` is asked between batches and at the end: true
+    raises `Stopped`. Check `within_limit` before using the result."""
     if metric not in ("bleu", "chrf"):
         raise UserError(f"unknown tuning metric {metric!r} (choose bleu or chrf)")
     if len(src_lines) != len(ref_lines):
