@@ -317,13 +317,13 @@ def test_imported_models_translate_as_nmt_greedy(family, tmp_path):
     import hf_fixtures as fx
 
     from nmt.api import Translator
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
     from nmt.translation.torch_engine import TorchEngine
 
     d = str(tmp_path / family)
     fx.marian_model(d) if family == "marian" else fx.m2m100_model(d, nllb=family == "nllb")
     ckpt = str(tmp_path / f"{family}.pt")
-    assert import_command(d, ckpt, quiet=True) == 0
+    assert import_command(ImportOptions(d, ckpt, quiet=True)) == 0
     out = export(ckpt, str(tmp_path / "onnx"))
     lines = fx.corpus_lines("test", "es", 30)
     ids, _, texts = ort_greedy(out, lines)

@@ -286,12 +286,12 @@ def test_an_imported_nllb_page_translates_into_the_chosen_language(npm_packages,
     import hf_fixtures as fx
     from selenium.webdriver.support.ui import Select
 
-    from nmt.commands.import_model import import_command
+    from nmt.commands.import_model import ImportOptions, import_command
 
     d = str(tmp_path / "nllb")
     fx.m2m100_model(d, nllb=True)
     ckpt = str(tmp_path / "nllb.pt")
-    assert import_command(d, ckpt, quiet=True) == 0
+    assert import_command(ImportOptions(d, ckpt, quiet=True)) == 0
     out = export_web(ckpt, str(tmp_path / "web"), os.path.dirname(next(iter(npm_packages.values()))))
     lines = fx.corpus_lines("test", "es", 3)
     driver = browser(str(tmp_path / "profile"))
