@@ -225,16 +225,19 @@ def _export_parser(sub) -> None:
     from nmt.commands.export import FORMATS  # the formats registered with the export command
     from nmt.interop.ct2_export import QUANTIZATIONS  # no torch, no ctranslate2 at import
 
-    p = sub.add_parser("export", help="export a checkpoint for CTranslate2 or Hugging Face transformers",
+    p = sub.add_parser("export", help="export a checkpoint for CTranslate2, transformers, ONNX or the browser",
                        description="Write a CTranslate2 model directory from a checkpoint (needs `pip install -e \".[ct2]\"`), "
                        "or with --format hf a Hugging Face directory (MarianMT or M2M100) that transformers' "
-                       "AutoModelForSeq2SeqLM and AutoTokenizer load.")
+                       "AutoModelForSeq2SeqLM and AutoTokenizer load, with --format onnx the ONNX directory that "
+                       "onnxruntime, optimum and transformers.js load, with --format web a page that translates in "
+                       "the browser (both need `pip install -e \".[onnx]\"`; web also npm: docs/onnx.md).")
     p.add_argument("--checkpoint", "-c", required=True, metavar="CKPT", help="checkpoint to export")
     p.add_argument("--format", default="ctranslate2", choices=tuple(FORMATS),
-                   help="export format (default: ctranslate2; hf: Hugging Face transformers)")
+                   help="ctranslate2 (default), hf (transformers), onnx (onnxruntime, optimum, transformers.js) or "
+                   "web (a page that translates in the browser)")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="output directory")
     p.add_argument("--quantization", choices=QUANTIZATIONS,
-                   help="weight quantization (default: float32)")
+                   help="weight quantization (default: float32; onnx and web: int8 only)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output directory (an earlier export, "
                    "never one that holds the checkpoint)")
 

@@ -12,7 +12,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/pip" install -q torch==2.13.0
-"$tmp/venv/bin/pip" install -q -e ".[dev,ct2,serve,hf]"
+"$tmp/venv/bin/pip" install -q -e ".[dev,ct2,serve,hf,onnx]"
 {
     echo "# Versions the test suite was last run with (bash scripts/refresh_constraints.sh; see README.md \"Install\")."
     "$tmp/venv/bin/pip" freeze --exclude-editable | grep -v -i -E '^(torch|triton|nvidia-)' | grep -v '^-e '

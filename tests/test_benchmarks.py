@@ -125,6 +125,29 @@ def test_bench_ct2_times_each_engine_in_its_own_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_onnx_times_every_engine_on_the_same_work(tmp_path):
+    """Six engines (nmt, CTranslate2, onnxruntime; fp32 and int8), each its own process: with --force-len every
+    engine decodes exactly 4 tokens per line, and the fp32 ones give nmt's outputs."""
+    pytest.importorskip("ctranslate2", reason="bench_onnx needs the [ct2] extra")
+    pytest.importorskip("onnxruntime", reason="bench_onnx needs the [onnx] extra")
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"), norm="post")
+    src = tmp_path / "in.es"
+    src.write_text("el perro rojo ve la casa\nla luna\nel gato come y el sol ve el rio\nla flor\n", encoding="utf-8")
+    out = tmp_path / "onnx.json"
+    run_script("bench_onnx.py", "--checkpoint", ckpt, "--input", str(src), "--ref", str(src), "--sentences", "0",
+               "--batch-size", "3", "--force-len", "4", "--repeats", "1", "--threads", "1", "--json", str(out))
+    res = json.loads(out.read_text())
+    rows = res["results"]
+    assert [(r["engine"], r["weights"]) for r in rows] == [
+        ("nmt (PyTorch)", "fp32"), ("nmt (PyTorch)", "int8"), ("CTranslate2", "float32"), ("CTranslate2", "int8"),
+        ("onnxruntime", "fp32"), ("onnxruntime", "int8")]
+    assert all(r["sentences"] == 4 and r["target_tokens"] == 16 and r["peak_rss_mb"] > 0 for r in rows)
+    assert [r["same_as_nmt"] for r in rows[::2]] == [1.0, 1.0, 1.0]
+    assert all(r["size_mib"] > 0 for r in rows)
+    assert all(r["bleu"] is None for r in rows)  # (forced lengths: no BLEU)
+
+
+@pytest.mark.slow
 def test_bench_data_generates_varied_copies_and_prepares_them(tmp_path):
     import gzip
 

@@ -56,7 +56,7 @@ def test_export_choices_come_from_the_export_command_and_the_exporter():
     export = next(a for a in build_parser()._actions if a.dest == "command").choices["export"]
     choices = {a.dest: tuple(a.choices) for a in export._actions if a.choices is not None}
     assert choices == {"format": tuple(FORMATS), "quantization": QUANTIZATIONS}
-    assert "int8_bfloat16" in choices["quantization"] and set(FORMATS) == {"ctranslate2", "hf"}
+    assert "int8_bfloat16" in choices["quantization"] and set(FORMATS) == {"ctranslate2", "hf", "onnx", "web"}
 
 
 HELP_CHARS = 190  # at most two lines of help per key or flag

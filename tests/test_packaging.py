@@ -67,7 +67,7 @@ def test_ci_installs_and_tests_exactly_as_the_readme_says():
     install = _block_after(readme, "## Install")
     assert install[0].startswith("python3 -m venv ")
     wanted = install[1:] + _block_after(readme, "## Test")  # the venv's path is CI's own (a new temporary one)
-    assert "pip install -e \".[dev,ct2]\" -c tests/constraints.txt" in wanted
+    assert "pip install -e \".[dev,ct2,onnx]\" -c tests/constraints.txt" in wanted
     at = [next((i for i, line in enumerate(ci) if line.replace("pip install -q ", "pip install ") == cmd
                 or (cmd.startswith("python3 -m venv") and line.startswith("python3 -m venv"))), None) for cmd in wanted]
     missing = [cmd for cmd, i in zip(wanted, at) if i is None]
@@ -79,7 +79,8 @@ def test_constraints_pin_every_dev_tool_and_leave_torch_to_the_user():
     with open(os.path.join(ROOT, "tests", "constraints.txt"), encoding="utf-8") as f:
         pins = dict(line.strip().split("==") for line in f if "==" in line)
     names = {name.lower().replace("_", "-") for name in pins}
-    assert {"pytest", "ruff", "transformers", "selenium", "ctranslate2", "sacrebleu", "sentencepiece"} <= names
+    assert {"pytest", "ruff", "transformers", "selenium", "ctranslate2", "sacrebleu", "sentencepiece", "onnx",
+            "onnxruntime", "onnxscript"} <= names
     assert not {"torch", "triton"} & names, "torch is installed first, CPU or CUDA build: not pinned here"
 
 

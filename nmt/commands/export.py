@@ -1,13 +1,16 @@
-"""`nmt export`: a checkpoint -> a model directory for CTranslate2 (nmt/interop/ct2_export.py) or Hugging Face
-transformers (nmt/interop/hf_export.py).
+"""`nmt export`: a checkpoint -> a model directory for CTranslate2 (nmt/interop/ct2_export.py), Hugging Face
+transformers (nmt/interop/hf_export.py), onnxruntime / optimum / transformers.js (nmt/interop/onnx_export.py), or
+a web page that translates in the browser (nmt/interop/web_export.py).
 
 The formats register here, in `FORMATS` (the CLI's --format choices): each entry loads the checkpoint, calls
-its writer and prints what it wrote. The writers share only the lower nmt/interop/export_dir.py (the metadata file,
-the checks before writing) and `textio.atomic_dir`; neither imports the other.
+its writer and prints what it wrote. The writers share the lower nmt/interop/export_dir.py (the metadata file,
+the checks before writing) and `textio.atomic_dir`; the CTranslate2 and Hugging Face writers do not import each
+other, the ONNX writer builds on the Hugging Face one, the web writer on the ONNX one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -53,7 +56,7 @@ def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, for
     from nmt.interop.hf_export import require_safetensors, write_hf
 
     if quantization is not None:
-        raise UserError("--quantization applies to CTranslate2 exports only (--format ctranslate2)")
+        raise UserError("--quantization applies to the ctranslate2, onnx and web formats, not to hf")
     require_safetensors()
     check_output_dir(output_dir, force)
     model, tokenizer, cfg, record = _load(checkpoint)
@@ -67,7 +70,30 @@ def export_hf(checkpoint: str, output_dir: str, *, quantization: str | None, for
         print(f"exported {checkpoint} to {output_dir} (Hugging Face {family}, {tok})", file=sys.stderr)
 
 
-FORMATS: dict[str, Callable[..., None]] = {"ctranslate2": export_ctranslate2, "hf": export_hf}
+def export_onnx(checkpoint: str, output_dir: str, *, quantization: str | None, force: bool, quiet: bool,
+                web: bool = False) -> None:
+    """An ONNX directory (nmt/interop/onnx_export.py), or with `web` a page around one (nmt/interop/web_export.py)."""
+    from nmt.interop.onnx_export import check_quantization, require_onnx, write_onnx
+    from nmt.interop.web_export import require_npm_packages, write_web
+
+    require_onnx()
+    check_quantization(quantization)
+    check_output_dir(output_dir, force)
+    packages = require_npm_packages() if web else None  # before the slow part: the one-line error comes first
+    model, tokenizer, cfg, record = _load(checkpoint)
+    write = functools.partial(write_web, packages=packages) if web else write_onnx
+    graphs, notes = write(model, tokenizer, cfg, output_dir, quantization=quantization, force=force,
+                          checkpoint=checkpoint, step=record.step)
+    if not quiet:
+        for note in notes:
+            print(f"nmt export: note: {note}", file=sys.stderr)
+        sizes = ", ".join(f"{name} {os.path.getsize(os.path.join(output_dir, path)) / 2**20:.1f} MiB"
+                          for name, path in graphs.items())
+        print(f"exported {checkpoint} to {output_dir} ({'web page' if web else 'ONNX'}: {sizes})", file=sys.stderr)
+
+
+FORMATS: dict[str, Callable[..., None]] = {"ctranslate2": export_ctranslate2, "hf": export_hf, "onnx": export_onnx,
+                                           "web": functools.partial(export_onnx, web=True)}
 
 
 @dataclass(frozen=True)
