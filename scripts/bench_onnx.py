@@ -198,8 +198,8 @@ def worker(args) -> dict:
 
             engine = Ct2Engine(args.worker_model, "cpu", intra_threads=args.threads)
         limits = dict(max_len_a=0.0, max_len_b=args.force_len, min_len=args.force_len) if args.force_len else {}
-        decode = decode_config(engine.decode, dict(beam_size=1, nbest=1, max_batch_size=args.batch_size,
-                                                   precision=engine.precision, **limits))
+        decode = decode_config(engine.decode, dict(beam_size=1, nbest=1, max_batch_size=args.batch_size, no_repeat_ngram=0,
+                                                   precision=engine.precision, **limits))  # plain greedy, as the loop
         run = lambda some: translate_lines(engine, some, decode, warn=lambda m: None)
     run(lines[:8])  # warm-up
     t0 = time.perf_counter()
