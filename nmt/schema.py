@@ -221,6 +221,7 @@ class TrainConfig:
     update_freq: int = _f(1, "Gradient accumulation: batches per optimizer step.", min=1)
     loss_chunk: int = _f(0, "Compute the loss this many target tokens at a time (no [tokens, vocabulary] fp32 copy of the logits); 0 = all at once.", min=0)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = _f("auto", "auto: bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU.")
+    master_weights: bool = _f(False, "With bf16/fp16: the model's weights in that precision and fp32 master weights in the optimizer, instead of autocast (checkpoints stay fp32).")
     compile: bool = _f(False, "torch.compile each encoder/decoder layer and the loss (validation and decoding stay eager); costs compilation time at the start. For GPUs that Triton supports (slower on CPU).")
     max_steps: int = _f(0, "Stop after this many optimizer steps; 0 = no limit.", min=0)
     max_epochs: int = _f(0, "Stop after this many epochs; 0 = no limit.", min=0)

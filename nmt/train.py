@@ -56,7 +56,7 @@ from nmt.training.logging_utils import RunLogger
 from nmt.training.loss import compiled_smoothed_nll, label_smoothed_nll
 from nmt.model.transformer import Transformer
 from nmt.training.optim import build_optimizer, build_scheduler
-from nmt.training.step import Precision, setup_precision
+from nmt.training.step import MasterWeights, Precision, setup_precision
 from nmt.text.tokenizer import Tokenizer, build_tokenizer
 from nmt.text.tokens import TokenizerLike
 from nmt.training.trainer import Clock, SignalStop, Trainer, TrainState
@@ -149,6 +149,8 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
             torch.manual_seed(cfg.seed + env.rank)  # each rank its own dropout masks
     clock.before = state.elapsed
     ema = _build_ema(cfg, model, saved)
+    if cfg.train.master_weights:  # after the fp32 weights are loaded: they become the masters
+        precision.master = _master_weights(cfg, model, optimizer, precision)
     if cfg.train.compile:  # regional compilation, before DDP wraps it (nmt/model/transformer.py)
         model.compile_layers()
     ddp = dist.wrap_model(env, model, device)
@@ -170,6 +172,16 @@ def _build_ema(cfg: Config, model, saved: ckpt.ModelRecord | None) -> EMA | None
     if "ema" in ts:
         ema.load(saved.model, int(ts["ema"]["updates"]))
     return ema
+
+
+def _master_weights(cfg: Config, model, optimizer, precision: Precision) -> MasterWeights:
+    """train.master_weights: the model in the compute precision, the optimizer's fp32 parameters its masters."""
+    if precision.dtype is None:
+        raise UserError(f"train.master_weights needs bf16 or fp16 (train.precision {cfg.train.precision} "
+                        f"trains in fp32 here)")
+    if cfg.train.ema_decay:
+        raise UserError("train.master_weights does not work with train.ema_decay yet: leave one of them out")
+    return MasterWeights(model, optimizer, precision.dtype)
 
 
 def _load_latest(run_dir: str) -> ckpt.ModelRecord:

@@ -93,6 +93,37 @@ def test_precision_choices_on_cpu():
     assert res.updated and math.isfinite(res.loss_sum.item())
 
 
+def test_master_weights_follow_autocast_within_bf16_rounding():
+    """train.master_weights: 50 AdamW steps with the model in bf16 and fp32 masters in the optimizer give
+    the losses of bf16 autocast within bf16 rounding; after each step the model holds its masters rounded."""
+    from nmt.training.step import MasterWeights
+
+    batches = [collate(random_corpus(16, seed=k), np.arange(16)) for k in range(4)]
+    runs = {}
+    for mode in ("autocast", "master"):
+        model = tiny_transformer()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        prec = setup_precision("bf16", CPU)
+        if mode == "master":
+            prec.master = MasterWeights(model, opt, torch.bfloat16)
+            assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+            assert all(p.dtype == torch.float32 for g in opt.param_groups for p in g["params"])
+        losses = []
+        for k in range(50):
+            res = train_step(model, [batches[k % 4]], opt, NoSchedule(), prec, label_smoothing=0.1, clip_norm=1.0)
+            losses.append(res.loss_sum.item() / res.n_tokens)
+            if mode == "master":
+                assert all(torch.equal(m, p.to(torch.bfloat16)) for m, p in prec.master.pairs)
+        runs[mode] = losses
+        if mode == "master":  # what a checkpoint holds: the fp32 masters under the model's names
+            state, master = prec.state_dict(model), {id(m): p for m, p in prec.master.pairs}
+            assert set(state) == set(model.state_dict()) and all(v.dtype == torch.float32 for v in state.values())
+            assert all(torch.equal(state[k], master[id(p)]) for k, p in model.named_parameters())
+    auto, master = np.array(runs["autocast"]), np.array(runs["master"])
+    assert master[-5:].mean() < 0.9 * master[:5].mean()  # it learns: the comparison below means something
+    assert np.abs(master - auto).max() / auto.mean() < 0.01
+
+
 def test_signal_stop_first_flags_second_raises_and_handlers_restored():
     before = signal.getsignal(signal.SIGINT)
     with SignalStop() as stop:
@@ -474,6 +505,31 @@ def test_a_second_train_on_the_same_run_directory_is_refused(tmp_path):
         one_line_error(proc, 2, f"in use by another nmt train (PID {os.getpid()})")
     assert rundir.checkpoint_files(cfg.run_dir) == []
     assert train(cfg, quiet=True)["step"] == 2  # released: the run goes ahead
+
+
+@pytest.mark.slow
+def test_master_weights_checkpoints_stay_fp32_and_resume_exactly(tmp_path):
+    """train.master_weights (bf16 on CPU): latest.pt holds fp32 weights, and 3 steps + --resume to 6 equal
+    6 straight steps bit for bit; refused in one line without bf16/fp16 and with train.ema_decay."""
+    kw = dict(precision="bf16", master_weights=True, valid_every=1000, valid_bleu=False, metric="loss",
+              warmup_steps=2)
+    straight = tiny_config(str(tmp_path / "a"), max_steps=6, **kw)
+    train(straight, quiet=True)
+    split = tiny_config(str(tmp_path / "b"), max_steps=3, **kw)
+    train(split, quiet=True)
+    train(replace(split, train=replace(split.train, max_steps=6)), resume=True, quiet=True)
+    a, b = (ckpt.load_checkpoint(os.path.join(c.run_dir, "checkpoints", "latest.pt")) for c in (straight, split))
+    assert a["step"] == b["step"] == 6 and set(a["model"]) == set(b["model"])
+    for k, v in a["model"].items():
+        assert v.dtype == torch.float32 and torch.equal(v, b["model"][k]), k
+    assert any(not torch.equal(v, v.to(torch.bfloat16).float()) for v in a["model"].values())  # fp32 masters, not bf16
+    for state_a, state_b in zip(a["train_state"]["optimizer"]["state"].values(),
+                                b["train_state"]["optimizer"]["state"].values()):
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    with pytest.raises(UserError, match="master_weights needs bf16 or fp16"):
+        train(tiny_config(str(tmp_path / "c"), max_steps=3, warmup_steps=2, master_weights=True), quiet=True)
+    with pytest.raises(UserError, match="ema_decay"):
+        train(tiny_config(str(tmp_path / "d"), max_steps=3, ema_decay=0.9, **kw), quiet=True)
 
 
 @pytest.mark.slow

@@ -2,7 +2,9 @@
 
 Precision: `auto` = bf16 autocast on CUDA GPUs that support it, else fp16 with
 a GradScaler (fp16 overflow steps are skipped by the scaler and not counted as
-NaN steps); fp32 on CPU. TF32 matmuls on CUDA. The loss is always fp32.
+NaN steps); fp32 on CPU. TF32 matmuls on CUDA. The loss is always fp32. With
+train.master_weights the model's weights are in bf16/fp16 and the optimizer's fp32
+copies are the master weights (`MasterWeights`) instead of autocast.
 
 Host reads: none per step. Whether the update applies (a finite loss and gradient norm) is decided on
 the device: the fused optimizer skips a step whose `found_inf` is set, as it does under a GradScaler;
@@ -34,17 +36,65 @@ from nmt.training.loss import label_smoothed_nll
 
 @dataclass
 class Precision:
-    """Autocast settings for one device: dtype None = fp32; scaler only for fp16."""
+    """Autocast settings for one device: dtype None = fp32; scaler only for fp16. With `master`
+    (train.master_weights) the model itself is in `dtype` and nothing is autocast."""
 
     name: str
     device_type: str
     dtype: torch.dtype | None
     scaler: torch.amp.GradScaler | None
+    master: "MasterWeights | None" = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.dtype is None:
+        if self.dtype is None or self.master is not None:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's weights as checkpoints hold them: fp32 (the master weights, where they are kept)."""
+        return model.state_dict() if self.master is None else self.master.state_dict(model)
+
+
+class MasterWeights:
+    """train.master_weights: the model's parameters and floating buffers in the compute dtype, new tensors;
+    the optimizer keeps the fp32 parameters it was built with as the master weights. Per step: the
+    gradients go to the masters (`to_masters`, before clipping and the update) and the updated masters
+    come back to the model in one copy (`to_model`). Tied parameters stay tied."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, dtype: torch.dtype):
+        masters = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        new: dict[int, nn.Parameter] = {}
+        self.pairs: list[tuple[nn.Parameter, nn.Parameter]] = []  # (the model's, the master)
+        for module in model.modules():
+            for name, p in list(module._parameters.items()):
+                if p is None:
+                    continue
+                if id(p) not in new:
+                    new[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+                    if id(p) in masters:
+                        self.pairs.append((new[id(p)], p))
+                module._parameters[name] = new[id(p)]
+            for name, b in list(module._buffers.items()):
+                if b is not None and b.is_floating_point():
+                    module._buffers[name] = b.to(dtype)
+        self.model_params = [m for m, _ in self.pairs]
+        self.masters = [p for _, p in self.pairs]
+
+    def to_masters(self) -> None:
+        for m, master in self.pairs:
+            master.grad = None if m.grad is None else m.grad.float()
+            m.grad = None
+
+    @torch.no_grad()
+    def to_model(self) -> None:
+        torch._foreach_copy_(self.model_params, self.masters)
+
+    def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        state, master = model.state_dict(), {id(m): p for m, p in self.pairs}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if name in state and id(p) in master:
+                state[name] = master[id(p)].detach()
+        return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
 def setup_precision(name: str, device: torch.device) -> Precision:
@@ -116,6 +166,8 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
         nll_acc = nll.detach() if nll_acc is None else nll_acc + nll.detach()
     if reduce is not None:
         loss_acc, nll_acc = reduce(torch.stack([loss_acc, nll_acc])).unbind()
+    if precision.master is not None:
+        precision.master.to_masters()
     if precision.scaler is not None:
         precision.scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -131,6 +183,8 @@ def train_step(model: nn.Module, batches: Sequence[Batch], optimizer: torch.opti
         precision.scaler.update()
     else:
         _apply(optimizer, ok)
+    if precision.master is not None:
+        precision.master.to_model()
     scheduler.step()  # the trainer rewinds it for the steps its flags show skipped (`optim.rewind`)
     return StepResult(loss_acc, nll_acc, grad_norm.detach(), n_tokens, ok, loss_ok)
 

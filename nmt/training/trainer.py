@@ -384,6 +384,6 @@ class Trainer:
             "optimizer": tr.optimizer.state_dict(), "scheduler": tr.scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rngs[0], **({"rng_ranks": rngs} if len(rngs) > 1 else {}), **ema, **dataclasses.asdict(state)}
-        weights = model.state_dict() if tr.ema is None else tr.ema.state_dict(model)
+        weights = tr.precision.state_dict(model) if tr.ema is None else tr.ema.state_dict(model)
         return ckpt.record(weights, tr.tokenizer, self.cfg, step=state.step, epoch=state.epoch, langid=self.langid,
                            train_state=train_state)
