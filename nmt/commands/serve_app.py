@@ -44,12 +44,9 @@ class Service:
     def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None):
         """One call of the translator with a request's validated settings and glossary (the batcher runs
         it in its worker thread)."""
-        self.metrics.call(len(lines))
-        try:
+        with self.metrics.call(len(lines)):
             return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
                                              settings=decode, glossary=glossary)
-        finally:
-            self.metrics.running.set(0)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -139,8 +136,7 @@ class Service:
 
     async def answer(self, job: Job, arrived: float, deadline: float, gone: asyncio.Future) -> dict:
         """The JSON answer of a queued job: `{"translations": [...]}` (`results` says when it fails)."""
-        results = await self.results(job, arrived, deadline, gone)
-        return {"translations": [result_json(r, job.decode, job.prefixes is not None) for r in results]}
+        return {"translations": _items(job, await self.results(job, arrived, deadline, gone))}
 
     async def stream(self, job: Job, arrived: float, deadline: float, gone: asyncio.Future, send) -> int:
         """Send the streamed answer of a queued job on ASGI `send`: 200 (application/x-ndjson) at once, then one
@@ -156,8 +152,8 @@ class Service:
             if status != CLIENT_GONE:
                 await _send_line(send, {"error": message, "status": status}, more=False)
             return status
-        for result in results:
-            await _send_line(send, result_json(result, job.decode, job.prefixes is not None))
+        for item in _items(job, results):
+            await _send_line(send, item)
         await _send_line(send, {"done": True, "lines": len(results)}, more=False)
         return 200
 
@@ -173,6 +169,11 @@ def failure(error: Exception) -> tuple[int, str, dict | None]:
         return CLIENT_GONE, "the client went away", None
     traceback.print_exception(error)
     return 500, f"internal error: {type(error).__name__}: {error}", None
+
+
+def _items(job: Job, results) -> list[dict]:
+    """The answer's item of each of a job's TranslationResults."""
+    return [result_json(r, job.decode, job.prefixes is not None) for r in results]
 
 
 async def _send_line(send, item: dict, more: bool = True) -> None:

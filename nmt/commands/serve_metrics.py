@@ -14,7 +14,8 @@ registry per app (never prometheus_client's global one, so several apps in a pro
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import contextlib
+from typing import Callable, Iterator, Sequence
 
 SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # histogram buckets
 FILL = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
@@ -41,10 +42,15 @@ class Metrics:
         self.fill = Histogram("nmt_batch_fill", "lines per translate call over --batch-lines", buckets=FILL,
                               registry=r)
 
-    def call(self, lines: int) -> None:
-        """A translate call of `lines` lines starts (running_lines: 0 when it ends)."""
-        self.running.set(lines)
+    @contextlib.contextmanager
+    def call(self, lines: int) -> Iterator[None]:
+        """Around a translate call of `lines` lines (the lines running while it runs)."""
         self.fill.observe(lines / self.batch_lines)
+        self.running.set(lines)
+        try:
+            yield
+        finally:
+            self.running.set(0)
 
     def served(self, results: Sequence, seconds: float) -> None:
         """A request's results (TranslationResults) are ready to send, `seconds` after its arrival."""
