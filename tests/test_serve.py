@@ -750,6 +750,24 @@ def test_errors_name_the_request_keys_not_the_command_line_flags(ckpt):
         assert "--" not in str(e.value).replace("nmt serve --max-beam", ""), str(e.value)
 
 
+def test_each_app_has_its_own_metrics():
+    """Two apps in one process keep their own metrics (prometheus_client's global registry would refuse the
+    second); the running lines are those of the call in progress, the batch fill its lines over batch_lines."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nmt.commands.serve_metrics import Metrics
+
+    def values(metrics: Metrics) -> dict:
+        text = metrics.render()[0].decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+    a, b = Metrics(lambda: 3, batch_lines=8), Metrics(lambda: 0, batch_lines=8)
+    with a.call(4):
+        assert (values(a)["nmt_running_lines"], values(b)["nmt_running_lines"]) == (4, 0)
+    assert values(a)["nmt_running_lines"] == 0 and values(a)["nmt_batch_fill_sum"] == 0.5
+    assert (values(a)["nmt_queue_length"], values(b)["nmt_queue_length"], values(b)["nmt_batch_fill_count"]) == (3, 0, 0)
+
+
 # --------------------------------------------------------------------------- the batcher alone
 
 def _job(loop, lines, decode="d", prefixes=None) -> Job:

@@ -1,8 +1,8 @@
 """The metrics of `nmt serve` (nmt/commands/serve.py) at GET /metrics, in Prometheus' text format: one
 registry per app (never prometheus_client's global one, so several apps in a process keep their own).
 
-    nmt_requests_total{status}           POST /translate answers by status (499: the client went away; a
-                                         stream: 200, or the status of its error object)
+    nmt_requests_total{status}           POST /translate answers by status (not the Guard's refusals; 499:
+                                         the client went away; a stream: 200, or the status of its error)
     nmt_lines_total, nmt_tokens_total    lines answered, and the subword tokens of their best translations
     nmt_queue_length                     requests waiting for the model
     nmt_running_lines                    lines in the translate call now running
