@@ -244,10 +244,11 @@ def _export_parser(sub) -> None:
 
 def _serve_parser(sub) -> None:
     p = sub.add_parser(
-        "serve", help="serve a model over HTTP (POST /translate, GET /health, a web page at /)",
-        description="Translate over HTTP: POST /translate {\"text\": [...], \"options\": {decode keys}}, GET /health, "
-        "and a page to try the model at /. Requests that arrive together share batches; each answer equals what "
-        "`nmt translate` gives for the same lines and options. Needs `pip install -e \".[serve]\"`.",
+        "serve", help="serve a model over HTTP (POST /translate, GET /health, GET /metrics, a web page at /)",
+        description="Translate over HTTP: POST /translate {\"text\": [...], \"options\": {decode keys}} (\"stream\": "
+        "true: JSON lines), GET /health, GET /metrics (Prometheus) and a page to try the model at /. Requests that "
+        "arrive together share batches; each answer equals what `nmt translate` gives for the same lines and "
+        "options. Needs `pip install -e \".[serve]\"`.",
         epilog="SIGTERM or Ctrl-C: new requests get 503, accepted ones are answered, then exit 0 (a second signal "
         "stops at once). The search settings below are the server's defaults; a request may change them except "
         "--batch-tokens, --batch-size, --workers and --protect-pattern.")

@@ -81,6 +81,20 @@ def test_prefixes_first_line_and_line_numbers(ckpt, lines):
         translator.translate(lines[:3], line_numbers=[0, 1])
 
 
+def test_a_translation_counts_the_tokens_the_search_wrote(ckpt, lines):
+    """`Translation.tokens`: every output forced to 3 tokens (EOS forbidden before 3, at most 3) holds 3, every
+    hypothesis of the n-best list too; a line without tokens holds 0; at a limit of 5, a line that ends with EOS
+    holds at most 4 (EOS not counted), one cut at the limit 5."""
+    from nmt import Translator
+
+    translator = Translator(ckpt)
+    forced = translator.translate(lines, beam_size=2, nbest=2, min_len=3, max_len_a=0, max_len_b=3)
+    assert [[h.tokens for h in r.hypotheses] for r in forced] == [[3, 3]] * (len(lines) - 2) + [[0, 0]] * 2
+    assert not any(r.finished for r in forced[:-2])
+    free = translator.translate(lines[:-2], beam_size=1, max_len_a=0, max_len_b=5)
+    assert all(r.hypotheses[0].tokens <= 4 if r.finished else r.hypotheses[0].tokens == 5 for r in free)
+
+
 def test_texts_must_be_lists_of_strings(ckpt):
     """translate("Hola") translated four characters as four lines, and a None line raised sentencepiece's
     TypeError from deep inside; now a one-line TypeError names the argument (and the item)."""

@@ -259,7 +259,8 @@ def test_ignore_case_from_the_command_line_and_the_server(ckpt, translator, tmp_
         async with service.lifespan(None):
             loop = asyncio.get_running_loop()
             body = json.dumps({"text": lines, "glossary": [list(e) for e in GLOSSARY], "glossary_ignore_case": True})
-            return await service.answer(body.encode(), loop.time() + 60, loop.create_future())
+            job, _ = service.accept(body.encode())
+            return await service.answer(job, loop.time(), loop.time() + 60, loop.create_future())
 
     assert [t["text"] for t in asyncio.run(answer())["translations"]] == want
 

@@ -3,10 +3,11 @@
 Every answer is compared with `nmt translate` (the command's own function, nmt.cli.main, on the
 same lines and flags): greedy, beam, n-best, sampling with a seed, prefixes, alignment; concurrent
 clients whose requests share calls (the server's own counters say so) still get exactly their
-own results. Limits and errors (400, 403, 404, 405, 408, 413, 503, 504, all JSON), the Host and
-Origin policy, abandoned requests (time limit, client gone: their slot freed, their call stopped),
-/health, the access log, the web page in a real headless browser, SIGTERM draining, and the
-batcher's grouping and cancelling on its own (no HTTP).
+own results; a streamed answer (JSON lines) equals the whole one. Limits and errors (400, 403,
+404, 405, 408, 413, 503, 504, all JSON), the Host and Origin policy, abandoned requests (time
+limit, client gone, streamed or not: their slot freed, their call stopped), /health, /metrics
+(read by prometheus_client's parser), the access log, the web page in a real headless browser,
+SIGTERM draining, and the batcher's grouping and cancelling on its own (no HTTP).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from helpers import ROOT
 
 pytest.importorskip("starlette", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
 pytest.importorskip("uvicorn", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
+pytest.importorskip("prometheus_client", reason="nmt serve needs the optional extra: pip install -e '.[serve]'")
 
 NBEST_LINE = re.compile(r"^(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})$")
 
@@ -104,6 +106,21 @@ class Server:
 
     def health(self) -> dict:
         return self.request("/health")[2]
+
+    def stream(self, body: dict, timeout: float = 60) -> tuple[int, str, list[dict]]:
+        """(status, content type, the objects of its JSON lines) of POST /translate `body` with "stream": true."""
+        req = urllib.request.Request(self.url + "/translate", data=json.dumps({**body, "stream": True}).encode())
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers["content-type"], [json.loads(line) for line in r.read().splitlines()]
+
+    def metrics(self) -> dict[tuple, float]:
+        """GET /metrics parsed by prometheus_client's own parser: {(sample name, *sorted labels): value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, headers, text = self.request("/metrics", method="GET")
+        assert status == 200 and headers["content-type"].startswith("text/plain"), (status, headers)
+        return {(s.name, *sorted(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -217,6 +234,40 @@ def test_prefixes_equal_nmt_translate(server, ckpt):
 
 
 @pytest.mark.slow
+def test_streamed_answers_equal_the_whole_answer_and_nmt_translate(server, ckpt):
+    """`"stream": true`: JSON lines, one per input line in order, each the item the answer without it gives
+    (which is nmt translate's), then the totals."""
+    for options in ({"beam_size": 1}, {"beam_size": 2, "nbest": 2}):
+        status, content_type, items = server.stream({"text": LINES, "options": options})
+        assert (status, content_type) == (200, "application/x-ndjson")
+        assert items[-1] == {"done": True, "lines": len(LINES)}
+        status, whole = server.translate(LINES, options)
+        assert status == 200 and items[:-1] == whole["translations"]
+        assert as_command_output(items[:-1], options) == nmt_translate(ckpt, LINES, options)
+
+
+@pytest.mark.slow
+def test_metrics_count_what_was_served(server):
+    """GET /metrics, read by prometheus_client's parser: after two answers of known lines (one streamed) and a
+    refused request, the counters moved by exactly those (every output forced to 4 tokens), and the
+    histograms by one per answer or call."""
+    before = server.metrics()
+    options = {"beam_size": 1, "min_len": 4, "max_len_a": 0, "max_len_b": 4}  # 4 tokens, no EOS
+    status, data = server.translate(LINES[:5], options)
+    assert status == 200 and not any(t["finished"] for t in data["translations"])
+    assert server.stream({"text": LINES[5:8], "options": options})[0] == 200
+    assert server.translate(["el sol"], {"beam_size": 9})[0] == 400
+    after = server.metrics()
+    delta = {key: value - before.get(key, 0) for key, value in after.items()}
+    assert delta[("nmt_requests_total", ("status", "200"))] == 2
+    assert delta[("nmt_requests_total", ("status", "400"))] == 1
+    assert (delta[("nmt_lines_total",)], delta[("nmt_tokens_total",)]) == (8, 8 * 4)
+    assert delta[("nmt_request_seconds_count",)] == delta[("nmt_time_to_first_line_seconds_count",)] == 2
+    assert delta[("nmt_batch_fill_count",)] == 2 and delta[("nmt_batch_fill_sum",)] == pytest.approx(8 / 1024)
+    assert after[("nmt_queue_length",)] == after[("nmt_running_lines",)] == 0
+
+
+@pytest.mark.slow
 def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     """Requests sent at once by 12 threads: several share one translate call (the server's
     counters), and each answer equals `nmt translate` on that request's lines alone (with sampling,
@@ -258,6 +309,8 @@ def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
     (b'{"text": ["a"], "lines": ["b"]}', "unknown field 'lines'"),
     (b'{"text": ["a", "b"], "prefix": ["c"]}', "1 prefixes for 2 lines"),
     (b'{"text": ["a"], "options": [1]}', "options must be a JSON object"),
+    (b'{"text": ["a"], "stream": "yes"}', "stream must be true or false"),
+    (b'{"text": ["a"], "stream": true, "options": {"beam_size": 5}}', "beam_size 5 is over this server's limit 4"),
     (b'{"text": ["a"], "options": {"beam": 2}}', "unknown key 'decode.beam' - did you mean 'decode.beam_size'?"),
     (b'{"text": ["a"], "options": {"workers": 2}}', "option 'workers' is not set per request"),
     (b'{"text": ["a"], "options": {"batch_tokens": 9}}', "option 'batch_tokens' is not set per request"),
@@ -316,6 +369,8 @@ def test_host_and_origin_policy(server):
     assert status == 200 and headers["access-control-allow-origin"] == PAGE_ORIGIN  # (its body: Starlette's "OK")
     assert "POST" in headers["access-control-allow-methods"]
     assert server.request("/health", headers={"Origin": "http://evil.example"})[0] == 200  # reads change nothing
+    status, _, data = server.request("/metrics", headers={"Host": "evil.example"})
+    assert status == 400 and data["error"].startswith("the Host header 'evil.example' is not a name of this server")
 
 
 def test_allowed_hosts():
@@ -359,6 +414,8 @@ def test_too_large_requests_get_413(server):
     assert status == 413 and "3000 characters in one request" in data["error"]
     status, _, data = server.request("/translate", b'{"text": ["' + b"x" * 200_000 + b'"]}')
     assert status == 413 and "bytes" in data["error"]
+    status, _, data = server.request("/translate", json.dumps({"text": ["el sol"] * 41, "stream": True}).encode())
+    assert status == 413 and "41 lines in one request" in data["error"]  # (before a stream starts: as without it)
     assert server.translate(["el sol"] * 40)[0] == 200  # at the limits
 
 
@@ -486,7 +543,8 @@ def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
     """With a queue of one: a long search runs, a second request waits, a third gets 503. The
     waiting client goes away: its slot is free at once (a new request may queue). The running
     client goes away: its call stops at the next step, and the next request is answered at once
-    (equal to nmt translate)."""
+    (equal to nmt translate). So does a streamed request whose client goes away once its answer started.
+    /metrics counts each by its status (499: the client went away)."""
     server = Server(slow_ckpt, "--max-queue", "1")
     try:
         running = server.post(json.dumps({"text": ["el sol"], "options": long_search(4000)}).encode())
@@ -502,6 +560,13 @@ def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
         status, data = server.translate(["el perro"], {"beam_size": 1})
         assert status == 200 and [t["text"] for t in data["translations"]] == \
             nmt_translate(slow_ckpt, ["el perro"], {"beam_size": 1})
+        streamed = server.post(json.dumps({"text": ["el sol"], "options": long_search(4000), "stream": True}).encode())
+        assert streamed.recv(4096).startswith(b"HTTP/1.1 200 ")  # the answer started
+        _wait_for(server, lambda h: h["translating"] == 1)
+        streamed.close()
+        _wait_for(server, lambda h: h["translating"] == 0 and h["expired"] == 3 and h["cancelled_calls"] == 2)
+        requests = {labels[0][1]: n for (name, *labels), n in server.metrics().items() if name == "nmt_requests_total"}
+        assert requests == {"200": 1, "499": 3, "503": 1}
     finally:
         assert server.stop() == 0, "".join(server.log)
     assert "Traceback" not in "".join(server.log)
@@ -510,7 +575,8 @@ def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
 @pytest.mark.slow
 def test_the_time_limit_stops_the_work_and_covers_the_upload(slow_ckpt):
     """--timeout 2: a long search gets 504 and its call stops (the next request is answered, equal
-    to nmt translate, within its own time limit); a body that does not arrive in time gets 408."""
+    to nmt translate, within its own time limit); a streamed one ends with the error; a body that does not
+    arrive in time gets 408."""
     server = Server(slow_ckpt, "--timeout", "2")
     try:
         status, data = server.translate(["el sol"], long_search(4000))
@@ -520,6 +586,9 @@ def test_the_time_limit_stops_the_work_and_covers_the_upload(slow_ckpt):
             nmt_translate(slow_ckpt, ["el perro"], {"beam_size": 1})
         health = server.health()
         assert (health["expired"], health["cancelled_calls"], health["requests"]) == (1, 1, 2)
+        status, content_type, items = server.stream({"text": ["el sol"], "options": long_search(4000)})
+        assert (status, content_type) == (200, "application/x-ndjson")  # (sent before the time limit passed)
+        assert items == [{"error": "not translated within 2 s (nmt serve --timeout)", "status": 504}]
         upload = server.post(b'{"text": ["la', length=100)
         assert _read_answer(upload) == (408, {"error": "the request body did not arrive within 2 s (nmt serve "
                                                        "--timeout)"})
@@ -644,7 +713,8 @@ def test_a_request_is_validated_once_and_its_settings_reach_the_translator(ckpt,
         async with service.lifespan(None):
             loop = asyncio.get_running_loop()
             body = json.dumps({"text": LINES[:3], "options": {"beam_size": 2, "nbest": 2}}).encode()
-            return await service.answer(body, loop.time() + 60, loop.create_future())
+            job, _ = service.accept(body)
+            return await service.answer(job, loop.time(), loop.time() + 60, loop.create_future())
 
     got = asyncio.run(answer())
     assert validated == [{"beam_size": 2, "nbest": 2}]
@@ -666,7 +736,8 @@ def test_errors_name_the_request_keys_not_the_command_line_flags(ckpt):
     async def answer(body: dict):
         async with service.lifespan(None):
             loop = asyncio.get_running_loop()
-            return await service.answer(json.dumps(body).encode(), loop.time() + 60, loop.create_future())
+            job, _ = service.accept(json.dumps(body).encode())
+            return await service.answer(job, loop.time(), loop.time() + 60, loop.create_future())
 
     for options, message in (({"tgt_lang": "de"}, "tgt_lang de: this model translates into one language only (it "
                                                    "has no target-language tokens); leave tgt_lang out"),
@@ -677,6 +748,24 @@ def test_errors_name_the_request_keys_not_the_command_line_flags(ckpt):
             asyncio.run(answer({"text": ["el sol"], "options": options}))
         assert e.value.status == 400 and message in str(e.value), str(e.value)
         assert "--" not in str(e.value).replace("nmt serve --max-beam", ""), str(e.value)
+
+
+def test_each_app_has_its_own_metrics():
+    """Two apps in one process keep their own metrics (prometheus_client's global registry would refuse the
+    second); the running lines are those of the call in progress, the batch fill its lines over batch_lines."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nmt.commands.serve_metrics import Metrics
+
+    def values(metrics: Metrics) -> dict:
+        text = metrics.render()[0].decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+    a, b = Metrics(lambda: 3, batch_lines=8), Metrics(lambda: 0, batch_lines=8)
+    with a.call(4):
+        assert (values(a)["nmt_running_lines"], values(b)["nmt_running_lines"]) == (4, 0)
+    assert values(a)["nmt_running_lines"] == 0 and values(a)["nmt_batch_fill_sum"] == 0.5
+    assert (values(a)["nmt_queue_length"], values(b)["nmt_queue_length"], values(b)["nmt_batch_fill_count"]) == (3, 0, 0)
 
 
 # --------------------------------------------------------------------------- the batcher alone
@@ -927,6 +1016,7 @@ def test_the_page_is_served_and_calls_only_routes_the_server_has():
     app = build_app(SimpleNamespace(lifespan=None), hosts=None)
     status, headers, body = _asgi_get(app, "/")
     assert status == 200 and headers["content-type"].startswith("text/html") and body.decode() == PAGE
+    assert "stream: true" in PAGE  # (the browser test reads its streamed answer)
     fetched = re.findall(r'fetch\("([^"]+)"(?:, \{ method: "([A-Z]+)")?', PAGE)
     routes = {route.path: route.methods for route in app.routes}
     assert {path for path, _ in fetched} == {"/health", "/translate"}

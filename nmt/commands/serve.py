@@ -6,8 +6,11 @@
 Endpoints:
 - POST /translate `{"text": [line, ...], "options": {decode key: value}, "prefix": [line, ...]}` ->
   `{"translations": [{"text", "score", "log_prob", "finished", "truncated", ...}, ...]}`, one item
-  per line in input order ("nbest", "alignment", "protected", "prefix_truncated" where asked).
+  per line in input order ("nbest", "alignment", "protected", "prefix_truncated" where asked). With
+  `"stream": true`: JSON lines (application/x-ndjson), one item per line as soon as it is ready, then
+  `{"done": true, "lines": n}`, or `{"error", "status"}` for a failure after the answer started.
 - GET /health: 200 and the server's counters while it serves, 503 while it shuts down.
+- GET /metrics: Prometheus' text format (nmt/commands/serve_metrics.py).
 - GET /: a page to try the model (nmt/commands/serve_page.py).
 
 Each request is checked in the event loop (JSON shape, limits, decode options with `nmt translate`'s
@@ -20,7 +23,8 @@ A request past its time limit (counted from its arrival), or whose client went a
 queue at once, and its call stops at the next decoding step.
 
 SIGTERM or Ctrl-C: new requests get 503, accepted ones are answered, then exit 0; a second signal
-exits at once (128 + signal). Starlette and uvicorn (the extra `serve`) are imported only here.
+exits at once (128 + signal). Starlette, uvicorn and prometheus_client (the extra `serve`) are imported
+only when the server starts.
 """
 
 from __future__ import annotations
@@ -44,10 +48,11 @@ from nmt.errors import UserError
 
 
 def require_stack():
-    """(starlette, uvicorn), or a one-line UserError naming the extra to install."""
+    """(starlette, uvicorn), or a one-line UserError naming the extra to install (prometheus_client too)."""
     try:
         import starlette  # noqa: F401
         import uvicorn
+        import prometheus_client  # noqa: F401
     except ImportError as e:
         raise UserError(f"nmt serve needs the optional extra 'serve' ({e.name} is not installed): "
                         "pip install -e \".[serve]\"") from None

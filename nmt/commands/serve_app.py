@@ -7,14 +7,17 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import traceback
 from urllib.parse import urlsplit
 
 from nmt.commands.batcher import Batcher, Job, Settings
+from nmt.commands.serve_metrics import Metrics
 from nmt.commands.serve_request import (REQUEST_KEYS, RequestError, check_options, parse_request, request_message,
                                         result_json)
 from nmt.errors import UserError
 
 RETRY_AFTER = "1"  # seconds, with 503 for a full queue
+CLIENT_GONE = 499  # the status counted for a request whose client went away (nginx's; nobody reads it)
 ANY_ADDRESS = ("0.0.0.0", "::", "")  # --host values that listen on every interface (any Host header)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # the names of this machine, for a loopback --host
 
@@ -26,7 +29,8 @@ class ClientGone(Exception):
 class Service:
     """What the app serves: the translator, the settings, the batcher (made when the event loop runs),
     whether it shuts down (`draining`; `stopping` wakes the requests still sending their body; `stopped`,
-    a second signal, answers the waiting ones 503), and `in_flight`, the requests the drain waits for."""
+    a second signal, answers the waiting ones 503), `in_flight`, the requests the drain waits for (a
+    stream until its end), and the metrics of GET /metrics (nmt/commands/serve_metrics.py)."""
 
     def __init__(self, translator, settings: Settings, name: str):
         self.translator, self.settings, self.name = translator, settings, name
@@ -35,12 +39,14 @@ class Service:
         self.stopping = asyncio.Event()
         self.stopped = asyncio.Event()
         self.in_flight = 0
+        self.metrics = Metrics(lambda: self.batcher.queued if self.batcher else 0, settings.batch_lines)
 
     def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None):
         """One call of the translator with a request's validated settings and glossary (the batcher runs
         it in its worker thread)."""
-        return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
-                                         settings=decode, glossary=glossary)
+        with self.metrics.call(len(lines)):
+            return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
+                                             settings=decode, glossary=glossary)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -82,25 +88,31 @@ class Service:
         raise RequestError(408, f"the request body did not arrive within {self.settings.timeout:g} s "
                                 "(nmt serve --timeout)", close)
 
-    async def answer(self, body: bytes, deadline: float, gone: asyncio.Future) -> dict:
-        """The response body for a POST /translate body, or RequestError; ClientGone when `gone`
-        (the client's disconnection) comes first. A request not answered by `deadline` (loop time),
-        whose client went away, or still waiting when the server stops (`stopped`: RequestError 503)
-        is abandoned: the batcher frees its slot, or stops its call."""
-        lines, prefixes, options, glossary = parse_request(body, self.settings)
-        decode = check_options(self.translator, options, self.settings)
-        if glossary is not None:
+    def accept(self, body: bytes) -> tuple[Job, bool]:
+        """(the job of a POST /translate body, queued for the batcher; whether its answer is streamed), or
+        RequestError: 400 or 413 for the body or its options, 503 when the queue is full."""
+        request = parse_request(body, self.settings)
+        decode = check_options(self.translator, request.options, self.settings)
+        if request.glossary is not None:
             try:
-                self.translator.check_glossary(decode, glossary)
+                self.translator.check_glossary(decode, request.glossary)
             except UserError as e:
                 raise RequestError(400, request_message(e)) from None
         loop = asyncio.get_running_loop()
-        job = Job(lines, prefixes, decode, loop.create_future(), loop.time(), glossary)
+        job = Job(request.lines, request.prefixes, decode, loop.create_future(), loop.time(), request.glossary)
         try:
             self.batcher.submit(job)
         except asyncio.QueueFull:
             raise RequestError(503, f"the server is busy ({self.settings.max_queue} requests queued: nmt serve "
                                     "--max-queue); retry later", {"Retry-After": RETRY_AFTER}) from None
+        return job, request.stream
+
+    async def results(self, job: Job, arrived: float, deadline: float, gone: asyncio.Future) -> list:
+        """A queued job's TranslationResults, or RequestError; ClientGone when `gone` (the client's
+        disconnection) comes first. A request not answered by `deadline` (loop time; `arrived`: when it
+        came, for the metrics), whose client went away, or still waiting when the server stops
+        (`stopped`: RequestError 503) is abandoned: the batcher frees its slot, or stops its call."""
+        loop = asyncio.get_running_loop()
         stopped = asyncio.ensure_future(self.stopped.wait())
         try:
             await asyncio.wait({job.future, gone, stopped}, timeout=max(0.0, deadline - loop.time()),
@@ -119,7 +131,55 @@ class Service:
             results = job.future.result()
         except UserError as e:
             raise RequestError(400, request_message(e)) from None
-        return {"translations": [result_json(r, decode, prefixes is not None) for r in results]}
+        self.metrics.served(results, loop.time() - arrived)
+        return results
+
+    async def answer(self, job: Job, arrived: float, deadline: float, gone: asyncio.Future) -> dict:
+        """The JSON answer of a queued job: `{"translations": [...]}` (`results` says when it fails)."""
+        return {"translations": _items(job, await self.results(job, arrived, deadline, gone))}
+
+    async def stream(self, job: Job, arrived: float, deadline: float, gone: asyncio.Future, send) -> int:
+        """Send the streamed answer of a queued job on ASGI `send`: 200 (application/x-ndjson) at once, then one
+        JSON object per line, in order, each as soon as it and those before it are translated, and last
+        `{"done": true, "lines": n}`; a failure after the start ends it with `{"error": message, "status": n}`.
+        Returns the status it counts as: 200, the failure's, 499 when the client went away."""
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache")]})
+        try:
+            results = await self.results(job, arrived, deadline, gone)
+        except Exception as e:
+            status, message, _ = failure(e)
+            if status != CLIENT_GONE:
+                await _send_line(send, {"error": message, "status": status}, more=False)
+            return status
+        for item in _items(job, results):
+            await _send_line(send, item)
+        await _send_line(send, {"done": True, "lines": len(results)}, more=False)
+        return 200
+
+
+def failure(error: Exception) -> tuple[int, str, dict | None]:
+    """(status, one-line message, headers) of a failed request: a RequestError's own; CLIENT_GONE when the
+    client went away; 500 for a failure in the model (logged with its traceback)."""
+    from starlette.requests import ClientDisconnect
+
+    if isinstance(error, RequestError):
+        return error.status, str(error), error.headers
+    if isinstance(error, (ClientGone, ClientDisconnect)):
+        return CLIENT_GONE, "the client went away", None
+    traceback.print_exception(error)
+    return 500, f"internal error: {type(error).__name__}: {error}", None
+
+
+def _items(job: Job, results) -> list[dict]:
+    """The answer's item of each of a job's TranslationResults."""
+    return [result_json(r, job.decode, job.prefixes is not None) for r in results]
+
+
+async def _send_line(send, item: dict, more: bool = True) -> None:
+    """One object of a streamed answer: a line of ASCII JSON."""
+    body = json.dumps(item, separators=(",", ":")).encode() + b"\n"
+    await send({"type": "http.response.body", "body": body, "more_body": more})
 
 
 async def _read_body(request, limit: int) -> bytes:
@@ -218,6 +278,63 @@ class Guard:
         await error_response(*refused, headers={"Connection": "close"})(scope, receive, send)
 
 
+class Streamed:
+    """The ASGI answer of a streamed request: `send_all(send)` (Service.stream, which returns the status it
+    counts as), then `done(status)`, however it ends."""
+
+    def __init__(self, send_all, done):
+        self.send_all, self.done = send_all, done
+
+    async def __call__(self, scope, receive, send):
+        status = CLIENT_GONE  # (cancelled: the server stops at once)
+        try:
+            status = await self.send_all(send)
+        finally:
+            self.done(status)
+
+
+async def post_translate(service: Service, request):
+    """POST /translate: the JSON answer, a Streamed one (`"stream": true`), or a JSON error. The request counts
+    in `in_flight` and in the metrics until its answer is whole."""
+    from starlette.responses import JSONResponse, Response
+
+    loop = asyncio.get_running_loop()
+    arrived = loop.time()
+    if service.draining:
+        service.metrics.requests.labels("503").inc()
+        return error_response(503, "the server is shutting down", {"Connection": "close"})
+    service.in_flight += 1
+    deadline = arrived + service.settings.timeout
+    gone, status, streamed = None, 503, False  # (503: cancelled, the server stops at once)
+
+    def done(status: int) -> None:
+        if gone is not None:
+            gone.cancel()
+        service.in_flight -= 1
+        service.metrics.requests.labels(str(status)).inc()
+        if status == 200:
+            service.metrics.request_time.observe(loop.time() - arrived)
+
+    try:
+        body = await service.receive(request, deadline)
+        gone = asyncio.ensure_future(_disconnected(request))
+        job, stream = service.accept(body)
+        if stream:
+            streamed = True
+            return Streamed(lambda send: service.stream(job, arrived, deadline, gone, send), done)
+        answer = await service.answer(job, arrived, deadline, gone)
+        status = 200
+        return JSONResponse(answer)
+    except Exception as e:
+        status, message, headers = failure(e)
+        if status == CLIENT_GONE:  # nobody reads the answer (uvicorn sends nothing)
+            return Response(status_code=204)
+        return error_response(status, message, headers)
+    finally:
+        if not streamed:
+            done(status)
+
+
 def build_app(service: Service, hosts: frozenset[str] | None = None, origins: frozenset[str] = frozenset()):
     """The Starlette app over `service` (the batcher task runs while the app does); `hosts` and
     `origins`: the Host and Origin policy (Guard), with CORS headers for `origins`."""
@@ -225,49 +342,30 @@ def build_app(service: Service, hosts: frozenset[str] | None = None, origins: fr
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.middleware.cors import CORSMiddleware
-    from starlette.requests import ClientDisconnect
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
     from nmt.commands.serve_page import PAGE
 
-    async def translate(request):
-        if service.draining:
-            return error_response(503, "the server is shutting down", {"Connection": "close"})
-        service.in_flight += 1
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + service.settings.timeout
-        gone = None
-        try:
-            body = await service.receive(request, deadline)
-            gone = asyncio.ensure_future(_disconnected(request))
-            return JSONResponse(await service.answer(body, deadline, gone))
-        except RequestError as e:
-            return error_response(e.status, str(e), e.headers)
-        except (ClientGone, ClientDisconnect):  # nobody reads the answer (uvicorn sends nothing)
-            return Response(status_code=204)
-        except Exception as e:  # a failure in the model: logged with its traceback, answered 500
-            import traceback
-
-            traceback.print_exc()
-            return error_response(500, f"internal error: {type(e).__name__}: {e}")
-        finally:
-            if gone is not None:
-                gone.cancel()
-            service.in_flight -= 1
+    async def translate_route(request):
+        return await post_translate(service, request)
 
     async def health(request):
         return JSONResponse(service.health(), status_code=503 if service.draining else 200)
+
+    async def metrics(request):
+        body, content_type = service.metrics.render()
+        return Response(body, media_type=content_type)
 
     async def page(request):
         return HTMLResponse(PAGE)
 
     async def http_error(request, exc):  # 404, 405: JSON as every other answer
         return error_response(exc.status_code, f"{exc.detail}: {request.method} {request.url.path} (this server "
-                                               "has POST /translate, GET /health and GET /)", exc.headers)
+                                               "has POST /translate, GET /health, GET /metrics and GET /)", exc.headers)
 
-    routes = [Route("/translate", translate, methods=["POST"]), Route("/health", health, methods=["GET"]),
-              Route("/", page, methods=["GET"])]
+    routes = [Route("/translate", translate_route, methods=["POST"]), Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"]), Route("/", page, methods=["GET"])]
     middleware = [Middleware(Guard, hosts=hosts, origins=origins)]
     if origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=sorted(origins), allow_methods=["GET", "POST"],

@@ -1,5 +1,6 @@
-"""The page `nmt serve` shows at GET /: type or paste text (one sentence per line), translate,
-see the result and the time taken. Self-contained: no external scripts, styles or fonts."""
+"""The page `nmt serve` shows at GET /: type or paste text (one sentence per line), translate, see each
+translated line as it arrives (a streamed answer) and the time taken. Self-contained: no external scripts,
+styles or fonts."""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -45,25 +46,47 @@ fetch("/health").then((r) => r.json()).then((h) => {
 async function translate() {
   const lines = $("source").value.replace(/\\r/g, "").split("\\n");
   if (lines.length && lines[lines.length - 1] === "") lines.pop();
-  const body = { text: lines };
+  const body = { text: lines, stream: true };
   if ($("beam").value) body.options = { beam_size: Number($("beam").value) };
   $("error").textContent = "";
+  $("output").textContent = "";
   $("time").textContent = "translating...";
   $("translate").disabled = true;
   const start = performance.now();
   try {
     const response = await fetch("/translate", { method: "POST", headers: { "Content-Type": "application/json" },
                                                   body: JSON.stringify(body) });
-    const data = await response.json();
+    if (!response.ok) {
+      const data = await response.json();
+      throw new Error(data.error || response.statusText);
+    }
+    await showLines(response.body.pipeThrough(new TextDecoderStream()).getReader());
     const ms = Math.round(performance.now() - start);
-    if (!response.ok) throw new Error(data.error || response.statusText);
-    $("output").textContent = data.translations.map((t) => t.text).join("\\n");
     $("time").textContent = lines.length + (lines.length === 1 ? " line" : " lines") + " in " + ms + " ms";
   } catch (e) {
     $("time").textContent = "";
     $("error").textContent = String(e.message || e);
   } finally {
     $("translate").disabled = false;
+  }
+}
+
+// A streamed answer: one JSON object a line, each translation shown as it arrives, then {"done": true, ...}
+async function showLines(reader) {
+  const shown = [];
+  let rest = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error("the answer ended early");
+    const parts = (rest + value).split("\\n");
+    rest = parts.pop();
+    for (const part of parts) {
+      const item = JSON.parse(part);
+      if (item.error) throw new Error(item.error);
+      if (item.done) return;
+      shown.push(item.text);
+      $("output").textContent = shown.join("\\n");
+    }
   }
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from nmt import textio
@@ -20,7 +21,7 @@ SERVER_KEYS = {
     "protect_pattern": "a regular expression run on every line (a slow one would stall every request)",
 }
 REQUEST_KEYS = tuple(name for name, _, _ in decode_options() if name not in SERVER_KEYS)
-FIELDS = ("text", "options", "prefix", "glossary", "glossary_ignore_case")  # of a POST /translate body
+FIELDS = ("text", "options", "prefix", "glossary", "glossary_ignore_case", "stream")  # of a POST /translate body
 
 
 _FLAG = re.compile(r"(?<![\w-])(?<!serve )--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")  # `--tgt-lang`, not `nmt serve --x`
@@ -44,9 +45,19 @@ class RequestError(Exception):
         self.status, self.headers = status, headers
 
 
-def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str] | None, dict, Any]:
-    """(lines, prefixes or None, decode options, glossary or None: `parse_glossary`) of a POST /translate
-    body, or RequestError."""
+@dataclass(frozen=True)
+class Request:
+    """A POST /translate body, parsed and checked (`parse_request`); its options not yet validated."""
+
+    lines: list[str]
+    prefixes: list[str] | None
+    options: dict  # decode keys by their flag names
+    glossary: Any  # a nmt.text.glossary.Glossary, or None
+    stream: bool = False  # answer in JSON lines, each line as soon as it is translated (docs/serving.md)
+
+
+def parse_request(body: bytes, settings: Settings) -> Request:
+    """The Request of a POST /translate body, or RequestError."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -65,8 +76,11 @@ def parse_request(body: bytes, settings: Settings) -> tuple[list[str], list[str]
     options = data.get("options") or {}
     if not isinstance(options, dict):
         raise RequestError(400, "options must be a JSON object of decode keys, e.g. {\"beam_size\": 4}")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, "stream must be true or false")
     _check_size(lines, prefixes, settings)
-    return lines, prefixes, options, parse_glossary(data)
+    return Request(lines, prefixes, options, parse_glossary(data), stream)
 
 
 def parse_glossary(data: dict):

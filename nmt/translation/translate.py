@@ -36,7 +36,9 @@ Warn = Callable[[str], None]
 class Translation:
     """One output of one input line: text, score (after the length penalty), log_prob, finished (False: cut
     at the maximum length), alignment ((source, target) subword index pairs, with decode.alignment) and
-    protected (decode.protect: None without spans, else whether every span came back exactly once)."""
+    protected (decode.protect: None without spans, else whether every span came back exactly once).
+    tokens: how many subword tokens the search wrote (a forced prefix and target-language token included, EOS
+    not; 0 for a line without tokens)."""
 
     text: str
     score: float
@@ -44,6 +46,7 @@ class Translation:
     finished: bool = True
     alignment: tuple[tuple[int, int], ...] | None = None
     protected: bool | None = None
+    tokens: int = 0
 
     def format_alignment(self) -> str:
         return " ".join(f"{i}-{j}" for i, j in self.alignment or ())
@@ -135,7 +138,7 @@ def _translation(text: str, h, spans: list[str], alignment) -> Translation:
         restored = protect.restore(text, spans)
         text, exact = restored.text, restored.exact
     return Translation(textio.one_line(text), float(h.score), float(h.log_prob), h.finished,
-                       tuple(alignment) if alignment is not None else None, exact)
+                       tuple(alignment) if alignment is not None else None, exact, len(h.tokens))
 
 
 def _without_tokens(src_ids, prefixes, spans, nbest: int) -> list[tuple[Translation, ...]]:
