@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import inspect
 import os
 import socket
@@ -130,7 +131,8 @@ def rank_device(env: DistEnv, device: torch.device) -> torch.device:
 def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
     """Join the job's process group (NCCL for CUDA, gloo for CPU); yield this rank's device. The group is
     destroyed on the way out, also on errors, and after a barrier on a normal end (so that no rank tears
-    down its connections while a peer still works). A group already initialised is used and left alone."""
+    down its connections while a peer still works); the run's garbage is collected first: DDP's objects
+    left to the interpreter's exit could abort a rank ("terminate called without an active exception"). A group already initialised is used and left alone."""
     device = rank_device(env, device)
     if not env.distributed:
         yield device
@@ -145,6 +147,7 @@ def process_group(env: DistEnv, device: torch.device) -> Iterator[torch.device]:
                             device_id=device if device.type == "cuda" else None)
     try:
         yield device
+        gc.collect()  # the run's DDP objects (in reference cycles) go while the group is whole, not at exit
         with contextlib.suppress(Exception):  # a normal end: every rank done before any tears its group down
             dist.barrier()
     finally:
