@@ -11,13 +11,18 @@ One object, one call: the model, its engine, device and threads are fixed at con
 `translate` takes per-call decode options (validated as `nmt translate`'s flags) and returns one
 frozen `TranslationResult` per line, the same outputs as `nmt translate` (which goes through this
 class, as `nmt evaluate`, `nmt score` and `nmt serve` do). Calls are thread-safe: the calls of every
-Translator in the process run one at a time (torch's thread setting is process-wide); to translate
-for several threads at once, gather their lines into one call.
+Translator in the process compute one at a time (torch's thread setting is process-wide), and calls made
+at once from several threads share the machine step by step (`Turns`; not a CPU call with more than one
+decode worker, which changes torch's thread setting while it runs), so a short call made while a long one
+runs is not held up until the long call ends (what `nmt serve` builds on). Lines that arrive together
+are still faster in one call (one batch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Mapping, Set as AbstractSet
 from numbers import Integral
 from typing import Any, Callable, Sequence
@@ -29,9 +34,76 @@ from nmt.translation.engine import check_decode, load_engine
 from nmt.errors import UserError
 from nmt.text.languages import check_source_language, contrast_tokens, target_prefix
 from nmt.translation.line_terms import check as check_glossary
-from nmt.translation.translate import TranslationResult, check_protect, translate_chunk
+from nmt.translation.translate import TranslationResult, check_protect, encode_sources, translate_chunk
 
-_CALLS = threading.Lock()  # one call at a time in the process (module docstring)
+
+
+class _Call:
+    """A call's place in `Turns`: set while it holds the turn; the compute time it used."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.used = 0.0  # seconds holding the turn
+        self.since = 0.0  # when its time was last counted
+
+
+class Turns:
+    """The turn to compute, shared by the calls of a process: one call holds it at a time, and at every
+    decoding step (`turn()`'s hook) it goes to the waiting call that has used the least compute time, if that
+    is less than the holder's (least attained service: a new call counts from zero), so a short call made
+    while a long one runs goes first and ends after about its own time, and calls that have run as long share
+    the machine step by step. A call's threads share its turn; a call whose decode workers split torch's CPU
+    threads keeps it to its end (`Translator._splits_threads`). `clock`: seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._holder: _Call | None = None  # the call computing now
+        self._waiting: list[_Call] = []  # calls waiting for the turn
+
+    @contextlib.contextmanager
+    def turn(self):
+        """Around a call: waits for the turn, yields the hook its decoding steps call, passes the turn on at
+        the end."""
+        me = _Call()
+        with self._lock:
+            if self._holder is None:
+                self._give(me, self._clock())
+            else:
+                self._waiting.append(me)
+        me.event.wait()
+        try:
+            yield lambda: self._step(me)
+        finally:
+            with self._lock:
+                me.event.clear()
+                self._holder = None
+                if self._waiting:
+                    self._give(min(self._waiting, key=lambda c: c.used), self._clock())
+
+    def _give(self, call: _Call, now: float) -> None:
+        if call in self._waiting:
+            self._waiting.remove(call)
+        self._holder, call.since = call, now
+        call.event.set()
+
+    def _step(self, me: _Call) -> None:
+        """A decoding step of call `me` is about to run: a waiting call that used less time goes first."""
+        with self._lock:
+            if self._holder is me:
+                now = self._clock()
+                me.used += now - me.since
+                me.since = now
+                if self._waiting:
+                    nxt = min(self._waiting, key=lambda c: c.used)
+                    if nxt.used < me.used:
+                        me.event.clear()
+                        self._waiting.append(me)
+                        self._give(nxt, now)
+        me.event.wait()  # (at once while it holds the turn; another thread of the call may have given it away)
+
+
+_CALLS = Turns()  # the turn of every call in the process (module docstring)
 
 
 class Translator:
@@ -125,9 +197,30 @@ class Translator:
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
             if given is not None and len(given) != len(lines):
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
-        with _CALLS:
+        shares = not self._splits_threads(decode)
+        with _CALLS.turn() as step:
+            def at_step() -> bool:
+                if shares:
+                    step()
+                return cancel is not None and cancel()
+
             return translate_chunk(self._engine, lines, decode, on_batch, first_line=first_line,
-                                   prefixes=prefixes, line_numbers=line_numbers, cancel=cancel, glossary=glossary)
+                                   prefixes=prefixes, line_numbers=line_numbers, cancel=at_step, glossary=glossary)
+
+    def _splits_threads(self, decode: DecodeConfig) -> bool:
+        """Whether a call with `decode` splits torch's CPU threads among decode workers: it changes the
+        process' thread setting while it runs, so it keeps the turn from its start to its end."""
+        from nmt.device import resolve_workers
+
+        device = self._engine.torch_device
+        return self._engine.workers is None and device is not None and device.type == "cpu" \
+            and resolve_workers(decode.workers, device) > 1
+
+    def source_tokens(self, lines: Sequence[str], settings: DecodeConfig | None = None) -> list[int]:
+        """Per line the tokens the model reads for it (its subwords, cut to max_positions - 1, and EOS): its
+        share of a batch (`nmt serve --max-batch-tokens`). settings: as for `translate` (the source language)."""
+        decode = self._given(settings, {})
+        return [len(ids) + 1 for ids in encode_sources(self._engine, _texts(lines, "lines"), decode.src_lang)[0]]
 
     def score(self, sources: Sequence[str], targets: Sequence[str], *, on_batch: Progress | None = None,
               **decode_options: Any) -> list:
@@ -138,7 +231,7 @@ class Translator:
 
         sources, targets = _texts(sources, "sources"), _texts(targets, "targets")
         decode = self.decode_settings(**decode_options)
-        with _CALLS:
+        with _CALLS.turn():
             return score_pairs(self._engine, sources, targets, decode, on_batch)
 
 

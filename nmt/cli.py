@@ -275,12 +275,19 @@ def _serve_parser(sub) -> None:
                    "a body still arriving; the request's work stops; default: 60)")
     g.add_argument("--batch-window-ms", type=float, default=5.0, metavar="MS",
                    help="after a request arrives, how long to wait for others to translate with it (default: 5; "
-                   "longer after a long call, at most 1 s)")
+                   "with call scheduling longer after a long call, at most 1 s)")
     g.add_argument("--batch-lines", type=int, default=1024, metavar="N",
-                   help="lines gathered into one translation call at most (default: 1024)")
+                   help="lines gathered into one translation call (step scheduling: being translated at once, all "
+                   "calls together), at most (default: 1024)")
     g.add_argument("--batching", action=argparse.BooleanOptionalAction, default=True,
                    help="translate requests that arrive together in one call (default: on; --no-batching: one "
-                   "request at a time)")
+                   "request per call)")
+    g.add_argument("--scheduling", choices=("step", "call"), default="step",
+                   help="step: calls run at once and take turns at every decoding step, so a short request is not "
+                   "held up by a long one (default); call: one call at a time")
+    g.add_argument("--max-batch-tokens", type=int, default=32768, metavar="N",
+                   help="source tokens being translated at once, all calls together (step scheduling; a larger "
+                   "request runs alone; default: 32768)")
     p.add_argument("--access-log", action="store_true", help="log every request, one line each, on stdout")
     _add_decode_options(p)
 

@@ -17,6 +17,12 @@ What it does:
    counted as wrong; an HTTP error or a lost connection as failed.
 4. Soak (optional): `--soak-requests` requests from `--soak-clients` clients on the batching
    server, the same checks, and the server's RSS sampled as it goes.
+5. Poisson (optional, `--poisson RATE ...`, instead of 3-4): step against call scheduling (`--scheduling`),
+   on the same seeded open-loop arrivals (requests per second; each request sent at its time, whatever
+   the server is doing): 10% long requests of 33-64 lines, 45% of one line, 45% of 2-4. Per server and rate:
+   latency p50/p95 of the one-line requests and of all, sentences/s (answered lines over the time from the
+   first arrival to the last answer). First, the idle latency of one-line requests (one at a time), and
+   head-of-line blocking: a one-line request sent 0.3 s after a 64-line one, 5 times per server.
 
 Clients and servers share this machine's cores: the clients' own CPU time is part of the load.
 """
@@ -225,6 +231,119 @@ def soak(server: ServerProcess, args, lines, ref, options) -> dict:
     return {**row, "rss_mb": samples}
 
 
+def arrivals(rate: float, seconds: float, n_lines: int, seed: int) -> list[tuple[float, int, int]]:
+    """Seeded Poisson arrivals: (time, first line, count): 10% long requests of 33-64 lines, 45% one line,
+    45% 2-4 lines."""
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return out
+        u = rng.random()
+        count = rng.randint(33, 64) if u < 0.1 else 1 if u < 0.55 else rng.randint(2, 4)
+        out.append((t, rng.randrange(n_lines - count + 1), count))
+
+
+def open_loop(server: ServerProcess, plan, lines, ref, options) -> dict:
+    """Send each planned request at its time (threads, a connection per request); latencies and checks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    done: list[tuple[int, float, float, bool | None]] = []  # (count, latency, answered at, ok)
+
+    def send(first: int, count: int, sent: float) -> None:
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=900)
+        body = json.dumps({"text": lines[first:first + count], "options": options}).encode()
+        try:
+            conn.request("POST", "/translate", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            data = json.loads(response.read())
+            ok = response.status == 200 and [t["text"] for t in data["translations"]] == ref[first:first + count]
+        except (OSError, http.client.HTTPException, ValueError):
+            ok = None
+        finally:
+            conn.close()
+        now = time.perf_counter()
+        done.append((count, now - sent, now, ok))
+
+    cpu0 = _cpu_seconds(server.proc.pid)
+    with ThreadPoolExecutor(max_workers=512) as pool:
+        start = time.perf_counter()
+        for at, first, count in plan:
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(send, first, count, time.perf_counter())
+    wall = max(d[2] for d in done) - start
+    one = [d[1] for d in done if d[0] == 1]
+    every = [d[1] for d in done]
+    return {"requests": len(done), "sentences": sum(d[0] for d in done), "wall_s": wall,
+            "sentences_per_s": sum(d[0] for d in done) / wall, "one_line_requests": len(one),
+            "one_line_p50_ms": 1000 * percentile(one, 50), "one_line_p95_ms": 1000 * percentile(one, 95),
+            "p50_ms": 1000 * percentile(every, 50), "p95_ms": 1000 * percentile(every, 95),
+            "wrong": sum(d[3] is False for d in done), "failed": sum(d[3] is None for d in done),
+            "server_cpu": (_cpu_seconds(server.proc.pid) - cpu0) / wall, "load_avg": os.getloadavg()[0]}
+
+
+def _post(server: ServerProcess, text: list[str], options: dict) -> tuple[float, list[str]]:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=900)
+    start = time.perf_counter()
+    conn.request("POST", "/translate", json.dumps({"text": text, "options": options}).encode(),
+                 {"Content-Type": "application/json"})
+    data = json.loads(conn.getresponse().read())
+    conn.close()
+    return time.perf_counter() - start, [t["text"] for t in data["translations"]]
+
+
+def behind_long(server: ServerProcess, lines, ref, options, rounds: int = 5) -> dict:
+    """A one-line request sent 0.3 s after a 64-line one: both latencies per round, and both answers checked."""
+    rows = []
+    for k in range(rounds):
+        first, one = 200 + 64 * k, 100 + k
+        long: dict = {}
+        t = threading.Thread(target=lambda: long.update(answer=_post(server, lines[first:first + 64], options)))
+        t.start()
+        time.sleep(0.3)
+        seconds, got = _post(server, [lines[one]], options)
+        t.join()
+        ok = got == ref[one:one + 1] and long["answer"][1] == ref[first:first + 64]
+        rows.append({"one_line_ms": 1000 * seconds, "long_ms": 1000 * long["answer"][0], "ok": ok})
+    return {"rounds": rows, "one_line_ms": [r["one_line_ms"] for r in rows], "long_ms": [r["long_ms"] for r in rows],
+            "wrong": sum(not r["ok"] for r in rows)}
+
+
+def poisson(args, lines, ref, options, extra) -> dict:
+    """Section 5 of the module docstring."""
+    servers = {m: ServerProcess(args.checkpoint, "--scheduling", m, *extra) for m in ("step", "call")}
+    out: dict = {"rows": []}
+    try:
+        for server in servers.values():
+            load(server, 4, lines, ref, options, requests=8, max_lines=args.max_lines, seed=99)
+        idle = [load(servers["step"], 1, lines, ref, options, requests=1, max_lines=1, seed=s)["p50_ms"] / 1000
+                for s in range(40)]
+        out["idle_one_line_ms"] = {"p50": 1000 * percentile(idle, 50), "p95": 1000 * percentile(idle, 95)}
+        print(f"idle one-line requests (40, one at a time): p50 {1000 * percentile(idle, 50):.0f} ms, p95 "
+              f"{1000 * percentile(idle, 95):.0f} ms", flush=True)
+        for mode, server in servers.items():
+            b = out[f"behind_long_{mode}"] = behind_long(server, lines, ref, options)
+            print(f"{mode}: a one-line request 0.3 s after a 64-line one: "
+                  f"{', '.join(f'{x:.0f}' for x in b['one_line_ms'])} ms (the 64-line one: "
+                  f"{', '.join(f'{x:.0f}' for x in b['long_ms'])} ms); wrong {b['wrong']}", flush=True)
+        print("| rate (req/s) | scheduling | sentences/s | one-line p50 ms | one-line p95 ms | all p50 ms | all p95 ms "
+              "| requests | wrong | failed | server CPU (cores) | load avg |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for k, rate in enumerate(args.poisson):
+            plan = arrivals(rate, args.seconds, len(lines), args.seed + k)
+            for mode in (("step", "call") if k % 2 == 0 else ("call", "step")):
+                r = open_loop(servers[mode], plan, lines, ref, options)
+                out["rows"].append({"rate": rate, "scheduling": mode, **r})
+                print(f"| {rate:g} | {mode} | {r['sentences_per_s']:.1f} | {r['one_line_p50_ms']:.0f} | "
+                      f"{r['one_line_p95_ms']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['requests']} | "
+                      f"{r['wrong']} | {r['failed']} | {r['server_cpu']:.2f} | {r['load_avg']:.1f} |", flush=True)
+    finally:
+        out["exit_codes"] = {m: s.stop() for m, s in servers.items()}
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "-c", required=True)
@@ -240,6 +359,7 @@ def main() -> int:
     p.add_argument("--soak-max-lines", type=int, default=20)
     p.add_argument("--server-args", default="", help="extra flags for both servers, e.g. '--batch-window-ms 10'")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--poisson", type=float, nargs="*", help="request rates (per second): section 5 only")
     p.add_argument("--json", help="write every measurement here")
     args = p.parse_args()
     options = json.loads(args.options)
@@ -249,6 +369,12 @@ def main() -> int:
     print(f"nmt translate: {len(lines)} sentences in {cmd_s:.1f} s whole command = {len(lines) / cmd_s:.1f} "
           f"sentences/s (load avg {os.getloadavg()[0]:.1f})", flush=True)
     extra = args.server_args.split() + ["--max-queue", "1024", "--timeout", "600", *decode_flags(options)]
+    if args.poisson:
+        out = poisson(args, lines, ref, options, extra)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return 0
     servers = {"on": ServerProcess(args.checkpoint, *extra), "off": ServerProcess(args.checkpoint, "--no-batching", *extra)}
     out = {"nmt_translate": {"sentences": len(lines), "seconds": cmd_s}, "rows": [], "options": options}
     try:

@@ -444,10 +444,10 @@ def long_search(steps: int) -> dict:
 
 @pytest.mark.slow
 def test_full_queue_503_and_time_limit_504(slow_ckpt):
-    """A long search (4,000 forced steps, seconds here) keeps the model busy; two more fill a queue
-    of 2; the next request gets 503 with Retry-After. The time limit (0.5 s) passes for all three:
-    504 (each call stops when its requests' time is up)."""
-    server = Server(slow_ckpt, "--max-queue", "2", "--timeout", "0.5")
+    """A long search (4,000 forced steps, seconds here) keeps the model busy (--batch-lines 1: one line
+    translated at a time); two more fill a queue of 2; the next request gets 503 with Retry-After. The time
+    limit (0.5 s) passes for all three: 504 (each call stops when its requests' time is up)."""
+    server = Server(slow_ckpt, "--max-queue", "2", "--timeout", "0.5", "--batch-lines", "1")
     try:
         answers: dict = {}
 
@@ -507,8 +507,8 @@ def test_sigterm_drains_accepted_requests_then_exits_0(slow_ckpt):
 def test_a_second_signal_stops_at_once(slow_ckpt):
     """The second signal ends the process at once (128 + signal); the requests in progress, translating or
     queued, are answered 503 in JSON as every answer is (issue 59 item 8: they got 500 in text/plain and the
-    log ~130 lines of CancelledError tracebacks)."""
-    server = Server(slow_ckpt)
+    log ~130 lines of CancelledError tracebacks). (--batch-lines 1: the second request waits in the queue.)"""
+    server = Server(slow_ckpt, "--batch-lines", "1")
     answers: list = []
 
     def client() -> None:
@@ -544,8 +544,9 @@ def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
     waiting client goes away: its slot is free at once (a new request may queue). The running
     client goes away: its call stops at the next step, and the next request is answered at once
     (equal to nmt translate). So does a streamed request whose client goes away once its answer started.
-    /metrics counts each by its status (499: the client went away)."""
-    server = Server(slow_ckpt, "--max-queue", "1")
+    /metrics counts each by its status (499: the client went away). (--batch-lines 1: one line translated at
+    a time, so the second request waits.)"""
+    server = Server(slow_ckpt, "--max-queue", "1", "--batch-lines", "1")
     try:
         running = server.post(json.dumps({"text": ["el sol"], "options": long_search(4000)}).encode())
         _wait_for(server, lambda h: h["translating"] == 1)
@@ -570,6 +571,72 @@ def test_abandoned_requests_free_their_slot_and_stop_their_call(slow_ckpt):
     finally:
         assert server.stop() == 0, "".join(server.log)
     assert "Traceback" not in "".join(server.log)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduling", ["step", "call"])
+def test_a_short_request_is_not_held_up_by_a_long_one(slow_ckpt, scheduling):
+    """A one-line request sent while a long search runs (2,000 forced beam steps): with step scheduling the
+    two calls take turns at every decoding step, so the short one is answered while the long one still runs;
+    with call scheduling it waits for the whole long call (the test tells them apart). Both answers equal
+    `nmt translate` on their own lines."""
+    server = Server(slow_ckpt, "--scheduling", scheduling)
+    try:
+        long: dict = {}
+
+        def client() -> None:
+            long["answer"] = server.translate(["el sol"], long_search(2000))
+            long["at"] = time.monotonic()
+
+        t = threading.Thread(target=client)
+        t.start()
+        _wait_for(server, lambda h: h["translating"] == 1)
+        status, data = server.translate(["el perro come"], {"beam_size": 2})
+        short_at = time.monotonic()
+        t.join()
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+    assert status == 200 and [x["text"] for x in data["translations"]] == \
+        nmt_translate(slow_ckpt, ["el perro come"], {"beam_size": 2})
+    status, data = long["answer"]
+    assert status == 200 and [x["text"] for x in data["translations"]] == \
+        nmt_translate(slow_ckpt, ["el sol"], long_search(2000))
+    assert (short_at < long["at"]) == (scheduling == "step")
+
+
+def test_concurrent_calls_share_the_machine_step_by_step():
+    """nmt.api.Turns on a clock the calls advance: a long call L (steps of 10 s) runs; a short call S (steps
+    of 1 s) comes during L's third step. At L's next step the turn goes to S, which used less, and S's ten
+    steps run before L's fourth: S waits one of L's steps, not all of L (in plain round robin they would
+    alternate). No two steps ever run at once, and a call alone goes on at once (it would hang otherwise)."""
+    from nmt.api import Turns
+
+    now, log, computing = [0.0], [], []
+    turns = Turns(clock=lambda: now[0])
+    short = threading.Thread(target=lambda: call("S", 10, 1.0))
+
+    def call(name: str, steps: int, cost: float) -> None:
+        with turns.turn() as step:
+            for i in range(steps):
+                step()
+                computing.append(name)
+                assert computing == [name], "two calls computing at once"
+                if name == "L" and i == 2:
+                    short.start()
+                    end = time.monotonic() + 10
+                    while not turns._waiting:  # (S waits in line)
+                        assert time.monotonic() < end, "the short call never waited for its turn"
+                        time.sleep(0.001)
+                now[0] += cost
+                log.append(name)
+                computing.remove(name)
+
+    call("L", 10, 10.0)
+    short.join()
+    assert "".join(log) == "LLL" + "S" * 10 + "L" * 7
+    with turns.turn() as step:
+        for _ in range(3):
+            step()
 
 
 @pytest.mark.slow
@@ -672,6 +739,9 @@ def test_command_errors_are_one_line(ckpt, capsys):
                                                      "send it; * for any)"),
     (["--min-len", "30"], "the server's default search settings are over its limits: min_len 30 is over this "
                           "model's limit 22 (its outputs have at most max_positions - 1 = 23 tokens, EOS included)"),
+    (["--workers", "2"], "--workers applies to --scheduling call with the PyTorch engine (with step scheduling the "
+                         "calls take turns step by step, each with all of torch's threads)"),
+    (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1"),
 ])
 def test_settings_out_of_range_are_one_line_errors(ckpt, capsys, monkeypatch, flags, message):
     import uvicorn
@@ -718,7 +788,8 @@ def test_a_request_is_validated_once_and_its_settings_reach_the_translator(ckpt,
 
     got = asyncio.run(answer())
     assert validated == [{"beam_size": 2, "nbest": 2}]
-    assert seen == [DecodeConfig(**{**vars(translator.decode), "beam_size": 2, "nbest": 2})]
+    # (step scheduling: one decode worker per call, nmt/commands/serve_app.py's Service.translate)
+    assert seen == [DecodeConfig(**{**vars(translator.decode), "beam_size": 2, "nbest": 2, "workers": 1})]
     assert as_command_output(got["translations"], {"nbest": 2}) == nmt_translate(ckpt, LINES[:3], {"beam_size": 2,
                                                                                                      "nbest": 2})
 
@@ -863,9 +934,11 @@ def test_a_failing_request_does_not_fail_the_requests_it_shared_a_call_with():
     assert (stats.requests, stats.calls, stats.shared_calls) == (3, 4, 1)
 
 
-def test_an_abandoned_request_leaves_the_queue_at_once():
-    """A queue of 2 behind a running call is full; one queued request is abandoned (its handler
-    cancels its future): its slot is free at once, and it is never translated."""
+@pytest.mark.parametrize("scheduling", ["step", "call"])
+def test_an_abandoned_request_leaves_the_queue_at_once(scheduling):
+    """A queue of 2 behind a running call is full (step scheduling: one line may run at a time); one queued
+    request is abandoned (its handler cancels its future): its slot is free at once, and it is never
+    translated."""
     calls: list = []
     release = threading.Event()
 
@@ -875,7 +948,8 @@ def test_an_abandoned_request_leaves_the_queue_at_once():
         return [line.upper() for line in lines]
 
     async def scenario():
-        batcher = Batcher(translate, Settings(max_queue=2, window=0.0))
+        batcher = Batcher(translate, Settings(max_queue=2, window=0.0, scheduling=scheduling,
+                                              batch_lines=1 if scheduling == "step" else 1024))
         loop = asyncio.get_running_loop()
         task = loop.create_task(batcher.run())
         running, queued, abandoned, late = (_job(loop, [x]) for x in "abcd")
@@ -896,7 +970,7 @@ def test_an_abandoned_request_leaves_the_queue_at_once():
         return [j.future.result() for j in (running, queued, late)]
 
     assert asyncio.run(scenario()) == [["A"], ["B"], ["D"]]
-    assert calls == [["a"], ["b", "d"]]
+    assert calls == ([["a"], ["b"], ["d"]] if scheduling == "step" else [["a"], ["b", "d"]])  # (call: gathered)
 
 
 def test_an_abandoned_request_stops_its_call_and_the_others_get_their_results():

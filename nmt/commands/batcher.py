@@ -5,19 +5,28 @@ translates them in groups.
     batcher.submit(job)                        # asyncio.QueueFull when max_queue requests wait (503)
     task = asyncio.create_task(batcher.run())  # until cancelled
 
-The batcher takes the first queued request, then gathers more until `gather_wait` seconds after it
-arrived (`window`, or `wait_fraction` of the previous call's duration when that is longer, at most
-1 s), at most `batch_lines` lines. It groups them by their validated decode settings (a frozen
-`DecodeConfig`: nmt/commands/serve_request.py) and makes one translate call per group in a worker
-thread, so the event loop keeps answering. Each line keeps its number within its own request, and
-each sentence is searched independently of its batch, so a request's results do not depend on who
-shared its call.
+The batcher takes the first queued request, then gathers more for a short while after it arrived (`window`),
+at most `batch_lines` lines, and groups them by their validated decode settings (a frozen
+`DecodeConfig`: nmt/commands/serve_request.py) and glossary: one translate call per group, in a worker
+thread, so the event loop keeps answering. Each line keeps its number within its own request, and each
+sentence is searched independently of its batch, so a request's results do not depend on who shared its
+call. Scheduling (`Settings.scheduling`):
+- "step" (the default): requests gather in two lanes, short (at most SHORT_LINES lines) and long, with
+  PER_LANE gatherings of each at a time (`lane_of`), each lane first come first served; a gathering's calls
+  start at once, while others run, as long as the lines and source tokens of the running calls stay within
+  `batch_lines` and `max_batch_tokens` (a request over them runs alone). The running calls share the
+  machine step by step (nmt/api.py's `Turns`: at every decoding step the turn goes to the call that has
+  used the least time), so a one-line request that arrives during a long call runs first, and is answered
+  after about its own time, not after the long call.
+- "call": one call at a time; the gathering waits `gather_wait`: `window`, or `wait_fraction` of the
+  previous call's duration when that is longer (at most 1 s), so that requests arriving during a call
+  share the next.
 
 A request is abandoned when its future is done first (its time limit passed, or its client went
-away): it leaves the queue at once; if it is being translated, the call stops at its next decoding
+away): it leaves the queue at once; if it is being translated, its call stops at its next decoding
 step (`cancel`) and runs again for the requests still waiting. When a shared call fails, each of
 its requests is translated alone, so only the one that fails gets the error. With `batching` off
-the batcher takes one request per call.
+a call takes one request.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from nmt.errors import Cancelled
 # translate(lines, prefixes or None, line numbers, decode settings, cancel) -> one result per line
 Translate = Callable[[list[str], "list[str] | None", list[int], DecodeConfig, Callable[[], bool]], Sequence[Any]]
 MAX_WAIT = 1.0  # seconds: the longest a request waits for company
+SHORT_LINES = 8  # scheduling "step": requests of at most this many lines gather in the short lane (`lane_of`)
+PER_LANE = (2, 1)  # scheduling "step": gatherings of each lane whose calls run at once (short, long)
 
 
 @dataclass(frozen=True)
@@ -48,8 +59,10 @@ class Settings:
     timeout: float = 60.0  # seconds from a request's arrival to its answer (more: 504)
     window: float = 0.005  # seconds the batcher waits for company after a request arrives, at least
     wait_fraction: float = 0.05  # ... or this fraction of the previous call's duration (at most MAX_WAIT)
-    batch_lines: int = 1024  # lines gathered into one call at most (a request is never split)
+    batch_lines: int = 1024  # lines gathered into one call ("step": of the calls running at once), at most
     batching: bool = True  # False: one request per call
+    scheduling: str = "step"  # "step": calls run at once, taking turns step by step; "call": one call at a time
+    max_batch_tokens: int = 32768  # "step": source tokens (EOS included) of the calls running at once, at most
 
 
 @dataclass(eq=False)
@@ -64,6 +77,7 @@ class Job:
     future: asyncio.Future
     arrived: float
     glossary: Any = None  # its nmt.text.glossary.Glossary (requests with other glossaries are other calls)
+    tokens: int = 0  # its lines' source tokens, EOS included (bounded by Settings.max_batch_tokens)
 
 
 @dataclass
@@ -77,12 +91,21 @@ class Stats:
     largest_call: int = 0  # the most requests one call served
     expired: int = 0  # requests abandoned before their answer (time limit passed, or the client went away)
     cancelled_calls: int = 0  # calls stopped because a request of theirs was abandoned
-    translating: int = 0  # requests in the call now running
+    translating: int = 0  # requests in the calls now running
+    running_calls: int = 0  # calls now running (scheduling "step": several take turns step by step)
 
 
 def gather_wait(settings: "Settings", last_call: float) -> float:
     """Seconds after the first request's arrival that the batcher gathers more (module docstring)."""
     return max(settings.window, min(settings.wait_fraction * last_call, MAX_WAIT))
+
+
+def lane_of(job: Job) -> int:
+    """The lane of a job with step scheduling: 0 short (at most SHORT_LINES lines), 1 long. Two gatherings of
+    short requests and one of long ones run at a time: short requests are never gathered into a call with a
+    long one to wait for its lines, one slow short request does not hold up the others, and many short
+    requests still share calls."""
+    return 0 if len(job.lines) <= SHORT_LINES else 1
 
 
 def groups(jobs: Sequence[Job]) -> list[list[Job]]:
@@ -112,12 +135,16 @@ class Batcher:
         self._translate = translate
         self.settings = settings
         self._queue: deque[Job] = deque()  # jobs waiting for a call, oldest first (abandoned ones leave at once)
-        self._arrived = asyncio.Event()  # set when a job is queued
-        self._running: list[Job] = []  # the jobs of the call in progress
-        self._stop = threading.Event()  # set: the call in progress (or the last one) stops at its next step
+        self._changed = asyncio.Event()  # set when a job is queued or a call ends
+        self._running: dict[Job, threading.Event] = {}  # the jobs of the calls in progress: their call's stop
+        self._closed = False  # set by close(): no call starts, the running ones stop at their next step
+        self._lines = self._tokens = 0  # lines and source tokens of the calls in progress (admitted groups)
+        self._tasks: set[asyncio.Task] = set()  # scheduling "step": the groups' tasks
+        self._gatherings = [0, 0]  # scheduling "step": the gatherings of each lane whose calls run (`lane_of`)
         self.stats = Stats()
         self.last_call = 0.0  # seconds the previous translate call took
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-serve")
+        workers = 1 if settings.scheduling == "call" else 256  # (step: more calls wait for a thread)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nmt-serve")
 
     @property
     def queued(self) -> int:
@@ -129,7 +156,7 @@ class Batcher:
         if len(self._queue) >= self.settings.max_queue:
             raise asyncio.QueueFull
         self._queue.append(job)
-        self._arrived.set()
+        self._changed.set()
         job.future.add_done_callback(lambda _, job=job: self._abandoned(job))
 
     def _abandoned(self, job: Job) -> None:
@@ -139,44 +166,99 @@ class Batcher:
             self._queue.remove(job)
             self.stats.expired += 1
         elif job in self._running:
-            self._stop.set()
+            self._running[job].set()
 
     async def run(self) -> None:
         """Translate queued jobs until cancelled."""
-        while True:
-            for group in groups(await self._gather()):
-                await self._run_group(group)
+        try:
+            while True:
+                jobs = await self._gather()
+                if self.settings.scheduling == "call":
+                    for group in groups(jobs):
+                        await self._run_group(group)
+                    continue
+                parts = groups(jobs)
+                left = [len(parts)]
+
+                def ended(task: asyncio.Task, left=left, lane=lane_of(jobs[0])) -> None:
+                    self._tasks.discard(task)
+                    left[0] -= 1
+                    if left[0] == 0:  # the gathering's calls are all done: its lane is free
+                        self._gatherings[lane] -= 1
+                        self._changed.set()
+
+                for group in parts:
+                    task = asyncio.get_running_loop().create_task(self._run_group(group))
+                    self._tasks.add(task)
+                    task.add_done_callback(ended)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
 
     def close(self) -> None:
-        """Stop the running call (if any) at its next step and wait for it; no call starts afterwards."""
-        self._stop.set()  # (the run task is cancelled first: the call may still run in the worker thread)
+        """Stop the running calls (if any) at their next step and wait for them; no call starts afterwards."""
+        self._closed = True  # (the run task is cancelled first: calls may still run in worker threads)
+        for stop in list(self._running.values()):
+            stop.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def _take(self, deadline: float | None = None) -> Job | None:
-        """The oldest queued job, waiting for one until `deadline` (loop time; None: for ever)."""
+    def _next(self, lane: int | None) -> Job | None:
+        """The queued job that may start now, if any. "call": the oldest. "step": the oldest of `lane` (None:
+        of a free lane, for the first job of a gathering), if nothing runs or the running lines and tokens
+        stay within their bounds with it."""
+        s = self.settings
+        if s.scheduling == "call":
+            return self._queue[0] if self._queue else None
+        seen = set()
+        for job in self._queue:
+            own = lane_of(job)
+            if own in seen or (lane is not None and own != lane) or (lane is None and
+                                                                     self._gatherings[own] >= PER_LANE[own]):
+                continue
+            seen.add(own)  # (only the oldest of each lane: first come first served within it)
+            if self._lines == 0 or (self._lines + len(job.lines) <= s.batch_lines
+                                    and self._tokens + job.tokens <= s.max_batch_tokens):
+                return job
+        return None
+
+    async def _take(self, deadline: float | None = None, lane: int | None = None) -> Job | None:
+        """The next job that may start (`_next`), waiting until `deadline` (loop time; None: for ever); None
+        when the deadline passes first. Its lines and tokens count as running from now on."""
         loop = asyncio.get_running_loop()
-        while not self._queue:
-            self._arrived.clear()
+        while (job := self._next(lane)) is None:
+            self._changed.clear()
             if deadline is None:
-                await self._arrived.wait()
+                await self._changed.wait()
                 continue
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
             try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+                await asyncio.wait_for(self._changed.wait(), remaining)
             except asyncio.TimeoutError:
                 return None
-        return self._queue.popleft()
+        self._queue.remove(job)
+        self._lines += len(job.lines)
+        self._tokens += job.tokens
+        return job
+
+    def _wait(self) -> float:
+        """Seconds after the first request's arrival that the batcher gathers more: the window ("step": calls
+        run at once, a wait would only delay them) or `gather_wait`."""
+        return self.settings.window if self.settings.scheduling == "step" else gather_wait(self.settings,
+                                                                                            self.last_call)
 
     async def _gather(self) -> list[Job]:
         first = await self._take()
+        lane = lane_of(first)
+        if self.settings.scheduling == "step":
+            self._gatherings[lane] += 1
         jobs, n_lines = [first], len(first.lines)
         if not self.settings.batching:
             return jobs
-        deadline = first.arrived + gather_wait(self.settings, self.last_call)
+        deadline = first.arrived + self._wait()
         while n_lines < self.settings.batch_lines:
-            job = await self._take(deadline)
+            job = await self._take(deadline, lane)
             if job is None:
                 break
             jobs.append(job)
@@ -190,22 +272,27 @@ class Batcher:
         return live
 
     async def _run_group(self, jobs: list[Job]) -> None:
-        live = self._live(jobs)  # (a job gathered but abandoned before its group's turn)
-        if not live:
-            return
-        self.stats.requests += len(live)
-        self.stats.sentences += sum(len(job.lines) for job in live)
         try:
-            await self._translate_live(live)
-        except Exception as e:
-            if len(live) == 1:
-                _fail(live[0], e)
+            live = self._live(jobs)  # (a job gathered but abandoned before its group's turn)
+            if not live:
                 return
-            for job in live:  # one request's failure must not fail the others: each alone
-                try:
-                    await self._translate_live([job])
-                except Exception as e:  # an engine failure: the request gets it (500)
-                    _fail(job, e)
+            self.stats.requests += len(live)
+            self.stats.sentences += sum(len(job.lines) for job in live)
+            try:
+                await self._translate_live(live)
+            except Exception as e:
+                if len(live) == 1:
+                    _fail(live[0], e)
+                    return
+                for job in live:  # one request's failure must not fail the others: each alone
+                    try:
+                        await self._translate_live([job])
+                    except Exception as e:  # an engine failure: the request gets it (500)
+                        _fail(job, e)
+        finally:
+            self._lines -= sum(len(job.lines) for job in jobs)
+            self._tokens -= sum(job.tokens for job in jobs)
+            self._changed.set()
 
     async def _translate_live(self, jobs: list[Job]) -> None:
         """Translate `jobs` in one call and deliver their results. When one is abandoned during
@@ -216,7 +303,7 @@ class Batcher:
             except Cancelled:
                 self.stats.cancelled_calls += 1
                 live = self._live(jobs)
-                if len(live) == len(jobs):  # stopped by close(), not by an abandoned job
+                if len(live) == len(jobs) or self._closed:  # stopped by close(), not by an abandoned job
                     raise
                 jobs = live
                 continue
@@ -224,24 +311,30 @@ class Batcher:
             return
 
     async def _call(self, jobs: list[Job]) -> Sequence[Any]:
-        """One translate call over `jobs`, in the worker thread; nmt.errors.Cancelled when one of
+        """One translate call over `jobs`, in a worker thread; nmt.errors.Cancelled when one of
         them is abandoned while it runs."""
         s = self.stats
         s.calls += 1
         s.shared_calls += len(jobs) > 1
         s.largest_call = max(s.largest_call, len(jobs))
-        s.translating = len(jobs)
+        s.translating += len(jobs)
+        s.running_calls += 1
         lines, prefixes, numbers = merge(jobs)
         loop = asyncio.get_running_loop()
-        self._running, self._stop = jobs, threading.Event()
+        stop = threading.Event()
+        if self._closed:
+            stop.set()
+        self._running.update((job, stop) for job in jobs)
         start = loop.time()
         try:
             glossary = () if jobs[0].glossary is None else (jobs[0].glossary,)  # (the same in the whole group)
             return await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
-                                              jobs[0].decode, self._stop.is_set, *glossary)
+                                              jobs[0].decode, stop.is_set, *glossary)
         finally:
-            self._running = []
-            s.translating = 0
+            for job in jobs:
+                self._running.pop(job, None)
+            s.translating -= len(jobs)
+            s.running_calls -= 1
             self.last_call = loop.time() - start
 
     def _deliver(self, jobs: list[Job], results: Sequence[Any]) -> None:

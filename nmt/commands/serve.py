@@ -15,7 +15,10 @@ Endpoints:
 
 Each request is checked in the event loop (JSON shape, limits, decode options with `nmt translate`'s
 messages) and queued for the batcher (nmt/commands/batcher.py), which translates requests that
-arrive together in one `nmt.Translator` call in a worker thread. Errors are one JSON line
+arrive together in one `nmt.Translator` call in a worker thread; with --scheduling step (the default)
+calls run at once while their lines and source tokens stay within --batch-lines and --max-batch-tokens,
+taking turns at every decoding step (each call searches in batches of --max-batch-size sentences and
+--batch-tokens tokens, as `nmt translate` does). Errors are one JSON line
 `{"error": ...}`: 400 bad request or Host header, 403 a cross-origin POST not allowed by
 --allow-origin, 404 / 405, 408 body too slow, 413 too large, 503 full queue or shutting down, 504
 time limit passed, 500 a model failure. A request sets only the decode keys in REQUEST_KEYS.
@@ -148,13 +151,15 @@ class ServeOptions:
     batch_window_ms: float = 5.0
     batch_lines: int = 1024
     batching: bool = True
+    scheduling: str = "step"
+    max_batch_tokens: int = 32768
 
 
 def serve_settings(opts: ServeOptions) -> Settings:
     """The server's Settings from `nmt serve`'s flags, each checked first (a one-line UserError naming the
     flag), --port and --allow-origin too."""
     given = {"max_lines": opts.max_lines, "max_chars": opts.max_chars, "max_beam": opts.max_beam,
-             "max_queue": opts.max_queue, "batch_lines": opts.batch_lines}
+             "max_queue": opts.max_queue, "batch_lines": opts.batch_lines, "max_batch_tokens": opts.max_batch_tokens}
     for flag, value in given.items():
         if value < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
@@ -168,7 +173,10 @@ def serve_settings(opts: ServeOptions) -> Settings:
         if origin != "*" and not _is_origin(origin):
             raise UserError(f"--allow-origin {origin}: not an origin (scheme://host[:port], e.g. https://example.com, "
                             "as browsers send it; * for any)")
-    return Settings(**given, timeout=opts.timeout, window=opts.batch_window_ms / 1000, batching=opts.batching)
+    if opts.scheduling not in ("step", "call"):
+        raise UserError(f"--scheduling must be step or call, got {opts.scheduling!r}")
+    return Settings(**given, timeout=opts.timeout, window=opts.batch_window_ms / 1000, batching=opts.batching,
+                    scheduling=opts.scheduling)
 
 
 def _is_origin(text: str) -> bool:
@@ -189,6 +197,9 @@ def serve_command(opts: ServeOptions) -> int:
     _, uvicorn = require_stack()
     path, host, access_log = opts.checkpoint, opts.host, opts.access_log
     translator = Translator(path, engine=opts.engine, device=opts.device, **opts.overrides)
+    if settings.scheduling == "step" and translator.engine == "torch" and translator.decode.workers > 1:
+        raise UserError("--workers applies to --scheduling call with the PyTorch engine (with step scheduling the "
+                        "calls take turns step by step, each with all of torch's threads)")
     errors = over_limits(translator.decode, opts.overrides, settings.max_beam, translator.max_positions)
     if errors:
         raise UserError(f"the server's default search settings are over its limits: {errors[0]}")
@@ -200,7 +211,8 @@ def serve_command(opts: ServeOptions) -> int:
     server = _server_class(uvicorn)(config, service)
     shown = f"[{host}]" if ":" in host else host
     print(f"nmt serve: http://{shown}:{sock.getsockname()[1]}/ ({service.name}, {translator.engine}, batching "
-          f"{'on' if settings.batching else 'off'}; Ctrl-C or SIGTERM stops)", file=sys.stderr, flush=True)
+          f"{'on' if settings.batching else 'off'}, scheduling {settings.scheduling}; Ctrl-C or SIGTERM stops)",
+          file=sys.stderr, flush=True)
     server.run(sockets=[sock])  # (a second signal ends the process in it: DrainingServer.shutdown)
     sock.close()
     print("nmt serve: stopped", file=sys.stderr, flush=True)

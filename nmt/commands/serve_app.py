@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import traceback
@@ -43,7 +44,10 @@ class Service:
 
     def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None):
         """One call of the translator with a request's validated settings and glossary (the batcher runs
-        it in its worker thread)."""
+        it in a worker thread). Scheduling "step": one decode worker (the calls take turns, each with all of
+        torch's threads, and none changes the process' thread setting while others run)."""
+        if self.settings.scheduling == "step":
+            decode = dataclasses.replace(decode, workers=1)
         with self.metrics.call(len(lines)):
             return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
                                              settings=decode, glossary=glossary)
@@ -99,7 +103,8 @@ class Service:
             except UserError as e:
                 raise RequestError(400, request_message(e)) from None
         loop = asyncio.get_running_loop()
-        job = Job(request.lines, request.prefixes, decode, loop.create_future(), loop.time(), request.glossary)
+        tokens = sum(self.translator.source_tokens(request.lines, decode))
+        job = Job(request.lines, request.prefixes, decode, loop.create_future(), loop.time(), request.glossary, tokens)
         try:
             self.batcher.submit(job)
         except asyncio.QueueFull:

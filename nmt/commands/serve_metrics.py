@@ -5,7 +5,7 @@ registry per app (never prometheus_client's global one, so several apps in a pro
                                          the client went away; a stream: 200, or the status of its error)
     nmt_lines_total, nmt_tokens_total    lines answered, and the subword tokens of their best translations
     nmt_queue_length                     requests waiting for the model
-    nmt_running_lines                    lines in the translate call now running
+    nmt_running_lines                    lines in the translate calls now running
     nmt_time_to_first_line_seconds       from a request's arrival to its first line ready to send
     nmt_request_seconds                  from a request's arrival to its whole answer (requests answered 200)
     nmt_batch_fill                       lines per translate call over --batch-lines (above 1: one request
@@ -34,7 +34,7 @@ class Metrics:
         self.lines = Counter("nmt_lines", "lines answered", registry=r)
         self.tokens = Counter("nmt_tokens", "subword tokens of the best translation of the lines answered", registry=r)
         Gauge("nmt_queue_length", "requests waiting for the model", registry=r).set_function(queued)
-        self.running = Gauge("nmt_running_lines", "lines in the translate call now running", registry=r)
+        self.running = Gauge("nmt_running_lines", "lines in the translate calls now running", registry=r)
         self.first_line = Histogram("nmt_time_to_first_line_seconds", "from a request's arrival to its first line",
                                     buckets=SECONDS, registry=r)
         self.request_time = Histogram("nmt_request_seconds", "from a request's arrival to its whole answer",
@@ -46,11 +46,11 @@ class Metrics:
     def call(self, lines: int) -> Iterator[None]:
         """Around a translate call of `lines` lines (the lines running while it runs)."""
         self.fill.observe(lines / self.batch_lines)
-        self.running.set(lines)
+        self.running.inc(lines)
         try:
             yield
         finally:
-            self.running.set(0)
+            self.running.dec(lines)
 
     def served(self, results: Sequence, seconds: float) -> None:
         """A request's results (TranslationResults) are ready to send, `seconds` after its arrival."""
