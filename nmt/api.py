@@ -38,22 +38,31 @@ from nmt.translation.translate import TranslationResult, check_protect, encode_s
 
 
 
-class _Call:
-    """A call's place in `Turns`: set while it holds the turn; the compute time it used."""
+AGING = 0.5  # `Turns`: a second of waiting makes up for this many seconds of computing
 
-    def __init__(self):
+
+class _Call:
+    """A call's place in `Turns`: set while it holds the turn; the time it computed and waited."""
+
+    def __init__(self, now: float):
         self.event = threading.Event()
         self.used = 0.0  # seconds holding the turn
-        self.since = 0.0  # when its time was last counted
+        self.waited = 0.0  # seconds waiting for it, before `since`
+        self.since = now  # when it last took or gave up the turn
+
+    def key(self, now: float, holding: bool) -> float:
+        """Its claim to the turn, the lower the stronger: the time it computed less AGING x the time it waited."""
+        return self.used - AGING * (self.waited + (0.0 if holding else now - self.since))
 
 
 class Turns:
     """The turn to compute, shared by the calls of a process: one call holds it at a time, and at every
-    decoding step (`turn()`'s hook) it goes to the waiting call that has used the least compute time, if that
-    is less than the holder's (least attained service: a new call counts from zero), so a short call made
-    while a long one runs goes first and ends after about its own time, and calls that have run as long share
-    the machine step by step. A call's threads share its turn; a call whose decode workers split torch's CPU
-    threads keeps it to its end (`Translator._splits_threads`). `clock`: seconds."""
+    decoding step (`turn()`'s hook) it goes to the waiting call whose compute time less AGING x its waiting
+    time is the least, if that is less than the holder's. A new call counts from zero, so a short call made
+    while a long one runs goes first and ends after about its own time; a call that waits gains on the others
+    as it waits, so a long one is not starved by a stream of short ones (it gets a third of the machine at
+    least once it has waited twice as long as it ran). A call's threads share its turn; a call whose decode workers split torch's CPU threads
+    keeps it to its end (`Translator._splits_threads`). `clock`: seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self._lock = threading.Lock()
@@ -65,10 +74,10 @@ class Turns:
     def turn(self):
         """Around a call: waits for the turn, yields the hook its decoding steps call, passes the turn on at
         the end."""
-        me = _Call()
         with self._lock:
+            me = _Call(self._clock())
             if self._holder is None:
-                self._give(me, self._clock())
+                self._give(me, me.since)
             else:
                 self._waiting.append(me)
         me.event.wait()
@@ -79,24 +88,26 @@ class Turns:
                 me.event.clear()
                 self._holder = None
                 if self._waiting:
-                    self._give(min(self._waiting, key=lambda c: c.used), self._clock())
+                    now = self._clock()
+                    self._give(min(self._waiting, key=lambda c: c.key(now, False)), now)
 
     def _give(self, call: _Call, now: float) -> None:
         if call in self._waiting:
             self._waiting.remove(call)
+            call.waited += now - call.since
         self._holder, call.since = call, now
         call.event.set()
 
     def _step(self, me: _Call) -> None:
-        """A decoding step of call `me` is about to run: a waiting call that used less time goes first."""
+        """A decoding step of call `me` is about to run: a waiting call with a stronger claim goes first."""
         with self._lock:
             if self._holder is me:
                 now = self._clock()
                 me.used += now - me.since
                 me.since = now
                 if self._waiting:
-                    nxt = min(self._waiting, key=lambda c: c.used)
-                    if nxt.used < me.used:
+                    nxt = min(self._waiting, key=lambda c: c.key(now, False))
+                    if nxt.key(now, False) < me.key(now, True):
                         me.event.clear()
                         self._waiting.append(me)
                         self._give(nxt, now)

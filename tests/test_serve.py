@@ -269,13 +269,14 @@ def test_metrics_count_what_was_served(server):
 
 @pytest.mark.slow
 def test_concurrent_clients_share_calls_and_get_their_own_results(server, ckpt):
-    """Requests sent at once by 12 threads: several share one translate call (the server's
-    counters), and each answer equals `nmt translate` on that request's lines alone (with sampling,
-    a line's samples depend on its number within its own request)."""
+    """Requests sent at once by 12 threads with five kinds of options: several share one translate call (the
+    server's counters), the calls run side by side, and each answer equals `nmt translate` on that request's
+    lines alone (with sampling, a line's samples depend on its number within its own request)."""
     before = server.health()
     pairs = [p[0] for p in make_pairs(60, 11)]
-    options = [{"sampling": "topk", "topk": 4, "seed": 3}, {"beam_size": 2}, {}]
-    requests = [(pairs[i * 5: i * 5 + 1 + i % 5], options[i % 3], None if i % 4 else ["the"] * (1 + i % 5))
+    options = [{"sampling": "topk", "topk": 4, "seed": 3}, {"beam_size": 2}, {}, {"beam_size": 3, "no_repeat_ngram": 2},
+               {"min_len": 3, "beam_size": 1}]
+    requests = [(pairs[i * 5: i * 5 + 1 + i % 5], options[i % 5], None if i % 4 else ["the"] * (1 + i % 5))
                 for i in range(12)]
     answers: list = [None] * len(requests)
     barrier = threading.Barrier(len(requests))
@@ -519,14 +520,19 @@ def test_a_second_signal_stops_at_once(slow_ckpt):
             answers.append(e)
 
     threads = [threading.Thread(target=client) for _ in range(2)]
-    threads[0].start()
-    _wait_for(server, lambda h: h["translating"] == 1)
-    threads[1].start()
-    _wait_for(server, lambda h: h["queued"] == 1)
-    server.proc.send_signal(signal.SIGTERM)
-    _wait_for_log(server, "SIGTERM: answering the 2 requests in progress")
-    server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(timeout=30) == 128 + signal.SIGTERM
+    try:
+        threads[0].start()
+        _wait_for(server, lambda h: h["translating"] == 1)
+        threads[1].start()
+        _wait_for(server, lambda h: h["queued"] == 1)
+        server.proc.send_signal(signal.SIGTERM)
+        _wait_for_log(server, "SIGTERM: answering the 2 requests in progress")
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if server.proc.poll() is None:  # (a failed step above: no server left behind)
+            server.proc.kill()
+            server.proc.wait()
     for t in threads:
         t.join()
     log = "".join(server.log)

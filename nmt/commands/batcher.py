@@ -15,9 +15,9 @@ call. Scheduling (`Settings.scheduling`):
   PER_LANE gatherings of each at a time (`lane_of`), each lane first come first served; a gathering's calls
   start at once, while others run, as long as the lines and source tokens of the running calls stay within
   `batch_lines` and `max_batch_tokens` (a request over them runs alone). The running calls share the
-  machine step by step (nmt/api.py's `Turns`: at every decoding step the turn goes to the call that has
-  used the least time), so a one-line request that arrives during a long call runs first, and is answered
-  after about its own time, not after the long call.
+  machine step by step (nmt/api.py's `Turns`: at every decoding step the turn goes to the call whose
+  compute time less half its waiting time is the least), so a one-line request that arrives during a long call
+  runs first, and is answered after about its own time, not after the long call.
 - "call": one call at a time; the gathering waits `gather_wait`: `window`, or `wait_fraction` of the
   previous call's duration when that is longer (at most 1 s), so that requests arriving during a call
   share the next.
