@@ -12,10 +12,11 @@ One object, one call: the model, its engine, device and threads are fixed at con
 frozen `TranslationResult` per line, the same outputs as `nmt translate` (which goes through this
 class, as `nmt evaluate`, `nmt score` and `nmt serve` do). Calls are thread-safe: the calls of every
 Translator in the process compute one at a time (torch's thread setting is process-wide), and calls made
-at once from several threads share the machine step by step (`Turns`; not a CPU call with more than one
-decode worker, which changes torch's thread setting while it runs), so a short call made while a long one
-runs is not held up until the long call ends (what `nmt serve` builds on). Lines that arrive together
-are still faster in one call (one batch).
+at once from several threads share the machine step by step (`Turns`), so a short call made while a long
+one runs is not held up until the long call ends (what `nmt serve` builds on). Exceptions: a CPU call with
+more than one decode worker (the default `workers` on a CPU with 2+ threads; pass `workers=1` to share)
+keeps the turn to its end, since it changes torch's thread setting while it runs; a CTranslate2 call hands
+the turn on between its batches only. Lines that arrive together are still faster in one call (one batch).
 """
 
 from __future__ import annotations
@@ -38,80 +39,102 @@ from nmt.translation.translate import TranslationResult, check_protect, encode_s
 
 
 
-AGING = 0.5  # `Turns`: a second of waiting makes up for this many seconds of computing
+HEAD_START = 1.0  # `Turns`: seconds of computing a new call may run ahead of the calls already running
+POLL = 0.05  # `Turns`: seconds between two looks at a waiting call's `cancel`
 
 
 class _Call:
-    """A call's place in `Turns`: set while it holds the turn; the time it computed and waited."""
+    """A call's place in `Turns`: `event` set while it holds the turn; `used`, its claim (the lower the
+    stronger): the seconds it held the turn, counted from where it started."""
 
-    def __init__(self, now: float):
+    def __init__(self, used: float):
         self.event = threading.Event()
-        self.used = 0.0  # seconds holding the turn
-        self.waited = 0.0  # seconds waiting for it, before `since`
-        self.since = now  # when it last took or gave up the turn
-
-    def key(self, now: float, holding: bool) -> float:
-        """Its claim to the turn, the lower the stronger: the time it computed less AGING x the time it waited."""
-        return self.used - AGING * (self.waited + (0.0 if holding else now - self.since))
+        self.used = used
+        self.since = 0.0  # when it last took the turn, or counted its time
 
 
 class Turns:
     """The turn to compute, shared by the calls of a process: one call holds it at a time, and at every
-    decoding step (`turn()`'s hook) it goes to the waiting call whose compute time less AGING x its waiting
-    time is the least, if that is less than the holder's. A new call counts from zero, so a short call made
-    while a long one runs goes first and ends after about its own time; a call that waits gains on the others
-    as it waits, so a long one is not starved by a stream of short ones (it gets a third of the machine at
-    least once it has waited twice as long as it ran). A call's threads share its turn; a call whose decode workers split torch's CPU threads
-    keeps it to its end (`Translator._splits_threads`). `clock`: seconds."""
+    decoding step (`turn()`'s hook) it goes to the waiting call that has used the least compute time, if that
+    is less than the holder's. A call's time counts from the process' virtual time (the least of the running
+    calls', never decreasing) less HEAD_START: a short call made while a long one runs goes first and ends
+    after about its own time, and calls that have run longer share the machine evenly, so none is starved by
+    a stream of short ones (a new call is ahead by HEAD_START at most). A call's threads share its turn. A
+    waiting call whose `cancel()` turns true leaves the line at once. `clock`: seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self._lock = threading.Lock()
         self._clock = clock
         self._holder: _Call | None = None  # the call computing now
         self._waiting: list[_Call] = []  # calls waiting for the turn
+        self._virtual = 0.0  # the least time used by a running call, never decreasing
 
     @contextlib.contextmanager
-    def turn(self):
-        """Around a call: waits for the turn, yields the hook its decoding steps call, passes the turn on at
-        the end."""
+    def turn(self, cancel: Callable[[], bool] | None = None):
+        """Around a call: waits for the turn, yields the hook its decoding steps call (True: `cancel()` said
+        so, while it waited or now), passes the turn on at the end. nmt.errors.Cancelled when `cancel()` turns
+        true before the call got the turn at all."""
+        from nmt.errors import Cancelled
+
         with self._lock:
-            me = _Call(self._clock())
+            me = _Call(max(0.0, self._virtual - HEAD_START))
             if self._holder is None:
-                self._give(me, me.since)
+                self._give(me, self._clock())
             else:
                 self._waiting.append(me)
-        me.event.wait()
         try:
-            yield lambda: self._step(me)
+            if not self._wait(me, cancel):
+                raise Cancelled()
+            yield lambda: self._step(me, cancel)
         finally:
             with self._lock:
-                me.event.clear()
-                self._holder = None
-                if self._waiting:
-                    now = self._clock()
-                    self._give(min(self._waiting, key=lambda c: c.key(now, False)), now)
+                if me in self._waiting:
+                    self._waiting.remove(me)
+                if self._holder is me:
+                    me.event.clear()
+                    self._holder = None
+                    if self._waiting:
+                        self._give(min(self._waiting, key=lambda c: c.used), self._clock())
 
     def _give(self, call: _Call, now: float) -> None:
         if call in self._waiting:
             self._waiting.remove(call)
-            call.waited += now - call.since
         self._holder, call.since = call, now
+        self._virtual = max(self._virtual, min(c.used for c in (call, *self._waiting)))
         call.event.set()
 
-    def _step(self, me: _Call) -> None:
-        """A decoding step of call `me` is about to run: a waiting call with a stronger claim goes first."""
+    def _wait(self, me: _Call, cancel: Callable[[], bool] | None) -> bool:
+        """Wait until `me` holds the turn (True), or until `cancel()` says so while it waits (False: it left
+        the line)."""
+        while not me.event.wait(POLL if cancel is not None else None):
+            if cancel():
+                with self._lock:
+                    if self._holder is not me:
+                        if me in self._waiting:
+                            self._waiting.remove(me)
+                        return False
+        return True
+
+    def _step(self, me: _Call, cancel: Callable[[], bool] | None) -> bool:
+        """A decoding step of call `me` is about to run: a waiting call that used less goes first. -> whether
+        `cancel()` says to stop (checked before and after waiting)."""
+        if cancel is not None and cancel():
+            return True
         with self._lock:
             if self._holder is me:
                 now = self._clock()
                 me.used += now - me.since
                 me.since = now
+                self._virtual = max(self._virtual, min(c.used for c in (me, *self._waiting)))
                 if self._waiting:
-                    nxt = min(self._waiting, key=lambda c: c.key(now, False))
-                    if nxt.key(now, False) < me.key(now, True):
+                    nxt = min(self._waiting, key=lambda c: c.used)
+                    if nxt.used < me.used:
                         me.event.clear()
                         self._waiting.append(me)
                         self._give(nxt, now)
-        me.event.wait()  # (at once while it holds the turn; another thread of the call may have given it away)
+        if not self._wait(me, cancel):  # (at once while it holds the turn; another thread of the call may have
+            return True  # given it away)
+        return cancel is not None and cancel()
 
 
 _CALLS = Turns()  # the turn of every call in the process (module docstring)
@@ -209,10 +232,10 @@ class Translator:
             if given is not None and len(given) != len(lines):
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
         shares = not self._splits_threads(decode)
-        with _CALLS.turn() as step:
+        with _CALLS.turn(cancel) as step:
             def at_step() -> bool:
                 if shares:
-                    step()
+                    return step()
                 return cancel is not None and cancel()
 
             return translate_chunk(self._engine, lines, decode, on_batch, first_line=first_line,

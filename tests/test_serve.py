@@ -645,6 +645,64 @@ def test_concurrent_calls_share_the_machine_step_by_step():
             step()
 
 
+def test_a_long_call_is_not_starved_and_a_cancelled_call_leaves_the_line():
+    """nmt.api.Turns: a call S that comes after L has run 5 s gets HEAD_START (1 s) ahead of it, not more: it
+    runs 3 steps, then the two alternate (least attained service would run all of S first, starving L under a
+    stream of such calls). A waiting call whose cancel() turns true leaves the line at once (Cancelled) and
+    is never given the turn; the next call is."""
+    from nmt.api import Turns
+
+    now, log = [0.0], []
+    turns = Turns(clock=lambda: now[0])
+    short = threading.Thread(target=lambda: call("S", 10))
+
+    def call(name: str, steps: int) -> None:
+        with turns.turn() as step:
+            for i in range(steps):
+                step()
+                if name == "L" and i == 5:
+                    short.start()
+                    end = time.monotonic() + 10
+                    while not turns._waiting:
+                        assert time.monotonic() < end, "the short call never waited for its turn"
+                        time.sleep(0.001)
+                now[0] += 1.0
+                log.append(name)
+
+    call("L", 20)
+    short.join()
+    first = log.index("S")
+    assert log[:first] == ["L"] * 6 and log[first:first + 4] == ["S", "S", "S", "L"], log
+    assert "SSSS" not in "".join(log) and log.count("S") == 10
+
+    stop, got = threading.Event(), []
+
+    def waiting(name: str, cancel) -> None:
+        try:
+            with turns.turn(cancel):
+                got.append(name)
+        except Cancelled:
+            got.append(f"{name} cancelled")
+
+    with turns.turn():  # (holding the turn: the others wait in line)
+        w = threading.Thread(target=waiting, args=("w", stop.is_set))
+        w.start()
+        end = time.monotonic() + 10
+        while not turns._waiting:
+            assert time.monotonic() < end
+            time.sleep(0.001)
+        stop.set()
+        w.join(10)
+        assert got == ["w cancelled"] and not turns._waiting
+        x = threading.Thread(target=waiting, args=("x", None))
+        x.start()
+        while not turns._waiting:
+            assert time.monotonic() < end
+            time.sleep(0.001)
+    x.join(10)
+    assert got == ["w cancelled", "x"]
+
+
 @pytest.mark.slow
 def test_the_time_limit_stops_the_work_and_covers_the_upload(slow_ckpt):
     """--timeout 2: a long search gets 504 and its call stops (the next request is answered, equal
@@ -745,8 +803,8 @@ def test_command_errors_are_one_line(ckpt, capsys):
                                                      "send it; * for any)"),
     (["--min-len", "30"], "the server's default search settings are over its limits: min_len 30 is over this "
                           "model's limit 22 (its outputs have at most max_positions - 1 = 23 tokens, EOS included)"),
-    (["--workers", "2"], "--workers applies to --scheduling call with the PyTorch engine (with step scheduling the "
-                         "calls take turns step by step, each with all of torch's threads)"),
+    (["--workers", "2"], "--workers applies to --scheduling call with the PyTorch engine on CPU (with step "
+                         "scheduling the calls take turns step by step, each with all of torch's threads)"),
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1"),
 ])
 def test_settings_out_of_range_are_one_line_errors(ckpt, capsys, monkeypatch, flags, message):

@@ -15,9 +15,10 @@ call. Scheduling (`Settings.scheduling`):
   PER_LANE gatherings of each at a time (`lane_of`), each lane first come first served; a gathering's calls
   start at once, while others run, as long as the lines and source tokens of the running calls stay within
   `batch_lines` and `max_batch_tokens` (a request over them runs alone). The running calls share the
-  machine step by step (nmt/api.py's `Turns`: at every decoding step the turn goes to the call whose
-  compute time less half its waiting time is the least), so a one-line request that arrives during a long call
-  runs first, and is answered after about its own time, not after the long call.
+  machine step by step (nmt/api.py's `Turns`: at every decoding step the turn goes to the call that has used
+  the least time, a new call up to HEAD_START ahead), so a one-line request that arrives during a long call
+  runs first, and is answered after about its own time, not after the long call. The oldest queued request
+  that does not fit waits for room, and nothing queued after it starts before it.
 - "call": one call at a time; the gathering waits `gather_wait`: `window`, or `wait_fraction` of the
   previous call's duration when that is longer (at most 1 s), so that requests arriving during a call
   share the next.
@@ -165,6 +166,7 @@ class Batcher:
         if job in self._queue:  # (identity: Job compares by identity)
             self._queue.remove(job)
             self.stats.expired += 1
+            self._changed.set()  # (the job behind it may start now)
         elif job in self._running:
             self._running[job].set()
 
@@ -207,8 +209,10 @@ class Batcher:
         of a free lane, for the first job of a gathering), if nothing runs or the running lines and tokens
         stay within their bounds with it."""
         s = self.settings
-        if s.scheduling == "call":
+        if s.scheduling == "call" or not self._queue:
             return self._queue[0] if self._queue else None
+        if self._lines and not self._within(self._queue[0]):  # the oldest waits for room: nobody overtakes it
+            return None
         seen = set()
         for job in self._queue:
             own = lane_of(job)
@@ -216,10 +220,14 @@ class Batcher:
                                                                      self._gatherings[own] >= PER_LANE[own]):
                 continue
             seen.add(own)  # (only the oldest of each lane: first come first served within it)
-            if self._lines == 0 or (self._lines + len(job.lines) <= s.batch_lines
-                                    and self._tokens + job.tokens <= s.max_batch_tokens):
+            if self._lines == 0 or self._within(job):
                 return job
         return None
+
+    def _within(self, job: Job) -> bool:
+        """Whether the running lines and tokens stay within their bounds with `job`'s."""
+        s = self.settings
+        return self._lines + len(job.lines) <= s.batch_lines and self._tokens + job.tokens <= s.max_batch_tokens
 
     async def _take(self, deadline: float | None = None, lane: int | None = None) -> Job | None:
         """The next job that may start (`_next`), waiting until `deadline` (loop time; None: for ever); None
@@ -285,6 +293,8 @@ class Batcher:
                     _fail(live[0], e)
                     return
                 for job in live:  # one request's failure must not fail the others: each alone
+                    if job.future.done():  # (abandoned meanwhile: counted already)
+                        continue
                     try:
                         await self._translate_live([job])
                     except Exception as e:  # an engine failure: the request gets it (500)
@@ -329,7 +339,7 @@ class Batcher:
         try:
             glossary = () if jobs[0].glossary is None else (jobs[0].glossary,)  # (the same in the whole group)
             return await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
-                                              jobs[0].decode, stop.is_set, *glossary)
+                                              jobs[0].decode, lambda: self._closed or stop.is_set(), *glossary)
         finally:
             for job in jobs:
                 self._running.pop(job, None)

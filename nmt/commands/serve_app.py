@@ -103,7 +103,7 @@ class Service:
             except UserError as e:
                 raise RequestError(400, request_message(e)) from None
         loop = asyncio.get_running_loop()
-        tokens = sum(self.translator.source_tokens(request.lines, decode))
+        tokens = sum(self.translator.source_tokens(request.lines, decode)) if self.settings.scheduling == "step" else 0
         job = Job(request.lines, request.prefixes, decode, loop.create_future(), loop.time(), request.glossary, tokens)
         try:
             self.batcher.submit(job)
