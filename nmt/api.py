@@ -11,7 +11,8 @@ One object, one call: the model, its engine, device and threads are fixed at con
 `translate` takes per-call decode options (validated as `nmt translate`'s flags) and returns one
 frozen `TranslationResult` per line, the same outputs as `nmt translate` (which goes through this
 class, as `nmt evaluate`, `nmt score` and `nmt serve` do). Calls are thread-safe: the calls of every
-Translator in the process compute one at a time (torch's thread setting is process-wide), and calls made
+Translator in the process compute one at a time (torch's thread setting is process-wide; CTranslate2's
+replicas aside), and calls made
 at once from several threads share the machine step by step (`Turns`), so a short call made while a long
 one runs is not held up until the long call ends (what `nmt serve` builds on). Exceptions: a CPU call with
 more than one decode worker (the default `workers` on a CPU with 2+ threads; pass `workers=1` to share)
@@ -56,11 +57,12 @@ class _Call:
 class Turns:
     """The turn to compute, shared by the calls of a process: one call holds it at a time, and at every
     decoding step (`turn()`'s hook) it goes to the waiting call that has used the least compute time, if that
-    is less than the holder's. A call's time counts from the process' virtual time (the least of the running
-    calls', never decreasing) less HEAD_START: a short call made while a long one runs goes first and ends
-    after about its own time, and calls that have run longer share the machine evenly, so none is starved by
-    a stream of short ones (a new call is ahead by HEAD_START at most). A call's threads share its turn. A
-    waiting call whose `cancel()` turns true leaves the line at once. `clock`: seconds."""
+    is less than the holder's. A call's time starts HEAD_START below the process' virtual time, which advances
+    with the time computed, shared among the calls that want the turn (fair queuing), and never lags the
+    least of their times: a short call made while a long one runs goes first and ends after about its own
+    time, calls that have run longer share the machine evenly, and a stream of short calls cannot starve a
+    long one. A call's threads share its turn. A waiting call whose `cancel()` turns true leaves the line
+    within POLL seconds. `clock`: seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self._lock = threading.Lock()
@@ -76,13 +78,14 @@ class Turns:
         true before the call got the turn at all."""
         from nmt.errors import Cancelled
 
-        with self._lock:
-            me = _Call(max(0.0, self._virtual - HEAD_START))
-            if self._holder is None:
-                self._give(me, self._clock())
-            else:
-                self._waiting.append(me)
+        me = _Call(0.0)
         try:
+            with self._lock:  # (inside the try: an interrupt here leaves no dead call in line or holding the turn)
+                me.used = max(0.0, self._virtual - HEAD_START)
+                if self._holder is None:
+                    self._give(me, self._clock())
+                else:
+                    self._waiting.append(me)
             if not self._wait(me, cancel):
                 raise Cancelled()
             yield lambda: self._step(me, cancel)
@@ -117,24 +120,27 @@ class Turns:
 
     def _step(self, me: _Call, cancel: Callable[[], bool] | None) -> bool:
         """A decoding step of call `me` is about to run: a waiting call that used less goes first. -> whether
-        `cancel()` says to stop (checked before and after waiting)."""
+        `cancel()` says to stop (called once, then while it waits)."""
         if cancel is not None and cancel():
             return True
         with self._lock:
             if self._holder is me:
                 now = self._clock()
-                me.used += now - me.since
+                spent = now - me.since
+                me.used += spent
                 me.since = now
-                self._virtual = max(self._virtual, min(c.used for c in (me, *self._waiting)))
+                # virtual time advances by the time spent, shared among the calls that want the turn (fair
+                # queuing), and never lags the least of their times: new calls cannot hold it back for ever
+                self._virtual = max(self._virtual + spent / (1 + len(self._waiting)),
+                                    min(c.used for c in (me, *self._waiting)))
                 if self._waiting:
                     nxt = min(self._waiting, key=lambda c: c.used)
                     if nxt.used < me.used:
                         me.event.clear()
                         self._waiting.append(me)
                         self._give(nxt, now)
-        if not self._wait(me, cancel):  # (at once while it holds the turn; another thread of the call may have
-            return True  # given it away)
-        return cancel is not None and cancel()
+        # (at once while it holds the turn; another thread of the call may have given it away)
+        return not self._wait(me, cancel)
 
 
 _CALLS = Turns()  # the turn of every call in the process (module docstring)

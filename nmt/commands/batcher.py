@@ -163,9 +163,10 @@ class Batcher:
     def _abandoned(self, job: Job) -> None:
         """A job's future is done: delivered, or abandoned (its handler cancelled it). An abandoned
         job leaves the queue; the call translating it stops at its next step."""
+        if job.future.cancelled():  # abandoned: counted here, once, wherever it was
+            self.stats.expired += 1
         if job in self._queue:  # (identity: Job compares by identity)
             self._queue.remove(job)
-            self.stats.expired += 1
             self._changed.set()  # (the job behind it may start now)
         elif job in self._running:
             self._running[job].set()
@@ -182,17 +183,15 @@ class Batcher:
                 parts = groups(jobs)
                 left = [len(parts)]
 
-                def ended(task: asyncio.Task, left=left, lane=lane_of(jobs[0])) -> None:
-                    self._tasks.discard(task)
+                def ended(left=left, lane=lane_of(jobs[0])) -> None:
                     left[0] -= 1
                     if left[0] == 0:  # the gathering's calls are all done: its lane is free
                         self._gatherings[lane] -= 1
-                        self._changed.set()
 
                 for group in parts:
-                    task = asyncio.get_running_loop().create_task(self._run_group(group))
+                    task = asyncio.get_running_loop().create_task(self._run_group(group, ended))
                     self._tasks.add(task)
-                    task.add_done_callback(ended)
+                    task.add_done_callback(self._tasks.discard)
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -274,12 +273,12 @@ class Batcher:
         return jobs
 
     def _live(self, jobs: list[Job]) -> list[Job]:
-        """The jobs still waiting for their answer (the others are counted as expired)."""
-        live = [job for job in jobs if not job.future.done()]
-        self.stats.expired += len(jobs) - len(live)
-        return live
+        """The jobs still waiting for their answer (the others were abandoned: `_abandoned` counted them)."""
+        return [job for job in jobs if not job.future.done()]
 
-    async def _run_group(self, jobs: list[Job]) -> None:
+    async def _run_group(self, jobs: list[Job], ended: Callable[[], None] | None = None) -> None:
+        """Translate a group's jobs and deliver their answers; then free their lines and tokens, and call
+        `ended` (its gathering's lane), before the admission looks again."""
         try:
             live = self._live(jobs)  # (a job gathered but abandoned before its group's turn)
             if not live:
@@ -293,7 +292,7 @@ class Batcher:
                     _fail(live[0], e)
                     return
                 for job in live:  # one request's failure must not fail the others: each alone
-                    if job.future.done():  # (abandoned meanwhile: counted already)
+                    if job.future.done():  # (abandoned meanwhile)
                         continue
                     try:
                         await self._translate_live([job])
@@ -302,6 +301,8 @@ class Batcher:
         finally:
             self._lines -= sum(len(job.lines) for job in jobs)
             self._tokens -= sum(job.tokens for job in jobs)
+            if ended is not None:
+                ended()
             self._changed.set()
 
     async def _translate_live(self, jobs: list[Job]) -> None:
@@ -352,9 +353,7 @@ class Batcher:
         for job in jobs:
             part = list(results[start:start + len(job.lines)])
             start += len(job.lines)
-            if job.future.done():  # abandoned after the call's last step: nobody waits for it
-                self.stats.expired += 1
-            else:
+            if not job.future.done():  # (else abandoned after the call's last step: nobody waits for it)
                 job.future.set_result(part)
 
 
