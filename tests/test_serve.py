@@ -703,6 +703,46 @@ def test_a_long_call_is_not_starved_and_a_cancelled_call_leaves_the_line():
     assert got == ["w cancelled", "x"]
 
 
+def test_a_stream_of_short_calls_does_not_starve_a_long_one():
+    """nmt.api.Turns, injected clock: while two threads run short calls back to back (3 steps of 0.1 s each,
+    each new call starting HEAD_START ahead), a long call that had run 5 s alone still gets steps: virtual
+    time advances with the time computed, so new calls start later and later (when it only tracked the least
+    time of the running calls, the short calls kept it down and the long call got none)."""
+    from nmt.api import Turns
+
+    now, log, lock = [0.0], [], threading.Lock()
+    turns = Turns(clock=lambda: now[0])
+    done = threading.Event()
+
+    def shorts() -> None:
+        for _ in range(40):
+            with turns.turn() as step:
+                for _ in range(3):
+                    step()
+                    with lock:
+                        now[0] += 0.1
+                        log.append("s")
+        done.set()
+
+    with turns.turn() as step:
+        threads = [threading.Thread(target=shorts) for _ in range(2)]
+        for i in range(200):
+            step()
+            with lock:
+                now[0] += 1.0
+                log.append("L")
+            if i == 4:
+                for t in threads:
+                    t.start()
+            if done.is_set():
+                break
+    for t in threads:
+        t.join()
+    last = len(log) - 1 - log[::-1].index("s")
+    during = "".join(log[5:last + 1])  # from the short calls' start to the last short step
+    assert during.count("s") == 240 and during.count("L") >= 5, during
+
+
 @pytest.mark.slow
 def test_the_time_limit_stops_the_work_and_covers_the_upload(slow_ckpt):
     """--timeout 2: a long search gets 504 and its call stops (the next request is answered, equal
