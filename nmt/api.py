@@ -39,8 +39,7 @@ from nmt.translation.line_terms import check as check_glossary
 from nmt.translation.translate import TranslationResult, check_protect, encode_sources, translate_chunk
 
 
-
-HEAD_START = 1.0  # `Turns`: seconds of computing a new call may run ahead of the calls already running
+HEAD_START = 1.0  # `Turns`: a new call's time starts this many seconds below the virtual time (its head start)
 POLL = 0.05  # `Turns`: seconds between two looks at a waiting call's `cancel`
 
 
@@ -69,7 +68,7 @@ class Turns:
         self._clock = clock
         self._holder: _Call | None = None  # the call computing now
         self._waiting: list[_Call] = []  # calls waiting for the turn
-        self._virtual = 0.0  # the least time used by a running call, never decreasing
+        self._virtual = 0.0  # advances with the time computed, shared among the calls that want the turn
 
     @contextlib.contextmanager
     def turn(self, cancel: Callable[[], bool] | None = None):
