@@ -30,7 +30,7 @@ from numbers import Integral
 from typing import Any, Callable, Sequence
 
 from nmt import textio
-from nmt.translation.batching import Progress
+from nmt.translation.batching import Progress, splits_threads
 from nmt.config import DecodeConfig, decode_config
 from nmt.translation.engine import check_decode, load_engine
 from nmt.errors import UserError
@@ -247,13 +247,9 @@ class Translator:
                                    prefixes=prefixes, line_numbers=line_numbers, cancel=at_step, glossary=glossary)
 
     def _splits_threads(self, decode: DecodeConfig) -> bool:
-        """Whether a call with `decode` splits torch's CPU threads among decode workers: it changes the
-        process' thread setting while it runs, so it keeps the turn from its start to its end."""
-        from nmt.device import resolve_workers
-
-        device = self._engine.torch_device
-        return self._engine.workers is None and device is not None and device.type == "cpu" \
-            and resolve_workers(decode.workers, device) > 1
+        """Whether a call with `decode` splits torch's CPU threads among decode workers (`splits_threads`): it
+        keeps the turn from its start to its end."""
+        return splits_threads(self._engine, decode)
 
     def source_tokens(self, lines: Sequence[str], settings: DecodeConfig | None = None) -> list[int]:
         """Per line the tokens the model reads for it (its subwords, cut to max_positions - 1, and EOS): its

@@ -86,13 +86,26 @@ def _balanced(costs: Sequence[float], workers: int, slack: float = 1.2) -> bool:
     return max(loads) <= slack * sum(loads) / workers
 
 
+def engine_workers(engine, decode: DecodeConfig) -> int:
+    """The batches `run_engine` searches at once: the engine's own workers (CTranslate2's replicas), else
+    decode.workers resolved for its device."""
+    return engine.workers if engine.workers is not None else resolve_workers(decode.workers, engine.torch_device)
+
+
+def splits_threads(engine, decode: DecodeConfig) -> bool:
+    """Whether a run with `decode` splits torch's CPU threads among decode workers (`run_batches`), changing
+    the process' thread setting while it runs."""
+    device = engine.torch_device
+    return engine.workers is None and device is not None and device.type == "cpu" and engine_workers(engine, decode) > 1
+
+
 def run_engine(engine, fn: Callable[[list[int]], Any], lengths: Sequence[int], decode: DecodeConfig,
                on_batch: Progress | None = None) -> Iterator[tuple[list[int], Any]]:
     """fn over the token-budget batches of items with these padded `lengths`, with the engine's
     workers, in batch order: (item indices, fn(item indices)). Used for search and scoring."""
     batches = make_batches(lengths, decode.batch_tokens, decode.max_batch_size)
     torch_device = engine.torch_device
-    workers = engine.workers if engine.workers is not None else resolve_workers(decode.workers, torch_device)
+    workers = engine_workers(engine, decode)
     costs = [batch_cost([lengths[i] for i in b]) for b in batches] if torch_device is not None else None
     with engine.running(), contextlib.closing(run_batches(fn, batches, workers, torch_device, costs)) as done:
         for batch, result in done:
