@@ -16,7 +16,7 @@ call. Scheduling (`Settings.scheduling`):
   start at once, while others run, as long as the lines and source tokens of the running calls stay within
   `batch_lines` and `max_batch_tokens` (a request over them runs alone). The running calls share the
   machine step by step (nmt/api.py's `Turns`: at every decoding step the turn goes to the call that has used
-  the least time, a new call up to HEAD_START ahead), so a one-line request that arrives during a long call
+  the least time, a new call starting HEAD_START below the fair share so far), so a one-line request that arrives during a long call
   runs first, and is answered after about its own time, not after the long call. The oldest queued request
   that does not fit waits for room, and nothing queued after it starts before it.
 - "call": one call at a time; the gathering waits `gather_wait`: `window`, or `wait_fraction` of the
