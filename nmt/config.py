@@ -282,6 +282,18 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
             if p and not os.path.isfile(p):
                 errors.append(f"data file not found: 'data.tokenizer.{key}': {p}")
     _check_terms(d, errors, check_files)
+    _check_shapes(d, errors)
+
+
+def _check_shapes(d: DataConfig, errors: list[str]) -> None:
+    """data.length_buckets: positive and increasing; it pads sources, so it excludes data.same_source_length."""
+    b = d.length_buckets
+    if any(not isinstance(x, int) or isinstance(x, bool) or x < 2 for x in b) or list(b) != sorted(set(b)):
+        errors.append(f"invalid value for 'data.length_buckets': {list(b)!r} (increasing whole numbers >= 2, "
+                      "e.g. [16, 32, 64, 128, 264])")
+    elif b and d.same_source_length:
+        errors.append("'data.length_buckets' pads sources to a bucket and 'data.same_source_length' batches them "
+                      "without padding: choose one")
 
 
 def _check_terms(d: DataConfig, errors: list[str], check_files: bool) -> None:

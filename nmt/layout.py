@@ -78,12 +78,14 @@ def target_tensors(tgt_ids: Sequence[Sequence[int]], specials: Specials = NMT_SP
 class Batch:
     """A padded training/validation batch (int64 ids, PAD on the right; layout: module docstring).
 
-    src [B,S], src_mask [B,S] (True = real token), tgt_in [B,T], tgt_out [B,T];
-    n_src_tokens / n_tgt_tokens: real positions (n_tgt_tokens = positions in the loss).
+    src [B,S], src_mask [B,S] (True = real token; None when no source is padded), tgt_in [B,T],
+    tgt_out [B,T]; n_src_tokens / n_tgt_tokens: real positions (n_tgt_tokens = positions in the loss).
+    Rows added to reach a bucket's shape (data.length_buckets) hold a source of EOS alone and no target
+    position in the loss.
     """
 
     src: torch.Tensor
-    src_mask: torch.Tensor
+    src_mask: torch.Tensor | None  # None: no source padding (data.same_source_length)
     tgt_in: torch.Tensor
     tgt_out: torch.Tensor
     n_src_tokens: int
@@ -118,23 +120,131 @@ def _pad_rows(tokens: np.ndarray, starts: np.ndarray, lens: np.ndarray, width: i
     return out
 
 
-def collate(corpus, indices: np.ndarray, specials: Specials = NMT_SPECIALS, *, pin_memory: bool = False) -> Batch:
+def _sizes(corpus, idx: np.ndarray, shape: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Source and target lengths [B] of the pairs (no specials), and the padded rows, S and T: the
+    batch's own, or `shape` = (rows, length) for both sides (data.length_buckets)."""
+    sl, tl = corpus.src_lens[idx].astype(np.int64), corpus.tgt_lens[idx].astype(np.int64)  # [B]
+    if shape is None:
+        return sl, tl, len(idx), int(sl.max()) + 1, int(tl.max()) + 1
+    rows, length = shape
+    if rows < len(idx) or length <= max(int(sl.max()), int(tl.max())):
+        raise ValueError(f"a batch of {len(idx)} pairs up to {max(int(sl.max()), int(tl.max())) + 1} positions "
+                         f"does not fit the shape {shape}")
+    return sl, tl, rows, length, length
+
+
+def collate(corpus, indices: np.ndarray, specials: Specials = NMT_SPECIALS, *, pin_memory: bool = False,
+            shape: tuple[int, int] | None = None, masks: bool = True) -> Batch:
     """The Batch of the given pair indices of an `nmt.data.corpus.EncodedCorpus`. pin_memory: page-locked
-    tensors (for a CUDA device: `Batch.to` then copies asynchronously)."""
+    tensors (for a CUDA device: `Batch.to` then copies asynchronously). shape: (rows, length) to pad to
+    (`nmt.data.batches.bucket_shape`). masks False: src_mask None, for a batch whose sources all have one
+    length (data.same_source_length; a ValueError otherwise)."""
     idx = np.asarray(indices, np.int64)
     rows = np.arange(len(idx))
-    sl, tl = corpus.src_lens[idx].astype(np.int64), corpus.tgt_lens[idx].astype(np.int64)  # [B]
-    S, T = int(sl.max()) + 1, int(tl.max()) + 1
+    sl, tl, B, S, T = _sizes(corpus, idx, shape)
     src = _pad_rows(corpus.src_tokens, corpus.src_offsets[idx], sl, S, 0, specials.pad)
     src[rows, sl] = specials.eos
     tgt_in = _pad_rows(corpus.tgt_tokens, corpus.tgt_offsets[idx], tl, T, 1, specials.pad)
     tgt_in[:, 0] = specials.start
     tgt_out = _pad_rows(corpus.tgt_tokens, corpus.tgt_offsets[idx], tl, T, 0, specials.pad)
     tgt_out[rows, tl] = specials.eos
-    batch = Batch(src=torch.from_numpy(src), src_mask=padding_mask(torch.from_numpy(sl + 1), S),
+    src_lengths = np.ones(B, np.int64)  # [B] rows beyond the pairs: EOS alone, no target position
+    src_lengths[:len(idx)] = sl + 1
+    if B > len(idx):
+        src = np.concatenate([src, np.full((B - len(idx), S), specials.pad, np.int64)])
+        src[len(idx):, 0] = specials.eos
+        tgt_in = np.concatenate([tgt_in, np.full((B - len(idx), T), specials.pad, np.int64)])
+        tgt_in[len(idx):, 0] = specials.start
+        tgt_out = np.concatenate([tgt_out, np.full((B - len(idx), T), specials.pad, np.int64)])
+    batch = Batch(src=torch.from_numpy(src), src_mask=_source_mask(src_lengths, S, masks),
                   tgt_in=torch.from_numpy(tgt_in), tgt_out=torch.from_numpy(tgt_out),
                   n_src_tokens=int(sl.sum()) + len(idx), n_tgt_tokens=int(tl.sum()) + len(idx))
     return batch.pin_memory() if pin_memory else batch
+
+
+def _source_mask(lengths, S: int, masks: bool) -> torch.Tensor | None:
+    """padding_mask of the source lengths [B] (numpy or tensor), or None for masks False (all of length S)."""
+    lengths = torch.as_tensor(lengths)
+    if masks:
+        return padding_mask(lengths, S)
+    if lengths.device.type == "cpu" and bool((lengths != S).any()):
+        raise ValueError("a batch without a source mask needs sources of one length")
+    return None
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """A batch as its flat tokens (data.collate: device): `to(device)` copies one int64 buffer and pads
+    there, giving the `Batch` that `collate` gives for the same arguments (`pack`). buffer: the pairs'
+    source tokens (n_src of them), their target tokens (n_tgt), then the source and target lengths
+    [n_pairs] each."""
+
+    buffer: torch.Tensor
+    n_src: int
+    n_tgt: int
+    n_pairs: int
+    rows: int
+    S: int
+    T: int
+    masks: bool
+    specials: Specials
+
+    def pin_memory(self) -> "PackedBatch":
+        """Page-locked (no-op without CUDA)."""
+        if not torch.cuda.is_available():
+            return self
+        return PackedBatch(self.buffer.pin_memory(), *(getattr(self, f.name) for f in fields(self)[1:]))
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The padded Batch on `device`: one copy, then a scatter per tensor there (no host read)."""
+        device = torch.device(device)
+        buf = self.buffer.to(device, non_blocking=self.buffer.is_pinned())
+        n, sp = self.n_pairs, self.specials
+        src_tok, tgt_tok, sl, tl = buf.split([self.n_src, self.n_tgt, n, n])
+        rows = torch.arange(self.rows, device=device)  # [R]
+        sl_all = torch.cat([sl, sl.new_zeros(self.rows - n)])  # [R] rows beyond the pairs: EOS alone
+        src = self._place(src_tok, sl, self.S, 0, device)
+        src[rows, sl_all] = sp.eos
+        tgt_in = self._place(tgt_tok, tl, self.T, 1, device)
+        tgt_in[:, 0] = sp.start
+        tgt_out = self._place(tgt_tok, tl, self.T, 0, device)
+        tgt_out[rows[:n], tl] = sp.eos
+        return Batch(src=src, src_mask=padding_mask(sl_all + 1, self.S) if self.masks else None, tgt_in=tgt_in,
+                     tgt_out=tgt_out, n_src_tokens=self.n_src + n, n_tgt_tokens=self.n_tgt + n)
+
+    def _place(self, tokens: torch.Tensor, lengths: torch.Tensor, width: int, shift: int,
+               device: torch.device) -> torch.Tensor:
+        """[rows, width] of PAD with row b's tokens (the next lengths[b] of the flat `tokens`) from column
+        `shift` on."""
+        out = torch.full((self.rows, width), self.specials.pad, dtype=torch.long, device=device)
+        total = tokens.numel()
+        if total:
+            row = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=total)
+            start = torch.cumsum(lengths, 0) - lengths  # [B] each row's first flat index
+            out[row, torch.arange(total, device=device) - start[row] + shift] = tokens
+        return out
+
+
+def _flat(tokens: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """tokens[starts[b] : starts[b]+lens[b]] for every b, one after another [sum(lens)] int64."""
+    if not lens.sum():
+        return np.zeros(0, np.int64)
+    first = np.repeat(starts.astype(np.int64) - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    return tokens[first + np.arange(int(lens.sum()))].astype(np.int64)
+
+
+def pack(corpus, indices: np.ndarray, specials: Specials = NMT_SPECIALS, *, pin_memory: bool = False,
+         shape: tuple[int, int] | None = None, masks: bool = True) -> PackedBatch:
+    """`collate`'s batch as a `PackedBatch` (padded on the device by its `to`); the same arguments."""
+    idx = np.asarray(indices, np.int64)
+    sl, tl, B, S, T = _sizes(corpus, idx, shape)
+    if not masks and (sl != sl[0]).any():
+        raise ValueError("a batch without a source mask needs sources of one length")
+    src = _flat(corpus.src_tokens, corpus.src_offsets[idx], sl)
+    tgt = _flat(corpus.tgt_tokens, corpus.tgt_offsets[idx], tl)
+    buffer = torch.from_numpy(np.concatenate([src, tgt, sl, tl]))
+    packed = PackedBatch(buffer, len(src), len(tgt), len(idx), B, S, T, masks, specials)
+    return packed.pin_memory() if pin_memory else packed
 
 
 def iter_batches(corpus, batches: list[np.ndarray], specials: Specials = NMT_SPECIALS, *,

@@ -20,6 +20,8 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
     return positions[None, :] < lengths[:, None]  # [B, L]
 
 
-def attention_mask(key_mask: torch.Tensor) -> torch.Tensor:
-    """key mask [B, S] -> [B, 1, 1, S], broadcastable over heads and query positions for SDPA."""
-    return key_mask[:, None, None, :]
+def attention_mask(key_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """key mask [B, S] -> [B, 1, 1, S], broadcastable over heads and query positions for SDPA. None (no
+    key is padding: a batch of data.same_source_length) stays None, so SDPA may pick a kernel that takes
+    no mask (flash attention on a GPU)."""
+    return None if key_mask is None else key_mask[:, None, None, :]

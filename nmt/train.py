@@ -152,7 +152,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     if cfg.train.master_weights:  # after the fp32 weights are loaded: they become the masters
         precision.master = _master_weights(cfg, model, optimizer, precision)
     if cfg.train.compile:  # regional compilation, before DDP wraps it (nmt/model/transformer.py)
-        model.compile_layers()
+        model.compile_layers(static=bool(cfg.data.length_buckets))
     ddp = dist.wrap_model(env, model, device)
     log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"
              f"{', compiled' if cfg.train.compile else ''}"
@@ -160,7 +160,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     log.start_progress(cfg.train.max_steps or None, state.step)
     return Training(cfg, run_dir, device, env, log, tokenizer, data.train, data.valid, model, ddp,
                     optimizer, scheduler, precision, state, clock, data.valid_sets, identifier, ema,
-                    _loss_fn(cfg.train))
+                    _loss_fn(cfg))
 
 
 def _build_ema(cfg: Config, model, saved: ckpt.ModelRecord | None) -> EMA | None:
@@ -265,11 +265,12 @@ def _langid(cfg: Config, tokenizer: TokenizerLike, saved: ckpt.ModelRecord | Non
     return ident
 
 
-def _loss_fn(t) -> Callable | None:
-    """train_step's loss: the compiled formula with train.compile, chunked with train.loss_chunk, else
-    None (label_smoothed_nll)."""
+def _loss_fn(cfg: Config) -> Callable | None:
+    """train_step's loss: the compiled formula with train.compile (static shapes with data.length_buckets),
+    chunked with train.loss_chunk, else None (label_smoothed_nll)."""
+    t = cfg.train
     if t.compile:
-        return compiled_smoothed_nll()
+        return compiled_smoothed_nll(static=bool(cfg.data.length_buckets))
     return functools.partial(label_smoothed_nll, chunk=t.loss_chunk) if t.loss_chunk else None
 
 

@@ -6,6 +6,7 @@
     python3 scripts/bench_gpu.py --parts train --models base --profile DIR   # where a training step's time goes
     python3 scripts/bench_gpu.py --compile --parts train,nmt_train --json OUT  # + nmt with train.compile: true
     python3 scripts/bench_gpu.py --parts train --train-set loss_chunk=8192 --json OUT  # nmt with a train key set
+    python3 scripts/bench_gpu.py --data-set collate=device --json OUT   # both systems' batches as a data key makes them
 
 Progress goes to stderr, one table to stdout, everything to --json OUT. Data: the shipped Bible
 corpus (data/bible-es-en, es->en), a joint SentencePiece model trained on its training split by nmt
@@ -194,7 +195,7 @@ def bench_config(plan: Plan, output_dir: str, name: str, model: str, batch_token
     raw = {"name": name, "seed": 1, "output_dir": output_dir,
            "data": {"src_lang": "es", "tgt_lang": "en", "train": corpus("train", plan.train_sentences),
                     "valid": corpus("dev", plan.valid_sentences), "tokenizer": tokenizer, "max_len": 256,
-                    "batch_tokens": batch_tokens},
+                    "batch_tokens": batch_tokens, **DATA_SET},
            "model": {**plan.models[model], "norm": "post", "positions": "sinusoidal_halves", "activation": "relu",
                      "dropout": 0.1},
            "train": {"lr": LR, "warmup_steps": WARMUP, "max_steps": 10 ** 6, "label_smoothing": 0.1, "clip_norm": 1.0,
@@ -316,18 +317,21 @@ def hf_twin(tr, directory: str, device):
 def precollate(tr, cfg, n: int, device):
     """The first n token-budget batches of epoch 1 (cycled if the epoch is shorter), on the device, each
     with its transformers attention mask (int64) and its training FLOPs (3 x forward, real tokens)."""
-    from nmt.data.batches import epoch_batches
-    from nmt.layout import collate
+    import torch
+
+    from nmt.data.batches import epoch_batches, training_batch
 
     index = epoch_batches(tr.train_data, cfg, 1)
     index = (index * (n // len(index) + 1))[:n]
     m, V, pad = cfg.model, tr.tokenizer.tgt_vocab_size, tr.tokenizer.specials.pad
     out = []
-    for b in index:
-        batch = collate(tr.train_data, b, tr.tokenizer.specials)
-        sl, tl = batch.src_mask.sum(1).numpy(), (batch.tgt_out != pad).sum(1).numpy()
-        flops = 3 * forward_flops(sl, tl, m.d_model, m.ffn_dim, V, m.n_encoder_layers, m.n_decoder_layers)
-        out.append((batch.to(device), batch.src_mask.long().to(device), flops))
+    for b in index:  # (the batches data.length_buckets / same_source_length / collate make: --data-set)
+        batch = training_batch(tr.train_data, b, cfg.data, tr.tokenizer.specials).to("cpu")
+        mask = batch.src_mask if batch.src_mask is not None else torch.ones(batch.src.shape, dtype=torch.bool)
+        sl, tl = mask.sum(1).numpy(), (batch.tgt_out != pad).sum(1).numpy()
+        real = tl > 0  # (rows a bucket adds have no target)
+        flops = 3 * forward_flops(sl[real], tl[real], m.d_model, m.ffn_dim, V, m.n_encoder_layers, m.n_decoder_layers)
+        out.append((batch.to(device), mask.long().to(device), flops))
     sync(device)
     return out
 
@@ -455,6 +459,7 @@ def train_model(plan: Plan, work: str, device, peak: float | None, have_hf: bool
 
 PROFILE_DIR: str | None = None  # --profile
 TRAIN_SET: dict = {}  # --train-set: train keys for nmt's runs
+DATA_SET: dict = {}  # --data-set: data keys for every run's batches
 COMPILE = False  # --compile: a third system, nmt with train.compile: true (the JSON's `train_compiled` rows)
 COMPILED = "nmt compiled"
 
@@ -747,6 +752,9 @@ def main() -> int:
                     "(torch.profiler) into DIR/profile-MODEL-TOKENS.txt: host-bound or device-bound")
     ap.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a train key for nmt's runs in every part, e.g. loss_chunk=8192 (repeatable; in the JSON)")
+    ap.add_argument("--data-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a data key for every part's batches, e.g. collate=device or 'length_buckets=[16,32,64,128,264]' "
+                         "(repeatable; in the JSON)")
     ap.add_argument("--compile", action="store_true", help="a third system in the training A/B, nmt with "
                     "train.compile: true (rows in the JSON's `train_compiled`, with the compilation in warmup_s); "
                     "the `nmt train` part then compiles too")
@@ -769,15 +777,16 @@ def main() -> int:
         if unknown:
             ap.error(f"--models: unknown model(s) {', '.join(sorted(unknown))} (this plan has {', '.join(plan.models)})")
         plan = dataclasses.replace(plan, ab_models=tuple(m for m in plan.models if m in chosen))
-    global PROFILE_DIR, COMPILE, TRAIN_SET
+    global PROFILE_DIR, COMPILE, TRAIN_SET, DATA_SET
     COMPILE = args.compile
-    for item in args.train_set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            ap.error(f"--train-set {item!r}: expected KEY=VALUE, e.g. loss_chunk=8192")
-        import yaml
+    import yaml
 
-        TRAIN_SET[key.strip()] = yaml.safe_load(value)
+    for flag, items, into in (("--train-set", args.train_set, TRAIN_SET), ("--data-set", args.data_set, DATA_SET)):
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                ap.error(f"{flag} {item!r}: expected KEY=VALUE, e.g. loss_chunk=8192")
+            into[key.strip()] = yaml.safe_load(value)
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         PROFILE_DIR = args.profile
@@ -793,7 +802,8 @@ def main() -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     out = dict(device=f"{device} ({name})", torch=torch.__version__, transformers=hf_version, quick=args.quick,
                peak_flops_per_s=None, peak_dtype=None, part_seconds={}, notes=notes, errors=errors, train=[], decode=[],
-               decode_eager=[], train_compiled=[], compile=COMPILE, train_set=dict(TRAIN_SET), parts=sorted(parts))
+               decode_eager=[], train_compiled=[], compile=COMPILE, train_set=dict(TRAIN_SET), data_set=dict(DATA_SET),
+               parts=sorted(parts))
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         work = args.workdir or tmp
         os.makedirs(work, exist_ok=True)

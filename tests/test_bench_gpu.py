@@ -26,13 +26,17 @@ def test_bench_gpu_quick_measures_every_part_on_one_model(tmp_path, device):
     cuda = device == "cuda"
     out = tmp_path / "gpu.json"
     profiles = tmp_path / "profiles"
+    # the batches of data.length_buckets padded on the device (issue 56): nmt's and transformers' losses on
+    # them are compared below (start_loss)
+    data_set = ["--data-set", "length_buckets=[16, 32, 64, 128, 264]", "--data-set", "collate=device"]
     proc = subprocess.run([sys.executable, SCRIPT, "--device", device, "--quick", "--json", str(out),
-                           "--profile", str(profiles)],
+                           "--profile", str(profiles), *data_set],
                           env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["errors"] == [] and res["quick"] is True and res["peak_flops_per_s"] > 0
     assert res["parts"] == ["decode", "nmt_train", "train"]
+    assert res["data_set"] == {"length_buckets": [16, 32, 64, 128, 264], "collate": "device"}
     # --profile: one file per training shape, the per-step split first, then the op tables
     assert sorted(p.name for p in profiles.iterdir()) == sorted(
         f"profile-{m}-{bt}.txt" for m in ("tiny", "tiny-wide") for bt in (512, 1024))
@@ -90,12 +94,15 @@ def test_bench_gpu_compile_adds_the_compiled_system(tmp_path):
     pytest.importorskip("transformers", reason="the A/B rows compare against transformers")
     out = tmp_path / "gpu.json"
     proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--quick", "--compile", "--parts", "train",
-                           "--models", "tiny", "--json", str(out)],
+                           "--models", "tiny", "--json", str(out), "--data-set", "same_source_length=true"],
                           env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["errors"] == [] and res["compile"] is True
     assert {r["system"] for r in res["train"]} == {"nmt", "transformers"}
+    for bt in (512, 1024):  # batches without source masks (data.same_source_length): the same loss as transformers'
+        pair = {r["system"]: r["start_loss"] for r in res["train"] if r["batch_tokens"] == bt}
+        assert pair["nmt"] == pytest.approx(pair["transformers"], rel=1e-5)
     compiled = res["train_compiled"]
     assert sorted(r["batch_tokens"] for r in compiled) == [512, 1024]
     for r in compiled:

@@ -283,3 +283,25 @@ def test_bench_add_language_runs_every_stage_and_variant(tmp_path):
                for name, scores in res["scores"].items() for lang in scores)  # the outputs kept
     assert all(e["equal"] == e["lines"] == 10 for e in res["export"].values())
     assert "## New direction en -> it" in (out / "results.md").read_text()
+
+
+def test_batch_shapes_counts_every_variants_batches(tmp_path):
+    """scripts/batch_shapes.py (BENCHMARKS.md, issue 56): each variant's batches cover every pair; buckets
+    leave few shapes, one source length per batch leaves no source padding."""
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
+    from helpers import make_pairs
+
+    pairs = make_pairs(400, 3)
+    for side, i in (("es", 0), ("en", 1)):
+        (tmp_path / f"t.{side}").write_text("".join(p[i] + "\n" for p in pairs), encoding="utf-8")
+    out = tmp_path / "shapes.json"
+    run_script("batch_shapes.py", "-c", ckpt, "--src", str(tmp_path / "t.es"), "--tgt", str(tmp_path / "t.en"),
+               "--batch-tokens", "64", "256", "--json", str(out))
+    res = json.loads(out.read_text())
+    rows = {(r["variant"], r["batch_tokens"]): r for r in res["rows"]}
+    assert len(rows) == 6 and res["pairs"] == 400
+    for bt in (64, 256):
+        default, buckets, same = (rows[(v, bt)] for v in ("default", "length_buckets", "same_source_length"))
+        assert buckets["shapes"] <= len(res["buckets"]) and buckets["shapes"] < default["shapes"]
+        assert 0 < buckets["padding_efficiency"] < default["padding_efficiency"] <= 1
+        assert same["batches"] >= default["batches"]

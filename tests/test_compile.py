@@ -80,3 +80,37 @@ def test_compiled_resume_is_exact(tmp_path):
     b = ckpt.load_checkpoint(os.path.join(split.run_dir, "checkpoints", "latest.pt"))
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_length_buckets_bound_the_static_graphs_over_an_epoch(tmp_path, monkeypatch):
+    """Issue 56: `train.compile` with data.length_buckets compiles static graphs (for CUDA graphs on a GPU):
+    over a whole epoch, one per batch shape for each layer stack and the loss, and the buckets leave
+    fewer shapes than the epoch's batches have without them."""
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    from nmt.data.batches import epoch_batches, training_batch
+    from nmt.layout import collate
+    from nmt.train import build_training
+
+    # the graphs are what is counted: Dynamo's, without Inductor's C++ compilation of each
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    buckets = [12, 24, 48, 96]
+    cfg = _config(tmp_path, "static", True)
+    cfg = replace(cfg, data=replace(cfg.data, length_buckets=buckets))
+    tr = build_training(cfg, cfg.run_dir, torch.device("cpu"), RunLogger(cfg.run_dir, enabled=False))
+    torch._dynamo.reset()
+    counters.clear()
+    shapes, unbucketed = set(), set()
+    for b in epoch_batches(tr.train_data, cfg, 1):
+        batch = training_batch(tr.train_data, b, cfg.data, tr.tokenizer.specials)
+        shapes.add((tuple(batch.src.shape), tuple(batch.tgt_in.shape)))
+        plain = collate(tr.train_data, b, tr.tokenizer.specials)
+        unbucketed.add((tuple(plain.src.shape), tuple(plain.tgt_in.shape)))
+        res = train_step(tr.forward, [batch], tr.optimizer, tr.scheduler, tr.precision, label_smoothing=0.1,
+                         clip_norm=1.0, pad_id=tr.tokenizer.specials.pad, loss_fn=tr.loss_fn)
+        assert res.updated
+    assert 1 < len(shapes) <= len(buckets) < len(unbucketed)
+    # encoder layer, decoder layer and loss, static: a graph per shape (dynamic shapes would make 3 in all)
+    assert counters["stats"]["unique_graphs"] == 3 * len(shapes)

@@ -16,7 +16,7 @@ from nmt.config import CorpusConfig, config_from_dict
 from nmt.errors import UserError
 from nmt.text.sources import read_corpus
 from nmt.data.corpus import filter_pairs
-from nmt.layout import collate
+from nmt.layout import collate, pack
 from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 
 from helpers import corpus, corpus_cfg, dirty_corpus, from_lists, make_cfg, prepare_data, quiet, write
@@ -464,3 +464,75 @@ def padding_efficiency(src_lens: np.ndarray, tgt_lens: np.ndarray, batches: list
     real = sum(int(s[b].sum() + t[b].sum()) for b in batches)
     padded = sum(len(b) * int(s[b].max() + t[b].max()) for b in batches)
     return real / padded if padded else 1.0
+
+
+# --------------------------------------------------------------------------- issue 56: shapes and masks
+
+def _random_ids(s, t, seed=0):
+    r = np.random.default_rng(seed)
+    return from_lists([r.integers(4, 50, n).tolist() for n in s], [r.integers(4, 50, n).tolist() for n in t])
+
+
+def test_length_buckets_give_one_shape_per_bucket_within_the_budget():
+    """data.length_buckets: every batch padded to (rows, bucket) with rows * bucket <= budget, one shape per
+    bucket over the epoch, every pair once; the padded batch holds the unpadded one, and its extra rows
+    are EOS alone with no target position in the loss."""
+    s, t = lognormal_lengths(3000)
+    t[5] = 0  # an empty target
+    buckets, budget = [16, 32, 64, 128, 256], 2048
+    enc = _random_ids(s, t)
+    batches = D.batch_indices(s, t, budget, seed=1, epoch=0, buckets=buckets)
+    assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(3000))
+    shapes = set()
+    for b in batches:
+        rows, length = D.bucket_shape(s[b], t[b], buckets, budget)
+        shapes.add((rows, length))
+        assert rows * length <= budget and length == min(x for x in buckets if x > max(s[b].max(), t[b].max()))
+        padded, plain = collate(enc, b, shape=(rows, length)), collate(enc, b)
+        B, S, T = len(b), plain.src.shape[1], plain.tgt_out.shape[1]
+        assert padded.src.shape == padded.tgt_in.shape == padded.tgt_out.shape == (rows, length)
+        assert torch.equal(padded.src[:B, :S], plain.src) and torch.equal(padded.tgt_in[:B, :T], plain.tgt_in)
+        assert torch.equal(padded.tgt_out[:B, :T], plain.tgt_out) and torch.equal(padded.src_mask[:B, :S], plain.src_mask)
+        assert not padded.src_mask[:B, S:].any() and (padded.tgt_out[:, T:] == PAD_ID).all()
+        assert (padded.src[B:, 0] == EOS_ID).all() and padded.src_mask[B:].sum(1).eq(1).all()
+        assert (padded.tgt_out[B:] == PAD_ID).all() and (padded.tgt_in[B:, 0] == BOS_ID).all()
+        assert (padded.n_src_tokens, padded.n_tgt_tokens) == (plain.n_src_tokens, plain.n_tgt_tokens)
+    assert len(shapes) == len(buckets)
+    assert len({(len(b), collate(enc, b).src.shape[1]) for b in batches}) > 3 * len(buckets)  # without: many
+    long = D.bucket_shape(np.array([300]), np.array([10]), buckets, budget)  # beyond the last bucket: its own
+    assert long == (6, 301)
+
+
+def test_same_source_length_batches_have_no_source_padding_and_no_mask():
+    s, t = lognormal_lengths(3000)
+    enc = _random_ids(s, t)
+    batches = D.batch_indices(s, t, 2048, seed=1, epoch=0, same_source_length=True)
+    assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(3000))
+    for b in batches:
+        assert len(set(s[b].tolist())) == 1 and len(b) * max(s[b].max() + 1, t[b].max() + 1) <= 2048
+        unmasked, plain = collate(enc, b, masks=False), collate(enc, b)
+        assert unmasked.src_mask is None and plain.src_mask.all()
+        assert torch.equal(unmasked.src, plain.src) and torch.equal(unmasked.tgt_out, plain.tgt_out)
+    mixed = np.array([int(np.argmin(s)), int(np.argmax(s))])  # two source lengths
+    with pytest.raises(ValueError, match="one length"):
+        collate(enc, mixed, masks=False)
+
+
+@pytest.mark.parametrize("kind", ["plain", "buckets", "same_source"])
+def test_batches_padded_on_the_device_equal_collate(kind):
+    """data.collate: device: `pack(...).to(device)` (flat tokens, padded by scatters there) gives collate's
+    Batch for the same pairs, shape and masks (here the device is the CPU)."""
+    s, t = lognormal_lengths(2000)
+    t[3] = 0
+    enc = _random_ids(s, t, seed=2)
+    buckets = [16, 32, 64, 128, 256] if kind == "buckets" else ()
+    batches = D.batch_indices(s, t, 1024, seed=3, epoch=0, buckets=buckets, same_source_length=kind == "same_source")
+    for b in batches:
+        shape = D.bucket_shape(s[b], t[b], buckets, 1024) if buckets else None
+        masks = kind != "same_source"
+        host, device = collate(enc, b, shape=shape, masks=masks), pack(enc, b, shape=shape, masks=masks).to("cpu")
+        for name in ("src", "tgt_in", "tgt_out"):
+            assert torch.equal(getattr(host, name), getattr(device, name)), name
+        assert (host.src_mask is None) == (device.src_mask is None) == (not masks)
+        assert host.src_mask is None or torch.equal(host.src_mask, device.src_mask)
+        assert (host.n_src_tokens, host.n_tgt_tokens) == (device.n_src_tokens, device.n_tgt_tokens)

@@ -324,3 +324,38 @@ def parameter_count_formula(cfg, src_vocab_size: int, tgt_vocab_size: int) -> in
     positions = 2 * cfg.max_positions * D if cfg.positions == "learned" else 0
     output = (0 if cfg.tie_output else tgt_vocab_size * D) + (tgt_vocab_size if cfg.output_bias else 0)
     return encoder + decoder + finals + embeddings + positions + output
+
+
+@pytest.mark.parametrize("kind", ["buckets", "same_source"])
+def test_bucket_padded_and_unmasked_batches_give_the_padded_batchs_loss_and_gradients(kind):
+    """Issue 56: a batch padded to its bucket's shape (extra columns and rows: data.length_buckets), and a
+    batch of one source length run without a source mask (data.same_source_length), give the loss and
+    gradients of the same pairs collated as today."""
+    import numpy as np
+
+    from nmt.data.batches import bucket_shape
+    from nmt.layout import collate
+    from nmt.training.loss import label_smoothed_nll
+    from tests.helpers import from_lists, tiny_transformer
+
+    r = np.random.default_rng(0)
+    s = [6, 6, 6, 6] if kind == "same_source" else [3, 9, 6, 1]
+    t = [4, 8, 0, 11]
+    enc = from_lists([r.integers(4, 20, n).tolist() for n in s], [r.integers(4, 20, n).tolist() for n in t])
+    idx = np.arange(4)
+    shape = bucket_shape(np.array(s), np.array(t), [8, 16, 24], 96) if kind == "buckets" else None
+    other = collate(enc, idx, shape=shape, masks=kind != "same_source")
+    plain = collate(enc, idx)
+    assert (other.src.shape != plain.src.shape) if kind == "buckets" else other.src_mask is None
+
+    def loss_and_grads(b):
+        model = tiny_transformer(seed=1)
+        loss, _ = label_smoothed_nll(model(b.src, b.src_mask, b.tgt_in), b.tgt_out, 0.1)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    (la, ga), (lb, gb) = loss_and_grads(plain), loss_and_grads(other)
+    torch.testing.assert_close(lb, la, atol=1e-5, rtol=1e-6)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], atol=1e-6, rtol=1e-5, msg=name)

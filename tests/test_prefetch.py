@@ -70,13 +70,27 @@ def _weights(tmp_path, name: str, **data) -> dict:
     return state
 
 
-def test_training_with_and_without_prefetch_is_the_same_bit_for_bit(tmp_path):
-    """20 steps with the batches collated in the loop (prefetch 0) and in the thread (2): equal weights,
-    optimizer state and counters."""
-    a, b = _weights(tmp_path, "inline", prefetch=0), _weights(tmp_path, "thread", prefetch=2)
+@pytest.mark.parametrize("other", [dict(prefetch=2), dict(prefetch=2, collate="device")])
+def test_training_with_and_without_prefetch_is_the_same_bit_for_bit(tmp_path, other):
+    """20 steps with the batches collated in the loop (prefetch 0) and in the thread (2), there padded on
+    the host or on the device (data.collate; the CPU here): equal weights, optimizer state and counters."""
+    a, b = _weights(tmp_path, "inline", prefetch=0), _weights(tmp_path, "thread", **other)
     assert a["step"] == b["step"] == 20
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
     assert a["train_state"]["batch_offset"] == b["train_state"]["batch_offset"]
     for sa, sb in zip(a["train_state"]["optimizer"]["state"].values(), b["train_state"]["optimizer"]["state"].values()):
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("data", [dict(length_buckets=[8, 16, 32, 64], collate="device"),
+                                  dict(same_source_length=True)])
+def test_training_with_bucketed_or_unmasked_batches_runs_its_steps(tmp_path, data):
+    """`nmt train`'s loop with data.length_buckets (padded on the device) or data.same_source_length (no
+    source mask): 20 steps with finite weights, the same twice (the batches are a function of the seed),
+    and not the default run's (the key reaches the batches)."""
+    a, b, default = _weights(tmp_path, "one", **data), _weights(tmp_path, "two", **data), _weights(tmp_path, "default")
+    assert a["step"] == 20
+    for k in a["model"]:
+        assert torch.isfinite(a["model"][k]).all() and torch.equal(a["model"][k], b["model"][k]), k
+    assert any(not torch.equal(a["model"][k], default["model"][k]) for k in a["model"])

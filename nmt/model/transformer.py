@@ -136,7 +136,7 @@ class CrossAttention(nn.Module):
         k, v = self.kv_proj(memory).view(B, S, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """x [B,T,D] attends to k, v [B,H,S,Dh] under mask [B,1,1,S] -> [B,T,D]."""
         B, T, D = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B,H,T,Dh]
@@ -144,7 +144,7 @@ class CrossAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
 
-    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
         """x [B,T,D], memory [B,S,D], mask [B,1,1,S] -> [B,T,D]."""
         return self.attend(x, *self.project_kv(memory), mask)
 
@@ -205,7 +205,7 @@ class EncoderLayer(_Sublayers):
         self.ffn = FeedForward(D, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
         self.norm1, self.norm2 = nn.LayerNorm(D), nn.LayerNorm(D)
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         """x [B,S,D], mask [B,1,1,S] -> [B,S,D]."""
         x = self.residual(x, self.norm1, self.self_attn, mask)
         return self.residual(x, self.norm2, self.ffn)
@@ -220,7 +220,7 @@ class DecoderLayer(_Sublayers):
         self.ffn = FeedForward(D, cfg.ffn_dim, cfg.activation, cfg.activation_dropout)
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(D), nn.LayerNorm(D), nn.LayerNorm(D)
 
-    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
         """Teacher forcing. x [B,T,D], memory [B,S,D], mask [B,1,1,S] -> [B,T,D].
 
         Self-attention is causal and has no target padding mask: targets are padded on
@@ -260,7 +260,7 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         """x [B,S,D] (embedded), mask [B,1,1,S] -> [B,S,D]."""
         for layer in self.layers:
             x = layer(x, mask)
@@ -273,7 +273,7 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
 
-    def forward(self, x: Tensor, memory: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
         """x [B,T,D] (embedded), memory [B,S,D], mask [B,1,1,S] -> [B,T,D]."""
         for layer in self.layers:
             x = layer(x, memory, mask)
@@ -339,17 +339,21 @@ class Transformer(nn.Module):
         if self.output_proj.bias is not None:
             nn.init.zeros_(self.output_proj.bias)
 
-    def compile_layers(self) -> None:
+    def compile_layers(self, static: bool = False) -> None:
         """torch.compile each encoder and decoder layer's training forward in place (`train.compile`), with
         dynamic shapes; a stack's layers share one compiled graph, and parameter names do not change. Eval
         mode and decoding run eagerly. Duck sizing is turned off (process-wide), so a first batch whose row
-        count equals its length does not specialise the graph."""
+        count equals its length does not specialise the graph. static (data.length_buckets: batches of a
+        few shapes): a graph per shape without dynamic sizes, captured as CUDA graphs on a GPU
+        (mode "reduce-overhead")."""
         import torch.fx.experimental._config as fx_config
 
         fx_config.use_duck_shape = False
+        cuda = next(self.parameters()).device.type == "cuda"
+        options = dict(dynamic=False, mode="reduce-overhead" if cuda else None) if static else dict(dynamic=True)
         for layer in [*self.encoder.layers, *self.decoder.layers]:
             eager = layer.forward
-            compiled = torch.compile(eager, dynamic=True)
+            compiled = torch.compile(eager, **options)
 
             def forward(*args, _eager=eager, _compiled=compiled, _layer=layer):
                 return (_compiled if _layer.training else _eager)(*args)
@@ -385,17 +389,17 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ full sequences
 
-    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        """src [B,S] ids, src_mask [B,S] (True = token) -> memory [B,S,D]."""
+    def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
+        """src [B,S] ids, src_mask [B,S] (True = token; None: no padding) -> memory [B,S,D]."""
         return self.encoder(self._embed(src, "src"), attention_mask(src_mask))
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None) -> Tensor:
         """Teacher forcing. tgt_in [B,T] (BOS + y), memory [B,S,D], src_mask [B,S] -> logits [B,T,V]."""
         h = self.decoder(self._embed(tgt_in, "tgt"), memory, attention_mask(src_mask))
         return self.output_proj(h)
 
-    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
-        """src [B,S], src_mask [B,S], tgt_in [B,T] -> logits [B,T,V]."""
+    def forward(self, src: Tensor, src_mask: Tensor | None, tgt_in: Tensor) -> Tensor:
+        """src [B,S], src_mask [B,S] or None (no source padding), tgt_in [B,T] -> logits [B,T,V]."""
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
 
     def alignment(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:

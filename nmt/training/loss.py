@@ -135,7 +135,8 @@ def smoothed_nll_formula(
 
 
 @functools.cache
-def compiled_smoothed_nll():
+def compiled_smoothed_nll(static: bool = False):
     """`smoothed_nll_formula` through torch.compile (dynamic shapes: one compilation for every batch
-    shape), made once per process; what `train.compile: true` trains with."""
-    return torch.compile(smoothed_nll_formula, dynamic=True)
+    shape; static: one per shape, for data.length_buckets), made once per process; what `train.compile:
+    true` trains with."""
+    return torch.compile(smoothed_nll_formula, dynamic=not static)

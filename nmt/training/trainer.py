@@ -25,9 +25,9 @@ import torch
 from nmt.model import checkpoint as ckpt
 from nmt.training import distributed as dist
 from nmt.training import rundir
-from nmt.data.batches import epoch_batches
+from nmt.data.batches import epoch_batches, training_batch
 from nmt.errors import UserError
-from nmt.layout import Batch, collate
+from nmt.layout import Batch, PackedBatch
 from nmt.data.prefetch import Prefetcher
 from nmt.training.logging_utils import format_stats
 from nmt.training.optim import rewind
@@ -172,8 +172,9 @@ class Trainer:
         pin = tr.device.type == "cuda"
         steps = (batches[i:i + t.update_freq] for i in range(0, len(batches), t.update_freq))
 
-        def prepare(step_batches: list) -> list[Batch]:  # in nmt/data/prefetch.py's thread: collate and pin
-            return [collate(tr.train_data, b, tr.tokenizer.specials, pin_memory=pin) for b in step_batches]
+        def prepare(step_batches: list) -> list[Batch | PackedBatch]:  # in nmt/data/prefetch.py's thread
+            return [training_batch(tr.train_data, b, self.cfg.data, tr.tokenizer.specials, pin_memory=pin)
+                    for b in step_batches]
 
         with Prefetcher(prepare, steps, self.cfg.data.prefetch) as prepared:
             return self._steps(prepared)
