@@ -215,6 +215,7 @@ class Translator:
                   line_numbers: Sequence[int] | None = None, on_batch: Progress | None = None,
                   cancel: Callable[[], bool] | None = None, settings: DecodeConfig | None = None,
                   glossary: Any = None, glossary_ignore_case: bool | None = None,
+                  on_line: Callable[[int, TranslationResult], None] | None = None,
                   **decode_options: Any) -> list[TranslationResult]:
         """One result per line, in order (`result.text`, `.score`, `.hypotheses` for the n-best list,
         `.truncated`). `lines` (and `prefixes`) are ordered iterables of str: another type is a TypeError, a
@@ -225,7 +226,9 @@ class Translator:
         decoding step; True stops the call with `nmt.errors.Cancelled`. settings: what `decode_settings`
         returned, instead of decode_options. glossary: `[(source term, target term), ...]` or a `Glossary`:
         every output holds the target term of each entry whose source term is in its line (PyTorch engine;
-        glossary_ignore_case for a list); every target term is checked first (`check_glossary`)."""
+        glossary_ignore_case for a list); every target term is checked first (`check_glossary`).
+        on_line(i, result): lines[i]'s result as soon as it is final (its sentence done: before the call
+        returns, in any order, from the decoding thread), once per line; the list returned holds the same."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
         if glossary is not None:
@@ -244,7 +247,8 @@ class Translator:
                 return cancel is not None and cancel()
 
             return translate_chunk(self._engine, lines, decode, on_batch, first_line=first_line,
-                                   prefixes=prefixes, line_numbers=line_numbers, cancel=at_step, glossary=glossary)
+                                   prefixes=prefixes, line_numbers=line_numbers, cancel=at_step, glossary=glossary,
+                                   on_line=on_line)
 
     def _splits_threads(self, decode: DecodeConfig) -> bool:
         """Whether a call with `decode` splits torch's CPU threads among decode workers (`splits_threads`): it

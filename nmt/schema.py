@@ -111,9 +111,9 @@ class DataConfig:
     add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the model does not know, as new code -> the language whose token initialises the new one's (null = the mean), e.g. `{it: es}`.")
     prefetch: int = _f(2, "Training steps whose batches a background thread collates (and pins on a GPU) ahead of the running step; 0 = collate in the training loop. The batches are the same.", min=0)
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
-    length_buckets: list[int] = _f([], "Pad every training batch to a few shapes: source and target to the smallest of these lengths (increasing, EOS/BOS counted) that holds its longest side, and its rows to what `batch_tokens` allows at that length, so that `train.compile` compiles one static graph per bucket (with CUDA graphs on a GPU). [] = pad each batch to its own longest pair.")
-    same_source_length: bool = _f(False, "Batch together only pairs whose sources have the same length: no source padding, so attention runs without a padding mask (the flash kernels on a GPU). Targets are still padded.")
-    collate: Literal["host", "device"] = _f("host", "Where training batches are padded: `host` (numpy, in the prefetch thread; padded tensors are copied) or `device` (the tokens are copied flat and padded there). The batches are the same.")
+    length_buckets: list[int] = _f([], "Pad each training batch to the smallest of these lengths that holds it, and its rows to the budget's, so batches take a few shapes (`train.compile`: static graphs, CUDA graphs). [] = off.")
+    same_source_length: bool = _f(False, "Batch only pairs whose sources have one length: no source padding, so attention runs without a mask (flash kernels on a GPU).")
+    collate: Literal["host", "device"] = _f("host", "Where training batches are padded: `host` (numpy, in the prefetch thread) or `device` (tokens copied flat, padded there). The same batches.")
 
     @property
     def train_corpora(self) -> tuple[CorpusConfig, ...]:

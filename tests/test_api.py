@@ -261,3 +261,28 @@ def test_import_nmt_does_not_import_torch():
     """`import nmt` and `from nmt import Translator` stay light: torch loads with the first model."""
     code = "import sys; from nmt import Translator; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("options", [{"beam_size": 1}, {"beam_size": 3, "nbest": 2},
+                                     {"sampling": "topk", "topk": 4, "nbest": 2, "seed": 5}],
+                         ids=["greedy", "beam", "sampling"])
+def test_on_line_hands_each_line_over_as_soon_as_it_is_final(ckpt, options):
+    """Translator.translate(on_line=...) (issue 58: streamed answers): each line's result once, equal to the
+    one returned; with EOS held back (min_len) every sentence runs to its own limit (max_len_a 1), so the
+    short lines come while the longest is still being searched (counted in cancel() calls, one per step)."""
+    from nmt import Translator
+
+    translator = Translator(ckpt, workers=1)
+    words = make_pairs(40, 7)[0][0].split() * 3
+    lines = [" ".join(words[:12]), words[0], "", " ".join(words[:6]), " ".join(words[:3])]
+    steps, got = [], {}
+    options = dict(min_len=100, max_len_a=1.0, max_len_b=1, batch_tokens=1000, max_batch_size=16, **options)
+
+    def on_line(i, result):
+        assert i not in got
+        got[i] = (result, len(steps))
+
+    results = translator.translate(lines, cancel=lambda: steps.append(1) and False, on_line=on_line, **options)
+    assert results == translator.translate(lines, **options)
+    assert sorted(got) == list(range(len(lines))) and all(got[i][0] == results[i] for i in got)
+    assert got[2][1] == 0 and got[1][1] < got[4][1] < got[3][1] < got[0][1] == len(steps)  # by length

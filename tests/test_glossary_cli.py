@@ -421,8 +421,8 @@ def _searches(engine, record):
     """Within: every `engine.search_batch` call appends record(srcs, inputs) to the yielded list."""
     calls: list = []
     search = engine.search_batch
-    engine.search_batch = lambda srcs, options, inputs, cancel=None: (
-        calls.append(record(srcs, inputs)), search(srcs, options, inputs, cancel=cancel))[1]
+    engine.search_batch = lambda srcs, options, inputs, cancel=None, on_final=None: (
+        calls.append(record(srcs, inputs)), search(srcs, options, inputs, cancel=cancel, on_final=on_final))[1]
     try:
         yield calls
     finally:

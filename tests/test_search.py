@@ -22,7 +22,7 @@ from nmt.model.transformer import Transformer
 from nmt.search import SearchInputs, SearchOptions, beam_search, greedy_search, search
 from nmt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-from helpers import V, FakeModel, HostReads, fake_batch
+from helpers import V, FakeModel, HostReads, fake_batch, tiny_transformer
 
 
 ALLOWED = [t for t in range(V) if t not in (PAD_ID, BOS_ID, EOS_ID)]  # UNK may be generated
@@ -475,3 +475,30 @@ def test_decoding_reads_the_host_at_most_once_per_step(case):
     assert lengths == [10, 20]
     most = 2 if case == "fast beam+terms" else 1
     assert (reads[1] - reads[0]) / (lengths[1] - lengths[0]) <= most, reads
+
+
+@pytest.mark.parametrize("kw", [dict(beam_size=1), dict(beam_size=4, nbest=3, no_repeat_ngram=2),
+                                dict(sampling="topk", topk=5, nbest=2, seed=1),
+                                dict(beam_size=3, keep_all=True, length_penalty=0.0)])
+def test_on_final_gives_each_sentence_its_returned_hypotheses_when_it_leaves(kw):
+    """Issue 58: `search(..., on_final=...)` hands each sentence's hypotheses over once, equal to what the
+    search returns, and those of sentences that finish early before the search ends (streamed lines)."""
+    from nmt.layout import source_tensors
+    from nmt.search import search
+
+    model = tiny_transformer(seed=3).eval()
+    gen = torch.Generator().manual_seed(0)
+    ids = [torch.randint(4, 20, (n,), generator=gen).tolist() for n in (3, 9, 1, 6, 12, 2)]
+    src, src_mask = source_tensors(ids)
+    options = SearchOptions(max_len_a=1.0, max_len_b=2, **kw)
+    steps, got = [], {}
+
+    def on_final(b, hyps):
+        assert b not in got
+        got[b] = (hyps, len(steps))
+
+    out = search(model, src, src_mask, options, cancel=lambda: steps.append(1) and False, on_final=on_final)
+    assert out == search(model, src, src_mask, options)
+    assert sorted(got) == list(range(len(ids)))
+    assert all(got[b][0] == out[b] for b in got)
+    assert min(at for _, at in got.values()) < len(steps)  # (the step count when it came) before the end

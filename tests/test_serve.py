@@ -610,6 +610,33 @@ def test_a_short_request_is_not_held_up_by_a_long_one(slow_ckpt, scheduling):
     assert (short_at < long["at"]) == (scheduling == "step")
 
 
+@pytest.mark.slow
+def test_a_streamed_line_is_sent_as_soon_as_it_and_those_before_it_are_final(slow_ckpt):
+    """`"stream": true` (issue 58): with EOS held back every sentence runs to its own limit (max_len_a 150 x
+    its source tokens, EOS included, plus 1), so the first line (3 source tokens: 451 steps) is final long before
+    the second (16: 2,401 steps); its object arrives at about a fifth of the answer's time (the whole answer at the end,
+    as before, would bring it with the rest), and the answer equals the unstreamed one and `nmt translate`.
+    (One search batch for both: the checkpoint's 30-token batches would search them one after the other.)"""
+    server = Server(slow_ckpt, "--batch-tokens", "1000")
+    lines = ["el sol", "el perro come y el gato ve la casa y el sol ve el rio"]
+    options = {"beam_size": 1, "min_len": 4000, "max_len_a": 150, "max_len_b": 1}
+    try:
+        req = urllib.request.Request(server.url + "/translate",
+                                     data=json.dumps({"text": lines, "options": options, "stream": True}).encode())
+        start, arrivals = time.monotonic(), []
+        with urllib.request.urlopen(req, timeout=120) as r:
+            for raw in r:  # one JSON object a line, read as it comes
+                arrivals.append((time.monotonic() - start, json.loads(raw)))
+        status, whole = server.translate(lines, options)
+    finally:
+        assert server.stop() == 0, "".join(server.log)
+    assert [item for _, item in arrivals] == whole["translations"] + [{"done": True, "lines": 2}]
+    assert [len(x["text"].split()) for x in whole["translations"]] == [451, 2401]
+    assert [x["text"] for x in whole["translations"]] == nmt_translate(slow_ckpt, lines, options)  # (batching aside)
+    first, second = arrivals[0][0], arrivals[1][0]
+    assert first < 0.6 * second, arrivals[:2]
+
+
 def test_concurrent_calls_share_the_machine_step_by_step():
     """nmt.api.Turns on a clock the calls advance: a long call L (steps of 10 s) runs; a short call S (steps
     of 1 s) comes during L's third step. At L's next step the turn goes to S, which used less, and S's ten

@@ -1,7 +1,8 @@
 """Cross-request batching for `nmt serve`: a bounded queue of requests and one task that
 translates them in groups.
 
-    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, decode, cancel[, glossary])
+    batcher = Batcher(translate, Settings())   # translate(lines, prefixes, line_numbers, decode, cancel[, glossary],
+                                               #           on_line=...)
     batcher.submit(job)                        # asyncio.QueueFull when max_queue requests wait (503)
     task = asyncio.create_task(batcher.run())  # until cancelled
 
@@ -25,7 +26,9 @@ call. Scheduling (`Settings.scheduling`):
 
 A request is abandoned when its future is done first (its time limit passed, or its client went
 away): it leaves the queue at once; if it is being translated, its call stops at its next decoding
-step (`cancel`) and runs again for the requests still waiting. When a shared call fails, each of
+step (`cancel`) and runs again for the requests still waiting. A request with a `ready` queue (a
+streamed answer) gets (line, result) in it as soon as its call has that line final (`translate`'s
+`on_line`); a call that runs again may put a line twice. When a shared call fails, each of
 its requests is translated alone, so only the one that fails gets the error. With `batching` off
 a call takes one request.
 """
@@ -33,6 +36,7 @@ a call takes one request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -79,6 +83,8 @@ class Job:
     arrived: float
     glossary: Any = None  # its nmt.text.glossary.Glossary (requests with other glossaries are other calls)
     tokens: int = 0  # its lines' source tokens, EOS included (bounded by Settings.max_batch_tokens)
+    ready: asyncio.Queue | None = None  # (a streamed answer) (line, result) as each line is final
+    first_line: float | None = None  # (a streamed answer) when its first line was sent (loop time)
 
 
 @dataclass
@@ -339,8 +345,10 @@ class Batcher:
         start = loop.time()
         try:
             glossary = () if jobs[0].glossary is None else (jobs[0].glossary,)  # (the same in the whole group)
-            return await loop.run_in_executor(self._executor, self._translate, lines, prefixes, numbers,
-                                              jobs[0].decode, lambda: self._closed or stop.is_set(), *glossary)
+            streamed = {"on_line": _line_handler(jobs, loop)} if any(job.ready for job in jobs) else {}
+            call = functools.partial(self._translate, lines, prefixes, numbers, jobs[0].decode,
+                                     lambda: self._closed or stop.is_set(), *glossary, **streamed)
+            return await loop.run_in_executor(self._executor, call)
         finally:
             for job in jobs:
                 self._running.pop(job, None)
@@ -355,6 +363,18 @@ class Batcher:
             start += len(job.lines)
             if not job.future.done():  # (else abandoned after the call's last step: nobody waits for it)
                 job.future.set_result(part)
+
+
+def _line_handler(jobs: list[Job], loop: asyncio.AbstractEventLoop) -> Callable[[int, Any], None]:
+    """translate's on_line for a call over `jobs` (called from its thread): line i of the call goes into its
+    job's `ready` queue, in the event loop."""
+    owner = [(job, k) for job in jobs for k in range(len(job.lines))]
+
+    def on_line(i: int, result: Any) -> None:
+        job, k = owner[i]
+        if job.ready is not None:
+            loop.call_soon_threadsafe(job.ready.put_nowait, (k, result))
+    return on_line
 
 
 def _fail(job: Job, error: Exception) -> None:

@@ -9,6 +9,7 @@ import dataclasses
 import ipaddress
 import json
 import traceback
+from typing import Any
 from urllib.parse import urlsplit
 
 from nmt.commands.batcher import Batcher, Job, Settings
@@ -42,7 +43,7 @@ class Service:
         self.in_flight = 0
         self.metrics = Metrics(lambda: self.batcher.queued if self.batcher else 0, settings.batch_lines)
 
-    def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None):
+    def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None, on_line=None):
         """One call of the translator with a request's validated settings and glossary (the batcher runs
         it in a worker thread). Scheduling "step": one decode worker (the calls take turns, each with all of
         torch's threads, and none changes the process' thread setting while others run)."""
@@ -50,7 +51,7 @@ class Service:
             decode = dataclasses.replace(decode, workers=1)
         with self.metrics.call(len(lines)):
             return self.translator.translate(lines, prefixes=prefixes, line_numbers=line_numbers, cancel=cancel,
-                                             settings=decode, glossary=glossary)
+                                             settings=decode, glossary=glossary, on_line=on_line)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
@@ -104,7 +105,8 @@ class Service:
                 raise RequestError(400, request_message(e)) from None
         loop = asyncio.get_running_loop()
         tokens = sum(self.translator.source_tokens(request.lines, decode)) if self.settings.scheduling == "step" else 0
-        job = Job(request.lines, request.prefixes, decode, loop.create_future(), loop.time(), request.glossary, tokens)
+        job = Job(request.lines, request.prefixes, decode, loop.create_future(), loop.time(), request.glossary, tokens,
+                  asyncio.Queue() if request.stream else None)
         try:
             self.batcher.submit(job)
         except asyncio.QueueFull:
@@ -136,7 +138,8 @@ class Service:
             results = job.future.result()
         except UserError as e:
             raise RequestError(400, request_message(e)) from None
-        self.metrics.served(results, loop.time() - arrived)
+        done = loop.time()
+        self.metrics.served(results, done - arrived, (job.first_line or done) - arrived)
         return results
 
     async def answer(self, job: Job, arrived: float, deadline: float, gone: asyncio.Future) -> dict:
@@ -150,14 +153,35 @@ class Service:
         Returns the status it counts as: 200, the failure's, 499 when the client went away."""
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache")]})
+        whole = asyncio.ensure_future(self.results(job, arrived, deadline, gone))
+        ready: dict[int, Any] = {}  # lines final but not sent (a line before them is not final yet)
+        sent = 0
         try:
-            results = await self.results(job, arrived, deadline, gone)
+            while not whole.done():
+                line = asyncio.ensure_future(job.ready.get())
+                try:
+                    await asyncio.wait({whole, line}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    line.cancel()
+                if line.done() and not line.cancelled():
+                    k, result = line.result()
+                    ready[k] = result
+                    while sent in ready:
+                        if job.first_line is None:
+                            job.first_line = asyncio.get_running_loop().time()
+                        await _send_line(send, result_json(ready.pop(sent), job.decode, job.prefixes is not None))
+                        sent += 1
+            results = whole.result()
         except Exception as e:
             status, message, _ = failure(e)
             if status != CLIENT_GONE:
                 await _send_line(send, {"error": message, "status": status}, more=False)
             return status
-        for item in _items(job, results):
+        finally:
+            if not whole.done():  # (the client went away while a line was sent): the request is abandoned
+                whole.cancel()
+                job.future.cancel()
+        for item in _items(job, results[sent:]):
             await _send_line(send, item)
         await _send_line(send, {"done": True, "lines": len(results)}, more=False)
         return 200

@@ -52,11 +52,12 @@ class Metrics:
         finally:
             self.running.dec(lines)
 
-    def served(self, results: Sequence, seconds: float) -> None:
-        """A request's results (TranslationResults) are ready to send, `seconds` after its arrival."""
+    def served(self, results: Sequence, seconds: float, first: float | None = None) -> None:
+        """A request's results (TranslationResults) are ready to send, `seconds` after its arrival, its first
+        line `first` seconds after it (a streamed answer; default: with the others)."""
         self.lines.inc(len(results))
         self.tokens.inc(sum(r.hypotheses[0].tokens for r in results))
-        self.first_line.observe(seconds)
+        self.first_line.observe(seconds if first is None else first)
 
     def render(self) -> tuple[bytes, str]:
         """(the text exposition of every metric, its content type)."""

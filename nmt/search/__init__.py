@@ -37,22 +37,24 @@ from torch import Tensor
 from nmt.search.beam import beam_search
 from nmt.search.decoding import greedy_search
 from nmt.search.sampling import sample_search
-from nmt.search.options import (NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions,
-                                length_penalty_factor, max_output_lengths)
+from nmt.search.options import (NO_INPUTS, PLAIN_OPS, Cancel, Final, Hypothesis, SearchInputs, SearchOps,
+                                SearchOptions, length_penalty_factor, max_output_lengths)
 
-__all__ = ["Cancel", "Hypothesis", "NO_INPUTS", "PLAIN_OPS", "SearchInputs", "SearchOps", "SearchOptions",
+__all__ = ["Cancel", "Final", "Hypothesis", "NO_INPUTS", "PLAIN_OPS", "SearchInputs", "SearchOps", "SearchOptions",
            "beam_search", "greedy_search", "length_penalty_factor", "max_output_lengths", "sample_search", "search"]
 
 
 def search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS, *,
-           ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+           ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None,
+           on_final: Final | None = None) -> list[list[Hypothesis]]:
     """Search a batch: src [B,S] (source ids + EOS, padded), src_mask [B,S] (True = token) -> per sentence
     its hypotheses, best first (with terms, those that ended with EOS first): sampling (nbest samples),
     greedy (beam_size 1) or beam search (up to nbest; all finished ones with keep_all). inputs: the batch's
     per-sentence data. ops: the tensor operations. cancel(): checked before every step; True raises
-    nmt.errors.Cancelled."""
+    nmt.errors.Cancelled. on_final(b, hypotheses): each sentence's hypotheses as soon as they are final
+    (`Final`)."""
     if options.sampling != "none":
         strategy = sample_search
     else:
         strategy = greedy_search if options.beam_size == 1 else beam_search
-    return strategy(model, src, src_mask, options, inputs, ops=ops, cancel=cancel)
+    return strategy(model, src, src_mask, options, inputs, ops=ops, cancel=cancel, on_final=on_final)

@@ -22,13 +22,14 @@ from torch import Tensor
 from nmt.search.decoding import check_cancel, start
 from nmt.search.rules import StepRules
 from nmt.schema import max_finished
-from nmt.search.options import (NEG_INF, NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps,
+from nmt.search.options import (NEG_INF, NO_INPUTS, PLAIN_OPS, Cancel, Final, Hypothesis, SearchInputs, SearchOps,
                                 SearchOptions, length_penalty_factor)
 
 
 @torch.inference_mode()
 def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
-                *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+                *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None,
+                on_final: Final | None = None) -> list[list[Hypothesis]]:
     """Batched beam search. src, src_mask [B,S] -> per sentence up to `options.nbest` hypotheses, best first.
 
     Each step ranks the extensions of a sentence's K live beams by summed log-probability; those in
@@ -41,13 +42,17 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     beams (glossary terms) and patience is 0, after K endings (`stop_counts`); such a sentence ranks
     its EOS-ended hypotheses first (`_best_first`). keep_all: every ending in the top K is kept and no
     sentence stops before its beams run out, so any length penalty can be applied afterwards
-    (nmt/translation/tune.py); it needs the exact stop. cancel: see `Cancel`.
+    (nmt/translation/tune.py); it needs the exact stop. cancel: see `Cancel`. on_final: see `Final` (the
+    hypotheses of the sentences that leave are traced when they leave: a host read on those steps).
     """
     rules = StepRules(options, inputs, src.shape[0], src.device)
     if src.shape[0] == 0:
         return []
     decoder, max_lens = start(model, src, src_mask, options, ops, inputs, rules.needed)
     beams = _Beams.start(options, max_lens, stop_counts(options, rules.constrained, src.shape[0], src.device))
+    n = None if options.keep_all else options.nbest
+    if on_final is not None:
+        beams.active = list(range(src.shape[0]))
     for t in range(1, int(max_lens.max()) + 1):
         check_cancel(cancel)
         logits = decoder.step(beams.tokens)
@@ -58,8 +63,14 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
         scores, rows, word = _select(cand, options.beam_size)
         if not beams.advance(_keep(beams, scores, t, options), scores, rows, word, decoder, rules):
             break
-    finished = beams.record.hypotheses(src.shape[0], options.specials.eos)
-    return _best_first(finished, rules.constrained, None if options.keep_all else options.nbest)
+        if beams.left:  # (on_final) the sentences that left at this step
+            traced = beams.record.hypotheses(src.shape[0], options.specials.eos, beams.left)
+            for b in beams.left:
+                on_final(b, _best_first([traced[b]], rules.constrained and [rules.constrained[b]], n)[0])
+    finished = _best_first(beams.record.hypotheses(src.shape[0], options.specials.eos), rules.constrained, n)
+    for b in beams.active or ():  # (on_final) the sentences still searching at the end
+        on_final(b, finished[b])
+    return finished
 
 
 def _best_first(finished: list[list[Hypothesis]], constrained: list[bool] | None,
@@ -83,6 +94,8 @@ class _Beams:
     tokens: Tensor  # [N*k] input of the next step
     most: Tensor  # [N] endings after which the sentence stops (`stop_counts`): 0 = the stopping rule alone
     record: _Record  # what ended, and each live beam's parent and token, step by step (on the device)
+    active: list[int] | None = None  # with on_final: the original index of each active sentence, on the host
+    left: list[int] = ()  # with on_final: the sentences that left at the latest step
 
     @classmethod
     def start(cls, options: SearchOptions, max_lens: Tensor, most: Tensor) -> _Beams:
@@ -100,10 +113,17 @@ class _Beams:
     def advance(self, keep: Tensor, scores: Tensor, rows: Tensor, word: Tensor, decoder, rules: StepRules) -> bool:
         """Continue the sentences `keep` [N] with live beams scores, rows (their parent rows), word
         [N, K]: the others leave the batch, the decoder's and the rules' rows follow. -> False when
-        none is left. The step's one host read: how many sentences go on."""
+        none is left. The step's one host read: how many sentences go on (with `active`: which)."""
         N, K = word.shape
-        n = int(keep.sum())
+        if self.active is None:
+            n = int(keep.sum())
+        else:
+            flags = keep.tolist()
+            n, self.left = sum(flags), [b for b, f in zip(self.active, flags) if not f]
+            if n:
+                self.active = [b for b, f in zip(self.active, flags) if f]
         if n == 0:
+            self.left = ()  # (all of them: the search ends, and gives them)
             return False
         sources = None
         if n < N:
@@ -140,13 +160,16 @@ class _Record:
         self.parents.append(parents)
         self.tokens.append(tokens)
 
-    def hypotheses(self, B: int, eos: int) -> list[list[Hypothesis]]:
-        """Per sentence its finished hypotheses, in the order they ended (step, then rank)."""
+    def hypotheses(self, B: int, eos: int, only: list[int] | None = None) -> list[list[Hypothesis]]:
+        """Per sentence its finished hypotheses, in the order they ended (step, then rank); only: of these
+        sentences alone (the others' lists stay empty)."""
         out: list[list[Hypothesis]] = [[] for _ in range(B)]
         if not self.steps:
             return out
         parts = list(zip(*[s[1:] for s in self.steps]))  # per field, one tensor per step
         enters, sent, rows, word, log_prob, score = (torch.cat([x.reshape(-1) for x in f]) for f in parts)
+        if only is not None:
+            enters = enters & torch.isin(sent, torch.tensor(only, dtype=sent.dtype).to(sent.device))
         step = torch.cat([torch.full((x.numel(),), t, dtype=torch.long, device=x.device)
                           for (t, *_), x in zip(self.steps, parts[0])])
         sel = enters.nonzero().squeeze(1)

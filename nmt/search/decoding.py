@@ -20,8 +20,8 @@ from torch import Tensor
 from nmt.search.cache import source_groups
 from nmt.errors import Cancelled
 from nmt.search.rules import StepRules
-from nmt.search.options import (NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions,
-                                max_output_lengths, room_for_terms)
+from nmt.search.options import (NO_INPUTS, PLAIN_OPS, Cancel, Final, Hypothesis, SearchInputs, SearchOps,
+                                SearchOptions, max_output_lengths, room_for_terms)
 
 Choose = Callable[[Tensor, int, Tensor], Tensor]  # (logp [N,V], t, rows [N]) -> the tokens [N] of step t
 
@@ -128,19 +128,22 @@ def check_cancel(cancel: Cancel | None) -> None:
 
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
-                  *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+                  *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None,
+                  on_final: Final | None = None) -> list[list[Hypothesis]]:
     """Most probable next token at every step. src, src_mask [B,S] -> per sentence [its Hypothesis]
-    (score == log_prob: no length penalty). Finished sentences leave the batch. cancel: see `Cancel`."""
+    (score == log_prob: no length penalty). Finished sentences leave the batch. cancel: see `Cancel`;
+    on_final: see `Final`."""
     rules = StepRules(options, inputs, src.shape[0], src.device)
-    return token_by_token(model, src, src_mask, options, inputs, rules, None, 1, ops, cancel)
+    return token_by_token(model, src, src_mask, options, inputs, rules, None, 1, ops, cancel, on_final)
 
 
 def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs,
                    rules: StepRules, choose: Choose | None, per_sentence: int, ops: SearchOps,
-                   cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+                   cancel: Cancel | None = None, on_final: Final | None = None) -> list[list[Hypothesis]]:
     """One token per row per step: the best one (choose None) or choose(logp, t, rows) -> tokens.
     per_sentence rows per sentence (samples). Finished rows leave the batch. -> per sentence its rows'
-    hypotheses, in row order. cancel: see `Cancel`. One host read per step: which rows ended."""
+    hypotheses, in row order. cancel: see `Cancel`. One host read per step: which rows ended (and with
+    on_final, see `Final`, the tokens of the sentences that ended, on the steps where some did)."""
     B, device = src.shape[0], src.device
     if B == 0:
         return []
@@ -176,13 +179,19 @@ def token_by_token(model, src: Tensor, src_mask: Tensor, options: SearchOptions,
         if not any(ended):
             continue
         kept = layout.end(ended, t)
+        if on_final is not None and layout.done:
+            layout.deliver(out, final, EOS, on_final)
         if not kept:
             break
         keep = torch.nonzero_static(~ends, size=len(kept)).squeeze(1)  # [N'] (no host read: N' is known)
         decoder.reorder(keep, *layout.sources(keep, kept))
         rules.reorder(keep)
         rows, tokens, log_prob, max_lens = (x.index_select(0, keep) for x in (rows, tokens, log_prob, max_lens))
-    return layout.hypotheses(out.tolist(), final.tolist(), EOS)
+    hyps = layout.hypotheses(out.tolist(), final.tolist(), EOS)
+    if on_final is not None:
+        for b in layout.undelivered():
+            on_final(b, hyps[b])
+    return hyps
 
 
 class _Layout:
@@ -195,12 +204,20 @@ class _Layout:
         self.ended_at = [0] * R
         self.per_sentence = per_sentence
         self.source_of = [r // per_sentence for r in range(R)]  # each active row's source in the decoder
+        self.left = [per_sentence] * (R // per_sentence)  # rows of each sentence still active
+        self.done: list[int] = []  # the sentences whose last row ended at the latest step
+        self.delivered = [False] * (R // per_sentence)
 
     def end(self, ended: list[bool], t: int) -> list[int]:
         """Rows `ended` ended at step t -> the active rows kept (their positions)."""
+        self.done = []
         for r, e in zip(self.active, ended):
             if e:
                 self.ended_at[r] = t
+                b = r // self.per_sentence
+                self.left[b] -= 1
+                if not self.left[b]:
+                    self.done.append(b)
         kept = [i for i, e in enumerate(ended) if not e]
         self.active = [self.active[i] for i in kept]
         return kept
@@ -215,10 +232,26 @@ class _Layout:
 
     def hypotheses(self, out: list[list[int]], final: list[float], eos: int) -> list[list[Hypothesis]]:
         """Per sentence its rows' hypotheses (out: each original row's tokens, final: its log_prob)."""
-        hyps = []
-        for r, (toks, lp) in enumerate(zip(out, final)):
-            toks = toks[: self.ended_at[r]]
-            finished = toks[-1] == eos
-            hyps.append(Hypothesis(toks[:-1] if finished else toks, lp, lp, finished))
+        hyps = [self._hypothesis(r, toks, lp, eos) for r, (toks, lp) in enumerate(zip(out, final))]
         S = self.per_sentence
         return [hyps[b * S:(b + 1) * S] for b in range(len(hyps) // S)]
+
+    def _hypothesis(self, r: int, toks: list[int], lp: float, eos: int) -> Hypothesis:
+        toks = toks[: self.ended_at[r]]
+        finished = toks[-1] == eos
+        return Hypothesis(toks[:-1] if finished else toks, lp, lp, finished)
+
+    def deliver(self, out: Tensor, final: Tensor, eos: int, on_final: Final) -> None:
+        """on_final for the sentences `done` at the latest step: their rows read from out [R,T] and final [R]
+        (one host read each), as `hypotheses` builds them."""
+        S = self.per_sentence
+        rows = [b * S + k for b in self.done for k in range(S)]
+        idx = torch.tensor(rows, dtype=torch.long).to(out.device, non_blocking=True)
+        T = max(self.ended_at[r] for r in rows)
+        toks, lps = out.index_select(0, idx)[:, :T].tolist(), final.index_select(0, idx).tolist()
+        for i, b in enumerate(self.done):
+            self.delivered[b] = True
+            on_final(b, [self._hypothesis(rows[i * S + k], toks[i * S + k], lps[i * S + k], eos) for k in range(S)])
+
+    def undelivered(self) -> list[int]:
+        return [b for b, d in enumerate(self.delivered) if not d]

@@ -32,6 +32,9 @@ PENALTY_TYPES = ("gnmt", "average", "none")
 STOPPING = ("exact", "hf")
 SAMPLING = ("topk", "topp")
 Cancel = Callable[[], bool]  # checked before every decoding step: True stops the search (nmt.errors.Cancelled)
+# on_final(b, hypotheses): sentence b's hypotheses, as the search returns them, as soon as they are final (a
+# finished sentence leaves the batch); called once per sentence, the last ones as the search ends
+Final = Callable[[int, list], None]
 NEG_INF = float("-inf")
 # What a search can be asked beyond plain greedy and beam search, and how a user asks for it: an engine
 # declares the ones it searches (`Engine.supports`, nmt/translation/engine.py); the others are refused by name.

@@ -15,23 +15,28 @@ from torch import Tensor
 
 from nmt.search.decoding import token_by_token
 from nmt.search.rules import StepRules
-from nmt.search.options import NEG_INF, NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions
+from nmt.search.options import (NEG_INF, NO_INPUTS, PLAIN_OPS, Cancel, Final, Hypothesis, SearchInputs, SearchOps,
+                                SearchOptions)
 
 
 @torch.inference_mode()
 def sample_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
-                  *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+                  *, ops: SearchOps = PLAIN_OPS, cancel: Cancel | None = None,
+                  on_final: Final | None = None) -> list[list[Hypothesis]]:
     """`options.nbest` independent samples per sentence (module docstring; `options.sampling`, topk, topp,
     temperature, seed), best log_prob first (score == log_prob). inputs.keys [B]: one integer per
-    sentence (default 0..B-1); with the seed they fix its samples. cancel: see nmt.search.options.Cancel."""
+    sentence (default 0..B-1); with the seed they fix its samples. cancel: see nmt.search.options.Cancel;
+    on_final: see nmt.search.options.Final."""
     B, samples = src.shape[0], options.nbest
     rules = StepRules(options, inputs, B, src.device)
     keys = list(range(B)) if inputs.keys is None else list(inputs.keys)
     row_keys = torch.tensor([_row_key(options.seed, key, k) for key in keys for k in range(samples)],
                             dtype=torch.long, device=src.device)  # [B*samples]
     choose = _sampler(options, row_keys)
-    out = token_by_token(model, src, src_mask, options, inputs, rules, choose, samples, ops, cancel)
-    return [sorted(hyps, key=lambda h: -h.score) for hyps in out]
+    best_first = lambda hyps: sorted(hyps, key=lambda h: -h.score)  # noqa: E731
+    final = None if on_final is None else (lambda b, hyps: on_final(b, best_first(hyps)))
+    out = token_by_token(model, src, src_mask, options, inputs, rules, choose, samples, ops, cancel, final)
+    return [best_first(hyps) for hyps in out]
 
 
 def _sampler(options: SearchOptions, row_keys: Tensor):

@@ -32,7 +32,7 @@ from nmt.interop.export_dir import read_metadata, require_ctranslate2, vocabular
 from nmt.model.precision import CT2_COMPUTE_TYPES
 from nmt.text.protect import PLACEHOLDERS
 from nmt.schema import max_finished
-from nmt.search.options import (FEATURES, NO_INPUTS, Cancel, Hypothesis, SearchInputs, SearchOptions,
+from nmt.search.options import (FEATURES, NO_INPUTS, Cancel, Final, Hypothesis, SearchInputs, SearchOptions,
                                 length_penalty_factor, max_output_lengths)
 from nmt.text.tokenizer import Tokenizer
 
@@ -109,11 +109,12 @@ class Ct2Engine:
         yield
 
     def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
-                     cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+                     cancel: Cancel | None = None, on_final: Final | None = None) -> list[list[Hypothesis]]:
         """Per source (ids without EOS) up to `options.nbest` hypotheses, best first, with the options mapped
         onto `translate_batch` (module docstring). A batch is searched under its largest output limit; the
         sentences whose smaller limit a hypothesis reaches are searched again with it. Of the inputs only the
-        prefixes are used (placeholders are checked by `_rank`). cancel: checked before each search."""
+        prefixes are used (placeholders are checked by `_rank`). cancel: checked before each search.
+        on_final(i, hypotheses): each source's, when the batch is done (CTranslate2 returns a batch at once)."""
         prefixes = inputs.prefixes
         refused = options.features() - self.supports
         if refused:
@@ -132,6 +133,8 @@ class Ct2Engine:
             _check_cancel(cancel)
             for i, h in zip(members, self._search_safe(src_ids, members, own, options, prefixes)):
                 found[i] = h
+        for i, h in enumerate(found if on_final is not None else ()):
+            on_final(i, h)
         return found
 
     def _search_safe(self, src_ids: Sequence[list[int]], idx: list[int], limit: int, options: SearchOptions,

@@ -15,7 +15,7 @@ model only through this protocol, which `TorchEngine` (nmt/translation/torch_eng
         supports: frozenset[str]        the nmt.search.options.FEATURES it searches as nmt.search does
         def check_precision(p)           UserError unless decode.precision p can run (fixed at load)
         def running() -> ContextManager  around a run of calls: the model in eval mode
-        def search_batch(src_ids, options, inputs=NO_INPUTS, cancel=None) -> list[list[Hypothesis]]
+        def search_batch(src_ids, options, inputs=NO_INPUTS, cancel=None, on_final=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
         def align_batch(src_ids, tgt_ids) -> list[list[tuple[int, int]]]   (UserError where unsupported)
 
@@ -24,6 +24,8 @@ model only through this protocol, which `TorchEngine` (nmt/translation/torch_eng
 returns per source up to `options.nbest` hypotheses, best first; `inputs` (`SearchInputs`) carry the
 per-source sampling keys, prefixes and constraints (only where it `supports` "terms"). `cancel()` is
 checked at every step (CTranslate2: before each call) and True raises nmt.errors.Cancelled.
+`on_final(i, hypotheses)` gets each source's result once, as soon as it is final (PyTorch: when its
+sentence leaves the search; CTranslate2: when the batch is done).
 `score_batch`: per pair the log-probability of each target token and of EOS (teacher forcing).
 `align_batch`: per pair the (source index, target index) of each target token.
 """
@@ -37,7 +39,7 @@ from nmt.config import DecodeConfig
 from nmt.errors import UserError
 
 if TYPE_CHECKING:  # (no torch at import)
-    from nmt.search.options import Cancel, SearchInputs, SearchOptions
+    from nmt.search.options import Cancel, Final, SearchInputs, SearchOptions
 
 
 class Engine(Protocol):
@@ -55,7 +57,7 @@ class Engine(Protocol):
     def running(self) -> ContextManager: ...
 
     def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = ...,
-                     cancel: Cancel | None = None) -> list[list]: ...
+                     cancel: Cancel | None = None, on_final: Final | None = None) -> list[list]: ...
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]: ...
 

@@ -15,7 +15,7 @@ from nmt.config import DecodeConfig
 from nmt.device import avoid_cudnn_attention, resolve_torch_device
 from nmt.errors import UserError
 from nmt.layout import source_tensors, target_tensors
-from nmt.search import NO_INPUTS, PLAIN_OPS, Cancel, Hypothesis, SearchInputs, SearchOps, SearchOptions, search
+from nmt.search import NO_INPUTS, PLAIN_OPS, Cancel, Final, Hypothesis, SearchInputs, SearchOps, SearchOptions, search
 from nmt.search.options import FEATURES
 
 
@@ -101,21 +101,23 @@ class TorchEngine:
         return source_tensors(src_ids, self.tokenizer.specials, self.torch_device)
 
     def search_batch(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
-                     cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+                     cancel: Cancel | None = None, on_final: Final | None = None) -> list[list[Hypothesis]]:
         """Per source its n-best hypotheses (`search`). On CPU a batch is searched in consecutive parts of at
         most `MAX_CPU_ROWS` decoder rows (sentences x beams), as efficient and with less memory; each
-        sentence's search is independent, so the results are the same. cancel: checked at every step."""
+        sentence's search is independent, so the results are the same. cancel: checked at every step.
+        on_final(i, hypotheses): source i's as soon as they are final (`nmt.search.Final`)."""
         step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // options.rows_per_sentence)
         if len(src_ids) <= step:
-            return self.search(src_ids, options, inputs, cancel)
+            return self.search(src_ids, options, inputs, cancel, on_final)
         out: list[list[Hypothesis]] = []
         for i in range(0, len(src_ids), step):
             part = slice(i, i + step)
-            out += self.search(src_ids[part], options, inputs.take(part), cancel)
+            final = None if on_final is None else (lambda b, hyps, i=i: on_final(i + b, hyps))
+            out += self.search(src_ids[part], options, inputs.take(part), cancel, final)
         return out
 
     def search(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
-               cancel: Cancel | None = None) -> list[list[Hypothesis]]:
+               cancel: Cancel | None = None, on_final: Final | None = None) -> list[list[Hypothesis]]:
         """nmt.search.search over these sources (subword ids without EOS) as one batch, with the engine's
         fast paths and its precision's autocast entered in the calling thread (`nmt tune`, benchmarks).
         With `options.placeholder_tokens` (decode.protect) each sentence's placeholders come from its
@@ -124,7 +126,7 @@ class TorchEngine:
         if options.placeholder_tokens is not None:  # each of the source's placeholders copied exactly once
             inputs = dataclasses.replace(inputs, placeholders=protect.source_placeholders(src_ids, self.tokenizer))
         with self._precision():
-            return search(self.model, src, src_mask, options, inputs, ops=self.ops, cancel=cancel)
+            return search(self.model, src, src_mask, options, inputs, ops=self.ops, cancel=cancel, on_final=on_final)
 
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target token and EOS (fp32 log-softmax over

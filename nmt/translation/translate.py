@@ -156,11 +156,15 @@ def _without_tokens(src_ids, prefixes, spans, nbest: int) -> list[tuple[Translat
 def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch: Progress | None = None, *,
                     first_line: int = 0, prefixes: Sequence[str] | None = None,
                     line_numbers: Sequence[int] | None = None,
-                    cancel: Callable[[], bool] | None = None, glossary=None) -> list[TranslationResult]:
+                    cancel: Callable[[], bool] | None = None, glossary=None,
+                    on_line: Callable[[int, TranslationResult], None] | None = None) -> list[TranslationResult]:
     """One TranslationResult per line, in order (module docstring). first_line: the input line number of
     lines[0] (sampling keys), or line_numbers: each line's own. prefixes: per line a target prefix the
     output must start with (may be empty). cancel: checked at every decoding step; True raises
-    nmt.errors.Cancelled. glossary: a `nmt.text.glossary.Glossary` whose terms the outputs must hold."""
+    nmt.errors.Cancelled. glossary: a `nmt.text.glossary.Glossary` whose terms the outputs must hold.
+    on_line(i, result): line i's result (the one returned) as soon as it is final, once per line, in any
+    order, from the thread that searched it: as its sentence leaves the search (PyTorch, without a glossary
+    or alignments), else when its batch is done."""
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     src_ids, truncated = encode_sources(engine, lines, decode.src_lang)
@@ -175,6 +179,21 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     terms = LineTerms.of(engine, lines, glossary, keys, decode, options, prefix_ids, spans)
     if on_batch is not None and len(todo) < len(lines):
         on_batch(len(lines) - len(todo))
+    given = [False] * len(lines)  # (on_line) the lines handed over
+
+    def finish(i: int, nbest: list, texts: list[str], alignments: list) -> None:
+        """Line i's result from its n-best hypotheses and their texts; handed to on_line."""
+        keep = (lambda t: _keep_prefix_text(t, prefixes[i], prefix_ids[i][len(lang):], engine.tokenizer)) \
+            if prefixes is not None and prefixes[i] else (lambda t: t)
+        hyps[i] = tuple(_translation(keep(text), h, spans[i], a) for h, text, a in zip(nbest, texts, alignments))
+        if on_line is not None and not given[i]:
+            given[i] = True
+            on_line(i, TranslationResult(hyps[i], truncated[i], prefix_cut[i]))
+
+    for i in range(len(lines) if on_line is not None else 0):
+        if not src_ids[i]:
+            given[i] = True
+            on_line(i, TranslationResult(hyps[i], truncated[i], prefix_cut[i]))
 
     def inputs(rows: list[int]) -> SearchInputs:
         return SearchInputs(prefixes=[prefix_ids[i] for i in rows] if prefix_ids is not None else None,
@@ -184,7 +203,12 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
         if terms is None:
-            nbests = engine.search_batch([src_ids[i] for i in rows], options, inputs(rows), cancel=cancel)
+            final = None
+            if on_line is not None and not decode.alignment:  # each line as its sentence leaves the search
+                final = lambda b, nbest: finish(rows[b], nbest, engine.tokenizer.decode_tgt([h.tokens for h in nbest]),  # noqa: E731
+                                                [None] * len(nbest))
+            nbests = engine.search_batch([src_ids[i] for i in rows], options, inputs(rows), cancel=cancel,
+                                         on_final=final)
         else:
             nbests, _ = terms.search(engine, rows, src_ids, inputs, cancel)
         if not decode.alignment:
@@ -195,14 +219,12 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
 
     for batch, (nbests, alignments) in run_engine(engine, search, [len(src_ids[i]) + 1 for i in todo], decode,
                                                   on_batch):
-        flat = [h for nbest in nbests for h in nbest]
+        rest = [(todo[j], nbest) for j, nbest in zip(batch, nbests) if not given[todo[j]]]
+        flat = [h for _, nbest in rest for h in nbest]
         texts = iter(engine.tokenizer.decode_tgt([h.tokens for h in flat]))
-        aligned = iter(alignments or [None] * len(flat))
-        for j, nbest in zip(batch, nbests):
-            i = todo[j]
-            keep = (lambda t, i=i: _keep_prefix_text(t, prefixes[i], prefix_ids[i][len(lang):], engine.tokenizer)) \
-                if prefixes is not None and prefixes[i] else (lambda t: t)
-            hyps[i] = tuple(_translation(keep(next(texts)), h, spans[i], next(aligned)) for h in nbest)
+        aligned = iter(alignments or [None] * len(flat))  # (alignments: on_line waits for its batch)
+        for i, nbest in rest:
+            finish(i, nbest, [next(texts) for _ in nbest], [next(aligned) for _ in nbest])
     return [TranslationResult(h, t, p) for h, t, p in zip(hyps, truncated, prefix_cut)]
 
 
