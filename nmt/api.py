@@ -239,7 +239,7 @@ class Translator:
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
             if given is not None and len(given) != len(lines):
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
-        shares = not self._splits_threads(decode)
+        shares = self.shares_steps(decode)
         with _CALLS.turn(cancel) as step:
             def at_step() -> bool:
                 if shares:
@@ -250,10 +250,12 @@ class Translator:
                                    prefixes=prefixes, line_numbers=line_numbers, cancel=at_step, glossary=glossary,
                                    on_line=on_line)
 
-    def _splits_threads(self, decode: DecodeConfig) -> bool:
-        """Whether a call with `decode` splits torch's CPU threads among decode workers (`splits_threads`): it
-        keeps the turn from its start to its end."""
-        return splits_threads(self._engine, decode)
+    def shares_steps(self, settings: DecodeConfig | None = None) -> bool:
+        """Whether calls with these settings (what `decode_settings` returned; default this Translator's) share
+        the machine step by step with calls from other threads (module docstring). False for a CPU call with
+        more than one decode worker: it splits torch's threads among them (`splits_threads`), a process-wide
+        setting, so it keeps the turn from its start to its end."""
+        return not splits_threads(self._engine, settings if settings is not None else self.decode)
 
     def source_tokens(self, lines: Sequence[str], settings: DecodeConfig | None = None) -> list[int]:
         """Per line the tokens the model reads for it (its subwords, cut to max_positions - 1, and EOS): its

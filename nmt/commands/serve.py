@@ -197,7 +197,7 @@ def serve_command(opts: ServeOptions) -> int:
     _, uvicorn = require_stack()
     path, host, access_log = opts.checkpoint, opts.host, opts.access_log
     translator = Translator(path, engine=opts.engine, device=opts.device, **opts.overrides)
-    if settings.scheduling == "step" and translator.decode.workers > 1 and translator._splits_threads(translator.decode):
+    if settings.scheduling == "step" and translator.decode.workers > 1 and not translator.shares_steps():
         raise UserError("--workers applies to --scheduling call with the PyTorch engine on CPU (with step scheduling "
                         "the calls take turns step by step, each with all of torch's threads)")
     errors = over_limits(translator.decode, opts.overrides, settings.max_beam, translator.max_positions)
