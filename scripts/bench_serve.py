@@ -23,6 +23,10 @@ What it does:
    latency p50/p95 of the one-line requests and of all, sentences/s (answered lines over the time from the
    first arrival to the last answer). First, the idle latency of one-line requests (one at a time), and
    head-of-line blocking: a one-line request sent 0.3 s after a 64-line one, 5 times per server.
+6. Streamed answers (optional, `--stream N`, instead of 3-5): one streamed request of N consecutive test lines
+   at a time, 5 times (different lines each time) after a warm-up: when its first line arrives, when its
+   first N/4 lines have, and when the whole answer has, in ms from the request; every line checked. The
+   same script run with PYTHONPATH=OLD_CHECKOUT measures another version's server.
 
 Clients and servers share this machine's cores: the clients' own CPU time is part of the load.
 """
@@ -344,6 +348,36 @@ def poisson(args, lines, ref, options, extra) -> dict:
     return out
 
 
+def streamed(args, lines: list[str], ref: list[str], options: dict, extra: list[str]) -> dict:
+    """Section 6: the arrival times of one streamed N-line request's lines (module docstring)."""
+    n, server = args.stream, ServerProcess(args.checkpoint, *extra)
+    rows, wrong = [], 0
+    try:
+        for k in range(6):  # the first is the warm-up
+            first = (k * 97) % (len(lines) - n)
+            conn = http.client.HTTPConnection(server.host, server.port, timeout=600)
+            body = json.dumps({"text": lines[first:first + n], "options": options, "stream": True})
+            start = time.perf_counter()
+            conn.request("POST", "/translate", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            times, items = [], []
+            while line := r.readline():
+                times.append(1000 * (time.perf_counter() - start))
+                items.append(json.loads(line))
+            conn.close()
+            texts = [x.get("text") for x in items[:-1]]
+            wrong += texts != ref[first:first + n] or items[-1] != {"done": True, "lines": n}
+            if k:
+                rows.append({"first_ms": times[0], "quarter_ms": times[max(0, n // 4 - 1)], "whole_ms": times[-1]})
+    finally:
+        code = server.stop()
+    med = lambda key: sorted(r[key] for r in rows)[len(rows) // 2]  # noqa: E731
+    print(f"streamed {n}-line requests: first line {med('first_ms'):.0f} ms, first quarter {med('quarter_ms'):.0f} "
+          f"ms, whole answer {med('whole_ms'):.0f} ms (medians of {len(rows)}); {wrong} wrong; exit {code}; "
+          f"load avg {os.getloadavg()[0]:.1f}", flush=True)
+    return {"stream": n, "rows": rows, "wrong": wrong, "exit_code": code, "options": options}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", "-c", required=True)
@@ -360,6 +394,7 @@ def main() -> int:
     p.add_argument("--server-args", default="", help="extra flags for both servers, e.g. '--batch-window-ms 10'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--poisson", type=float, nargs="*", help="request rates (per second): section 5 only")
+    p.add_argument("--stream", type=int, metavar="N", help="lines per streamed request: section 6 only")
     p.add_argument("--json", help="write every measurement here")
     args = p.parse_args()
     options = json.loads(args.options)
@@ -369,8 +404,8 @@ def main() -> int:
     print(f"nmt translate: {len(lines)} sentences in {cmd_s:.1f} s whole command = {len(lines) / cmd_s:.1f} "
           f"sentences/s (load avg {os.getloadavg()[0]:.1f})", flush=True)
     extra = args.server_args.split() + ["--max-queue", "1024", "--timeout", "600", *decode_flags(options)]
-    if args.poisson:
-        out = poisson(args, lines, ref, options, extra)
+    if args.poisson or args.stream:
+        out = (poisson if args.poisson else streamed)(args, lines, ref, options, extra)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)

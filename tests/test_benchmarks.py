@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from helpers import tiny_config_dict
-from helpers import make_tiny_checkpoint
+from helpers import make_pairs, make_tiny_checkpoint
 from helpers import ROOT
 
 SCRIPTS = os.path.join(ROOT, "scripts")
@@ -305,3 +305,18 @@ def test_batch_shapes_counts_every_variants_batches(tmp_path):
         assert buckets["shapes"] <= len(res["buckets"]) and buckets["shapes"] < default["shapes"]
         assert 0 < buckets["padding_efficiency"] < default["padding_efficiency"] <= 1
         assert same["batches"] >= default["batches"]
+
+
+@pytest.mark.slow
+def test_bench_serve_stream_times_the_lines_of_streamed_answers(tmp_path):
+    """scripts/bench_serve.py --stream (BENCHMARKS.md, issue 58): every streamed line checked against `nmt
+    translate`, first line no later than the whole answer."""
+    pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra")
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
+    src = tmp_path / "in.es"
+    src.write_text("".join(p[0] + "\n" for p in make_pairs(40, 2)), encoding="utf-8")
+    out = tmp_path / "serve.json"
+    run_script("bench_serve.py", "-c", ckpt, "--input", str(src), "--stream", "8", "--json", str(out))
+    res = json.loads(out.read_text())
+    assert res["wrong"] == 0 and res["exit_code"] == 0 and len(res["rows"]) == 5
+    assert all(0 < r["first_ms"] <= r["quarter_ms"] <= r["whole_ms"] for r in res["rows"])
