@@ -282,15 +282,20 @@ def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training
             if p and not os.path.isfile(p):
                 errors.append(f"data file not found: 'data.tokenizer.{key}': {p}")
     _check_terms(d, errors, check_files)
-    _check_shapes(d, errors)
+    _check_shapes(d, m, errors)
 
 
-def _check_shapes(d: DataConfig, errors: list[str]) -> None:
-    """data.length_buckets: positive and increasing; it pads sources, so it excludes data.same_source_length."""
+def _check_shapes(d: DataConfig, m: ModelConfig, errors: list[str]) -> None:
+    """data.length_buckets: increasing, the last one holding the longest pair a training batch can have
+    (data.max_len + 2: EOS, and a language token) within model.max_positions; it pads sources, so it
+    excludes data.same_source_length."""
     b = d.length_buckets
     if any(not isinstance(x, int) or isinstance(x, bool) or x < 2 for x in b) or list(b) != sorted(set(b)):
         errors.append(f"invalid value for 'data.length_buckets': {list(b)!r} (increasing whole numbers >= 2, "
-                      "e.g. [16, 32, 64, 128, 264])")
+                      f"the last one from data.max_len + 2 to model.max_positions, e.g. [16, 32, 64, 128, {d.max_len + 2}])")
+    elif b and not d.max_len + 2 <= b[-1] <= m.max_positions:
+        errors.append(f"invalid value for 'data.length_buckets': its last bucket {b[-1]} must hold the longest training "
+                      f"pair (data.max_len + 2 = {d.max_len + 2}) and fit model.max_positions ({m.max_positions})")
     elif b and d.same_source_length:
         errors.append("'data.length_buckets' pads sources to a bucket and 'data.same_source_length' batches them "
                       "without padding: choose one")

@@ -152,7 +152,7 @@ def build_training(cfg: Config, run_dir: str, device: torch.device, log: RunLogg
     if cfg.train.master_weights:  # after the fp32 weights are loaded: they become the masters
         precision.master = _master_weights(cfg, model, optimizer, precision)
     if cfg.train.compile:  # regional compilation, before DDP wraps it (nmt/model/transformer.py)
-        model.compile_layers(static=bool(cfg.data.length_buckets))
+        model.compile_layers(shapes=len(cfg.data.length_buckets))
     ddp = dist.wrap_model(env, model, device)
     log.info(f"model: {model.num_parameters():,} parameters; device {device}, precision {precision.name}"
              f"{', compiled' if cfg.train.compile else ''}"
@@ -270,7 +270,7 @@ def _loss_fn(cfg: Config) -> Callable | None:
     chunked with train.loss_chunk, else None (label_smoothed_nll)."""
     t = cfg.train
     if t.compile:
-        return compiled_smoothed_nll(static=bool(cfg.data.length_buckets))
+        return compiled_smoothed_nll(shapes=len(cfg.data.length_buckets))
     return functools.partial(label_smoothed_nll, chunk=t.loss_chunk) if t.loss_chunk else None
 
 

@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-BUCKETS = [16, 24, 32, 48, 64, 96, 128, 192, 264]
+BUCKETS = [16, 24, 32, 48, 64, 96, 128, 192, 258]  # the last: data.max_len + 2 for the default max_len 256
 
 
 def report(s: np.ndarray, t: np.ndarray, budget: int, variant: str) -> dict:

@@ -753,7 +753,7 @@ def main() -> int:
     ap.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a train key for nmt's runs in every part, e.g. loss_chunk=8192 (repeatable; in the JSON)")
     ap.add_argument("--data-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a data key for every part's batches, e.g. collate=device or 'length_buckets=[16,32,64,128,264]' "
+                    help="a data key for every part's batches, e.g. collate=device or 'length_buckets=[16,32,64,128,258]' "
                          "(repeatable; in the JSON)")
     ap.add_argument("--compile", action="store_true", help="a third system in the training A/B, nmt with "
                     "train.compile: true (rows in the JSON's `train_compiled`, with the compilation in warmup_s); "

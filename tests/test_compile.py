@@ -96,7 +96,7 @@ def test_length_buckets_bound_the_static_graphs_over_an_epoch(tmp_path, monkeypa
 
     # the graphs are what is counted: Dynamo's, without Inductor's C++ compilation of each
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    buckets = [12, 24, 48, 96]
+    buckets = [12, 24, 48]
     cfg = _config(tmp_path, "static", True)
     cfg = replace(cfg, data=replace(cfg.data, length_buckets=buckets))
     tr = build_training(cfg, cfg.run_dir, torch.device("cpu"), RunLogger(cfg.run_dir, enabled=False))
@@ -114,3 +114,24 @@ def test_length_buckets_bound_the_static_graphs_over_an_epoch(tmp_path, monkeypa
     assert 1 < len(shapes) <= len(buckets) < len(unbucketed)
     # encoder layer, decoder layer and loss, static: a graph per shape (dynamic shapes would make 3 in all)
     assert counters["stats"]["unique_graphs"] == 3 * len(shapes)
+
+
+def test_static_layers_compile_every_shape_past_dynamos_default_limit(monkeypatch):
+    """compile_layers(shapes=10) (data.length_buckets with 10 buckets): a static graph for each of 10 batch
+    shapes in each layer stack; Dynamo's default recompile limit (8) would run the last two eagerly."""
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    from tests.helpers import tiny_transformer
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))  # graphs counted
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # (the default; restored afterwards)
+    model = tiny_transformer().train()
+    model.compile_layers(shapes=10)
+    torch._dynamo.reset()
+    counters.clear()
+    for n in range(2, 12):  # 10 shapes [n, n]
+        src = torch.randint(4, 20, (n, n))
+        model(src, torch.ones(n, n, dtype=torch.bool), src).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 2 * 10  # encoder layer and decoder layer, per shape

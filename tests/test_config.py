@@ -439,3 +439,20 @@ def test_decode_keys_written_before_the_sections_load_into_them(tmp_path):
         {"sampling": {"method": "topk", "seed": 7}}).sampling
     with pytest.raises(ConfigError, match="'decode.glossary_annotate' was removed"):
         decode_config({"glossary_annotate": True})
+
+
+@pytest.mark.parametrize("data, message", [
+    (dict(length_buckets=[16, 8]), "increasing whole numbers >= 2"),
+    (dict(length_buckets=[16, 32]), "its last bucket 32 must hold the longest training pair (data.max_len + 2 = 42)"),
+    (dict(length_buckets=[16, 128]), "and fit model.max_positions (64)"),
+    (dict(length_buckets=[16, 42], same_source_length=True), "choose one"),
+    (dict(collate="gpu"), "invalid value for 'data.collate': 'gpu' (choose from host, device)")])
+def test_batch_shape_keys_are_checked(tmp_path, data, message):
+    """Issue 56's data keys: a bucket list that leaves pairs without a bucket or passes the model's positions
+    (a shape per leftover length, or a batch the model refuses mid-epoch) is a config error."""
+    raw = tiny_config_dict(str(tmp_path))  # max_len 40, max_positions 64
+    raw["data"].update(data)
+    (err,) = config_errors(raw)
+    assert message in err
+    raw["data"].update(length_buckets=[16, 42], same_source_length=False, collate="device")
+    config_from_dict(raw)

@@ -47,7 +47,9 @@ from nmt.config import DecodeConfig
 from nmt.errors import Cancelled
 
 # translate(lines, prefixes or None, line numbers, decode settings, cancel) -> one result per line
-Translate = Callable[[list[str], "list[str] | None", list[int], DecodeConfig, Callable[[], bool]], Sequence[Any]]
+# translate(lines, prefixes, line_numbers, decode, cancel[, glossary], on_line=...) -> results (on_line given
+# only for a call with a streamed request)
+Translate = Callable[..., Sequence[Any]]
 MAX_WAIT = 1.0  # seconds: the longest a request waits for company
 SHORT_LINES = 8  # scheduling "step": requests of at most this many lines gather in the short lane (`lane_of`)
 PER_LANE = (2, 1)  # scheduling "step": gatherings of each lane whose calls run at once (short, long)
@@ -345,7 +347,7 @@ class Batcher:
         start = loop.time()
         try:
             glossary = () if jobs[0].glossary is None else (jobs[0].glossary,)  # (the same in the whole group)
-            streamed = {"on_line": _line_handler(jobs, loop)} if any(job.ready for job in jobs) else {}
+            streamed = {"on_line": _line_handler(jobs, loop)} if any(job.ready is not None for job in jobs) else {}
             call = functools.partial(self._translate, lines, prefixes, numbers, jobs[0].decode,
                                      lambda: self._closed or stop.is_set(), *glossary, **streamed)
             return await loop.run_in_executor(self._executor, call)

@@ -165,7 +165,8 @@ class Service:
                     line.cancel()
                 if line.done() and not line.cancelled():
                     k, result = line.result()
-                    ready[k] = result
+                    if k >= sent:  # (a call run again hands its lines over again)
+                        ready[k] = result
                     while sent in ready:
                         if job.first_line is None:
                             job.first_line = asyncio.get_running_loop().time()

@@ -339,18 +339,22 @@ class Transformer(nn.Module):
         if self.output_proj.bias is not None:
             nn.init.zeros_(self.output_proj.bias)
 
-    def compile_layers(self, static: bool = False) -> None:
+    def compile_layers(self, shapes: int = 0) -> None:
         """torch.compile each encoder and decoder layer's training forward in place (`train.compile`), with
         dynamic shapes; a stack's layers share one compiled graph, and parameter names do not change. Eval
         mode and decoding run eagerly. Duck sizing is turned off (process-wide), so a first batch whose row
-        count equals its length does not specialise the graph. static (data.length_buckets: batches of a
-        few shapes): a graph per shape without dynamic sizes, captured as CUDA graphs on a GPU
-        (mode "reduce-overhead")."""
+        count equals its length does not specialise the graph. shapes > 0 (data.length_buckets: batches of
+        that many shapes): a graph per shape without dynamic sizes, captured as CUDA graphs on a GPU (mode
+        "reduce-overhead"), with Dynamo's recompile limit raised to hold them all (process-wide)."""
+        import torch._dynamo.config as dynamo_config
         import torch.fx.experimental._config as fx_config
 
         fx_config.use_duck_shape = False
         cuda = next(self.parameters()).device.type == "cuda"
-        options = dict(dynamic=False, mode="reduce-overhead" if cuda else None) if static else dict(dynamic=True)
+        options = dict(dynamic=True)
+        if shapes:
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, shapes + 1)
+            options = dict(dynamic=False, mode="reduce-overhead" if cuda else None)
         for layer in [*self.encoder.layers, *self.decoder.layers]:
             eager = layer.forward
             compiled = torch.compile(eager, **options)

@@ -43,7 +43,8 @@ def beam_search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, in
     its EOS-ended hypotheses first (`_best_first`). keep_all: every ending in the top K is kept and no
     sentence stops before its beams run out, so any length penalty can be applied afterwards
     (nmt/translation/tune.py); it needs the exact stop. cancel: see `Cancel`. on_final: see `Final` (the
-    hypotheses of the sentences that leave are traced when they leave: a host read on those steps).
+    hypotheses of the sentences that leave are traced when they leave, over the steps so far: a trace and
+    three host reads on those steps).
     """
     rules = StepRules(options, inputs, src.shape[0], src.device)
     if src.shape[0] == 0:
@@ -176,8 +177,8 @@ class _Record:
         step, sent, rows, word, log_prob, score = (x.index_select(0, sel) for x in (step, sent, rows, word,
                                                                                      log_prob, score))
         tokens = self._trace(step, rows, word)  # [M, T]
-        for s, toks, t, w, lp, sc in zip(sent.tolist(), tokens.tolist(), step.tolist(), word.tolist(),
-                                         log_prob.tolist(), score.tolist()):
+        ints = torch.cat([torch.stack([sent, step, word], dim=1), tokens], dim=1).tolist()  # [M, 3 + T]
+        for (s, t, w, *toks), (lp, sc) in zip(ints, torch.stack([log_prob, score], dim=1).tolist()):
             toks = toks[:t]
             out[s].append(Hypothesis(toks[:-1] if w == eos else toks, sc, lp, w == eos))
         return out

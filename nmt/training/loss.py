@@ -135,8 +135,13 @@ def smoothed_nll_formula(
 
 
 @functools.cache
-def compiled_smoothed_nll(static: bool = False):
+def compiled_smoothed_nll(shapes: int = 0):
     """`smoothed_nll_formula` through torch.compile (dynamic shapes: one compilation for every batch
-    shape; static: one per shape, for data.length_buckets), made once per process; what `train.compile:
-    true` trains with."""
-    return torch.compile(smoothed_nll_formula, dynamic=not static)
+    shape; shapes > 0: one per shape, for data.length_buckets, within a recompile limit raised to hold
+    them, as `Transformer.compile_layers` does), made once per process; what `train.compile: true` trains
+    with."""
+    if shapes:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, shapes + 1)
+    return torch.compile(smoothed_nll_formula, dynamic=not shapes)

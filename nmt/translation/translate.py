@@ -163,8 +163,8 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     output must start with (may be empty). cancel: checked at every decoding step; True raises
     nmt.errors.Cancelled. glossary: a `nmt.text.glossary.Glossary` whose terms the outputs must hold.
     on_line(i, result): line i's result (the one returned) as soon as it is final, once per line, in any
-    order, from the thread that searched it: as its sentence leaves the search (PyTorch, without a glossary
-    or alignments), else when its batch is done."""
+    order: from the thread that searched it as its sentence leaves the search (PyTorch, without a glossary
+    or alignments), else from the calling thread as its batch is taken, in batch order."""
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     src_ids, truncated = encode_sources(engine, lines, decode.src_lang)
