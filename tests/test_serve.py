@@ -997,7 +997,7 @@ def test_gather_wait_is_the_window_or_a_fraction_of_the_last_call():
 def test_batcher_gathers_groups_splits_and_skips():
     calls: list = []
 
-    def translate(lines, prefixes, numbers, decode, cancel):
+    def translate(lines, prefixes, numbers, decode, cancel, on_line=None):
         calls.append((list(lines), prefixes, list(numbers), decode))
         if "boom" in lines:
             raise RuntimeError("engine failure")
@@ -1038,10 +1038,49 @@ def test_batcher_gathers_groups_splits_and_skips():
     assert [c[0] for c in calls] == [["a", "b"], ["c"], ["d", "e", "f"], ["boom"]]
 
 
+@pytest.mark.parametrize("scheduling", ["step", "call"])
+def test_a_request_sharing_a_call_is_answered_when_its_own_lines_are_final(scheduling):
+    """Issue 58: two requests in one call; the call hands the second one's line over (translate's on_line)
+    and goes on: that request is answered then, the first when its lines are final, the call still running
+    (one call, not stopped: an answered request does not count as abandoned)."""
+    release, stopped = threading.Event(), []
+
+    def translate(lines, prefixes, numbers, decode, cancel, on_line=None):
+        assert on_line is not None  # (a call of two requests)
+        on_line(2, "b1!")
+        assert release.wait(10)
+        stopped.append(cancel())
+        on_line(0, "a1!")
+        on_line(1, "a2!")
+        return ["a1!", "a2!", "b1!"]
+
+    async def scenario():
+        batcher = Batcher(translate, Settings(window=0.05, scheduling=scheduling))
+        loop = asyncio.get_running_loop()
+        a, b = _job(loop, ["a1", "a2"]), _job(loop, ["b1"])
+        batcher.submit(a)
+        batcher.submit(b)
+        task = loop.create_task(batcher.run())
+        try:
+            assert await asyncio.wait_for(b.future, 5) == ["b1!"]
+            assert not a.future.done()
+            release.set()
+            assert await asyncio.wait_for(a.future, 5) == ["a1!", "a2!"]
+            await asyncio.sleep(0.05)
+            return batcher.stats
+        finally:
+            task.cancel()
+            batcher.close()
+
+    stats = asyncio.run(scenario())
+    assert stopped == [False]
+    assert (stats.calls, stats.shared_calls, stats.cancelled_calls, stats.expired) == (1, 1, 0, 0)
+
+
 def test_a_failing_request_does_not_fail_the_requests_it_shared_a_call_with():
     calls: list = []
 
-    def translate(lines, prefixes, numbers, decode, cancel):
+    def translate(lines, prefixes, numbers, decode, cancel, on_line=None):
         calls.append(list(lines))
         if "boom" in lines:
             raise RuntimeError("engine failure")
@@ -1073,7 +1112,7 @@ def test_an_abandoned_request_leaves_the_queue_at_once(scheduling):
     calls: list = []
     release = threading.Event()
 
-    def translate(lines, prefixes, numbers, decode, cancel=None):
+    def translate(lines, prefixes, numbers, decode, cancel=None, on_line=None):
         calls.append(list(lines))
         release.wait(10)
         return [line.upper() for line in lines]
@@ -1110,7 +1149,7 @@ def test_an_abandoned_request_stops_its_call_and_the_others_get_their_results():
     others, which get their results."""
     calls: list = []
 
-    def translate(lines, prefixes, numbers, decode, cancel):
+    def translate(lines, prefixes, numbers, decode, cancel, on_line=None):
         calls.append(list(lines))
         if "slow" in lines:
             end = time.monotonic() + 10

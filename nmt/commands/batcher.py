@@ -26,9 +26,10 @@ call. Scheduling (`Settings.scheduling`):
 
 A request is abandoned when its future is done first (its time limit passed, or its client went
 away): it leaves the queue at once; if it is being translated, its call stops at its next decoding
-step (`cancel`) and runs again for the requests still waiting. A request with a `ready` queue (a
-streamed answer) gets (line, result) in it as soon as its call has that line final (`translate`'s
-`on_line`); a call that runs again may put a line twice. When a shared call fails, each of
+step (`cancel`) and runs again for the requests still waiting. A request that shares its call with others
+is answered as soon as its own lines are final (`translate`'s `on_line`), not when the call ends; a request
+with a `ready` queue (a streamed answer) gets (line, result) in it as each of its lines is final (a call
+that runs again may put a line twice). When a shared call fails, each of
 its requests is translated alone, so only the one that fails gets the error. With `batching` off
 a call takes one request.
 """
@@ -48,7 +49,7 @@ from nmt.errors import Cancelled
 
 # translate(lines, prefixes or None, line numbers, decode settings, cancel) -> one result per line
 # translate(lines, prefixes, line_numbers, decode, cancel[, glossary], on_line=...) -> results (on_line given
-# only for a call with a streamed request)
+# only for a call of several requests or with a streamed one)
 Translate = Callable[..., Sequence[Any]]
 MAX_WAIT = 1.0  # seconds: the longest a request waits for company
 SHORT_LINES = 8  # scheduling "step": requests of at most this many lines gather in the short lane (`lane_of`)
@@ -170,9 +171,11 @@ class Batcher:
 
     def _abandoned(self, job: Job) -> None:
         """A job's future is done: delivered, or abandoned (its handler cancelled it). An abandoned
-        job leaves the queue; the call translating it stops at its next step."""
-        if job.future.cancelled():  # abandoned: counted here, once, wherever it was
-            self.stats.expired += 1
+        job leaves the queue; the call translating it stops at its next step (a job answered before its
+        call ends leaves it running for the others)."""
+        if not job.future.cancelled():
+            return
+        self.stats.expired += 1  # abandoned: counted here, once, wherever it was
         if job in self._queue:  # (identity: Job compares by identity)
             self._queue.remove(job)
             self._changed.set()  # (the job behind it may start now)
@@ -347,7 +350,8 @@ class Batcher:
         start = loop.time()
         try:
             glossary = () if jobs[0].glossary is None else (jobs[0].glossary,)  # (the same in the whole group)
-            streamed = {"on_line": _line_handler(jobs, loop)} if any(job.ready is not None for job in jobs) else {}
+            early = len(jobs) > 1 or any(job.ready is not None for job in jobs)
+            streamed = {"on_line": _line_handler(jobs, loop)} if early else {}
             call = functools.partial(self._translate, lines, prefixes, numbers, jobs[0].decode,
                                      lambda: self._closed or stop.is_set(), *glossary, **streamed)
             return await loop.run_in_executor(self._executor, call)
@@ -368,15 +372,27 @@ class Batcher:
 
 
 def _line_handler(jobs: list[Job], loop: asyncio.AbstractEventLoop) -> Callable[[int, Any], None]:
-    """translate's on_line for a call over `jobs` (called from its thread): line i of the call goes into its
-    job's `ready` queue, in the event loop."""
+    """translate's on_line for a call over `jobs` (called from its thread, once per line): line i of the call
+    goes into its job's `ready` queue, and a job whose lines are all final gets its answer, in the event
+    loop."""
     owner = [(job, k) for job in jobs for k in range(len(job.lines))]
+    got = {job: [None] * len(job.lines) for job in jobs}
+    left = {job: len(job.lines) for job in jobs}
 
     def on_line(i: int, result: Any) -> None:
         job, k = owner[i]
         if job.ready is not None:
             loop.call_soon_threadsafe(job.ready.put_nowait, (k, result))
+        got[job][k] = result
+        left[job] -= 1
+        if not left[job]:
+            loop.call_soon_threadsafe(_answer, job, got[job])
     return on_line
+
+
+def _answer(job: Job, results: list) -> None:
+    if not job.future.done():  # (else abandoned meanwhile)
+        job.future.set_result(results)
 
 
 def _fail(job: Job, error: Exception) -> None:
