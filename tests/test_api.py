@@ -286,3 +286,19 @@ def test_on_line_hands_each_line_over_as_soon_as_it_is_final(ckpt, options):
     assert results == translator.translate(lines, **options)
     assert sorted(got) == list(range(len(lines))) and all(got[i][0] == results[i] for i in got)
     assert got[2][1] == 0 and got[1][1] < got[4][1] < got[3][1] < got[0][1] == len(steps)  # by length
+
+
+@pytest.mark.parametrize("constrain", ["always", "missing"])
+def test_on_line_with_a_glossary_gives_each_line_once_as_returned(ckpt, lines, constrain):
+    """on_line through a glossary's searches (nmt/translation/line_terms.py): lines without terms as they
+    leave the free search, lines with terms as they leave the constrained one (or, kept by `missing`, after
+    the free search): each once, equal to the result returned."""
+    from nmt import Translator
+
+    translator = Translator(ckpt, workers=1)
+    glossary = [(lines[0].split()[0], "moon"), (lines[3].split()[-1], "sun")]
+    got: dict = {}
+    results = translator.translate(lines, glossary=glossary, glossary_constrain=constrain, beam_size=2,
+                                   on_line=lambda i, r: got.setdefault(i, []).append(r))
+    assert results == translator.translate(lines, glossary=glossary, glossary_constrain=constrain, beam_size=2)
+    assert sorted(got) == list(range(len(lines))) and all(got[i] == [results[i]] for i in got)

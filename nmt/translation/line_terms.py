@@ -111,16 +111,24 @@ class LineTerms:
         return Terms([self.seqs[i] for i in rows], [self.ends[i] for i in rows], self.joins)
 
     def search(self, engine, rows: list[int], src_ids, inputs: Callable[[list[int]], object],
-               cancel) -> tuple[list[list], list[bool]]:
+               cancel, on_final: Callable[[int, list], None] | None = None) -> tuple[list[list], list[bool]]:
         """(the n-best hypotheses of lines `rows`, whether each was searched with its terms as
-        constraints) (module docstring). inputs(lines): their SearchInputs without terms."""
+        constraints) (module docstring). inputs(lines): their SearchInputs without terms. on_final(k,
+        nbest): rows[k]'s hypotheses as soon as they are final (the search's `Final`; with `missing`, a line
+        with terms whose free output is kept: after the free search)."""
 
-        def search(part: list[int], constrained: bool) -> list[list]:
+        def search(part: list[int], constrained: bool, final: bool = True) -> list[list]:
+            """The search of lines `part`; final: its results are final (handed to on_final as they are)."""
             given = inputs(part)
             if constrained:
                 given = dataclasses.replace(given, constraints=self.batch(part))
+            index = {j: rows.index(i) for j, i in enumerate(part)} if on_final is not None else {}
+            ready = None
+            if on_final is not None:
+                ready = (lambda j, nbest: on_final(index[j], nbest)) if final else \
+                    (lambda j, nbest: None if self.seqs[part[j]] else on_final(index[j], nbest))
             return engine.search_batch([src_ids[i] for i in part], self.term_options if constrained else self.options,
-                                       given, cancel=cancel)
+                                       given, cancel=cancel, on_final=ready)
 
         with_terms = [k for k, i in enumerate(rows) if self.seqs[i]]
         if not with_terms:
@@ -134,9 +142,11 @@ class LineTerms:
                 for k, nbest in zip(part, search([rows[k] for k in part], constrained) if part else []):
                     nbests[k] = nbest
             return nbests, [bool(self.seqs[i]) for i in rows]
-        nbests = search(rows, False)
+        nbests = search(rows, False, final=False)  # (a line with terms may be searched again)
         texts = iter(engine.tokenizer.decode_tgt([h.tokens for k in with_terms for h in nbests[k]]))
         again = [k for k in with_terms if not all([self.held(rows[k], next(texts)) for _ in nbests[k]])]
+        for k in sorted(set(with_terms) - set(again)) if on_final is not None else ():
+            on_final(k, nbests[k])
         for k, nbest in zip(again, search([rows[k] for k in again], True) if again else []):
             nbests[k] = nbest
         again_set = set(again)

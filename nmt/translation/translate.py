@@ -163,8 +163,9 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     output must start with (may be empty). cancel: checked at every decoding step; True raises
     nmt.errors.Cancelled. glossary: a `nmt.text.glossary.Glossary` whose terms the outputs must hold.
     on_line(i, result): line i's result (the one returned) as soon as it is final, once per line, in any
-    order: from the thread that searched it as its sentence leaves the search (PyTorch, without a glossary
-    or alignments), else from the calling thread as its batch is taken, in batch order."""
+    order: from the thread that searched it as its sentence leaves the search (PyTorch, without
+    alignments; with a glossary's `missing`, a line with terms whose free output is kept: after the free
+    search), else from the calling thread as its batch is taken, in batch order."""
     keys = list(line_numbers) if line_numbers is not None else [first_line + i for i in range(len(lines))]
     lines, prefixes, spans = _mask_protected(engine, list(lines), prefixes, decode)
     src_ids, truncated = encode_sources(engine, lines, decode.src_lang)
@@ -202,15 +203,15 @@ def translate_chunk(engine, lines: Sequence[str], decode: DecodeConfig, on_batch
     def search(batch: list[int]) -> tuple[list[list], list | None]:
         """(n-best hypotheses per sentence, their alignments in the same flat order or None)."""
         rows = [todo[j] for j in batch]
+        final = None
+        if on_line is not None and not decode.alignment:  # each line as its sentence leaves the search
+            final = lambda b, nbest: finish(rows[b], nbest, engine.tokenizer.decode_tgt([h.tokens for h in nbest]),  # noqa: E731
+                                            [None] * len(nbest))
         if terms is None:
-            final = None
-            if on_line is not None and not decode.alignment:  # each line as its sentence leaves the search
-                final = lambda b, nbest: finish(rows[b], nbest, engine.tokenizer.decode_tgt([h.tokens for h in nbest]),  # noqa: E731
-                                                [None] * len(nbest))
             nbests = engine.search_batch([src_ids[i] for i in rows], options, inputs(rows), cancel=cancel,
                                          on_final=final)
         else:
-            nbests, _ = terms.search(engine, rows, src_ids, inputs, cancel)
+            nbests, _ = terms.search(engine, rows, src_ids, inputs, cancel, final)
         if not decode.alignment:
             return nbests, None
         pairs = [(src_ids[i], h.tokens) for i, nbest in zip(rows, nbests) for h in nbest]
