@@ -424,8 +424,8 @@ def epoch_batches(corpus: EncodedCorpus, cfg: Config, epoch: int, *, rank: int =
 
     The epoch's pairs are the weighted mix of the training corpora (`epoch_pairs`;
     every pair once for one corpus), batched by `batch_indices`. A pure function of
-    (corpus lengths and parts, cfg.seed, the weights, directions, sampling temperature and batching
-    settings of cfg.data, epoch, rank, W, offset).
+    (corpus lengths and parts, cfg.seed, the weights, directions, sampling temperature, replay
+    (add_languages, replay_share) and batching settings of cfg.data, epoch, rank, W, offset).
     """
     d = cfg.data
     if len(corpus.parts) != len(d.train_corpora):
