@@ -109,6 +109,7 @@ class DataConfig:
     term_dictionary: Optional[str] = _f(None, "With `data.terms`: the term dictionary, a TSV file (source term, tab, target term). null = extracted from each training corpus (nmt/text/terms.py).")
     term_identical: bool = _f(False, "With `data.terms` and an extracted dictionary: also annotate words translated by themselves (names, identifiers). false = leave them out: a model copies them anyway.")
     add_languages: dict[str, Optional[str]] = _f({}, "With `train.init_from`: languages the model does not know, as new code -> the language whose token initialises the new one's (null = the mean), e.g. `{it: es}`.")
+    replay_share: float = _f(0.25, "With `data.add_languages`: the least share of each epoch's pairs that the corpora without a new language (the old directions' replay) get together; below it their shares are scaled up to it. 0 = the weights alone.", min=0.0, max=1.0, exclusive_max=True)
     prefetch: int = _f(2, "Training steps whose batches a background thread collates (and pins on a GPU) ahead of the running step; 0 = collate in the training loop. The batches are the same.", min=0)
     pool_size: int = _f(0, "Length bucketing pool: pairs are shuffled, then sorted by length inside pools of this many pairs; 0 = one pool per epoch (least padding).", min=0)
     length_buckets: list[int] = _f([], "Pad each training batch to the smallest of these lengths that holds it, and its rows to the budget's, so batches take a few shapes (`train.compile`: static graphs, CUDA graphs). [] = off.")

@@ -112,6 +112,39 @@ def test_weights_inside_a_direction_and_between_directions():
     assert corpus_shares([100, 900, 100], [1, 0, 1], [EN_DE, EN_DE, EN_FR], 1.0) == pytest.approx([0.5, 0, 0.5])
 
 
+def test_the_replay_of_old_directions_gets_at_least_its_share():
+    """replay (data.add_languages): corpora without a new language get replay_share together when their
+    shares fall below it, in proportion to their shares; at or above it, or with no replay corpus (or
+    nothing else), the mix stays."""
+    EN_IT = ("en", "it")
+    shares = corpus_shares([900, 60, 40], [1, 1, 1], [EN_IT, EN_DE, EN_FR], 1.0, [False, True, True], 0.25)
+    assert shares == pytest.approx([0.75, 0.15, 0.10])
+    assert corpus_shares([900, 60, 40], [1, 1, 1], [EN_IT, EN_DE, EN_FR], 1.0, [False, True, True], 0.0) == \
+        pytest.approx([0.9, 0.06, 0.04])
+    assert corpus_shares([600, 400], [1, 1], [EN_IT, EN_DE], 1.0, [False, True], 0.25) == pytest.approx([0.6, 0.4])
+    for replay in ([False, False], [True, True]):
+        assert corpus_shares([900, 100], [1, 1], [EN_IT, EN_DE], 1.0, replay, 0.25) == pytest.approx([0.9, 0.1])
+    assert mix_counts([900, 100], [1, 1], [EN_IT, EN_DE], 1.0, [False, True], 0.25) == [750, 250]
+
+
+def test_a_fine_tuning_run_that_adds_a_language_replays_the_old_directions_by_default(tmp_path):
+    """Issue 59 (14): a small replay corpus next to a large new-language one gets data.replay_share of
+    each epoch (0.25 by default) unless the config says 0; the train.log says the replay's share."""
+    raw = multilingual_dict(str(tmp_path))
+    raw["data"]["train"][0]["max_sentences"] = 100  # es -> en: the old direction, replayed
+    raw["data"]["add_languages"] = {"xx": None}  # es -> xx: the new one, 3000 pairs
+    raw["train"]["init_from"] = str(tmp_path / "source.pt")  # (not read here)
+    cfg = config_from_dict(raw, check_files=False)
+    tok = build_tokenizer(replace(cfg, data=replace(cfg.data, add_languages={})), cfg.run_dir, lambda m: None)
+    logged: list[str] = []
+    corpus = load_data(cfg, tok, cfg.run_dir, logged.append).train
+    assert corpus.parts == (100, 3000)
+    replayed = {share: sum(int((b < 100).sum()) for b in epoch_batches(corpus, replace(cfg, data=replace(
+        cfg.data, replay_share=share)), 1)) for share in (0.25, 0.0)}
+    assert replayed == {0.25: round(0.25 * 3100), 0.0: 100}
+    assert any("old directions' replay (corpora without xx): 25.0% of the epoch" in line for line in logged)
+
+
 def test_the_epoch_mix_is_a_pure_function_of_seed_and_epoch(tmp_path):
     """What an exact resume needs: epoch_batches(offset=k) is the tail of the epoch's batches."""
     raw = multilingual_dict(str(tmp_path))

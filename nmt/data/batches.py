@@ -16,6 +16,9 @@ the rest, seeded by (seed, epoch, i). share_i = weight_i / sum of weights when
 all corpora have one direction (src_lang, tgt_lang); between directions,
 temperature sampling (`corpus_shares`, data.sampling_temperature T): a
 direction's share grows as its size^(1/T), times the mean weight of its corpora.
+When a fine-tuning run adds languages (data.add_languages), the corpora without a
+new language replay the old directions: together they get at least
+data.replay_share of the epoch (their shares scaled up, the others' down).
 Token-budget batching then runs over the epoch's pairs.
 
 With `data.terms > 0` a share of each training corpus' pairs gets inline term annotations
@@ -198,6 +201,20 @@ def directions(cfg: Config) -> list[tuple[str, str]]:
     return [cfg.data.langs(c) for c in cfg.data.train_corpora]
 
 
+def replay_corpora(cfg: Config) -> list[bool] | None:
+    """Which training corpora replay old directions (no language of data.add_languages in them); None
+    when no language is added."""
+    d = cfg.data
+    new = set(d.add_languages)
+    return [not new.intersection(d.langs(c)) for c in d.train_corpora] if new else None
+
+
+def _mix(cfg: Config) -> dict:
+    """The epoch mix's settings of `cfg` (`corpus_shares`' arguments after parts and weights)."""
+    return dict(directions=directions(cfg), temperature=cfg.data.sampling_temperature,
+                replay=replay_corpora(cfg), replay_share=cfg.data.replay_share)
+
+
 def _log_train(cfg: Config, train: EncodedCorpus, log: Callable[[str], None]) -> None:
     """One line per corpus, and the epoch mix when there are several."""
     d = cfg.data
@@ -211,12 +228,19 @@ def _log_train(cfg: Config, train: EncodedCorpus, log: Callable[[str], None]) ->
         tag = f", tag {conf.src_tag}" if conf.src_tag else ""
         direction = f" ({'-'.join(dirs[i])})" if several else ""
         log(f"data train[{i}] {c['name']}{direction}{tag}: {_stats_line(c, d.max_len, d.max_ratio)}")
-    counts = mix_counts(train.parts, [c.weight for c in d.train_corpora], dirs, d.sampling_temperature)
+    counts = mix_counts(train.parts, [c.weight for c in d.train_corpora], **_mix(cfg))
     total = max(sum(counts), 1)
     mix = ", ".join(f"{c['name']} {c['kept']:,} pairs x{n / c['kept']:.2f} ({n / total:.1%})"
                     for c, n in zip(corpora, counts))
     temperature = f", {len(set(dirs))} directions, sampling temperature {d.sampling_temperature:g}" if several else ""
     log(f"data train: epoch mix of {len(corpora)} corpora ({sum(counts):,} pairs an epoch{temperature}): {mix}")
+    replay = replay_corpora(cfg)
+    if replay is not None:
+        share = sum(n for n, r in zip(counts, replay) if r) / total
+        log(f"data train: the old directions' replay (corpora without {', '.join(d.add_languages)}): {share:.1%} of "
+            f"the epoch (data.replay_share {d.replay_share:g})" if any(replay) else
+            "warning: data.add_languages: no corpus of data.train is in the old languages alone, so no old direction "
+            "is replayed: they will be forgotten (docs/multilingual.md, Add a language)")
 
 
 def load_data(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callable[[str], None] = print) -> Data:
@@ -255,7 +279,8 @@ def load_data(cfg: Config, tokenizer: TokenizerLike, run_dir: str, log: Callable
 # --------------------------------------------------------------------------- epoch mix
 
 def corpus_shares(parts: Sequence[int], weights: Sequence[float], directions: Sequence[Hashable] | None = None,
-                  temperature: float = 1.0) -> list[float]:
+                  temperature: float = 1.0, replay: Sequence[bool] | None = None,
+                  replay_share: float = 0.0) -> list[float]:
     """Each corpus' share of an epoch (they sum to 1).
 
     One direction (or `directions` None): weight_i / sum(weights). Several: direction d gets
@@ -264,7 +289,21 @@ def corpus_shares(parts: Sequence[int], weights: Sequence[float], directions: Se
     proportion to their weights, i.e. share_i = weight_i / k_d x N_d^(1/T) / Z with k_d the
     number of such corpora and Z the sum over all corpora. T = 1: directions in proportion to
     their size (with weights 1); T -> infinity: every direction the same share.
+    replay: the corpora that replay old directions (`replay_corpora`); when their shares sum to
+    less than replay_share, they are scaled up to it together and the others down to the rest.
     """
+    shares = _shares(parts, weights, directions, temperature)
+    if replay is None:
+        return shares
+    old = sum(s for s, r in zip(shares, replay) if r)
+    if not 0.0 < old < replay_share:  # (no replay corpus, or enough)
+        return shares
+    return [s * replay_share / old if r else s * (1.0 - replay_share) / (1.0 - old) for s, r in zip(shares, replay)]
+
+
+def _shares(parts: Sequence[int], weights: Sequence[float], directions: Sequence[Hashable] | None,
+            temperature: float) -> list[float]:
+    """`corpus_shares` by the weights and the temperature alone."""
     if directions is None or len(set(directions)) <= 1:
         wsum = float(sum(weights))
         return [w / wsum for w in weights]
@@ -280,15 +319,17 @@ def corpus_shares(parts: Sequence[int], weights: Sequence[float], directions: Se
 
 
 def mix_counts(parts: Sequence[int], weights: Sequence[float], directions: Sequence[Hashable] | None = None,
-               temperature: float = 1.0) -> list[int]:
+               temperature: float = 1.0, replay: Sequence[bool] | None = None, replay_share: float = 0.0) -> list[int]:
     """Pairs each corpus gives to one epoch: round(share_i * sum(parts)) (`corpus_shares`); with one
     direction round(weight_i / sum(weights) * sum(parts))."""
     total = sum(parts)
-    return [round(share * total) for share in corpus_shares(parts, weights, directions, temperature)]
+    return [round(share * total) for share in corpus_shares(parts, weights, directions, temperature, replay,
+                                                            replay_share)]
 
 
 def epoch_pairs(parts: Sequence[int], weights: Sequence[float], seed: int, epoch: int,
-                directions: Sequence[Hashable] | None = None, temperature: float = 1.0) -> np.ndarray | None:
+                directions: Sequence[Hashable] | None = None, temperature: float = 1.0,
+                replay: Sequence[bool] | None = None, replay_share: float = 0.0) -> np.ndarray | None:
     """The pair indices [M] int64 of one epoch's mix, corpus after corpus; None = every pair once.
 
     Corpus i (pairs parts[i], starting at sum(parts[:i])) gives n_i =
@@ -296,7 +337,7 @@ def epoch_pairs(parts: Sequence[int], weights: Sequence[float], seed: int, epoch
     subset (without replacement, sorted) of n_i % parts[i] pairs, drawn with
     default_rng([seed, epoch, i]). A pure function of its arguments.
     """
-    counts = mix_counts(parts, weights, directions, temperature)
+    counts = mix_counts(parts, weights, directions, temperature, replay, replay_share)
     if counts == list(parts):
         return None
     starts = np.concatenate([[0], np.cumsum(parts)]).astype(np.int64)
@@ -432,14 +473,13 @@ def epoch_batches(corpus: EncodedCorpus, cfg: Config, epoch: int, *, rank: int =
 
     The epoch's pairs are the weighted mix of the training corpora (`epoch_pairs`;
     every pair once for one corpus), batched by `batch_indices`. A pure function of
-    (corpus lengths and parts, cfg.seed, the weights, directions, sampling temperature and batching
-    settings of cfg.data, epoch, rank, W, offset).
+    (corpus lengths and parts, cfg.seed, the weights, directions, sampling temperature, replay
+    (add_languages, replay_share) and batching settings of cfg.data, epoch, rank, W, offset).
     """
     d = cfg.data
     if len(corpus.parts) != len(d.train_corpora):
         raise ValueError(f"the corpus has {len(corpus.parts)} parts but data.train {len(d.train_corpora)} corpora")
-    chosen = epoch_pairs(corpus.parts, [c.weight for c in d.train_corpora], cfg.seed, epoch, directions(cfg),
-                         d.sampling_temperature)
+    chosen = epoch_pairs(corpus.parts, [c.weight for c in d.train_corpora], cfg.seed, epoch, **_mix(cfg))
     s, t = corpus.src_lens, corpus.tgt_lens
     if chosen is not None:
         s, t = s[chosen], t[chosen]
