@@ -84,9 +84,8 @@ def main() -> int:
     import torch
 
     from nmt.config import load_config, replace
-    from nmt.data.batches import epoch_batches
+    from nmt.data.batches import epoch_batches, training_batch
     from nmt.device import resolve_torch_device as resolve_device
-    from nmt.layout import collate
     from nmt.training.logging_utils import RunLogger
     from nmt.training.step import train_step
     from nmt.train import build_training
@@ -116,8 +115,8 @@ def main() -> int:
     flops = 0.0
     step_times = []
     for step in range(args.warmup + args.steps):
-        group = [collate(train, b, tokenizer.specials, pin_memory=device.type == "cuda")
-                 for b in batches[step * t.update_freq:(step + 1) * t.update_freq]]
+        group = [training_batch(train, b, cfg.data, tokenizer.specials, pin_memory=device.type == "cuda")
+                 for b in batches[step * t.update_freq:(step + 1) * t.update_freq]]  # (as nmt train: the data keys)
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -131,7 +130,9 @@ def main() -> int:
             continue
         step_times.append(dt)
         for b in group:
-            sl, tl = b.src_mask.sum(1).cpu().numpy(), (b.tgt_out != tokenizer.specials.pad).sum(1).cpu().numpy()
+            tl = (b.tgt_out != tokenizer.specials.pad).sum(1).cpu().numpy()
+            sl = b.src_mask.sum(1).cpu().numpy() if b.src_mask is not None else np.full(len(tl), b.src.shape[1])
+            sl, tl = sl[tl > 0], tl[tl > 0]  # (rows a bucket adds have no target)
             real_src += int(sl.sum())
             real_tgt += int(tl.sum())
             padded += b.src.numel() + b.tgt_in.numel()
