@@ -120,10 +120,14 @@ def _pad_rows(tokens: np.ndarray, starts: np.ndarray, lens: np.ndarray, width: i
     return out
 
 
-def _sizes(corpus, idx: np.ndarray, shape: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+def _sizes(corpus, idx: np.ndarray, shape: tuple[int, int] | None,
+           masks: bool) -> tuple[np.ndarray, np.ndarray, int, int, int]:
     """Source and target lengths [B] of the pairs (no specials), and the padded rows, S and T: the
-    batch's own, or `shape` = (rows, length) for both sides (data.length_buckets)."""
+    batch's own, or `shape` = (rows, length) for both sides (data.length_buckets). masks False: a
+    ValueError unless every source has one length (a batch without a source mask)."""
     sl, tl = corpus.src_lens[idx].astype(np.int64), corpus.tgt_lens[idx].astype(np.int64)  # [B]
+    if not masks and (sl != sl[0]).any():
+        raise ValueError("a batch without a source mask needs sources of one length")
     if shape is None:
         return sl, tl, len(idx), int(sl.max()) + 1, int(tl.max()) + 1
     rows, length = shape
@@ -141,7 +145,7 @@ def collate(corpus, indices: np.ndarray, specials: Specials = NMT_SPECIALS, *, p
     length (data.same_source_length; a ValueError otherwise)."""
     idx = np.asarray(indices, np.int64)
     rows = np.arange(len(idx))
-    sl, tl, B, S, T = _sizes(corpus, idx, shape)
+    sl, tl, B, S, T = _sizes(corpus, idx, shape, masks)
     src = _pad_rows(corpus.src_tokens, corpus.src_offsets[idx], sl, S, 0, specials.pad)
     src[rows, sl] = specials.eos
     tgt_in = _pad_rows(corpus.tgt_tokens, corpus.tgt_offsets[idx], tl, T, 1, specials.pad)
@@ -156,20 +160,11 @@ def collate(corpus, indices: np.ndarray, specials: Specials = NMT_SPECIALS, *, p
         tgt_in = np.concatenate([tgt_in, np.full((B - len(idx), T), specials.pad, np.int64)])
         tgt_in[len(idx):, 0] = specials.start
         tgt_out = np.concatenate([tgt_out, np.full((B - len(idx), T), specials.pad, np.int64)])
-    batch = Batch(src=torch.from_numpy(src), src_mask=_source_mask(src_lengths, S, masks),
+    src_mask = padding_mask(torch.from_numpy(src_lengths), S) if masks else None
+    batch = Batch(src=torch.from_numpy(src), src_mask=src_mask,
                   tgt_in=torch.from_numpy(tgt_in), tgt_out=torch.from_numpy(tgt_out),
                   n_src_tokens=int(sl.sum()) + len(idx), n_tgt_tokens=int(tl.sum()) + len(idx))
     return batch.pin_memory() if pin_memory else batch
-
-
-def _source_mask(lengths, S: int, masks: bool) -> torch.Tensor | None:
-    """padding_mask of the source lengths [B] (numpy or tensor), or None for masks False (all of length S)."""
-    lengths = torch.as_tensor(lengths)
-    if masks:
-        return padding_mask(lengths, S)
-    if lengths.device.type == "cpu" and bool((lengths != S).any()):
-        raise ValueError("a batch without a source mask needs sources of one length")
-    return None
 
 
 @dataclass(frozen=True)
@@ -237,9 +232,7 @@ def pack(corpus, indices: np.ndarray, specials: Specials = NMT_SPECIALS, *, pin_
          shape: tuple[int, int] | None = None, masks: bool = True) -> PackedBatch:
     """`collate`'s batch as a `PackedBatch` (padded on the device by its `to`); the same arguments."""
     idx = np.asarray(indices, np.int64)
-    sl, tl, B, S, T = _sizes(corpus, idx, shape)
-    if not masks and (sl != sl[0]).any():
-        raise ValueError("a batch without a source mask needs sources of one length")
+    sl, tl, B, S, T = _sizes(corpus, idx, shape, masks)
     src = _flat(corpus.src_tokens, corpus.src_offsets[idx], sl)
     tgt = _flat(corpus.tgt_tokens, corpus.tgt_offsets[idx], tl)
     buffer = torch.from_numpy(np.concatenate([src, tgt, sl, tl]))
