@@ -67,6 +67,15 @@ def resolve_workers(workers: int, device, threads: int | None = None) -> int:
     return 2 if kind == "cpu" and threads >= 2 else 1
 
 
+def allow_recompiles(shapes: int) -> None:
+    """Raise torch.compile's recompile limit (process-wide) so that a function compiled with static shapes
+    keeps a graph for each of `shapes` shapes (data.length_buckets); Dynamo's default (8) runs the others
+    eagerly."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, shapes + 1)
+
+
 def avoid_cudnn_attention() -> None:
     """Take cuDNN out of the kernels `scaled_dot_product_attention` may pick on CUDA (process-wide:
     `torch.backends.cuda.enable_cudnn_sdp(False)`; flash / memory-efficient attention take over).

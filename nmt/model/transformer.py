@@ -346,14 +346,15 @@ class Transformer(nn.Module):
         count equals its length does not specialise the graph. shapes > 0 (data.length_buckets: batches of
         that many shapes): a graph per shape without dynamic sizes, captured as CUDA graphs on a GPU (mode
         "reduce-overhead"), with Dynamo's recompile limit raised to hold them all (process-wide)."""
-        import torch._dynamo.config as dynamo_config
         import torch.fx.experimental._config as fx_config
+
+        from nmt.device import allow_recompiles
 
         fx_config.use_duck_shape = False
         cuda = next(self.parameters()).device.type == "cuda"
         options = dict(dynamic=True)
         if shapes:
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, shapes + 1)
+            allow_recompiles(shapes)
             options = dict(dynamic=False, mode="reduce-overhead" if cuda else None)
         for layer in [*self.encoder.layers, *self.decoder.layers]:
             eager = layer.forward

@@ -141,7 +141,7 @@ def compiled_smoothed_nll(shapes: int = 0):
     them, as `Transformer.compile_layers` does), made once per process; what `train.compile: true` trains
     with."""
     if shapes:
-        import torch._dynamo.config as dynamo_config
+        from nmt.device import allow_recompiles
 
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, shapes + 1)
+        allow_recompiles(shapes)
     return torch.compile(smoothed_nll_formula, dynamic=not shapes)
