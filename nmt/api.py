@@ -10,14 +10,15 @@
 One object, one call: the model, its engine, device and threads are fixed at construction;
 `translate` takes per-call decode options (validated as `nmt translate`'s flags) and returns one
 frozen `TranslationResult` per line, the same outputs as `nmt translate` (which goes through this
-class, as `nmt evaluate`, `nmt score` and `nmt serve` do). Calls are thread-safe: the calls of every
-Translator in the process compute one at a time (torch's thread setting is process-wide; CTranslate2's
-replicas aside), and calls made
-at once from several threads share the machine step by step (`Turns`), so a short call made while a long
-one runs is not held up until the long call ends (what `nmt serve` builds on). Exceptions: a CPU call with
-more than one decode worker (the default `workers` on a CPU with 2+ threads; pass `workers=1` to share)
-keeps the turn to its end, since it changes torch's thread setting while it runs; a CTranslate2 call hands
-the turn on between its batches only. Lines that arrive together are still faster in one call (one batch).
+class, as `nmt evaluate`, `nmt score` and `nmt serve` do). Calls are thread-safe. PyTorch calls with one
+decode worker made at once from several threads join their decoding steps (nmt/search/joining.py: the
+sentences of a new call join the running searches between two steps, a short call's steps go first), so a
+short call made while a long one runs is not held up until the long call ends (what `nmt serve` builds
+on). The other calls compute one at a time in the process and share the machine step by step (`Turns`):
+a CPU call with more than one decode worker (the default `workers` on a CPU with 2+ threads; pass
+`workers=1` to join) keeps the turn to its end, since it changes torch's thread setting while it runs; a
+CUDA-graphed call (PyTorch on CUDA) takes turns at its steps; a CTranslate2 call hands the turn on between
+its batches only. Lines that arrive together are still faster in one call (one batch).
 """
 
 from __future__ import annotations
@@ -240,6 +241,10 @@ class Translator:
             if given is not None and len(given) != len(lines):
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
         shares = self.shares_steps(decode)
+        joined = self._engine.joined() if shares else None
+        if joined is not None:  # its steps join those of the calls running at once (nmt/search/joining.py)
+            return translate_chunk(joined, lines, decode, on_batch, first_line=first_line, prefixes=prefixes,
+                                   line_numbers=line_numbers, cancel=cancel, glossary=glossary, on_line=on_line)
         with _CALLS.turn(cancel) as step:
             def at_step() -> bool:
                 if shares:
@@ -252,10 +257,17 @@ class Translator:
 
     def shares_steps(self, settings: DecodeConfig | None = None) -> bool:
         """Whether calls with these settings (what `decode_settings` returned; default this Translator's) share
-        the machine step by step with calls from other threads (module docstring). False for a CPU call with
+        the machine step by step with calls from other threads (module docstring: joined steps or turns). False
+        for a CPU call with
         more than one decode worker: it splits torch's threads among them (`splits_threads`), a process-wide
         setting, so it keeps the turn from its start to its end."""
         return not splits_threads(self._engine, settings if settings is not None else self.decode)
+
+    def step_counts(self) -> dict[str, int] | None:
+        """The decoding steps this Translator's joined calls ran (module docstring; None: CTranslate2): `steps`
+        forward passes, `joined` those that served more than one search, `rows` the rows they decoded."""
+        pool = getattr(self._engine, "steps", None)
+        return None if pool is None else {"steps": pool.steps, "joined": pool.joined, "rows": pool.rows}
 
     def source_tokens(self, lines: Sequence[str], settings: DecodeConfig | None = None) -> list[int]:
         """Per line the tokens the model reads for it (its subwords, cut to max_positions - 1, and EOS): its

@@ -283,8 +283,8 @@ def _serve_parser(sub) -> None:
                    help="translate requests that arrive together in one call (default: on; --no-batching: one "
                    "request per call)")
     g.add_argument("--scheduling", choices=("step", "call"), default="step",
-                   help="step: calls run at once and take turns at every decoding step, so a short request is not "
-                   "held up by a long one (default); call: one call at a time")
+                   help="step: calls run at once, new sentences joining the running decoding steps, so a short "
+                   "request is not held up by a long one (default); call: one call at a time")
     g.add_argument("--max-batch-tokens", type=int, default=32768, metavar="N",
                    help="source tokens being translated at once, all calls together (step scheduling; a larger "
                    "request runs alone; default: 32768)")

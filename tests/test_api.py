@@ -302,3 +302,40 @@ def test_on_line_with_a_glossary_gives_each_line_once_as_returned(ckpt, lines, c
                                    on_line=lambda i, r: got.setdefault(i, []).append(r))
     assert results == translator.translate(lines, glossary=glossary, glossary_constrain=constrain, beam_size=2)
     assert sorted(got) == list(range(len(lines))) and all(got[i] == [results[i]] for i in got)
+
+
+def test_calls_made_while_another_is_mid_search_join_its_steps_and_give_what_they_give_alone(tmp_path, lines):
+    """Translator calls with one decode worker, from several threads, join their decoding steps (issue 58;
+    nmt/search/joining.py): a long call runs 40 steps; at its 3rd step, calls with beam search and prefixes,
+    sampling and a glossary start. Every call gives the texts (and, to rounding, the scores) it gives alone,
+    and the pool ran steps that served several calls at once."""
+    from nmt import Translator
+
+    translator = Translator(make_tiny_checkpoint(str(tmp_path / "long.pt"), max_positions=64), workers=1)
+    calls = {"beam": dict(lines=lines[:5], prefixes=["the", "", "a", "", "el"], beam_size=3, nbest=2),
+             "sample": dict(lines=lines[5:], line_numbers=range(5, 5 + len(lines[5:])), sampling="topk", topk=4,
+                            seed=3),
+             "glossary": dict(lines=lines, glossary=[(lines[0].split()[0], "moon")], beam_size=2)}
+    long_call = dict(lines=lines[:2], min_len=40, max_len_a=0, max_len_b=40)
+    alone = {k: translator.translate(**kw) for k, kw in {**calls, "long": long_call}.items()}
+    translator._engine.steps.wait = 30.0  # (a step waits for every call in the pool: the joins do not depend on timing)
+    got, threads, steps = {}, [], []
+
+    def run(k: str) -> None:
+        got[k] = translator.translate(**calls[k])
+
+    def at_step() -> bool:
+        steps.append(1)
+        if len(steps) == 3:
+            threads.extend(threading.Thread(target=run, args=(k,)) for k in calls)
+            for t in threads:
+                t.start()
+        return False
+
+    got["long"] = translator.translate(**long_call, cancel=at_step)
+    for t in threads:
+        t.join()
+    for k, results in alone.items():
+        assert [[h.text for h in r.hypotheses] for r in got[k]] == [[h.text for h in r.hypotheses] for r in results], k
+        assert [r.score for r in got[k]] == pytest.approx([r.score for r in results], abs=1e-4), k
+    assert translator._engine.steps.joined > 0 and translator._engine.steps.members == 0

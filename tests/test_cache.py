@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from nmt.search.cache import GROW_CHUNK, DecoderCache, source_groups
+from nmt.search.joining import joined_step
 from nmt.search.fast import ReusingDecoderCache
 from nmt.config import ModelConfig
 from nmt.masks import padding_mask
@@ -238,3 +239,34 @@ def test_steps_under_bf16_autocast_track_full_decode():
             steps.append(logits.float())
     assert cache.self_k[0].dtype == torch.bfloat16
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("kw", [dict(norm="pre"), CONFIGS[2], CONFIGS[5]])
+@torch.no_grad()
+def test_a_joined_step_gives_each_search_the_full_decode_of_its_prefix(kw):
+    """The steps of three searches at different positions, with different sources, source lengths and groups
+    (beams sharing one source, and one row per source), run as one batch (nmt/search/joining.py): each
+    search's logits equal the teacher-forced decode of its own prefix, step after step, through a reorder
+    of one of them between joined steps and a search joining late; one search's step alone is its plain step."""
+    model = tiny_model(**kw)
+    searches = []  # [cache, src rows, src_mask rows, prefix [b,t]]
+    for lengths, seed, cls in (([7, 2], 1, DecoderCache), ([3], 4, ReusingDecoderCache), ([9, 5, 4], 5, DecoderCache)):
+        src, src_mask = source(lengths, seed=seed)
+        cache = model.init_cache(model.encode(src, src_mask), src_mask, max_len=14, cache_cls=cls)
+        searches.append([cache, src, src_mask, tokens(len(lengths), 0)])
+    beams = torch.arange(2).repeat_interleave(3)  # the first search: 3 beams per source
+    searches[0][0].reorder(beams, None, 3)
+    searches[0][1:3] = [searches[0][1][beams], searches[0][2][beams]]
+    searches[0][3] = searches[0][3][beams]
+    for t in range(10):
+        active = [s for i, s in enumerate(searches) if t >= 3 * i]  # starting 3 steps apart: different positions
+        if t == 5:  # the first search drops a sentence and reorders its beams between two joined steps
+            idx = torch.tensor([4, 3, 3])
+            searches[0][0].reorder(idx, torch.tensor([1]), 3)
+            searches[0][1:] = [x[idx] for x in searches[0][1:]]
+        new = [tokens(s[3].shape[0], 1, seed=30 + 7 * t + i)[:, 0] for i, s in enumerate(active)]
+        logits = joined_step([(model, s[0], x) for s, x in zip(active, new)])
+        for s, x, got in zip(active, new, logits):
+            s[3] = torch.cat([s[3], x[:, None]], 1)
+            torch.testing.assert_close(got, full_logits(model, s[1], s[2], s[3])[:, -1], atol=1e-5, rtol=0)
+    assert [s[0].length for s in searches] == [10, 7, 4]

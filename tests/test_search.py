@@ -502,3 +502,148 @@ def test_on_final_gives_each_sentence_its_returned_hypotheses_when_it_leaves(kw)
     assert sorted(got) == list(range(len(ids)))
     assert all(got[b][0] == out[b] for b in got)
     assert min(at for _, at in got.values()) < len(steps)  # (the step count when it came) before the end
+
+
+def test_searches_that_join_a_running_one_mid_search_give_what_they_give_alone(model):
+    """Three searches in three threads through one StepPool (nmt/search/joining.py): a beam search with
+    n-best, and, started while it is at its 4th step, a greedy search with prefixes and n-gram blocking and a
+    sampling search. Their steps run joined (one forward pass over all their rows) until each ends, and
+    each gives what it gives alone; a search cancelled mid-search leaves the pool at once."""
+    import dataclasses
+    import threading
+    import time
+
+    from nmt.errors import Cancelled
+    from nmt.search import PLAIN_OPS
+    from nmt.search.joining import StepPool
+
+    pool = StepPool(wait=30.0)  # (a step waits for every member: which steps join does not depend on timing)
+    ops = dataclasses.replace(PLAIN_OPS, steps=pool)
+    src, src_mask = model_batch([7, 2, 5, 9], seed=8)
+    jobs = {"beam": (src, src_mask, SearchOptions(beam_size=3, nbest=2, min_len=10, max_len_a=0.0, max_len_b=16),
+                     SearchInputs()),
+            "greedy": (src[:2, :7], src_mask[:2, :7], SearchOptions(no_repeat_ngram=2, max_len_a=1.2, max_len_b=3),
+                       SearchInputs(prefixes=[[5, 6], []])),
+            "sample": (src[2:], src_mask[2:], SearchOptions(sampling="topk", topk=5, nbest=2, max_len_a=1.0, max_len_b=4),
+                       SearchInputs(keys=[7, 3]))}
+    alone = {k: search(model, s, m, o, i) for k, (s, m, o, i) in jobs.items()}
+    got, threads, beam_steps = {}, [], []
+
+    def run(k, cancel=None):
+        s, m, o, i = jobs[k]
+        got[k] = search(model, s, m, o, i, ops=ops, cancel=cancel)
+
+    def at_beam_step() -> bool:  # the beam search's step hook: at its 4th step the others start and join it
+        beam_steps.append(pool.steps)
+        if len(beam_steps) == 4:
+            threads.extend(threading.Thread(target=run, args=(k,)) for k in ("greedy", "sample"))
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            while pool.members < 3 and time.monotonic() < deadline:  # both asked for their first step
+                time.sleep(0.001)
+        return False
+
+    run("beam", at_beam_step)
+    for t in threads:
+        t.join()
+    for k, out in alone.items():
+        assert [[h.tokens for h in hyps] for hyps in got[k]] == [[h.tokens for h in hyps] for hyps in out], k
+        assert [h.score for hyps in got[k] for h in hyps] == pytest.approx([h.score for hyps in out for h in hyps],
+                                                                           abs=1e-5)
+    greedy_steps = max(len(h.tokens) + h.finished for (h,) in alone["greedy"])
+    assert pool.joined >= greedy_steps  # every step of the greedy search ran in one pass with the beam search's
+    assert pool.steps < len(beam_steps) + greedy_steps  # ... and none of them alone
+    assert pool.members == 0
+
+
+def test_a_search_cancelled_mid_search_leaves_the_pool_and_the_others_go_on(model):
+    import dataclasses
+    import threading
+    import time
+
+    from nmt.errors import Cancelled
+    from nmt.search import PLAIN_OPS
+    from nmt.search.joining import StepPool
+
+    pool = StepPool(wait=30.0)
+    ops = dataclasses.replace(PLAIN_OPS, steps=pool)
+    src, src_mask = model_batch([7, 2, 5, 9], seed=8)
+    options = SearchOptions(beam_size=2, min_len=10, max_len_a=0.0, max_len_b=12)
+    stop, members, outcome = threading.Event(), [], []
+
+    def cancelled_one():
+        try:
+            search(model, src[:2], src_mask[:2], SearchOptions(min_len=10, max_len_a=0.0, max_len_b=12), ops=ops,
+                   cancel=stop.is_set)
+        except Cancelled:
+            outcome.append("cancelled")
+    other = threading.Thread(target=cancelled_one)
+
+    def at_step() -> bool:
+        members.append(pool.members)
+        if len(members) == 1:
+            other.start()
+            deadline = time.monotonic() + 30
+            while pool.members < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+        if len(members) == 4:
+            stop.set()
+        return False
+
+    out = search(model, src, src_mask, options, ops=ops, cancel=at_step)
+    other.join()
+    assert outcome == ["cancelled"]
+    assert members[1:4] == [2, 2, 2] and set(members[5:]) == {1}  # joined, then alone once it left
+    assert [[h.tokens for h in hyps] for hyps in out] == \
+        [[h.tokens for h in hyps] for hyps in search(model, src, src_mask, options)]
+    assert pool.members == 0
+
+
+def test_the_step_pool_runs_a_new_short_search_first_joins_short_ones_and_lets_a_long_one_go_on():
+    """StepPool's choice of the searches that step together (nmt/search/joining.py), on a model whose step
+    takes time in proportion to its rows: a long search (80 rows) runs 30 steps; then two short ones (1 row
+    each) start: their steps run joined with each other (2 rows, once both have asked), not with the long one's
+    (its rows do not fit in `join_rows`; the first may step alone until the other has asked), and all of them
+    before the long one's next step (their claims are far below its own);
+    afterwards the long one goes on alone to its end."""
+    import threading
+    import time
+
+    from nmt.search.joining import StepPool
+
+    class Timed:  # decode_step: 0.2 ms a row, recording each step's rows
+        def __init__(self):
+            self.steps: list[int] = []
+
+        def decode_step(self, tokens, cache):
+            self.steps.append(tokens.shape[0])
+            time.sleep(0.0002 * tokens.shape[0])
+            return torch.zeros(tokens.shape[0], 3)
+
+    model, pool = Timed(), StepPool(wait=30.0, join_rows=64)
+    started = threading.Barrier(3)
+
+    def search_like(rows: int, steps: int, start_at: int | None = None) -> None:
+        with pool.member():
+            for t in range(steps):
+                if t == start_at:
+                    for s in shorts:
+                        s.start()
+                    started.wait()  # (both short ones have started)
+                    while pool.members < 3:
+                        time.sleep(0.0005)
+                pool.step(model, None, torch.zeros(rows, dtype=torch.long))
+
+    def short() -> None:
+        started.wait()
+        search_like(1, 10)
+
+    shorts = [threading.Thread(target=short) for _ in range(2)]
+    search_like(80, 40, start_at=30)
+    for s in shorts:
+        s.join()
+    shorts_steps = model.steps[30:-10]  # (the first short one may take a step before the other has asked)
+    assert model.steps[:30] == model.steps[-10:] + [80] * 20 == [80] * 30, str(model.steps)
+    assert sum(shorts_steps) == 20 and set(shorts_steps) <= {1, 2} and shorts_steps.count(2) >= 1, str(model.steps)
+    assert pool.members == 0 and pool.joined == shorts_steps.count(2) and pool.rows == 80 * 40 + 20

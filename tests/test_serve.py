@@ -265,6 +265,8 @@ def test_metrics_count_what_was_served(server):
     assert delta[("nmt_request_seconds_count",)] == delta[("nmt_time_to_first_line_seconds_count",)] == 2
     assert delta[("nmt_batch_fill_count",)] == 2 and delta[("nmt_batch_fill_sum",)] == pytest.approx(8 / 1024)
     assert after[("nmt_queue_length",)] == after[("nmt_running_lines",)] == 0
+    assert delta[("nmt_decoding_rows_total",)] == 8 * 4  # each line one row for 4 steps (however batched)
+    assert 8 <= delta[("nmt_decoding_steps_total",)] <= 8 * 4 and ("nmt_joined_decoding_steps_total",) in after
 
 
 @pytest.mark.slow
@@ -871,7 +873,7 @@ def test_command_errors_are_one_line(ckpt, capsys):
     (["--min-len", "30"], "the server's default search settings are over its limits: min_len 30 is over this "
                           "model's limit 22 (its outputs have at most max_positions - 1 = 23 tokens, EOS included)"),
     (["--workers", "2"], "--workers applies to --scheduling call with the PyTorch engine on CPU (with step "
-                         "scheduling the calls take turns step by step, each with all of torch's threads)"),
+                         "scheduling the calls' decoding steps join, each step with all of torch's threads)"),
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1"),
 ])
 def test_settings_out_of_range_are_one_line_errors(ckpt, capsys, monkeypatch, flags, message):

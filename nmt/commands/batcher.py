@@ -15,11 +15,13 @@ call. Scheduling (`Settings.scheduling`):
 - "step" (the default): requests gather in two lanes, short (at most SHORT_LINES lines) and long, with
   PER_LANE gatherings of each at a time (`lane_of`), each lane first come first served; a gathering's calls
   start at once, while others run, as long as the lines and source tokens of the running calls stay within
-  `batch_lines` and `max_batch_tokens` (a request over them runs alone). The running calls share the
-  machine step by step (nmt/api.py's `Turns`: at every decoding step the turn goes to the call that has used
-  the least time, a new call starting HEAD_START below the fair share so far), so a one-line request that arrives during a long call
-  runs first, and is answered after about its own time, not after the long call. The oldest queued request
-  that does not fit waits for room, and nothing queued after it starts before it.
+  `batch_lines` and `max_batch_tokens` (a request over them runs alone). The running calls' searches join
+  their decoding steps (PyTorch: nmt/search/joining.py; each step runs the searches with the least compute
+  so far, with the short ones that fit beside them, as one batch; a new search starts a second below the
+  fair share, so a one-line request that arrives during a long call runs first and is answered after about
+  its own time, not after the long call; CTranslate2: the calls take turns between batches, nmt/api.py's
+  `Turns`). The oldest queued request that does not fit waits for room, and nothing queued after it starts
+  before it.
 - "call": one call at a time; the gathering waits `gather_wait`: `window`, or `wait_fraction` of the
   previous call's duration when that is longer (at most 1 s), so that requests arriving during a call
   share the next.
@@ -69,7 +71,7 @@ class Settings:
     wait_fraction: float = 0.05  # ... or this fraction of the previous call's duration (at most MAX_WAIT)
     batch_lines: int = 1024  # lines gathered into one call ("step": of the calls running at once), at most
     batching: bool = True  # False: one request per call
-    scheduling: str = "step"  # "step": calls run at once, taking turns step by step; "call": one call at a time
+    scheduling: str = "step"  # "step": calls run at once, their decoding steps joined; "call": one call at a time
     max_batch_tokens: int = 32768  # "step": source tokens (EOS included) of the calls running at once, at most
 
 
@@ -102,7 +104,7 @@ class Stats:
     expired: int = 0  # requests abandoned before their answer (time limit passed, or the client went away)
     cancelled_calls: int = 0  # calls stopped because a request of theirs was abandoned
     translating: int = 0  # requests in the calls now running
-    running_calls: int = 0  # calls now running (scheduling "step": several take turns step by step)
+    running_calls: int = 0  # calls now running (scheduling "step": several, their decoding steps joined)
 
 
 def gather_wait(settings: "Settings", last_call: float) -> float:

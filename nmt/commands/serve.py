@@ -17,8 +17,9 @@ Each request is checked in the event loop (JSON shape, limits, decode options wi
 messages) and queued for the batcher (nmt/commands/batcher.py), which translates requests that
 arrive together in one `nmt.Translator` call in a worker thread; with --scheduling step (the default)
 calls run at once while their lines and source tokens stay within --batch-lines and --max-batch-tokens,
-taking turns at every decoding step (CTranslate2: between batches; each call searches in batches of
---max-batch-size sentences and --batch-tokens tokens, as `nmt translate` does). Errors are one JSON line
+their decoding steps joined (nmt/search/joining.py; CTranslate2: taking turns between batches; each call
+searches in batches of --max-batch-size sentences and --batch-tokens tokens, as `nmt translate` does).
+Errors are one JSON line
 `{"error": ...}`: 400 bad request or Host header, 403 a cross-origin POST not allowed by
 --allow-origin, 404 / 405, 408 body too slow, 413 too large, 503 full queue or shutting down, 504
 time limit passed, 500 a model failure. A request sets only the decode keys in REQUEST_KEYS.
@@ -199,7 +200,7 @@ def serve_command(opts: ServeOptions) -> int:
     translator = Translator(path, engine=opts.engine, device=opts.device, **opts.overrides)
     if settings.scheduling == "step" and translator.decode.workers > 1 and not translator.shares_steps():
         raise UserError("--workers applies to --scheduling call with the PyTorch engine on CPU (with step scheduling "
-                        "the calls take turns step by step, each with all of torch's threads)")
+                        "the calls' decoding steps join, each step with all of torch's threads)")
     errors = over_limits(translator.decode, opts.overrides, settings.max_beam, translator.max_positions)
     if errors:
         raise UserError(f"the server's default search settings are over its limits: {errors[0]}")

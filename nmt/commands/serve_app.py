@@ -41,12 +41,13 @@ class Service:
         self.stopping = asyncio.Event()
         self.stopped = asyncio.Event()
         self.in_flight = 0
-        self.metrics = Metrics(lambda: self.batcher.queued if self.batcher else 0, settings.batch_lines)
+        self.metrics = Metrics(lambda: self.batcher.queued if self.batcher else 0, settings.batch_lines,
+                               translator.step_counts)
 
     def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None, on_line=None):
         """One call of the translator with a request's validated settings and glossary (the batcher runs
-        it in a worker thread). Scheduling "step": one decode worker (the calls take turns, each with all of
-        torch's threads, and none changes the process' thread setting while others run)."""
+        it in a worker thread). Scheduling "step": one decode worker (the calls' steps join, each step with all
+        of torch's threads, and none changes the process' thread setting while others run)."""
         if self.settings.scheduling == "step":
             decode = dataclasses.replace(decode, workers=1)
         with self.metrics.call(len(lines)):

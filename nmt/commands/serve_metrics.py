@@ -10,6 +10,10 @@ registry per app (never prometheus_client's global one, so several apps in a pro
     nmt_request_seconds                  from a request's arrival to its whole answer (requests answered 200)
     nmt_batch_fill                       lines per translate call over --batch-lines (above 1: one request
                                          holds more lines than that)
+    nmt_decoding_steps_total             decoding steps run (PyTorch: one forward pass each, nmt/search/joining.py)
+    nmt_joined_decoding_steps_total      ... of them, those that served the searches of several calls at once
+    nmt_decoding_rows_total              rows (sentences x beams) those steps decoded: over the steps, the rows
+                                         running per step
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ FILL = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
 class Metrics:
     """The server's metrics (module docstring) in their own registry; `queued` says how many requests wait."""
 
-    def __init__(self, queued: Callable[[], int], batch_lines: int):
+    def __init__(self, queued: Callable[[], int], batch_lines: int,
+                 steps: Callable[[], dict[str, int] | None] = lambda: None):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = r = CollectorRegistry()
@@ -41,6 +46,7 @@ class Metrics:
                                       buckets=SECONDS, registry=r)
         self.fill = Histogram("nmt_batch_fill", "lines per translate call over --batch-lines", buckets=FILL,
                               registry=r)
+        r.register(_StepCounts(steps))
 
     @contextlib.contextmanager
     def call(self, lines: int) -> Iterator[None]:
@@ -64,3 +70,22 @@ class Metrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _StepCounts:
+    """The translator's decoding step counters (`Translator.step_counts`), read when the metrics are."""
+
+    NAMES = {"steps": ("nmt_decoding_steps", "decoding steps run"),
+             "joined": ("nmt_joined_decoding_steps", "decoding steps that served several calls at once"),
+             "rows": ("nmt_decoding_rows", "rows (sentences x beams) the decoding steps decoded")}
+
+    def __init__(self, counts: Callable[[], dict[str, int] | None]):
+        self.counts = counts
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        counts = self.counts()
+        for key, (name, text) in self.NAMES.items():
+            if counts is not None:
+                yield CounterMetricFamily(name, text, value=counts[key])

@@ -80,6 +80,11 @@ def _xavier_chunks(weight: Tensor, n_chunks: int) -> None:
         nn.init.xavier_uniform_(chunk)
 
 
+def _joined(parts: list[Tensor]) -> Tensor:
+    """The outputs of a step's parts (`DecoderCache.parts`) as one batch."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a fused Q/K/V projection."""
 
@@ -108,9 +113,11 @@ class SelfAttention(nn.Module):
         attends to every filled position (the cache returns only those, or all with a mask). -> [B,D]."""
         B, D = x.shape
         q, k, v = self.qkv_proj(x).view(B, 3, self.n_heads, self.head_dim).unbind(1)  # 3 x [B,H,Dh]
-        keys, values = cache.append(layer, k, v)  # [B,H,t,Dh] (StaticDecoderCache: [B,H,Tmax,Dh])
-        y = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=cache.self_mask())  # [B,H,1,Dh]
-        return self.out_proj(y.view(B, D))
+        ys = []
+        for rows, part in cache.parts():  # the whole cache (a joined step: each search's rows with its own)
+            keys, values = part.append(layer, k[rows], v[rows])  # [b,H,t,Dh] (StaticDecoderCache: [b,H,Tmax,Dh])
+            ys.append(F.scaled_dot_product_attention(q[rows, :, None], keys, values, attn_mask=part.self_mask()))
+        return self.out_proj(_joined(ys).view(B, D))  # ([B,H,1,Dh])
 
 
 class CrossAttention(nn.Module):
@@ -250,8 +257,8 @@ class DecoderLayer(_Sublayers):
     def _cross_step(self, x: Tensor, cache: DecoderCache, i: int) -> Tensor:
         """x [B,D] -> [B,D]: rows viewed as [N, group, D], i.e. `group` queries per source."""
         B, D = x.shape
-        y = self.cross_attn.attend(x.view(-1, cache.group, D), *cache.cross(i))
-        return y.view(B, D)
+        return _joined([self.cross_attn.attend(x[rows].view(-1, part.group, D), *part.cross(i)).view(-1, D)
+                        for rows, part in cache.parts()])  # (a joined step: each search's rows with its own cache)
 
 
 class Encoder(nn.Module):

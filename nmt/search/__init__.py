@@ -52,9 +52,13 @@ def search(model, src: Tensor, src_mask: Tensor, options: SearchOptions, inputs:
     greedy (beam_size 1) or beam search (up to nbest; all finished ones with keep_all). inputs: the batch's
     per-sentence data. ops: the tensor operations. cancel(): checked before every step; True raises
     nmt.errors.Cancelled. on_final(b, hypotheses): each sentence's hypotheses as soon as they are final
-    (`Final`)."""
+    (`Final`). With `ops.steps` (a StepPool), its steps join those of the searches running at once in other
+    threads (nmt/search/joining.py)."""
     if options.sampling != "none":
         strategy = sample_search
     else:
         strategy = greedy_search if options.beam_size == 1 else beam_search
-    return strategy(model, src, src_mask, options, inputs, ops=ops, cancel=cancel, on_final=on_final)
+    if ops.steps is None:
+        return strategy(model, src, src_mask, options, inputs, ops=ops, cancel=cancel, on_final=on_final)
+    with ops.steps.member():
+        return strategy(model, src, src_mask, options, inputs, ops=ops, cancel=cancel, on_final=on_final)

@@ -11,7 +11,9 @@ S source length, Dh head dim.
 - `src_mask [N,S]` (True = token) and its attention form `cross_mask [N,1,1,S]`.
 
 The cache owns its buffers: a step calls `append(layer, k, v)` (which returns the filled views),
-`cross(layer)` and, after the last layer, `advance()`; the search calls `reorder(indices)`.
+`cross(layer)` and, after the last layer, `advance()`; the search calls `reorder(indices)`. The model's
+attention goes through `parts()`: one part, the whole cache; a `JoinedCache` (the steps of several searches
+run as one batch: nmt/search/joining.py) has one part per search.
 nmt/search/fast.py's `ReusingDecoderCache` reorders without allocating; same contents.
 
 `StaticDecoderCache` is the form a CUDA graph can replay (nmt/search/cuda_graphs.py): buffers of full
@@ -75,6 +77,11 @@ class DecoderCache:
     def capacity(self) -> int:
         """C, the positions its buffers hold now (grows up to max_len)."""
         return self.self_k[0].shape[2]
+
+    def parts(self) -> tuple[tuple[slice, DecoderCache], ...]:
+        """(rows of the step, the cache they attend with): this cache for all of them (`JoinedCache`: one part
+        per search)."""
+        return ((slice(None), self),)
 
     def next_position(self) -> int:
         """The position the next decode step writes; raises if the cache is full."""
@@ -249,3 +256,31 @@ class StaticDecoderCache(DecoderCache):
         new = type(self)._over(kv, self.ckv.index_select(2, sources), self.src_mask.index_select(0, sources),
                                group=group, length=L, pos=self.pos, generation=self.generation + 1)
         self.__dict__.update(new.__dict__)
+
+
+class JoinedCache:
+    """The caches of several searches whose decoding step runs as one batch (nmt/search/joining.py): the
+    step's rows are theirs one search after the other, `sizes` rows each. The model runs its projections,
+    feed-forward layers and output layer over all the rows at once, and the attention part by part, each
+    search's rows with its own cache (its positions, sources and group): each search's rows see what they
+    would alone."""
+
+    def __init__(self, caches: list[DecoderCache], sizes: list[int]):
+        self.caches = caches
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        self._parts = tuple((slice(a, a + n), c) for a, n, c in zip(starts, sizes, caches))
+
+    def parts(self) -> tuple[tuple[slice, DecoderCache], ...]:
+        return self._parts
+
+    def next_position(self) -> int:
+        """The furthest position the step writes (each cache raises if it is full)."""
+        return max(c.next_position() for c in self.caches)
+
+    def position_vectors(self, table: Tensor) -> Tensor:
+        """[B,D]: each part's rows get its cache's position."""
+        return torch.cat([c.position_vectors(table).expand(rows.stop - rows.start, -1) for rows, c in self._parts])
+
+    def advance(self) -> None:
+        for c in self.caches:
+            c.advance()

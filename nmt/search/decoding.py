@@ -30,11 +30,13 @@ class _CachedDecoder:
     """Incremental decoding through the model's DecoderCache: one position per step."""
 
     def __init__(self, model, memory: Tensor, src_mask: Tensor, max_len: int, ops: SearchOps):
-        self.model = model
+        self.model, self.steps = model, ops.steps
         self.cache = model.init_cache(memory, src_mask, max_len, cache_cls=ops.cache_cls)
 
     def step(self, tokens: Tensor) -> Tensor:
-        """tokens [R] (position t-1) -> logits [R,V] for token t."""
+        """tokens [R] (position t-1) -> logits [R,V] for token t (with `SearchOps.steps`, in a joined step)."""
+        if self.steps is not None:
+            return self.steps.step(self.model, self.cache, tokens)
         return self.model.decode_step(tokens, self.cache)
 
     def reorder(self, indices: Tensor, sources: Tensor | None, group: int) -> None:

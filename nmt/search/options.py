@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -65,12 +65,15 @@ class SearchOps:
     """The tensor operations the search relies on: torch's (`PLAIN_OPS`), or nmt/search/fast.py's faster
     CPU versions with the same results. topk(x [N,C], K) -> (values, indices) [N,K], best first;
     argmax(x [N,C]) -> (values, indices) [N]; cache_cls: the DecoderCache class; decoder_cls: the cached
-    decoder (None: nmt/search/decoding.py's; nmt/search/cuda_graphs.py's `GraphedDecoder` on CUDA)."""
+    decoder (None: nmt/search/decoding.py's; nmt/search/cuda_graphs.py's `GraphedDecoder` on CUDA); steps: a
+    `StepPool` (nmt/search/joining.py) that joins the decoding steps of searches running at once in other
+    threads (decoding.py's cached decoder only), or None."""
 
     topk: Callable[[Tensor, int], tuple[Tensor, Tensor]] = lambda x, k: x.topk(k, dim=1)
     argmax: Callable[[Tensor], tuple[Tensor, Tensor]] = lambda x: x.max(dim=1)
     cache_cls: type = DecoderCache
     decoder_cls: type | None = None
+    steps: Any = None  # nmt.search.joining.StepPool | None
 
     def top(self, x: Tensor, K: int) -> tuple[Tensor, Tensor]:
         """`topk` of x [N,C] for any K: padded with -inf (index 0) where C < K (tiny vocabularies)."""

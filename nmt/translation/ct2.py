@@ -219,6 +219,10 @@ class Ct2Engine:
             hyps.sort(key=lambda h: not exact(h))  # exact ones first (stable: by score within each)
         return hyps[: options.nbest]
 
+    def joined(self) -> None:
+        """CTranslate2 runs its own batches: its calls take turns (nmt/api.py)."""
+        return None
+
     def align_batch(self, src_ids, tgt_ids):
         raise UserError("--alignment is not supported by the ctranslate2 engine (use the checkpoint: --engine torch)")
 

@@ -18,6 +18,8 @@ model only through this protocol, which `TorchEngine` (nmt/translation/torch_eng
         def search_batch(src_ids, options, inputs=NO_INPUTS, cancel=None, on_final=None) -> list[list[Hypothesis]]
         def score_batch(src_ids, tgt_ids) -> list[list[float]]
         def align_batch(src_ids, tgt_ids) -> list[list[tuple[int, int]]]   (UserError where unsupported)
+        def joined() -> Engine | None   the engine whose searches join the steps of those running at once in
+                                        other threads (nmt/search/joining.py); None where it cannot
 
 `src_ids` are subword ids without EOS (the engine appends it; at most max_positions - 1 each).
 `search_batch` searches with the one `SearchOptions` the caller built from the decode settings and
@@ -62,6 +64,8 @@ class Engine(Protocol):
     def score_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[float]]: ...
 
     def align_batch(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> list[list[tuple[int, int]]]: ...
+
+    def joined(self) -> Engine | None: ...
 
 
 def check_decode(engine: Engine, decode: DecodeConfig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from typing import Iterator, Sequence
 
@@ -16,6 +17,7 @@ from nmt.device import avoid_cudnn_attention, resolve_torch_device
 from nmt.errors import UserError
 from nmt.layout import source_tensors, target_tensors
 from nmt.search import NO_INPUTS, PLAIN_OPS, Cancel, Final, Hypothesis, SearchInputs, SearchOps, SearchOptions, search
+from nmt.search.joining import StepPool
 from nmt.search.options import FEATURES
 
 
@@ -44,6 +46,17 @@ class TorchEngine:
         self.ops = ops if ops is not None else PLAIN_OPS
         self.autocast = autocast
         self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(autocast, "fp32")
+        self.steps = StepPool()  # the joined steps of `joined()`'s searches
+
+    def joined(self) -> "TorchEngine | None":
+        """This engine (sharing its model) whose searches join their decoding steps with those of the other
+        `joined()` searches running at once in other threads (nmt/search/joining.py); None where its decoder
+        cannot join (CUDA graphs). For calls with one decode worker: a run's own workers would join each other."""
+        if self.ops.decoder_cls is not None:
+            return None
+        engine = copy.copy(self)
+        engine.ops = dataclasses.replace(self.ops, steps=self.steps)
+        return engine
 
     @classmethod
     def load(cls, checkpoint: str, device: str = "auto", *, fast: bool = True,
