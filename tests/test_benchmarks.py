@@ -320,3 +320,17 @@ def test_bench_serve_stream_times_the_lines_of_streamed_answers(tmp_path):
     res = json.loads(out.read_text())
     assert res["wrong"] == 0 and res["exit_code"] == 0 and len(res["rows"]) == 5
     assert all(0 < r["first_ms"] <= r["quarter_ms"] <= r["whole_ms"] for r in res["rows"])
+
+
+@pytest.mark.slow
+def test_bench_joined_times_steps_by_rows_and_pairs_apart_and_joined(tmp_path):
+    """scripts/bench_joined.py (BENCHMARKS.md "Serving", StepPool's JOIN_ROWS): a step's time for each row count,
+    and each pair of searches stepped apart and joined."""
+    ckpt = make_tiny_checkpoint(str(tmp_path / "tiny.pt"))
+    out = tmp_path / "joined.json"
+    run_script("bench_joined.py", "-c", ckpt, "--rows", "1", "4", "--pairs", "1x2,3x3", "--steps", "3",
+               "--src-len", "5", "--json", str(out))
+    res = json.loads(out.read_text())
+    assert [r["rows"] for r in res["rows"]] == [1, 4] and all(r["ms_per_step"] > 0 for r in res["rows"])
+    assert [p["rows"] for p in res["pairs"]] == [[1, 2], [3, 3]]
+    assert all(p["apart_ms"] > 0 and p["joined_ms"] > 0 for p in res["pairs"])

@@ -513,7 +513,6 @@ def test_searches_that_join_a_running_one_mid_search_give_what_they_give_alone(m
     import threading
     import time
 
-    from nmt.errors import Cancelled
     from nmt.search import PLAIN_OPS
     from nmt.search.joining import StepPool
 

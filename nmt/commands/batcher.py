@@ -16,8 +16,8 @@ call. Scheduling (`Settings.scheduling`):
   PER_LANE gatherings of each at a time (`lane_of`), each lane first come first served; a gathering's calls
   start at once, while others run, as long as the lines and source tokens of the running calls stay within
   `batch_lines` and `max_batch_tokens` (a request over them runs alone). The running calls' searches join
-  their decoding steps (PyTorch: nmt/search/joining.py; each step runs the searches with the least compute
-  so far, with the short ones that fit beside them, as one batch; a new search starts a second below the
+  their decoding steps (PyTorch: nmt/search/joining.py; each step runs the search with the least compute
+  so far and the short ones that fit beside it as one batch; a new search starts a second below the
   fair share, so a one-line request that arrives during a long call runs first and is answered after about
   its own time, not after the long call; CTranslate2: the calls take turns between batches, nmt/api.py's
   `Turns`). The oldest queued request that does not fit waits for room, and nothing queued after it starts

@@ -11,11 +11,13 @@ sentences of a new call join the running searches between two of their steps, an
 Which searches step together (fair queuing, as nmt/api.py's `Turns` does for whole calls): each member has
 a claim, the seconds of the steps it took part in, starting HEAD_START below the pool's virtual time, which
 advances with the time computed, shared among the members. A step takes the member with the least claim,
-then, in the same order, every other member whose rows still fit in `max(its rows, join_rows)`: a new short
-search does not wait for a long one's steps (on CPU a step's time grows with its rows: BENCHMARKS.md), short
-searches step together, and a long search that has the turn takes the short ones along. A stream of short
-searches cannot starve a long one: its claim falls behind the virtual time. A step waits until the members
-it takes have asked for their step, at most `wait` seconds; one of the waiting threads runs it for all.
+then, in the same order, every other member whose rows still fit in `join_rows` rows: a new short search
+does not wait for a long one's steps (on CPU a step's time grows with its rows, and a joined step over
+large searches saves nothing: BENCHMARKS.md), short searches step together, and a search of `join_rows`
+rows or more steps alone. A stream of short searches cannot starve a long one: its claim falls behind the
+virtual time. A step waits until the members
+it takes have asked for their step, at most `wait` seconds (a member that made a step wait that long is not
+waited for again until it asks); one of the waiting threads runs it for all.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from nmt.search.cache import DecoderCache, JoinedCache
 
 WAIT = 0.02  # seconds a step waits for the members it takes to ask for theirs, at most
 HEAD_START = 1.0  # a new member's claim starts this many seconds below the virtual time
-JOIN_ROWS = 64  # rows a step fills with other members when its first member has fewer (CPU)
+JOIN_ROWS = 64  # rows a step fills with other members than its first one, at most
 
 
 class _Member:
@@ -40,6 +42,7 @@ class _Member:
         self.claim = claim  # seconds of the steps it took part in, from where it started
         self.rows = 0  # its rows at its latest step
         self.asked: tuple | None = None  # (model, cache, tokens) of the step it waits for
+        self.late = False  # a step stopped waiting for it: no step waits for it again until it asks
         self.result: Tensor | BaseException | None = None  # its rows' logits (or the step's error)
 
 
@@ -81,7 +84,7 @@ class StepPool:
                 member = self._members[me] = _Member(max(0.0, self._virtual - HEAD_START))
             if not self._busy and not any(m.asked for m in self._members.values()):
                 self._since = time.perf_counter()
-            member.asked, member.rows = (model, cache, tokens), tokens.shape[0]
+            member.asked, member.rows, member.late = (model, cache, tokens), tokens.shape[0], False
             self._cond.notify_all()
             while member.result is None:
                 if self._busy or member.asked is None:  # (a step runs, or its rows are in the one running)
@@ -93,19 +96,21 @@ class StepPool:
                     if left > 0:
                         self._cond.wait(left)
                         continue
+                    for m in taken:
+                        m.late = m.asked is None
                     taken = self._take(asked_only=True)
                 self._run(taken)  # (this thread runs the step, for itself or for others)
             return _result(member)
 
     def _take(self, asked_only: bool) -> list[_Member]:
-        """The members of the next step: the one with the least claim (among those that asked, or all), then
-        every other one that asked, in order of claim, whose rows fit in max(the first one's rows, join_rows)."""
-        order = sorted((m for m in self._members.values() if m.asked is not None or not asked_only),
+        """The members of the next step: the one with the least claim (among those that asked, or all but the
+        late ones), then every other one, in order of claim, whose rows still fit in join_rows."""
+        order = sorted((m for m in self._members.values() if m.asked is not None or not (asked_only or m.late)),
                        key=lambda m: m.claim)
         first = order[0]
-        taken, rows, room = [first], first.rows, max(first.rows, self.join_rows)
+        taken, rows = [first], first.rows
         for m in order[1:]:
-            if rows + m.rows <= room:
+            if rows + m.rows <= self.join_rows:
                 taken.append(m)
                 rows += m.rows
         return taken
