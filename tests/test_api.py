@@ -7,6 +7,7 @@ import dataclasses
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -330,6 +331,9 @@ def test_calls_made_while_another_is_mid_search_join_its_steps_and_give_what_the
             threads.extend(threading.Thread(target=run, args=(k,)) for k in calls)
             for t in threads:
                 t.start()
+            deadline = time.monotonic() + 30
+            while translator._engine.steps.members < 2 and time.monotonic() < deadline:  # one of them joined
+                time.sleep(0.001)
         return False
 
     got["long"] = translator.translate(**long_call, cancel=at_step)

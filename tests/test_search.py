@@ -569,12 +569,19 @@ def test_a_search_cancelled_mid_search_leaves_the_pool_and_the_others_go_on(mode
     ops = dataclasses.replace(PLAIN_OPS, steps=pool)
     src, src_mask = model_batch([7, 2, 5, 9], seed=8)
     options = SearchOptions(beam_size=2, min_len=10, max_len_a=0.0, max_len_b=12)
-    stop, members, outcome = threading.Event(), [], []
+    stop, members, outcome, its_steps = threading.Event(), [], [], []
+
+    def its_step() -> bool:  # before its 2nd step, it waits until the other search is in the pool too
+        its_steps.append(1)
+        deadline = time.monotonic() + 30
+        while len(its_steps) == 2 and pool.members < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return stop.is_set()
 
     def cancelled_one():
         try:
             search(model, src[:2], src_mask[:2], SearchOptions(min_len=10, max_len_a=0.0, max_len_b=12), ops=ops,
-                   cancel=stop.is_set)
+                   cancel=its_step)
         except Cancelled:
             outcome.append("cancelled")
     other = threading.Thread(target=cancelled_one)

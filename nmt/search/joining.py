@@ -10,14 +10,14 @@ sentences of a new call join the running searches between two of their steps, an
 
 Which searches step together (fair queuing, as nmt/api.py's `Turns` does for whole calls): each member has
 a claim, the seconds of the steps it took part in, starting HEAD_START below the pool's virtual time, which
-advances with the time computed, shared among the members. A step takes the member with the least claim,
-then, in the same order, every other member whose rows still fit in `join_rows` rows: a new short search
-does not wait for a long one's steps (on CPU a step's time grows with its rows, and a joined step over
-large searches saves nothing: BENCHMARKS.md), short searches step together, and a search of `join_rows`
-rows or more steps alone. A stream of short searches cannot starve a long one: its claim falls behind the
-virtual time. A step waits until the members
-it takes have asked for their step, at most `wait` seconds (a member that made a step wait that long is not
-waited for again until it asks); one of the waiting threads runs it for all.
+advances with the time computed, shared among the members; a member of fewer than `join_rows` rows counts
+HEAD_START less. A step takes the member with the least claim, then, in the same order, every other member
+whose rows still fit in `join_rows` rows: a short search does not wait for a long one's steps (on CPU a
+step's time grows with its rows, and a joined step over large searches saves nothing: BENCHMARKS.md), short
+searches step together, and a search of `join_rows` rows or more steps alone. A stream of short searches
+cannot starve a long one: their claims start from the virtual time, which passes its claim. A step waits
+until the members it takes have asked for their step, at most `wait` seconds (a member that made a step wait
+that long is not waited for again until it asks); one of the waiting threads runs it for all.
 """
 
 from __future__ import annotations
@@ -103,10 +103,10 @@ class StepPool:
             return _result(member)
 
     def _take(self, asked_only: bool) -> list[_Member]:
-        """The members of the next step: the one with the least claim (among those that asked, or all but the
-        late ones), then every other one, in order of claim, whose rows still fit in join_rows."""
+        """The members of the next step: the one first in the order of claims (`_key`; among those that asked,
+        or all but the late ones), then every other one, in that order, whose rows still fit in join_rows."""
         order = sorted((m for m in self._members.values() if m.asked is not None or not (asked_only or m.late)),
-                       key=lambda m: m.claim)
+                       key=self._key)
         first = order[0]
         taken, rows = [first], first.rows
         for m in order[1:]:
@@ -114,6 +114,10 @@ class StepPool:
                 taken.append(m)
                 rows += m.rows
         return taken
+
+    def _key(self, member: _Member) -> float:
+        """A member's place in the order of claims: a short one (fewer than join_rows rows) HEAD_START ahead."""
+        return member.claim - (HEAD_START if member.rows < self.join_rows else 0.0)
 
     def _run(self, taken: list[_Member]) -> None:
         """Run the step of `taken` (every one has asked) without the lock (held before and after), hand each
