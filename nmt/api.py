@@ -265,9 +265,11 @@ class Translator:
 
     def step_counts(self) -> dict[str, int] | None:
         """The decoding steps this Translator's joined calls ran (module docstring; None: CTranslate2): `steps`
-        forward passes, `joined` those that served more than one search, `rows` the rows they decoded."""
+        forward passes, `joined` those that served more than one search, `rows` the rows they decoded, and
+        `running_rows` the rows of the searches running now."""
         pool = getattr(self._engine, "steps", None)
-        return None if pool is None else {"steps": pool.steps, "joined": pool.joined, "rows": pool.rows}
+        return None if pool is None else {"steps": pool.steps, "joined": pool.joined, "rows": pool.rows,
+                                          "running_rows": pool.running_rows}
 
     def source_tokens(self, lines: Sequence[str], settings: DecodeConfig | None = None) -> list[int]:
         """Per line the tokens the model reads for it (its subwords, cut to max_positions - 1, and EOS): its

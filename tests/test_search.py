@@ -639,6 +639,7 @@ def test_the_step_pool_runs_a_new_short_search_first_joins_short_ones_and_lets_a
                     started.wait()  # (both short ones have started)
                     while pool.members < 3:
                         time.sleep(0.0005)
+                    assert pool.running_rows == 80 + 1 + 1
                 pool.step(model, None, torch.zeros(rows, dtype=torch.long))
 
     def short() -> None:

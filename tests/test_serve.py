@@ -267,6 +267,7 @@ def test_metrics_count_what_was_served(server):
     assert after[("nmt_queue_length",)] == after[("nmt_running_lines",)] == 0
     assert delta[("nmt_decoding_rows_total",)] == 8 * 4  # each line one row for 4 steps (however batched)
     assert 8 <= delta[("nmt_decoding_steps_total",)] <= 8 * 4 and ("nmt_joined_decoding_steps_total",) in after
+    assert after[("nmt_running_rows",)] == 0  # (nothing runs now)
 
 
 @pytest.mark.slow

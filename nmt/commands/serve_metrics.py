@@ -14,6 +14,7 @@ registry per app (never prometheus_client's global one, so several apps in a pro
     nmt_joined_decoding_steps_total      ... of them, those that served the searches of several calls at once
     nmt_decoding_rows_total              rows (sentences x beams) those steps decoded: over the steps, the rows
                                          running per step
+    nmt_running_rows                     rows of the searches running now
 """
 
 from __future__ import annotations
@@ -83,9 +84,12 @@ class _StepCounts:
         self.counts = counts
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         counts = self.counts()
+        if counts is None:
+            return
         for key, (name, text) in self.NAMES.items():
-            if counts is not None:
-                yield CounterMetricFamily(name, text, value=counts[key])
+            yield CounterMetricFamily(name, text, value=counts[key])
+        yield GaugeMetricFamily("nmt_running_rows", "rows (sentences x beams) of the searches running now",
+                                value=counts["running_rows"])

@@ -64,6 +64,11 @@ class StepPool:
         """Searches in the pool now."""
         return len(self._members)
 
+    @property
+    def running_rows(self) -> int:
+        """The rows of the searches in the pool now (at their latest step)."""
+        return sum(m.rows for m in list(self._members.values()))
+
     @contextlib.contextmanager
     def member(self) -> Iterator[None]:
         """Around a search: its thread leaves the pool when the search ends, however it ends."""
