@@ -240,27 +240,29 @@ class Translator:
         for name, given in (("prefixes", prefixes), ("line numbers", line_numbers)):
             if given is not None and len(given) != len(lines):
                 raise UserError(f"{len(given)} {name} for {len(lines)} lines")
+        with self._sharing(decode, cancel) as (engine, at_step):
+            return translate_chunk(engine, lines, decode, on_batch, first_line=first_line, prefixes=prefixes,
+                                   line_numbers=line_numbers, cancel=at_step, glossary=glossary, on_line=on_line)
+
+    @contextlib.contextmanager
+    def _sharing(self, decode: DecodeConfig, cancel: Callable[[], bool] | None):
+        """Around a call with settings `decode`: (the engine it searches with, the hook its decoding steps call)
+        as it shares the machine with calls from other threads (module docstring): the joined engine, whose
+        steps join theirs; else this engine with its turn (`Turns`), handed on at every step where the call
+        `shares_steps`, else kept to its end."""
         shares = self.shares_steps(decode)
         joined = self._engine.joined() if shares else None
-        if joined is not None:  # its steps join those of the calls running at once (nmt/search/joining.py)
-            return translate_chunk(joined, lines, decode, on_batch, first_line=first_line, prefixes=prefixes,
-                                   line_numbers=line_numbers, cancel=cancel, glossary=glossary, on_line=on_line)
+        if joined is not None:
+            yield joined, cancel
+            return
         with _CALLS.turn(cancel) as step:
-            def at_step() -> bool:
-                if shares:
-                    return step()
-                return cancel is not None and cancel()
-
-            return translate_chunk(self._engine, lines, decode, on_batch, first_line=first_line,
-                                   prefixes=prefixes, line_numbers=line_numbers, cancel=at_step, glossary=glossary,
-                                   on_line=on_line)
+            yield self._engine, (step if shares else cancel)
 
     def shares_steps(self, settings: DecodeConfig | None = None) -> bool:
         """Whether calls with these settings (what `decode_settings` returned; default this Translator's) share
         the machine step by step with calls from other threads (module docstring: joined steps or turns). False
-        for a CPU call with
-        more than one decode worker: it splits torch's threads among them (`splits_threads`), a process-wide
-        setting, so it keeps the turn from its start to its end."""
+        for a CPU call with more than one decode worker: it splits torch's threads among them (`splits_threads`),
+        a process-wide setting, so it keeps the turn from its start to its end."""
         return not splits_threads(self._engine, settings if settings is not None else self.decode)
 
     def step_counts(self) -> dict[str, int] | None:

@@ -23,6 +23,7 @@ under `self_mask`; rows that leave are compacted into the first rows in place.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -267,8 +268,8 @@ class JoinedCache:
 
     def __init__(self, caches: list[DecoderCache], sizes: list[int]):
         self.caches = caches
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        self._parts = tuple((slice(a, a + n), c) for a, n, c in zip(starts, sizes, caches))
+        ends = list(itertools.accumulate(sizes))
+        self._parts = tuple((slice(end - n, end), c) for end, n, c in zip(ends, sizes, caches))
 
     def parts(self) -> tuple[tuple[slice, DecoderCache], ...]:
         return self._parts

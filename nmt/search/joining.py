@@ -148,7 +148,7 @@ class StepPool:
         self._busy = False
         self.steps += 1
         self.joined += len(taken) > 1
-        self.rows += sum(t.shape[0] for _, _, t in asked)
+        self.rows += sum(m.rows for m in taken)
         self._since = time.perf_counter()  # (the members of this step get their full wait for the next)
         self._cond.notify_all()
 

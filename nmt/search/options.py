@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ from nmt.schema import GLOSSARY_MARGIN, max_finished
 
 if TYPE_CHECKING:
     from nmt.config import DecodeConfig
+    from nmt.search.joining import StepPool
 
 PENALTY_TYPES = ("gnmt", "average", "none")
 STOPPING = ("exact", "hf")
@@ -73,7 +74,7 @@ class SearchOps:
     argmax: Callable[[Tensor], tuple[Tensor, Tensor]] = lambda x: x.max(dim=1)
     cache_cls: type = DecoderCache
     decoder_cls: type | None = None
-    steps: Any = None  # nmt.search.joining.StepPool | None
+    steps: StepPool | None = None
 
     def top(self, x: Tensor, K: int) -> tuple[Tensor, Tensor]:
         """`topk` of x [N,C] for any K: padded with -inf (index 0) where C < K (tiny vocabularies)."""
