@@ -265,6 +265,16 @@ class Translator:
         a process-wide setting, so it keeps the turn from its start to its end."""
         return not splits_threads(self._engine, settings if settings is not None else self.decode)
 
+    def parallel_steps(self, steps: int) -> bool:
+        """Let up to `steps` joined decoding steps of this Translator's calls run at once, each in its own call's
+        thread (nmt.search.joining's `StepPool`; `nmt serve`, whose threads compute on one of torch's CPU threads
+        each). False, and nothing changes, where its calls cannot join on CPU (CTranslate2, a GPU)."""
+        device = getattr(self._engine, "torch_device", None)
+        if device is None or device.type != "cpu" or self._engine.joined() is None:
+            return False
+        self._engine.steps.parallel = steps
+        return True
+
     def step_counts(self) -> dict[str, int] | None:
         """The decoding steps this Translator's joined calls ran (module docstring; None: CTranslate2): `steps`
         forward passes, `joined` those that served more than one search, `rows` the rows they decoded, and

@@ -654,3 +654,43 @@ def test_the_step_pool_runs_a_new_short_search_first_joins_short_ones_and_lets_a
     assert model.steps[:30] == model.steps[-10:] + [80] * 20 == [80] * 30, str(model.steps)
     assert sum(shorts_steps) == 20 and set(shorts_steps) <= {1, 2} and shorts_steps.count(2) >= 1, str(model.steps)
     assert pool.members == 0 and pool.joined == shorts_steps.count(2) and pool.rows == 80 * 40 + 20
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_the_step_pool_runs_up_to_parallel_steps_at_once(parallel):
+    """StepPool(parallel=2) (`nmt serve` on 2 CPU threads): the steps of two searches that do not join (each of
+    `join_rows` rows or more) run at the same time, each in its own thread; with parallel=1, one at a time."""
+    import threading
+
+    from nmt.search.joining import StepPool
+
+    meet, lock = threading.Barrier(2, timeout=1.0), threading.Lock()
+    met: list[bool] = []
+    entered = [0]
+
+    class Model:  # its first two steps wait (at most 1 s) for another step to be running
+        def decode_step(self, tokens, cache):
+            with lock:
+                entered[0] += 1
+                first_two = entered[0] <= 2
+            if first_two:
+                try:
+                    meet.wait()
+                    met.append(True)
+                except threading.BrokenBarrierError:
+                    met.append(False)
+            return torch.zeros(tokens.shape[0], 3)
+
+    model, pool = Model(), StepPool(wait=30.0, join_rows=64, parallel=parallel)
+
+    def search_like() -> None:
+        with pool.member():
+            for _ in range(3):
+                pool.step(model, None, torch.zeros(64, dtype=torch.long))
+
+    threads = [threading.Thread(target=search_like) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert met == ([True, True] if parallel == 2 else [False, False]) and pool.steps == 6 and pool.joined == 0

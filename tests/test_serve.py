@@ -874,7 +874,7 @@ def test_command_errors_are_one_line(ckpt, capsys):
     (["--min-len", "30"], "the server's default search settings are over its limits: min_len 30 is over this "
                           "model's limit 22 (its outputs have at most max_positions - 1 = 23 tokens, EOS included)"),
     (["--workers", "2"], "--workers applies to --scheduling call with the PyTorch engine on CPU (with step "
-                         "scheduling the calls' decoding steps join, each step with all of torch's threads)"),
+                         "scheduling the calls' decoding steps join, as many steps at once as torch has threads, each on one)"),
     (["--max-batch-tokens", "0"], "--max-batch-tokens must be at least 1"),
 ])
 def test_settings_out_of_range_are_one_line_errors(ckpt, capsys, monkeypatch, flags, message):

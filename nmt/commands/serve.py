@@ -17,8 +17,9 @@ Each request is checked in the event loop (JSON shape, limits, decode options wi
 messages) and queued for the batcher (nmt/commands/batcher.py), which translates requests that
 arrive together in one `nmt.Translator` call in a worker thread; with --scheduling step (the default)
 calls run at once while their lines and source tokens stay within --batch-lines and --max-batch-tokens,
-their decoding steps joined (nmt/search/joining.py; CTranslate2: taking turns between batches; each call
-searches in batches of --max-batch-size sentences and --batch-tokens tokens, as `nmt translate` does).
+their decoding steps joined (nmt/search/joining.py; on CPU as many steps at once as torch has threads, each
+on one: `_one_thread_each`; CTranslate2: taking turns between batches; each call searches in batches of
+--max-batch-size sentences and --batch-tokens tokens, as `nmt translate` does).
 Errors are one JSON line
 `{"error": ...}`: 400 bad request or Host header, 403 a cross-origin POST not allowed by
 --allow-origin, 404 / 405, 408 body too slow, 413 too large, 503 full queue or shutting down, 504
@@ -42,6 +43,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Iterator
 from urllib.parse import urlsplit
 
 from nmt.api import Translator
@@ -190,6 +192,24 @@ def _is_origin(text: str) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname) and text == f"{parts.scheme}://{parts.netloc}"
 
 
+@contextlib.contextmanager
+def _one_thread_each(translator: Translator, step: bool) -> Iterator[None]:
+    """While the server runs with step scheduling on CPU: as many joined decoding steps at once as torch has CPU
+    threads (`Translator.parallel_steps`), and every thread that computes, on one of them (no OpenMP team whose
+    threads wait for each other between a step's small operations: BENCHMARKS.md "Serving")."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if not (step and threads > 1 and translator.parallel_steps(threads)):
+        yield
+        return
+    torch.set_num_threads(1)  # (read by each thread at its first operation)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def serve_command(opts: ServeOptions) -> int:
     """`nmt serve`: load the model, listen on host:port, serve until SIGTERM / Ctrl-C. Returns 0
     after a drain; a second signal ends the process at once with 128 + signal. UserError when the
@@ -200,7 +220,7 @@ def serve_command(opts: ServeOptions) -> int:
     translator = Translator(path, engine=opts.engine, device=opts.device, **opts.overrides)
     if settings.scheduling == "step" and translator.decode.workers > 1 and not translator.shares_steps():
         raise UserError("--workers applies to --scheduling call with the PyTorch engine on CPU (with step scheduling "
-                        "the calls' decoding steps join, each step with all of torch's threads)")
+                        "the calls' decoding steps join, as many steps at once as torch has threads, each on one)")
     errors = over_limits(translator.decode, opts.overrides, settings.max_beam, translator.max_positions)
     if errors:
         raise UserError(f"the server's default search settings are over its limits: {errors[0]}")
@@ -214,7 +234,8 @@ def serve_command(opts: ServeOptions) -> int:
     print(f"nmt serve: http://{shown}:{sock.getsockname()[1]}/ ({service.name}, {translator.engine}, batching "
           f"{'on' if settings.batching else 'off'}, scheduling {settings.scheduling}; Ctrl-C or SIGTERM stops)",
           file=sys.stderr, flush=True)
-    server.run(sockets=[sock])  # (a second signal ends the process in it: DrainingServer.shutdown)
+    with _one_thread_each(translator, settings.scheduling == "step"):
+        server.run(sockets=[sock])  # (a second signal ends the process in it: DrainingServer.shutdown)
     sock.close()
     print("nmt serve: stopped", file=sys.stderr, flush=True)
     return 0

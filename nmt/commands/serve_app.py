@@ -46,8 +46,8 @@ class Service:
 
     def translate(self, lines, prefixes, line_numbers, decode, cancel, glossary=None, on_line=None):
         """One call of the translator with a request's validated settings and glossary (the batcher runs
-        it in a worker thread). Scheduling "step": one decode worker (the calls' steps join, each step with all
-        of torch's threads, and none changes the process' thread setting while others run)."""
+        it in a worker thread). Scheduling "step": one decode worker (the calls' steps join, as many steps at once
+        as torch has CPU threads, and no call changes the process' thread setting while others run)."""
         if self.settings.scheduling == "step":
             decode = dataclasses.replace(decode, workers=1)
         with self.metrics.call(len(lines)):

@@ -17,7 +17,9 @@ step's time grows with its rows, and a joined step over large searches saves not
 searches step together, and a search of `join_rows` rows or more steps alone. A stream of short searches
 cannot starve a long one: their claims start from the virtual time, which passes its claim. A step waits
 until the members it takes have asked for their step, at most `wait` seconds (a member that made a step wait
-that long is not waited for again until it asks); one of the waiting threads runs it for all.
+that long is not waited for again until it asks); one of the waiting threads runs it for all. With
+`parallel` > 1 up to that many steps (of different members) run at once, each in one of its members' threads
+(`nmt serve` on CPU: as many as torch has threads, each computing on one, nmt/commands/serve.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Member:
         self.rows = 0  # its rows at its latest step
         self.asked: tuple | None = None  # (model, cache, tokens) of the step it waits for
         self.late = False  # a step stopped waiting for it: no step waits for it again until it asks
+        self.stepping = False  # its rows are in a step running now
         self.result: Tensor | BaseException | None = None  # its rows' logits (or the step's error)
 
 
@@ -50,11 +53,12 @@ class StepPool:
     """The joined steps of the searches in several threads (module docstring). `steps` and `rows` count the
     forward passes run and the rows they decoded; `joined` the passes that served more than one search."""
 
-    def __init__(self, wait: float = WAIT, join_rows: int = JOIN_ROWS):
+    def __init__(self, wait: float = WAIT, join_rows: int = JOIN_ROWS, parallel: int = 1):
         self.wait, self.join_rows = wait, join_rows
+        self.parallel = parallel  # steps that may run at once (each in one of its members' threads)
         self._cond = threading.Condition()
         self._members: dict[int, _Member] = {}  # thread -> its search's place, from its first step to its end
-        self._busy = False  # a step is running
+        self._running = 0  # steps running now
         self._since = 0.0  # when the pool last became free to start a step (perf_counter)
         self._virtual = 0.0  # advances with the time computed, shared among the members
         self.steps = self.rows = self.joined = 0
@@ -87,12 +91,12 @@ class StepPool:
             member = self._members.get(me)
             if member is None:
                 member = self._members[me] = _Member(max(0.0, self._virtual - HEAD_START))
-            if not self._busy and not any(m.asked for m in self._members.values()):
+            if not self._running and not any(m.asked for m in self._members.values()):
                 self._since = time.perf_counter()
             member.asked, member.rows, member.late = (model, cache, tokens), tokens.shape[0], False
             self._cond.notify_all()
             while member.result is None:
-                if self._busy or member.asked is None:  # (a step runs, or its rows are in the one running)
+                if self._running >= self.parallel or member.asked is None:  # (or its rows are in a running step)
                     self._cond.wait()
                     continue
                 taken = self._take(asked_only=False)
@@ -110,8 +114,8 @@ class StepPool:
     def _take(self, asked_only: bool) -> list[_Member]:
         """The members of the next step: the one first in the order of claims (`_key`; among those that asked,
         or all but the late ones), then every other one, in that order, whose rows still fit in join_rows."""
-        order = sorted((m for m in self._members.values() if m.asked is not None or not (asked_only or m.late)),
-                       key=self._key)
+        order = sorted((m for m in self._members.values()
+                        if m.asked is not None or not (asked_only or m.late or m.stepping)), key=self._key)
         first = order[0]
         taken, rows = [first], first.rows
         for m in order[1:]:
@@ -129,8 +133,8 @@ class StepPool:
         its rows' logits and count the time in their claims."""
         asked = [m.asked for m in taken]
         for m in taken:
-            m.asked = None
-        self._busy = True
+            m.asked, m.stepping = None, True
+        self._running += 1
         self._cond.release()
         try:
             start = time.perf_counter()
@@ -142,10 +146,10 @@ class StepPool:
         finally:
             self._cond.acquire()
         for m, result in zip(taken, results):
-            m.result, m.claim = result, m.claim + spent
+            m.result, m.claim, m.stepping = result, m.claim + spent, False
         if self._members:  # fair queuing: shared among the members, never lagging the least claim
             self._virtual = max(self._virtual + spent / len(self._members), min(m.claim for m in self._members.values()))
-        self._busy = False
+        self._running -= 1
         self.steps += 1
         self.joined += len(taken) > 1
         self.rows += sum(m.rows for m in taken)
