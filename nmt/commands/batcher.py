@@ -55,7 +55,7 @@ from nmt.errors import Cancelled
 Translate = Callable[..., Sequence[Any]]
 MAX_WAIT = 1.0  # seconds: the longest a request waits for company
 SHORT_LINES = 8  # scheduling "step": requests of at most this many lines gather in the short lane (`lane_of`)
-PER_LANE = (2, 1)  # scheduling "step": gatherings of each lane whose calls run at once (short, long)
+PER_LANE = (2, 2)  # scheduling "step": gatherings of each lane whose calls run at once (short, long)
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def gather_wait(settings: "Settings", last_call: float) -> float:
 
 def lane_of(job: Job) -> int:
     """The lane of a job with step scheduling: 0 short (at most SHORT_LINES lines), 1 long. Two gatherings of
-    short requests and one of long ones run at a time: short requests are never gathered into a call with a
+    each run at a time (PER_LANE): short requests are never gathered into a call with a
     long one to wait for its lines, one slow short request does not hold up the others, and many short
     requests still share calls."""
     return 0 if len(job.lines) <= SHORT_LINES else 1
