@@ -113,10 +113,9 @@ def gather_wait(settings: "Settings", last_call: float) -> float:
 
 
 def lane_of(job: Job) -> int:
-    """The lane of a job with step scheduling: 0 short (at most SHORT_LINES lines), 1 long. Two gatherings of
-    each run at a time (PER_LANE): short requests are never gathered into a call with a
-    long one to wait for its lines, one slow short request does not hold up the others, and many short
-    requests still share calls."""
+    """The lane of a job with step scheduling: 0 short (at most SHORT_LINES lines), 1 long. PER_LANE gatherings
+    of each lane run at a time: short requests are never gathered into a call with a long one to wait for its
+    lines, one slow request does not hold up the others, and many short requests still share calls."""
     return 0 if len(job.lines) <= SHORT_LINES else 1
 
 
