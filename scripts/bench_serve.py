@@ -22,7 +22,10 @@ What it does:
    the server is doing): 10% long requests of 33-64 lines, 45% of one line, 45% of 2-4. Per server and rate:
    latency p50/p95 of the one-line requests and of all, sentences/s (answered lines over the time from the
    first arrival to the last answer). First, the idle latency of one-line requests (one at a time), and
-   head-of-line blocking: a one-line request sent 0.3 s after a 64-line one, 5 times per server.
+   head-of-line blocking: a one-line request sent 0.3 s after a 64-line one, 5 times per server. With
+   `--p95-target MS` and ascending rates: each server's sentences/s at the best rate whose p95 latency (all
+   requests) stays within MS (the GPU measure of issue 58; a server passing MS is not run at higher rates);
+   `--eager` adds a step server with `NMT_CUDA_GRAPHS=0` (on CUDA: joined eager steps, not graphed turns).
 6. Streamed answers (optional, `--stream N`, instead of 3-5): one streamed request of N consecutive test lines
    at a time, 5 times (different lines each time) after a warm-up: when its first line arrives, when its
    first N/4 lines have, and when the whole answer has, in ms from the request; every line checked. The
@@ -55,9 +58,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class ServerProcess:
     """`nmt serve` as a subprocess on a free localhost port."""
 
-    def __init__(self, checkpoint: str, *args: str):
+    def __init__(self, checkpoint: str, *args: str, env: dict[str, str] | None = None):
         cmd = [sys.executable, "-m", "nmt", "serve", "-c", checkpoint, "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     env=None if env is None else {**os.environ, **env})
         first = self.proc.stderr.readline()
         match = re.search(r"http://([^/: ]+):(\d+)", first)
         if not match:
@@ -318,7 +322,11 @@ def behind_long(server: ServerProcess, lines, ref, options, rounds: int = 5) -> 
 def poisson(args, lines, ref, options, extra) -> dict:
     """Section 5 of the module docstring."""
     servers = {m: ServerProcess(args.checkpoint, "--scheduling", m, *extra) for m in ("step", "call")}
+    if args.eager:
+        servers["step-eager"] = ServerProcess(args.checkpoint, "--scheduling", "step", *extra,
+                                              env={"NMT_CUDA_GRAPHS": "0"})
     out: dict = {"rows": []}
+    over: set[str] = set()  # (--p95-target) servers whose p95 passed the target at a lower rate
     try:
         for server in servers.values():
             load(server, 4, lines, ref, options, requests=8, max_lines=args.max_lines, seed=99)
@@ -337,15 +345,37 @@ def poisson(args, lines, ref, options, extra) -> dict:
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for k, rate in enumerate(args.poisson):
             plan = arrivals(rate, args.seconds, len(lines), args.seed + k)
-            for mode in (("step", "call") if k % 2 == 0 else ("call", "step")):
+            for mode in (list(servers) if k % 2 == 0 else list(servers)[::-1]):
+                if mode in over:
+                    continue
                 r = open_loop(servers[mode], plan, lines, ref, options)
                 out["rows"].append({"rate": rate, "scheduling": mode, **r})
                 print(f"| {rate:g} | {mode} | {r['sentences_per_s']:.1f} | {r['one_line_p50_ms']:.0f} | "
                       f"{r['one_line_p95_ms']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['requests']} | "
                       f"{r['wrong']} | {r['failed']} | {r['server_cpu']:.2f} | {r['load_avg']:.1f} |", flush=True)
+                if args.p95_target is not None and r["p95_ms"] > args.p95_target:
+                    over.add(mode)
+        if args.p95_target is not None:
+            out["at_p95_target"] = at_target(out["rows"], args.p95_target)
+            for mode, best in out["at_p95_target"].items():
+                print(f"{mode}: sentences/s at p95 <= {args.p95_target:g} ms: " + (
+                    f"{best['sentences_per_s']:.1f} (at {best['rate']:g} requests/s)" if best else "none of the rates"),
+                    flush=True)
     finally:
         out["exit_codes"] = {m: s.stop() for m, s in servers.items()}
     return out
+
+
+def at_target(rows: list[dict], target_ms: float) -> dict[str, dict | None]:
+    """Per server the row with the most sentences/s among those whose p95 latency (all requests) is within
+    `target_ms` and that answered every request right (None: no such row)."""
+    best: dict[str, dict | None] = {}
+    for r in rows:
+        ok = r["p95_ms"] <= target_ms and not r["wrong"] and not r["failed"]
+        current = best.setdefault(r["scheduling"], None)
+        if ok and (current is None or r["sentences_per_s"] > current["sentences_per_s"]):
+            best[r["scheduling"]] = {"rate": r["rate"], "sentences_per_s": r["sentences_per_s"], "p95_ms": r["p95_ms"]}
+    return best
 
 
 def streamed(args, lines: list[str], ref: list[str], options: dict, extra: list[str]) -> dict:
@@ -394,6 +424,12 @@ def main() -> int:
     p.add_argument("--server-args", default="", help="extra flags for both servers, e.g. '--batch-window-ms 10'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--poisson", type=float, nargs="*", help="request rates (per second): section 5 only")
+    p.add_argument("--p95-target", type=float, metavar="MS",
+                   help="(--poisson, rates ascending) each server's sentences/s at p95 <= MS: its best rate within it; "
+                        "a server is not run at higher rates once its p95 passed MS")
+    p.add_argument("--eager", action="store_true",
+                   help="(--poisson) a third server: step scheduling with NMT_CUDA_GRAPHS=0 (on CUDA its calls join "
+                        "their steps instead of taking turns at CUDA-graphed ones)")
     p.add_argument("--stream", type=int, metavar="N", help="lines per streamed request: section 6 only")
     p.add_argument("--json", help="write every measurement here")
     args = p.parse_args()

@@ -343,3 +343,66 @@ def test_calls_made_while_another_is_mid_search_join_its_steps_and_give_what_the
         assert [[h.text for h in r.hypotheses] for r in got[k]] == [[h.text for h in r.hypotheses] for r in results], k
         assert [r.score for r in got[k]] == pytest.approx([r.score for r in results], abs=1e-4), k
     assert translator._engine.steps.joined > 0 and translator._engine.steps.members == 0
+
+
+@pytest.mark.parametrize("options", [{"beam_size": 3, "nbest": 2}, {"sampling": "topk", "topk": 4, "nbest": 2, "seed": 5}],
+                         ids=["beam", "sampling"])
+def test_a_call_of_more_rows_than_a_step_joins_is_searched_in_parts_at_once(ckpt, options):
+    """With parallel steps (`Translator.parallel_steps`, `nmt serve` on CPU), a call whose batch has more rows
+    than a step joins (40 lines x 3 beams or 2 samples > 64 rows) is searched in two parts at once, each in its own
+    thread and a member of the pool of its own: both are in the pool together (each waits at its 2nd step, at
+    most 30 s, for the other), the results and on_line's lines are those of the call without parallel steps
+    (texts; scores to rounding), and when one part fails its error is the call's, not the other part's stop."""
+    from nmt import Translator
+
+    translator = Translator(ckpt, workers=1)
+    pool = translator._engine.steps
+    src = [p[0] for p in make_pairs(40, 11)]
+    options = dict(min_len=8, max_len_a=0, max_len_b=8, batch_tokens=10_000, max_batch_size=64, **options)
+    want = translator.translate(src, **options)
+    assert translator.parallel_steps(2)
+    calls: dict[int, int] = {}
+    seen: list[int] = []
+
+    def at_step() -> bool:
+        me = threading.get_ident()
+        calls[me] = calls.get(me, 0) + 1
+        if calls[me] == 2:  # a member now (after its first step): wait for the other part
+            deadline = time.monotonic() + 30
+            while pool.members < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+        seen.append(pool.members)
+        return False
+
+    got: dict = {}
+    results = translator.translate(src, cancel=at_step, on_line=lambda i, r: got.setdefault(i, []).append(r), **options)
+    assert [[h.text for h in r.hypotheses] for r in results] == [[h.text for h in r.hypotheses] for r in want]
+    assert [h.score for r in results for h in r.hypotheses] == \
+        pytest.approx([h.score for r in want for h in r.hypotheses], abs=1e-4)  # (other batches: rounding)
+    assert len(calls) == 2 and max(seen) == 2
+    assert sorted(got) == list(range(len(src))) and all(got[i] == [results[i]] for i in got)
+    search = translator._engine.search  # (joined() copies the engine with the search set here)
+    for in_first_part in (True, False):  # one part fails at its 4th step; the other is stopped at its 5th
+        raised = threading.Event()
+
+        def failing(src_ids, options, inputs, cancel, on_final, in_first_part=in_first_part):
+            fails, steps = (first in inputs.keys) == in_first_part, []
+
+            def stop() -> bool:
+                steps.append(1)
+                if fails and len(steps) == 4:
+                    raised.set()
+                    raise RuntimeError("boom")
+                if not fails and len(steps) == 5:  # the other part stops at its next step: Cancelled
+                    raised.wait(30)
+                return cancel()
+            return search(src_ids, options, inputs, stop, on_final)
+
+        lengths = [len(ids) for ids in translator._engine.tokenizer.encode_src(src)]
+        first = lengths.index(max(lengths))  # the first line of the batch (longest first, then in input order)
+        translator._engine.search = failing
+        with pytest.raises(RuntimeError, match="boom"):
+            translator.translate(src, **options)
+        del translator._engine.search
+    assert pool.members == 0
+    assert translator.parallel_steps(1) and translator.translate(src, **options) == want  # (the same batches)

@@ -379,14 +379,17 @@ def _line_handler(jobs: list[Job], loop: asyncio.AbstractEventLoop) -> Callable[
     owner = [(job, k) for job in jobs for k in range(len(job.lines))]
     got = {job: [None] * len(job.lines) for job in jobs}
     left = {job: len(job.lines) for job in jobs}
+    lock = threading.Lock()  # (a call's lines are final in several threads: its decode workers, its parts)
 
     def on_line(i: int, result: Any) -> None:
         job, k = owner[i]
-        if job.ready is not None:
-            loop.call_soon_threadsafe(job.ready.put_nowait, (k, result))
-        got[job][k] = result
-        left[job] -= 1
-        if not left[job]:
+        with lock:
+            if job.ready is not None:
+                loop.call_soon_threadsafe(job.ready.put_nowait, (k, result))
+            got[job][k] = result
+            left[job] -= 1
+            done = not left[job]
+        if done:
             loop.call_soon_threadsafe(_answer, job, got[job])
     return on_line
 

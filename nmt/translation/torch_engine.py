@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import threading
 from typing import Iterator, Sequence
 
 import torch
@@ -14,7 +15,7 @@ from nmt.text import protect
 from nmt.model.checkpoint import load_for_inference, unwrap
 from nmt.config import DecodeConfig
 from nmt.device import avoid_cudnn_attention, resolve_torch_device
-from nmt.errors import UserError
+from nmt.errors import Cancelled, UserError
 from nmt.layout import source_tensors, target_tensors
 from nmt.search import NO_INPUTS, PLAIN_OPS, Cancel, Final, Hypothesis, SearchInputs, SearchOps, SearchOptions, search
 from nmt.search.joining import StepPool
@@ -118,8 +119,16 @@ class TorchEngine:
         """Per source its n-best hypotheses (`search`). On CPU a batch is searched in consecutive parts of at
         most `MAX_CPU_ROWS` decoder rows (sentences x beams), as efficient and with less memory; each
         sentence's search is independent, so the results are the same. cancel: checked at every step.
-        on_final(i, hypotheses): source i's as soon as they are final (`nmt.search.Final`)."""
+        on_final(i, hypotheses): source i's as soon as they are final (`nmt.search.Final`). A joined engine
+        whose steps run in parallel (`StepPool.parallel`, `nmt serve` on CPU) searches a batch of more rows than
+        a step joins in parts at once, each in its own thread (`_search_apart`), as many as the pool has room
+        for steps beside its searches (a long call alone uses every thread; under load the others do)."""
         step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // options.rows_per_sentence)
+        pool = self.ops.steps
+        free = 0 if pool is None or self.torch_device.type != "cpu" else pool.parallel - pool.members
+        if free > 1 and len(src_ids) > 1 and len(src_ids) * options.rows_per_sentence > pool.join_rows:
+            parts = min(len(src_ids), max(-(-len(src_ids) // step), free))
+            return self._search_apart(src_ids, options, inputs, cancel, on_final, parts, free)
         if len(src_ids) <= step:
             return self.search(src_ids, options, inputs, cancel, on_final)
         out: list[list[Hypothesis]] = []
@@ -127,6 +136,37 @@ class TorchEngine:
             part = slice(i, i + step)
             final = None if on_final is None else (lambda b, hyps, i=i: on_final(i + b, hyps))
             out += self.search(src_ids[part], options, inputs.take(part), cancel, final)
+        return out
+
+    def _search_apart(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs,
+                      cancel: Cancel | None, on_final: Final | None, parts: int, threads: int) -> list[list[Hypothesis]]:
+        """`search_batch` in `parts` searches, `threads` at a time, each in a thread of its own and so a member
+        of the step pool of its own: part j holds sentences j, j + parts, ... (a batch comes sorted by length:
+        the parts take about as many steps). When one part fails, the others stop at their next step and its
+        error is raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        failed = threading.Event()
+
+        def stop() -> bool:
+            return failed.is_set() or (cancel is not None and cancel())
+
+        def part(j: int) -> list[list[Hypothesis]]:
+            final = None if on_final is None else (lambda b, hyps: on_final(j + b * parts, hyps))
+            try:
+                return self.search(src_ids[j::parts], options, inputs.take(slice(j, None, parts)), stop, final)
+            except BaseException:
+                failed.set()
+                raise
+
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nmt-search") as executor:
+            futures = [executor.submit(part, j) for j in range(parts)]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:  # the first that is not another part's stop
+            raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
+        out: list[list[Hypothesis]] = [[] for _ in src_ids]
+        for j, future in enumerate(futures):
+            out[j::parts] = future.result()
         return out
 
     def search(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs = NO_INPUTS,
