@@ -229,7 +229,8 @@ class Translator:
         every output holds the target term of each entry whose source term is in its line (PyTorch engine;
         glossary_ignore_case for a list); every target term is checked first (`check_glossary`).
         on_line(i, result): lines[i]'s result as soon as it is final (its sentence done: before the call
-        returns, in any order, from the decoding thread), once per line; the list returned holds the same."""
+        returns, in any order, from a decoding thread: with several decode workers or parallel steps, from several
+        at once), once per line; the list returned holds the same."""
         lines = _texts(lines, "lines")
         glossary = _glossary(glossary, glossary_ignore_case)
         if glossary is not None:

@@ -321,13 +321,17 @@ def behind_long(server: ServerProcess, lines, ref, options, rounds: int = 5) -> 
 
 def poisson(args, lines, ref, options, extra) -> dict:
     """Section 5 of the module docstring."""
-    servers = {m: ServerProcess(args.checkpoint, "--scheduling", m, *extra) for m in ("step", "call")}
-    if args.eager:
-        servers["step-eager"] = ServerProcess(args.checkpoint, "--scheduling", "step", *extra,
-                                              env={"NMT_CUDA_GRAPHS": "0"})
+    if args.p95_target is not None and args.poisson != sorted(args.poisson):
+        raise SystemExit("--p95-target: give the --poisson rates in ascending order")
+    servers: dict[str, ServerProcess] = {}
     out: dict = {"rows": []}
     over: set[str] = set()  # (--p95-target) servers whose p95 passed the target at a lower rate
     try:
+        for mode in ("step", "call"):
+            servers[mode] = ServerProcess(args.checkpoint, "--scheduling", mode, *extra)
+        if args.eager:
+            servers["step-eager"] = ServerProcess(args.checkpoint, "--scheduling", "step", *extra,
+                                                  env={"NMT_CUDA_GRAPHS": "0"})
         for server in servers.values():
             load(server, 4, lines, ref, options, requests=8, max_lines=args.max_lines, seed=99)
         idle = [load(servers["step"], 1, lines, ref, options, requests=1, max_lines=1, seed=s)["p50_ms"] / 1000

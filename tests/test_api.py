@@ -347,12 +347,13 @@ def test_calls_made_while_another_is_mid_search_join_its_steps_and_give_what_the
 
 @pytest.mark.parametrize("options", [{"beam_size": 3, "nbest": 2}, {"sampling": "topk", "topk": 4, "nbest": 2, "seed": 5}],
                          ids=["beam", "sampling"])
-def test_a_call_of_more_rows_than_a_step_joins_is_searched_in_parts_at_once(ckpt, options):
+def test_a_call_of_more_rows_than_a_step_joins_is_searched_in_parts_at_once(ckpt, options, monkeypatch):
     """With parallel steps (`Translator.parallel_steps`, `nmt serve` on CPU), a call whose batch has more rows
     than a step joins (40 lines x 3 beams or 2 samples > 64 rows) is searched in two parts at once, each in its own
     thread and a member of the pool of its own: both are in the pool together (each waits at its 2nd step, at
     most 30 s, for the other), the results and on_line's lines are those of the call without parallel steps
-    (texts; scores to rounding), and when one part fails its error is the call's, not the other part's stop."""
+    (texts; scores to rounding) and on_line's come from the parts' threads; when one part fails its error is the
+    call's, not the other part's stop, and both leave the pool."""
     from nmt import Translator
 
     translator = Translator(ckpt, workers=1)
@@ -375,34 +376,47 @@ def test_a_call_of_more_rows_than_a_step_joins_is_searched_in_parts_at_once(ckpt
         return False
 
     got: dict = {}
-    results = translator.translate(src, cancel=at_step, on_line=lambda i, r: got.setdefault(i, []).append(r), **options)
+    threads: set[int] = set()
+
+    def on_line(i, result) -> None:
+        threads.add(threading.get_ident())
+        got.setdefault(i, []).append(result)
+
+    results = translator.translate(src, cancel=at_step, on_line=on_line, **options)
     assert [[h.text for h in r.hypotheses] for r in results] == [[h.text for h in r.hypotheses] for r in want]
     assert [h.score for r in results for h in r.hypotheses] == \
         pytest.approx([h.score for r in want for h in r.hypotheses], abs=1e-4)  # (other batches: rounding)
     assert len(calls) == 2 and max(seen) == 2
     assert sorted(got) == list(range(len(src))) and all(got[i] == [results[i]] for i in got)
-    search = translator._engine.search  # (joined() copies the engine with the search set here)
+    assert threading.get_ident() not in threads and threads <= set(calls)  # (as each part's sentences end)
+    search = TorchEngine.search
+    lengths = [len(ids) for ids in translator._engine.tokenizer.encode_src(src)]
+    first = lengths.index(max(lengths))  # the first line of the batch (longest first, then in input order)
     for in_first_part in (True, False):  # one part fails at its 4th step; the other is stopped at its 5th
         raised = threading.Event()
 
-        def failing(src_ids, options, inputs, cancel, on_final, in_first_part=in_first_part):
+        def failing(engine, src_ids, options, inputs, cancel, on_final, in_first_part=in_first_part):
             fails, steps = (first in inputs.keys) == in_first_part, []
 
             def stop() -> bool:
                 steps.append(1)
+                at_step()  # (at its 2nd step each part waits for the other to be in the pool)
                 if fails and len(steps) == 4:
                     raised.set()
                     raise RuntimeError("boom")
-                if not fails and len(steps) == 5:  # the other part stops at its next step: Cancelled
+                if not fails and len(steps) == 5:  # the other part: once it failed, stopped here (Cancelled)
                     raised.wait(30)
+                    deadline = time.monotonic() + 30
+                    while not cancel() and time.monotonic() < deadline:
+                        time.sleep(0.001)
                 return cancel()
-            return search(src_ids, options, inputs, stop, on_final)
+            return search(engine, src_ids, options, inputs, stop, on_final)
 
-        lengths = [len(ids) for ids in translator._engine.tokenizer.encode_src(src)]
-        first = lengths.index(max(lengths))  # the first line of the batch (longest first, then in input order)
-        translator._engine.search = failing
+        seen.clear()
+        calls.clear()
+        monkeypatch.setattr(TorchEngine, "search", failing)
         with pytest.raises(RuntimeError, match="boom"):
             translator.translate(src, **options)
-        del translator._engine.search
-    assert pool.members == 0
+        monkeypatch.undo()
+        assert max(seen) == 2 and pool.members == 0  # (both parts were in the pool, and left it)
     assert translator.parallel_steps(1) and translator.translate(src, **options) == want  # (the same batches)

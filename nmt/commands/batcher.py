@@ -373,7 +373,7 @@ class Batcher:
 
 
 def _line_handler(jobs: list[Job], loop: asyncio.AbstractEventLoop) -> Callable[[int, Any], None]:
-    """translate's on_line for a call over `jobs` (called from its thread, once per line): line i of the call
+    """translate's on_line for a call over `jobs` (called from its threads, once per line): line i of the call
     goes into its job's `ready` queue, and a job whose lines are all final gets its answer, in the event
     loop."""
     owner = [(job, k) for job in jobs for k in range(len(job.lines))]

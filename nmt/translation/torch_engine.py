@@ -122,13 +122,16 @@ class TorchEngine:
         on_final(i, hypotheses): source i's as soon as they are final (`nmt.search.Final`). A joined engine
         whose steps run in parallel (`StepPool.parallel`, `nmt serve` on CPU) searches a batch of more rows than
         a step joins in parts at once, each in its own thread (`_search_apart`), as many as the pool has room
-        for steps beside its searches (a long call alone uses every thread; under load the others do)."""
+        for steps beside its searches and each of more than half a joined step's rows (so that the parts do not
+        join each other): a long call alone uses the threads, under load the other calls do."""
         step = len(src_ids) if self.torch_device.type != "cpu" else max(1, MAX_CPU_ROWS // options.rows_per_sentence)
         pool = self.ops.steps
         free = 0 if pool is None or self.torch_device.type != "cpu" else pool.parallel - pool.members
-        if free > 1 and len(src_ids) > 1 and len(src_ids) * options.rows_per_sentence > pool.join_rows:
-            parts = min(len(src_ids), max(-(-len(src_ids) // step), free))
-            return self._search_apart(src_ids, options, inputs, cancel, on_final, parts, free)
+        if free > 1:  # parts of more than join_rows / 2 rows each: two of them never join one step
+            most = len(src_ids) // -(-(pool.join_rows // 2 + 1) // options.rows_per_sentence)
+            if most > 1:
+                parts = max(-(-len(src_ids) // step), min(free, most))
+                return self._search_apart(src_ids, options, inputs, cancel, on_final, parts, min(free, parts))
         if len(src_ids) <= step:
             return self.search(src_ids, options, inputs, cancel, on_final)
         out: list[list[Hypothesis]] = []
@@ -153,6 +156,8 @@ class TorchEngine:
 
         def part(j: int) -> list[list[Hypothesis]]:
             final = None if on_final is None else (lambda b, hyps: on_final(j + b * parts, hyps))
+            if failed.is_set():  # (a part still queued when another failed: not even encoded)
+                raise Cancelled()
             try:
                 return self.search(src_ids[j::parts], options, inputs.take(slice(j, None, parts)), stop, final)
             except BaseException:
