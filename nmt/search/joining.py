@@ -20,7 +20,7 @@ until the members it takes have asked for their step, at most `wait` seconds (a 
 that long is not waited for again until it asks); one of the waiting threads runs it for all. With
 `parallel` > 1 up to that many steps (of different members) run at once, each in one of its members' threads
 (`nmt serve` on CPU: as many as torch has threads, each computing on one, nmt/commands/serve.py; the engine
-then searches a call of more than `join_rows` rows in parts at once, TorchEngine.search_batch).
+then searches a long call in parts at once, each of more than join_rows / 2 rows, TorchEngine.search_batch).
 """
 
 from __future__ import annotations
