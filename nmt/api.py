@@ -270,7 +270,8 @@ class Translator:
         """Let up to `steps` joined decoding steps of this Translator's calls run at once, each in its own call's
         thread (nmt.search.joining's `StepPool`; `nmt serve`, whose threads compute on one of torch's CPU threads
         each); a long call is then searched in up to `steps` parts at once, each in a thread of its own and of
-        more than half a joined step's rows. False, and nothing changes, where its calls cannot join on CPU (CTranslate2, a GPU)."""
+        more than half a joined step's rows. False, and nothing changes, where its calls cannot join on CPU
+        (CTranslate2, a GPU)."""
         device = getattr(self._engine, "torch_device", None)
         if device is None or device.type != "cpu" or self._engine.joined() is None:
             return False

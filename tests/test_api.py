@@ -345,8 +345,8 @@ def test_calls_made_while_another_is_mid_search_join_its_steps_and_give_what_the
     assert translator._engine.steps.joined > 0 and translator._engine.steps.members == 0
 
 
-@pytest.mark.parametrize("options", [{"beam_size": 3, "nbest": 2}, {"sampling": "topk", "topk": 4, "nbest": 2, "seed": 5}],
-                         ids=["beam", "sampling"])
+@pytest.mark.parametrize("options", [{"beam_size": 3, "nbest": 2},
+                                     {"sampling": "topk", "topk": 4, "nbest": 2, "seed": 5}], ids=["beam", "sampling"])
 def test_a_call_of_more_rows_than_a_step_joins_is_searched_in_parts_at_once(ckpt, options, monkeypatch):
     """With parallel steps (`Translator.parallel_steps`, `nmt serve` on CPU), a call whose batch has more rows
     than a step joins (40 lines x 3 beams or 2 samples > 64 rows) is searched in two parts at once, each in its own

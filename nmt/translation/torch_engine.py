@@ -6,6 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Sequence
 
 import torch
@@ -128,7 +129,8 @@ class TorchEngine:
         pool = self.ops.steps
         free = 0 if pool is None or self.torch_device.type != "cpu" else pool.parallel - pool.members
         if free > 1:  # parts of more than join_rows / 2 rows each: two of them never join one step
-            most = len(src_ids) // -(-(pool.join_rows // 2 + 1) // options.rows_per_sentence)
+            sentences = -(-(pool.join_rows // 2 + 1) // options.rows_per_sentence)  # a part's least, rounded up
+            most = len(src_ids) // sentences
             if most > 1:
                 parts = max(-(-len(src_ids) // step), min(free, most))
                 return self._search_apart(src_ids, options, inputs, cancel, on_final, parts, min(free, parts))
@@ -142,13 +144,12 @@ class TorchEngine:
         return out
 
     def _search_apart(self, src_ids: Sequence[list[int]], options: SearchOptions, inputs: SearchInputs,
-                      cancel: Cancel | None, on_final: Final | None, parts: int, threads: int) -> list[list[Hypothesis]]:
+                      cancel: Cancel | None, on_final: Final | None, parts: int,
+                      threads: int) -> list[list[Hypothesis]]:
         """`search_batch` in `parts` searches, `threads` at a time, each in a thread of its own and so a member
         of the step pool of its own: part j holds sentences j, j + parts, ... (a batch comes sorted by length:
         the parts take about as many steps). When one part fails, the others stop at their next step and its
         error is raised."""
-        from concurrent.futures import ThreadPoolExecutor
-
         failed = threading.Event()
 
         def stop() -> bool:
@@ -166,7 +167,7 @@ class TorchEngine:
 
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="nmt-search") as executor:
             futures = [executor.submit(part, j) for j in range(parts)]
-        errors = [f.exception() for f in futures if f.exception() is not None]
+        errors = [e for e in (f.exception() for f in futures) if e is not None]
         if errors:  # the first that is not another part's stop
             raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
