@@ -29,7 +29,8 @@ What it does:
 6. Streamed answers (optional, `--stream N`, instead of 3-5): one streamed request of N consecutive test lines
    at a time, 5 times (different lines each time) after a warm-up: when its first line arrives, when its
    first N/4 lines have, and when the whole answer has, in ms from the request; every line checked. The
-   same script run with PYTHONPATH=OLD_CHECKOUT measures another version's server.
+   same script run with PYTHONPATH=OLD_CHECKOUT measures another version's server (its children get
+   PYTHONSAFEPATH, so that a run from a checkout's root does not import that checkout instead; Python 3.11+).
 
 Clients and servers share this machine's cores: the clients' own CPU time is part of the load.
 """
@@ -61,7 +62,7 @@ class ServerProcess:
     def __init__(self, checkpoint: str, *args: str, env: dict[str, str] | None = None):
         cmd = [sys.executable, "-m", "nmt", "serve", "-c", checkpoint, "--port", "0", *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env=None if env is None else {**os.environ, **env})
+                                     env=child_env(env or {}))
         first = self.proc.stderr.readline()
         match = re.search(r"http://([^/: ]+):(\d+)", first)
         if not match:
@@ -85,6 +86,16 @@ class ServerProcess:
         return self.proc.wait(timeout=120)
 
 
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a `python -m nmt` child. With PYTHONPATH set (another checkout's nmt), PYTHONSAFEPATH
+    keeps the working directory off the child's sys.path: `-m` would put it first, and a run from this checkout's
+    root would import this checkout's nmt, not PYTHONPATH's."""
+    env = {**os.environ, **extra}
+    if env.get("PYTHONPATH"):
+        env["PYTHONSAFEPATH"] = "1"
+    return env
+
+
 def decode_flags(options: dict) -> list[str]:
     flags = []
     for key, value in options.items():
@@ -100,7 +111,7 @@ def reference(checkpoint: str, lines: list[str], options: dict, workdir: str) ->
         f.write("".join(line + "\n" for line in lines))
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "nmt", "translate", "-c", checkpoint, "-i", src, "-o", out, "--quiet",
-                    *decode_flags(options)], check=True)
+                    *decode_flags(options)], check=True, env=child_env({}))
     seconds = time.perf_counter() - start
     with open(out, encoding="utf-8") as f:
         return f.read().split("\n")[:-1], seconds
