@@ -30,7 +30,8 @@ What it does:
    at a time, 5 times (different lines each time) after a warm-up: when its first line arrives, when its
    first N/4 lines have, and when the whole answer has, in ms from the request; every line checked. The
    same script run with PYTHONPATH=OLD_CHECKOUT measures another version's server (its children get
-   PYTHONSAFEPATH, so that a run from a checkout's root does not import that checkout instead; Python 3.11+).
+   PYTHONSAFEPATH and the working directory after PYTHONPATH, so that a run from a checkout's root does not
+   import that checkout instead; Python 3.11+).
 
 Clients and servers share this machine's cores: the clients' own CPU time is part of the load.
 """
@@ -88,11 +89,13 @@ class ServerProcess:
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
     """The environment of a `python -m nmt` child. With PYTHONPATH set (another checkout's nmt), PYTHONSAFEPATH
-    keeps the working directory off the child's sys.path: `-m` would put it first, and a run from this checkout's
-    root would import this checkout's nmt, not PYTHONPATH's."""
+    keeps `-m` from putting the working directory first on the child's sys.path, where a run from this checkout's
+    root would import this checkout's nmt, not PYTHONPATH's; the working directory goes after PYTHONPATH instead,
+    so a PYTHONPATH without nmt (extra packages only) still finds it there."""
     env = {**os.environ, **extra}
     if env.get("PYTHONPATH"):
         env["PYTHONSAFEPATH"] = "1"
+        env["PYTHONPATH"] += os.pathsep + os.getcwd()
     return env
 
 
