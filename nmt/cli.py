@@ -60,7 +60,9 @@ def _add_model_options(p: argparse.ArgumentParser, what: str) -> None:
                    "or a directory written by `nmt export`")
     p.add_argument("--model", metavar="DIR", help="CTranslate2 model directory written by `nmt export` (same as "
                    "--engine ctranslate2 --checkpoint DIR)")
-    p.add_argument("--engine", choices=("auto", "torch", "ctranslate2"), default="auto",
+    from nmt.translation.engine import ENGINES  # no torch at import
+
+    p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="inference engine (default auto: ctranslate2 for an exported directory, else torch)")
 
 

@@ -36,6 +36,7 @@ from nmt.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
 STDIN = "-"
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark: dropped from the start of a file
 
 # Every character str.splitlines() splits on, and NUL: never inside an output line.
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029\x00"
@@ -132,6 +133,8 @@ def iter_lines(path: str | None, stdin: IO[bytes] | None = None, *, strip: str |
                 except UnicodeDecodeError as e:
                     raise UserError(f"{name}: line {number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
                 if number == 1 and line.startswith("\ufeff"):
+                    if line == "\ufeff":  # a byte-order mark alone (no newline): an empty file
+                        return
                     line = line[1:]
                 yield line.strip(strip)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
@@ -196,15 +199,15 @@ def iter_chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
 def count_lines(path: str) -> int:
     """Number of lines `iter_lines` yields (a last line without "\\n" counts). It reads the file: a pipe
     has nothing left to read after it (`counted_lines`)."""
-    n, last = 0, b"\n"
+    n, last, head = 0, b"\n", b""
     try:
         with open_bytes(path) as f:
             while block := f.read(1 << 20):
                 n += block.count(b"\n")
-                last = block[-1:]
+                last, head = block[-1:], (head + block)[:4] if len(head) < 4 else head
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise UserError(f"{path}: corrupt or truncated gzip data ({_reason(e)})") from None
-    return n + (last != b"\n")
+    return n + (last != b"\n" and head != BOM)  # (a byte-order mark alone: no line, as `iter_lines`)
 
 
 # --------------------------------------------------------------------------- writing
@@ -250,17 +253,22 @@ def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
     `suffix`), with the file's mode (new: 0o666 & ~umask), and renamed over `path` (`os.replace`: a crash
     leaves the old file or the new one); on an error the temporary file is removed. fsync: data and
     directory entry are flushed (checkpoints). Devices, named pipes and paths under /dev or /proc (or
-    links into them) are written directly. A directory is a UserError; OSErrors name `path`."""
+    links into them) are written directly; a symbolic link is followed (its target is replaced, the link
+    stays). A directory is a UserError; OSErrors name `path`."""
     if os.path.exists(path) and (not os.path.isfile(path) or _special(path)):
         if os.path.isdir(path):
             raise UserError(f"output {path} is a directory")
         with open(path, "wb") as f:  # a device or a named pipe: nothing to replace atomically
             yield f
         return
+    given, path = path, _written_path(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=prefix if prefix is not None else f".{os.path.basename(path)}.",
-                               suffix=suffix, dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=prefix if prefix is not None else f".{os.path.basename(path)}.",
+                                   suffix=suffix, dir=directory)
+    except OSError as e:  # name what the user gave, not the temporary file
+        raise OSError(e.errno, e.strerror, given) from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -272,13 +280,19 @@ def atomic_file(path: str, *, fsync: bool = False, prefix: str | None = None,
         try:
             os.replace(tmp, path)
         except OSError as e:  # e.g. `-o missing/`: name what the user gave, not the temporary file
-            raise OSError(e.errno, e.strerror, path) from None
+            raise OSError(e.errno, e.strerror, given) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     if fsync:
         fsync_dir(directory)
+
+
+def _written_path(path: str) -> str:
+    """The file a write to `path` replaces: a symbolic link's target (followed as a shell's `>` does; a dangling
+    link's target is created), so the link stays and what it points to changes."""
+    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 def _special(path: str) -> bool:
@@ -423,6 +437,9 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None], *
     symlinks, hard links and the files behind the standard streams are caught; devices and pipes are
     written, never replaced) or as another output. Outputs in `output_dirs` are directories the command
     replaces (an export): they must neither be nor contain an input. Outputs in `new_files` must not exist."""
+    from_stdin = [option for option, path in inputs.items() if is_stdin(path)]
+    if len(from_stdin) > 1:
+        raise UserError(f"{' and '.join(from_stdin)} cannot both read standard input: give at least one of them a file")
     named: list[tuple[str, tuple[int, int]]] = []
     places: list[tuple[str, str]] = []  # (what, real path) of every input on disk
     for option, path in inputs.items():
@@ -477,6 +494,20 @@ def _check_output_file(option: str, path: str, *, new: bool) -> None:
     if new and os.path.lexists(path):
         raise UserError(f"{option} {path} already exists: refusing to overwrite it (remove it, or choose "
                         "another name)")
+    if not os.path.exists(path) or (os.path.isfile(path) and not _special(path)):
+        _check_writable(option, path)
+
+
+def _check_writable(option: str, path: str) -> None:
+    """UserError unless a file can be created in the directory `atomic_file` writes `path` from (its temporary
+    file), before any work: a denied or read-only directory fails now, not after a long run."""
+    directory = os.path.dirname(os.path.abspath(_written_path(path)))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".nmt-check-", dir=directory)
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot write into {directory} ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _check_output_dir(option: str, path: str, places: list[tuple[str, str]]) -> None:

@@ -596,6 +596,24 @@ def test_stdin_stdout_defaults_and_truncation(trained, tmp_path):
                                            engine="ctranslate2"), stdin=io.BytesIO(b"x\n"), stdout=io.BytesIO())
 
 
+def test_an_engine_given_the_wrong_kind_of_path_says_what_the_path_is(tmp_path):
+    """`--model CKPT.pt` said "CTranslate2 model directory not found" of a file that is there; `-c EMPTYDIR` advised
+    `--engine ctranslate2`, which then refused it too; `Translator(engine="foo")` ran the torch engine."""
+    from nmt.translation.engine import load_engine
+
+    checkpoint, export, empty = tmp_path / "best.pt", tmp_path / "export", tmp_path / "empty"
+    checkpoint.write_bytes(b"not read")
+    export.mkdir()
+    (export / "model.bin").write_bytes(b"not read")
+    empty.mkdir()
+    for path, kind, message in [(checkpoint, "ctranslate2", "is a file, not a CTranslate2 model directory"),
+                                (export, "torch", "is a CTranslate2 export, which the torch engine does not load"),
+                                (empty, "auto", "is a directory, neither a checkpoint file nor a CTranslate2 export"),
+                                (checkpoint, "foo", "engine must be one of auto, torch, ctranslate2, got 'foo'")]:
+        with pytest.raises(UserError, match=message):
+            load_engine(str(path), kind)
+
+
 @pytest.mark.slow
 def test_int8_export_is_smaller_and_as_good(trained, pairs, tmp_path):
     """int8 weights: a much smaller model.bin and about the same BLEU against the references

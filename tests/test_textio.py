@@ -371,3 +371,43 @@ def test_two_outputs_may_both_be_dev_null(tmp_path):
     textio.check_paths({"--input": inp}, {"--output": os.devnull, "--config": os.devnull})
     with pytest.raises(UserError, match="same file"):
         textio.check_paths({"--input": inp}, {"--output": str(tmp_path / "o"), "--config": str(tmp_path / "o")})
+
+
+def test_a_byte_order_mark_alone_is_an_empty_file(tmp_path):
+    """A file holding only UTF-8's byte-order mark counted 1 line (`translate` wrote one empty line for it, `score`
+    and `evaluate` called it 1 line against an empty file's 0); the mark is dropped, so it is empty."""
+    cases = {"bom": (b"\xef\xbb\xbf", []), "bom-newline": (b"\xef\xbb\xbf\n", [""]), "bom-text": (b"\xef\xbb\xbfab", ["ab"]),
+             "bom.gz": (gzip.compress(b"\xef\xbb\xbf"), [])}
+    for name, (data, lines) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        path = str(tmp_path / name)
+        assert (textio.read_lines(path), textio.count_lines(path)) == (lines, len(lines)), name
+
+
+def test_an_output_through_a_symlink_changes_its_target(tmp_path):
+    """A symbolic link is followed as a shell's `>` does: `tune --in-place` on a link to a checkpoint wrote a new
+    file in the link's place and left the checkpoint as it was. A dangling link's target is created."""
+    target, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    target.write_text("old\n")
+    link.symlink_to("real.txt")
+    textio.write_file(str(link), b"new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    (tmp_path / "dangling").symlink_to("made.txt")
+    textio.write_file(str(tmp_path / "dangling"), b"x\n")
+    assert (tmp_path / "made.txt").read_text() == "x\n" and sorted(os.listdir(tmp_path)) == [
+        "dangling", "link.txt", "made.txt", "real.txt"]
+
+
+def test_outputs_that_cannot_be_written_and_two_inputs_from_stdin_fail_before_any_work(tmp_path):
+    """`tune -o /sys/t.pt` failed after its whole search, naming its temporary file; `score --src - --tgt -` said
+    "line counts differ: 5 lines in - but 0 in -"."""
+    inp = write(tmp_path / "in.txt", ["a"])
+    with pytest.raises(UserError, match=r"^--output /proc/nmt-out\.txt: cannot write into /proc \("):
+        textio.check_paths({"--input": inp}, {"--output": "/proc/nmt-out.txt"})
+    with pytest.raises(OSError) as e, textio.atomic_file("/proc/nmt-out.txt"):
+        pass
+    assert e.value.filename == "/proc/nmt-out.txt"
+    with pytest.raises(UserError, match="^--src and --tgt cannot both read standard input"):
+        textio.check_paths({"--src": "-", "--tgt": None, "--checkpoint": inp}, {})
+    textio.check_paths({"--src": "-", "--checkpoint": inp}, {"--output": str(tmp_path / "out.txt")})
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]  # (the check's probe file is gone)

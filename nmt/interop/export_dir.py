@@ -48,6 +48,9 @@ def vocabularies(tokenizer) -> tuple[list[str], list[str]]:
 def read_metadata(model_dir: str) -> dict[str, Any]:
     """nmt's metadata of an exported directory; UserError if it is not one."""
     path = os.path.join(model_dir, METADATA_FILE)
+    if os.path.isfile(model_dir):
+        raise UserError(f"{model_dir} is a file, not a CTranslate2 model directory (a checkpoint file loads with "
+                        "engine torch or auto)")
     if not os.path.isdir(model_dir):
         raise UserError(f"CTranslate2 model directory not found: {model_dir}")
     if not os.path.isfile(os.path.join(model_dir, "model.bin")):

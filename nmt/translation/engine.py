@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, ContextManager, Protocol, Sequence
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
 
+ENGINES = ("auto", "torch", "ctranslate2")  # `load_engine`'s kinds: auto picks torch or ctranslate2 by the path
+
 if TYPE_CHECKING:  # (no torch at import)
     from nmt.search.options import Cancel, Final, SearchInputs, SearchOptions
 
@@ -87,14 +89,20 @@ def load_engine(path: str, kind: str = "auto", device: str = "auto", *, workers:
     (ctranslate2). kind "auto" picks by what `path` is. `workers` (CTranslate2: replicas,
     fixed when the model is loaded; None = the export's decode.workers). `precision`: decode.precision,
     fixed when the model loads (None = the model's own decode.precision)."""
+    if kind not in ENGINES:
+        raise UserError(f"engine must be one of {', '.join(ENGINES)}, got {kind!r}")
+    export = os.path.isdir(path) and os.path.isfile(os.path.join(path, "model.bin"))
     if kind == "auto":
-        kind = "ctranslate2" if os.path.isdir(path) and os.path.isfile(os.path.join(path, "model.bin")) else "torch"
+        kind = "ctranslate2" if export else "torch"
     if kind == "ctranslate2":
         from nmt.translation.ct2 import Ct2Engine  # the optional package is needed only here
 
         return Ct2Engine(path, device, workers=workers, precision=precision)
+    if export:
+        raise UserError(f"{path} is a CTranslate2 export, which the {kind} engine does not load (engine ctranslate2 "
+                        "or auto does)")
     if os.path.isdir(path):
-        raise UserError(f"{path} is a directory, not a checkpoint file (a CTranslate2 export needs --engine ctranslate2)")
+        raise UserError(f"{path} is a directory, neither a checkpoint file nor a CTranslate2 export (no model.bin)")
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path}")
     from nmt.translation.torch_engine import TorchEngine
