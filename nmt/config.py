@@ -234,6 +234,10 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_nee
 def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training: bool = True,
                      resume: bool = False) -> None:
     d, m, t, dec = cfg.data, cfg.model, cfg.train, cfg.decode
+    name = os.path.normpath(cfg.name) if cfg.name else ""
+    if training and (os.path.isabs(cfg.name) or name in ("", ".", "..") or name.startswith(".." + os.sep)):
+        errors.append(f"invalid value for 'name': {cfg.name!r} (the run directory output_dir/name must be inside "
+                      "output_dir: give a directory name)")
     if m.d_model % m.n_heads:
         errors.append(f"invalid value for 'model.n_heads': {m.n_heads} (must divide model.d_model={m.d_model})")
     elif m.positions != "learned" and m.d_model % 2:
@@ -459,6 +463,19 @@ class _NoAliasLoader(yaml.SafeLoader):
                               "supported in configs (write the values out, or use --set)")
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        """A key given twice in one mapping is an error (YAML would keep the last: a second `train:` section
+        silently replaced the whole first one)."""
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1} (a key may be "
+                                      "given once in each mapping)")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
 
 def _load_yaml(stream: Any) -> Any:
     return yaml.load(stream, Loader=_NoAliasLoader)
@@ -621,11 +638,22 @@ def dump_config(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str) -> None:
-    """Write `dump_config(cfg)` to `path` (atomically: nmt/textio.py `atomic_file`)."""
+    """Write `dump_config(cfg)` to `path` (atomically: nmt/textio.py `atomic_file`), unless the file there
+    already holds these settings (`same_settings`: a config written by hand, with its comments, stays)."""
     from nmt.textio import atomic_file
 
+    if same_settings(path, cfg):
+        return
     with atomic_file(path) as f:
         f.write(dump_config(cfg).encode("utf-8"))
+
+
+def same_settings(path: str, cfg: Config) -> bool:
+    """Whether the config file `path` exists and loads (without checking its data files) to `cfg`'s settings."""
+    try:
+        return os.path.isfile(path) and to_dict(load_config(path, check_files=False)) == to_dict(cfg)
+    except (ConfigError, OSError):
+        return False
 
 
 def replace(cfg: Any, **changes: Any) -> Any:

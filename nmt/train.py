@@ -208,12 +208,19 @@ def _build_model(cfg: Config, tokenizer: TokenizerLike, device: torch.device) ->
     return model
 
 
-def _check_same_model(saved_model: dict, cfg: Config, path: str) -> None:
+def _check_same_model(saved_model: dict, cfg: Config, path: str, saved_data: dict | None = None) -> None:
+    """UserError when `cfg`'s model or tokenizer settings (`saved_data`: the checkpoint's data section) are
+    not the checkpoint's: a resumed run keeps both."""
     new = to_dict(cfg.model)
     diff = [k for k in new if saved_model.get(k) != new[k]]
     if diff:  # values shown: a default that changed since the run started (model.positions) is set back by hand
         shown = ", ".join(f"model.{k}: {saved_model.get(k)!r} in the checkpoint, {new[k]!r} now" for k in diff)
         raise UserError(f"cannot resume from {path}: the model config changed ({shown})")
+    saved_tok, new_tok = (saved_data or {}).get("tokenizer") or {}, to_dict(cfg.data.tokenizer)
+    diff = [k for k in new_tok if k != "threads" and k in saved_tok and saved_tok[k] != new_tok[k]]
+    if diff:  # (the run goes on with its checkpoint's tokenizer, which these settings would no longer describe)
+        shown = ", ".join(f"data.tokenizer.{k}: {saved_tok[k]!r} in the checkpoint, {new_tok[k]!r} now" for k in diff)
+        raise UserError(f"cannot resume from {path}: the tokenizer config changed ({shown})")
 
 
 def _prepare_data(cfg: Config, run_dir: str, saved: ckpt.ModelRecord | None, log: RunLogger, env: DistEnv,
@@ -229,7 +236,7 @@ def _prepare_data(cfg: Config, run_dir: str, saved: ckpt.ModelRecord | None, log
             log.info(f"new run in {run_dir}, fine-tuning {cfg.train.init_from} (step {source.step}; "
                      f"fresh: {', '.join(cfg.train.init_reset) or 'nothing'})")
         elif saved is not None:
-            _check_same_model(saved.config.get("model", {}), cfg, run_dir)
+            _check_same_model(saved.config.get("model", {}), cfg, run_dir, saved.config.get("data"))
             if saved.config.get("data") != to_dict(cfg.data) or saved.config.get("seed") != cfg.seed:
                 log.info("warning: data settings or seed changed since the checkpoint: the data order will not "
                          "continue exactly")

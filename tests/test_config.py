@@ -456,3 +456,46 @@ def test_batch_shape_keys_are_checked(tmp_path, data, message):
     assert message in err
     raw["data"].update(length_buckets=[16, 42], same_source_length=False, collate="device")
     config_from_dict(raw)
+
+
+def test_a_key_given_twice_and_a_run_name_outside_output_dir_are_refused(tmp_path):
+    """An appended `train: {lr: ...}` replaced the whole first train section (max_steps 30 became 0, no limit);
+    `--set name=..` made the run directory output_dir's parent, `name: /tmp/x` one outside it."""
+    raw = tiny_config_dict(str(tmp_path))
+    path = tmp_path / "dup.yaml"
+    path.write_text(yaml.safe_dump(raw) + "train: {lr: 0.0005}\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'train' at line \d+"):
+        load_config(str(path))
+    path.write_text(yaml.safe_dump(raw).replace("model:\n", "model:\n  layers: 1\n  layers: 2\n", 1))
+    with pytest.raises(ConfigError, match="duplicate key 'layers'"):
+        load_config(str(path))
+    for name, ok in [("..", False), (".", False), ("/tmp/x", False), ("a/../..", False), ("", False),
+                     ("run-1", True), ("de-en/base", True)]:
+        errors = [] if ok else config_errors({**raw, "name": name}, check_files=False)
+        assert ok or any("invalid value for 'name'" in e for e in errors), name
+        if ok:
+            config_from_dict({**raw, "name": name}, check_files=False)
+    config_from_dict({**raw, "name": ".."}, check_files=False, training=False)  # a checkpoint's config still loads
+
+
+def test_the_runs_own_config_is_never_rewritten_from_under_its_user(tmp_path):
+    """A hand-written output_dir/name/config.yaml given as --config lost its comments, and --set values were written
+    into it: the run's config.yaml is rewritten only when its settings change, and --set over it is refused."""
+    from nmt.config import same_settings, save_config
+
+    raw = tiny_config_dict(str(tmp_path))
+    run_dir = tmp_path / "runs" / "own"
+    run_dir.mkdir(parents=True)
+    own = run_dir / "config.yaml"
+    text = "# my notes\n" + yaml.safe_dump({**raw, "name": "own", "output_dir": str(tmp_path / "runs")})
+    own.write_text(text)
+    cfg = load_config(str(own))
+    assert same_settings(str(own), cfg)
+    save_config(cfg, str(own))
+    assert own.read_text() == text
+    one_line_error(run_nmt("train", "--config", str(own), "--set", "train.max_steps=400", "--check"), 2,
+                   "is the run's own config.yaml", "copy it out of the run directory")
+    assert own.read_text() == text and run_nmt("train", "--config", str(own), "--check").returncode == 0
+    changed = load_config(str(own), ["train.max_steps=400"])
+    save_config(changed, str(tmp_path / "other.yaml"))  # any other file: written as resolved
+    assert (tmp_path / "other.yaml").read_text() == dump_config(changed) and not same_settings(str(own), changed)

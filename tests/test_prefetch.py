@@ -94,3 +94,17 @@ def test_training_with_bucketed_or_unmasked_batches_runs_its_steps(tmp_path, dat
     for k in a["model"]:
         assert torch.isfinite(a["model"][k]).all() and torch.equal(a["model"][k], b["model"][k]), k
     assert any(not torch.equal(a["model"][k], default["model"][k]) for k in a["model"])
+
+
+def test_the_generator_never_joins_the_thread_only_close_does(monkeypatch):
+    """A second Ctrl-C during the join in the generator's `finally` (run by the garbage collector when the loop
+    returned) printed "Exception ignored ... KeyboardInterrupt" and was swallowed: the join is close()'s, in the
+    consumer's frame, where a KeyboardInterrupt propagates."""
+    joins = []
+    with Prefetcher(lambda i: i, range(100), depth=2) as prepared:
+        monkeypatch.setattr(prepared._thread, "join", lambda timeout=None: joins.append(timeout))
+        items = iter(prepared)
+        assert next(items) == 0
+        items.close()  # (what the garbage collector does to the loop's iterator)
+        assert joins == [] and prepared._stop.is_set()
+    assert joins == [10]

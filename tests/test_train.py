@@ -643,3 +643,45 @@ def test_a_run_stopped_before_validating_says_so_not_nan(tmp_path):
     last = err.strip().splitlines()[-1]
     assert last.startswith("stopped at step") and "signal SIGINT" in last
     assert "nan" not in last, last
+
+
+def test_a_run_directory_through_a_device_or_pipe_fails_and_a_changed_tokenizer_is_not_resumed(tmp_path):
+    """`output_dir: /dev/null` spun forever looking for the file in the way (dirname('/') is '/'); a FIFO was
+    called "a file". `--resume --set data.tokenizer.vocab_size=200` on a 300-piece run wrote 200 into the run's
+    config and checkpoints."""
+    from nmt.config import to_dict
+    from nmt.train import _check_same_model
+
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    for parent, blocker in [(os.devnull, os.devnull), (str(fifo), str(fifo))]:
+        with pytest.raises(UserError, match=f"cannot create the run directory {parent}/run: {blocker} is not a directory"):
+            rundir.create(os.path.join(parent, "run"))
+    cfg = config_from_dict(tiny_config_dict(str(tmp_path)))
+    saved = to_dict(cfg)
+    _check_same_model(saved["model"], cfg, "runs/x", saved["data"])
+    _check_same_model(saved["model"], cfg, "runs/x", {"tokenizer": {**saved["data"]["tokenizer"], "threads": 7}})
+    _check_same_model(saved["model"], cfg, "runs/x", {"tokenizer": {}})  # (a run from before a key existed)
+    vocab = cfg.data.tokenizer.vocab_size
+    with pytest.raises(UserError, match=rf"the tokenizer config changed \(data.tokenizer.vocab_size: {vocab + 1} in "
+                                        rf"the checkpoint, {vocab} now\)"):
+        _check_same_model(saved["model"], cfg, "runs/x", {"tokenizer": {**saved["data"]["tokenizer"], "vocab_size": vocab + 1}})
+
+
+def test_a_closed_stderr_does_not_stop_the_run(tmp_path, monkeypatch):
+    """`nmt train 2>&1 | head -1` ended the run with no checkpoint and exit 0: messages now go to train.log only."""
+    import io
+
+    from nmt.training.logging_utils import RunLogger
+
+    class Closed(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    log = RunLogger(str(tmp_path), quiet=True)
+    monkeypatch.setattr(sys, "stderr", Closed())
+    log.info("one")
+    log.info("two")
+    log.close()
+    lines = [line.split(" ", 2)[2] for line in (tmp_path / "train.log").read_text().splitlines()]
+    assert lines == ["one", "stderr closed: messages go to train.log only", "two"]

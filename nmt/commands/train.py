@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
-from nmt.config import dump_config, load_config
+from nmt.config import dump_config, load_config, same_settings
+from nmt.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,10 @@ def train_command(opts: TrainOptions) -> int:
     """`nmt train --config YAML [--set KEY=VALUE ...]`. Returns 0, or 128 + the signal that stopped the run
     (SIGINT / SIGTERM, after latest.pt was saved: the shell's convention)."""
     cfg = load_config(opts.config, list(opts.overrides), resume=opts.resume)  # --resume ignores train.init_from
+    own = os.path.join(cfg.run_dir, "config.yaml")  # (the run writes its settings there: nmt/train.py)
+    if os.path.isfile(own) and os.path.samefile(opts.config, own) and not same_settings(own, cfg):
+        raise UserError(f"--config {opts.config} is the run's own config.yaml, which the run would rewrite with the "
+                        "--set values: copy it out of the run directory and train from the copy")
     if opts.check:
         sys.stdout.write(dump_config(cfg))
         return 0

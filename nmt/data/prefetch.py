@@ -67,8 +67,8 @@ class Prefetcher(Generic[T, R]):
                 if value is _DONE:
                     return
                 yield value
-        finally:
-            self.close()
+        finally:  # (the thread ends after its item; close() joins it, from the consumer: a join in here, in a
+            self._stop.set()  # generator the garbage collector closes, would swallow a second Ctrl-C)
 
     def close(self) -> None:
         """Stop preparing (the thread ends after the item it is making)."""

@@ -24,6 +24,7 @@ class RunLogger:
         self.enabled, self.quiet = enabled, quiet
         self.bar: tqdm | None = None
         self._file = self._writer = None
+        self._console = True  # messages also go to stderr (until it is closed)
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
@@ -37,10 +38,16 @@ class RunLogger:
         if not self.enabled:
             return
         self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
-        if self.bar is not None:
-            self.bar.write(msg, file=sys.stderr)
-        else:
-            print(msg, file=sys.stderr, flush=True)
+        if not self._console:
+            return
+        try:
+            if self.bar is not None:
+                self.bar.write(msg, file=sys.stderr)
+            else:
+                print(msg, file=sys.stderr, flush=True)
+        except (BrokenPipeError, ValueError):  # (`... 2>&1 | head`: the run goes on, logging to train.log only)
+            self._console = False
+            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} stderr closed: messages go to train.log only\n")
 
     __call__ = info  # a RunLogger is also a `log(msg)` callable
 

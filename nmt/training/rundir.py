@@ -29,11 +29,15 @@ def create(run_dir: str) -> str:
     try:
         os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = run_dir
-        while blocker and not os.path.isfile(blocker):
+        blocker = run_dir  # (the nearest path on the way that exists and is not a directory)
+        while not (os.path.lexists(blocker) and not os.path.isdir(blocker)) and os.path.dirname(blocker) != blocker:
             blocker = os.path.dirname(blocker)
-        raise UserError(f"cannot create the run directory {run_dir}: {blocker or run_dir} is a file "
-                        "(check output_dir and name)") from None
+        what = "a file" if os.path.isfile(blocker) else "not a directory"
+        raise UserError(f"cannot create the run directory {run_dir}: {blocker} is {what} (check output_dir and "
+                        "name)") from None
+    except OSError as e:
+        raise UserError(f"cannot create the run directory {run_dir}: {e.strerror} (check output_dir and "
+                        "name)") from None
     return run_dir
 
 
