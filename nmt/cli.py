@@ -203,7 +203,8 @@ def _average_parser(sub) -> None:
                        description="Average model parameters over checkpoints of the same run (as fairseq and Marian do); "
                        "the result is a checkpoint that translate and evaluate accept.")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints to average")
-    p.add_argument("--output", "-o", required=True, metavar="FILE", help="where to write the averaged checkpoint")
+    p.add_argument("--output", "-o", required=True, metavar="FILE", help="where to write the averaged checkpoint (an existing file is "
+                   "replaced, once the new one is complete)")
 
 
 def _import_parser(sub) -> None:
@@ -212,7 +213,8 @@ def _import_parser(sub) -> None:
                        "a local directory (config.json, weights, tokenizer files) or a hub id, downloaded with "
                        "huggingface_hub. translate, evaluate, score, average, export and train.init_from take the result.")
     p.add_argument("source", metavar="SRC", help="model directory or hub id, e.g. Helsinki-NLP/opus-mt-es-en")
-    p.add_argument("--output", "-o", required=True, metavar="OUT.pt", help="the checkpoint to write")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.pt", help="the checkpoint to write (an existing file "
+                   "is replaced, once the new one is complete)")
     p.add_argument("--src-lang", metavar="L", help="source language (M2M100/NLLB: its language code, e.g. es or "
                    "spa_Latn; default: tokenizer_config.json's)")
     p.add_argument("--tgt-lang", metavar="L", help="target language (M2M100/NLLB: the default of translate's "

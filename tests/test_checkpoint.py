@@ -280,3 +280,24 @@ def test_weights_that_are_not_finite_are_a_one_line_error_at_load(tmp_path, caps
         assert f"checkpoint {bad}: weights that are not finite (NaN or infinite) in " \
                "decoder.layers.0.ffn.fc2.weight" in err, err
         assert not out.exists()
+
+
+def test_weights_that_do_not_fit_the_model_are_named(tmp_path):
+    """The message stopped at "Error(s) in loading state_dict for Transformer:": the key missing, unexpected or
+    of the wrong shape is named, on one line."""
+    from helpers import make_tiny_checkpoint
+
+    state = ckpt.load_checkpoint(make_tiny_checkpoint(str(tmp_path / "good.pt")))
+    weight = state["model"].pop("src_embed.weight")
+    state["model"]["extra.weight"] = torch.zeros(1)
+    for name, expected in [("missing.pt", ['Missing key(s) in state_dict: "src_embed.weight"',
+                                           'Unexpected key(s) in state_dict: "extra.weight"']),
+                           ("shape.pt", ["size mismatch for src_embed.weight: copying a param with shape"])]:
+        if name == "shape.pt":
+            state["model"].pop("extra.weight")
+            state["model"]["src_embed.weight"] = weight[:3]
+        save_checkpoint(state, str(tmp_path / name))
+        with pytest.raises(UserError) as e:
+            ckpt.load_for_inference(str(tmp_path / name))
+        message = str(e.value)
+        assert "\n" not in message and all(part in message for part in expected), message

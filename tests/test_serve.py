@@ -13,6 +13,7 @@ SIGTERM draining, and the batcher's grouping and cancelling on its own (no HTTP)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -1269,3 +1270,33 @@ def test_the_page_is_served_and_calls_only_routes_the_server_has():
     assert {path for path, _ in fetched} == {"/health", "/translate"}
     for path, method in fetched:
         assert path in routes and (method or "GET") in routes[path], (path, method, routes)
+
+
+def test_closing_waits_for_a_call_that_does_not_stop_at_most_its_wait():
+    """A CTranslate2 call stops only before its next batch: a call of timed-out requests kept a stopping server
+    (and then the interpreter's exit) waiting for minutes; `close(wait)` says it still runs, and `nmt serve`
+    exits without it (serve_command)."""
+    release, started = threading.Event(), threading.Event()
+
+    def translate(lines, prefixes, numbers, decode, cancel, on_line=None):
+        started.set()
+        release.wait(30)  # (never looks at `cancel`)
+        return list(lines)
+
+    async def scenario():
+        batcher = Batcher(translate, Settings())
+        loop = asyncio.get_running_loop()
+        job = _job(loop, ["a"], DecodeConfig())
+        batcher.submit(job)
+        task = loop.create_task(batcher.run())
+        await loop.run_in_executor(None, started.wait, 5)
+        job.future.cancel()  # its time limit passed
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return batcher
+
+    batcher = asyncio.run(scenario())
+    assert batcher.close(wait=0.2) is False
+    release.set()
+    assert batcher.close(wait=5) is True

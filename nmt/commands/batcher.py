@@ -156,6 +156,8 @@ class Batcher:
         self.last_call = 0.0  # seconds the previous translate call took
         workers = 1 if settings.scheduling == "call" else 256  # (step: more calls wait for a thread)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nmt-serve")
+        self._busy = 0  # calls running in worker threads (`_in_thread`)
+        self._idle = threading.Condition()
 
     @property
     def queued(self) -> int:
@@ -208,12 +210,27 @@ class Batcher:
             for task in list(self._tasks):
                 task.cancel()
 
-    def close(self) -> None:
-        """Stop the running calls (if any) at their next step and wait for them; no call starts afterwards."""
+    def close(self, wait: float | None = None) -> bool:
+        """Stop the running calls (if any) at their next step and wait for them, at most `wait` seconds (None: as
+        long as they take); no call starts afterwards. Whether none still runs (a CTranslate2 call stops only
+        before its next batch)."""
         self._closed = True  # (the run task is cancelled first: calls may still run in worker threads)
         for stop in list(self._running.values()):
             stop.set()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout=wait)
+
+    def _in_thread(self, call: Callable[[], Any]) -> Any:
+        """Run `call` in a worker thread, counted in `_busy` (what `close` waits for)."""
+        with self._idle:
+            self._busy += 1
+        try:
+            return call()
+        finally:
+            with self._idle:
+                self._busy -= 1
+                self._idle.notify_all()
 
     def _next(self, lane: int | None) -> Job | None:
         """The queued job that may start now, if any. "call": the oldest. "step": the oldest of `lane` (None:
@@ -355,7 +372,7 @@ class Batcher:
             streamed = {"on_line": _line_handler(jobs, loop)} if early else {}
             call = functools.partial(self._translate, lines, prefixes, numbers, jobs[0].decode,
                                      lambda: self._closed or stop.is_set(), *glossary, **streamed)
-            return await loop.run_in_executor(self._executor, call)
+            return await loop.run_in_executor(self._executor, self._in_thread, call)
         finally:
             for job in jobs:
                 self._running.pop(job, None)

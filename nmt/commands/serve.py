@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 from nmt.api import Translator
 from nmt.commands.batcher import Settings
-from nmt.commands.serve_app import Service, allowed_hosts, build_app
+from nmt.commands.serve_app import CLOSE_WAIT, Service, allowed_hosts, build_app
 from nmt.commands.serve_request import over_limits
 from nmt.errors import UserError
 
@@ -76,6 +76,7 @@ def _server_class(uvicorn):
             super().__init__(config)
             self.service = service
             self.signals: list[int] = []
+            self.closing = False  # the drain is over: the app closes (its running calls stop, CLOSE_WAIT)
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -91,6 +92,9 @@ def _server_class(uvicorn):
 
         def handle_exit(self, sig, frame):
             self.signals.append(sig)
+            if self.service.draining and self.closing:  # a second signal while the app closes: end here
+                print(f"nmt serve: stopped ({signal.Signals(sig).name} twice)", file=sys.stderr, flush=True)
+                os._exit(128 + sig)
             if self.service.draining:  # the second signal: stop now
                 self.should_exit = self.force_exit = True
                 return
@@ -100,6 +104,7 @@ def _server_class(uvicorn):
 
         async def shutdown(self, sockets=None) -> None:
             if not self.force_exit:
+                self.closing = True
                 await super().shutdown(sockets)
                 return
             # the second signal: the requests in progress are answered (503, JSON), the connections closed, and
@@ -237,5 +242,9 @@ def serve_command(opts: ServeOptions) -> int:
     with _one_thread_each(translator, settings.scheduling == "step"):
         server.run(sockets=[sock])  # (a second signal ends the process in it: DrainingServer.shutdown)
     sock.close()
+    if service.left_running:  # the interpreter's exit would wait for that call, answered to nobody
+        print(f"nmt serve: stopped (a call of abandoned requests still ran after {CLOSE_WAIT:g} s: not waited for)",
+              file=sys.stderr, flush=True)
+        os._exit(0)
     print("nmt serve: stopped", file=sys.stderr, flush=True)
     return 0

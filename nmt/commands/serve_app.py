@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import json
 import traceback
@@ -22,6 +23,7 @@ RETRY_AFTER = "1"  # seconds, with 503 for a full queue
 CLIENT_GONE = 499  # the status counted for a request whose client went away (nginx's; nobody reads it)
 ANY_ADDRESS = ("0.0.0.0", "::", "")  # --host values that listen on every interface (any Host header)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # the names of this machine, for a loopback --host
+CLOSE_WAIT = 5.0  # seconds a stopping server waits for the running calls (of requests nobody waits for any more)
 
 
 class ClientGone(Exception):
@@ -32,7 +34,8 @@ class Service:
     """What the app serves: the translator, the settings, the batcher (made when the event loop runs),
     whether it shuts down (`draining`; `stopping` wakes the requests still sending their body; `stopped`,
     a second signal, answers the waiting ones 503), `in_flight`, the requests the drain waits for (a
-    stream until its end), and the metrics of GET /metrics (nmt/commands/serve_metrics.py)."""
+    stream until its end), `left_running` (a call still running after CLOSE_WAIT when the app stopped), and the
+    metrics of GET /metrics (nmt/commands/serve_metrics.py)."""
 
     def __init__(self, translator, settings: Settings, name: str):
         self.translator, self.settings, self.name = translator, settings, name
@@ -41,6 +44,7 @@ class Service:
         self.stopping = asyncio.Event()
         self.stopped = asyncio.Event()
         self.in_flight = 0
+        self.left_running = False
         self.metrics = Metrics(lambda: self.batcher.queued if self.batcher else 0, settings.batch_lines,
                                translator.step_counts)
 
@@ -65,7 +69,9 @@ class Service:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
+            closed = functools.partial(self.batcher.close, CLOSE_WAIT)
+            if not await asyncio.get_running_loop().run_in_executor(None, closed):
+                self.left_running = True  # (a call of requests nobody waits for: serve_command exits without it)
 
     def health(self) -> dict:
         stats = vars(self.batcher.stats) if self.batcher else {}

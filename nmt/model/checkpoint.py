@@ -259,9 +259,16 @@ def build_model_from_checkpoint(rec: ModelRecord, path: str) -> tuple[nn.Module,
         model = Transformer(cfg.model, rec.vocab["src"], rec.vocab["tgt"], tokenizer.specials.pad)
         model.load_state_dict(rec.model)
     except (KeyError, ConfigError, RuntimeError, ValueError) as e:
+        detail = _shortened(str(e).removeprefix(f"Error(s) in loading state_dict for {Transformer.__name__}:"))
         raise UserError(f"checkpoint {path} is incomplete or does not match its config: "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                        f"{detail or type(e).__name__}") from None
     return model, tokenizer, cfg
+
+
+def _shortened(text: str, limit: int = 300) -> str:
+    """`text` on one line, cut to `limit` characters (load_state_dict lists every key it misses)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_for_inference(path: str, device: str | torch.device = "cpu") -> tuple[nn.Module, Any, Any]:
