@@ -484,6 +484,9 @@ def test_a_killed_first_save_does_not_leave_the_run_stuck(tmp_path):
     checkpoint, a fresh start works and removes it."""
     raw = tiny_config_dict(str(tmp_path), max_steps=2, warmup_steps=1, valid_every=1000, valid_bleu=False, metric="loss")
     cfg = config_from_dict(raw)
+    with pytest.raises(UserError, match="cannot resume: .* does not exist .*start without --resume"):
+        train(cfg, resume=True, quiet=True)  # (a mistyped name made runs/NAME/.lock and checkpoints/)
+    assert not os.path.exists(cfg.run_dir)
     d = os.path.join(cfg.run_dir, "checkpoints")
     os.makedirs(d)
     for name in (".tmp-abc123.pt.tmp", ".tmp-xyz.pt", ".tmp-link-77-best.pt.tmp"):  # old and new temp names

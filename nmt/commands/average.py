@@ -27,5 +27,5 @@ def average_command(opts: AverageOptions) -> int:
     textio.check_paths({f"checkpoint {i + 1}": p for i, p in enumerate(checkpoints)}, {"--output": output})
     average_checkpoints(list(checkpoints), output)
     if not opts.quiet:
-        print(f"averaged {len(checkpoints)} checkpoints into {output}", file=sys.stderr)
+        print(f"averaged {len(checkpoints)} checkpoint{'s' if len(checkpoints) > 1 else ''} into {output}", file=sys.stderr)
     return 0
