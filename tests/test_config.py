@@ -478,6 +478,7 @@ def test_a_key_given_twice_and_a_run_name_outside_output_dir_are_refused(tmp_pat
     config_from_dict({**raw, "name": ".."}, check_files=False, training=False)  # a checkpoint's config still loads
 
 
+@pytest.mark.slow
 def test_the_runs_own_config_is_never_rewritten_from_under_its_user(tmp_path):
     """A hand-written output_dir/name/config.yaml given as --config lost its comments, and --set values were written
     into it: the run's config.yaml is rewritten only when its settings change, and --set over it is refused."""
