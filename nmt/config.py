@@ -219,16 +219,21 @@ def _check_decode(dec: DecodeConfig, prefix: str, errors: list[str], pattern_nee
     if dec.protect_pattern is not None:
         import re
 
-        try:
-            if re.compile(dec.protect_pattern).match(""):
+        try:  # (compiled as nmt/text/protect.py joins it: a global flag such as (?i) must be scoped, (?i:...))
+            compiled = re.compile(f"(?:{dec.protect_pattern})")
+            if any(m.start() == m.end() for m in compiled.finditer(PROTECT_PROBE)):
                 errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (it matches the "
                               "empty string)")
             elif pattern_needs_protect and not dec.protect:
                 errors.append(f"'{prefix}.protect_pattern' (--protect-pattern) is set but '{prefix}.protect' (--protect) "
                               "is false: the pattern adds spans to protect, so alone it does nothing")
         except re.error as e:
+            hint = ": write a flag as a group, e.g. (?i:word)" if "global flags" in str(e) else ""
             errors.append(f"invalid value for '{prefix}.protect_pattern': {dec.protect_pattern!r} (not a regular "
-                          f"expression: {e})")
+                          f"expression: {e}{hint})")
+
+
+PROTECT_PROBE = "Ab 12, %s {0} <b>x</b>. — ¿Sí?\tÉ_z"  # a protect_pattern may match no empty span in it
 
 
 def _check_semantics(cfg: Config, errors: list[str], check_files: bool, training: bool = True,

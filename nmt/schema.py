@@ -254,6 +254,9 @@ class TrainConfig:
 
 # --------------------------------------------------------------------------- decode
 
+MAX_BEAM = 1024  # the largest decode.beam_size (a beam of 10^9 asked for gigabytes a step and failed mid-search)
+
+
 def max_finished(beam_size: int, patience: float) -> int:
     """Finished hypotheses after which beam search stops a sentence under `patience` > 0 (0 for
     patience 0: the exact stop only): CTranslate2's `std::round(float(beam_size) * patience)`, in
@@ -285,7 +288,7 @@ class SamplingConfig:
 class GlossaryConfig:
     constrain: Literal["always", "missing"] = _f("always", "Lines searched with their glossary terms as constraints: `always` every line with a term; `missing` those whose free output misses one.")
     margin: float = _f(GLOSSARY_MARGIN, "Beam search: a hypothesis tries a term's next token only within this many nats of its best token.", min=0.0)
-    beam_size: Optional[int] = _f(None, "Beam size of the constrained search (at least nbest); null = beam_size. `nmt tune --glossary` chooses it.", min=1)
+    beam_size: Optional[int] = _f(None, "Beam size of the constrained search (at least nbest); null = beam_size. `nmt tune --glossary` chooses it.", min=1, max=MAX_BEAM)
     length_penalty: Optional[float] = _f(None, "Length penalty alpha of the constrained search; null = length_penalty. `nmt tune --glossary` chooses it.", min=0.0, max=10.0)
 
 
@@ -297,7 +300,7 @@ class ContrastConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    beam_size: int = _f(5, "Beam size; 1 = greedy search.", min=1)
+    beam_size: int = _f(5, "Beam size; 1 = greedy search.", min=1, max=MAX_BEAM)
     nbest: int = _f(1, "Hypotheses (or samples) to output per line, best first; at most beam_size.", min=1)
     length_penalty: float = _f(1.0, "Length penalty alpha (beam search).", min=0.0, max=10.0)
     length_penalty_type: Literal["gnmt", "average", "none"] = _f("gnmt", "gnmt: score / ((5+len)/6)^alpha; average: score / len^alpha; none: the log-probability.")

@@ -500,3 +500,15 @@ def test_the_runs_own_config_is_never_rewritten_from_under_its_user(tmp_path):
     changed = load_config(str(own), ["train.max_steps=400"])
     save_config(changed, str(tmp_path / "other.yaml"))  # any other file: written as resolved
     assert (tmp_path / "other.yaml").read_text() == dump_config(changed) and not same_settings(str(own), changed)
+
+
+def test_a_beam_beyond_max_beam_is_refused(tmp_path):
+    """`--beam 1000000000` passed the check and failed mid-search asking for gigabytes (a traceback, or the process
+    killed)."""
+    from nmt.schema import MAX_BEAM
+
+    raw = tiny_config_dict(str(tmp_path))
+    for key in ("beam_size", "glossary_beam_size"):
+        (err,) = config_errors({**raw, "decode": {**raw["decode"], key: MAX_BEAM + 1}}, check_files=False)
+        assert f"(must be <= {MAX_BEAM})" in err, err
+    config_from_dict({**raw, "decode": {**raw["decode"], "beam_size": MAX_BEAM}}, check_files=False)

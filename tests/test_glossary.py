@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import threading
 
 import pytest
@@ -183,6 +184,30 @@ def test_term_tokens_and_joining_tokens():
     assert any(joins) and not all(joins)
     with pytest.raises(UserError, match="'perro€' cannot be written by this model"):
         term_tokens(["perro€"], tok)
+
+
+def test_a_placeholder_target_and_a_source_the_tokenizer_drops_are_refused_at_load():
+    """`Moisés -> <ph_3>` passed and was never written (under --protect the search writes only the line's own
+    placeholders); a source term of a zero-width space matched, but a line of it alone has no token and came out
+    empty, without its term."""
+    from nmt.config import TokenizerConfig
+    from nmt.text.glossary import check_targets
+    from nmt.text.protect import PLACEHOLDERS
+    from nmt.text.tokenizer import Tokenizer, train_sentencepiece
+
+    from helpers import make_pairs
+
+    text = [s for pair in make_pairs(300, 0) for s in pair]
+    tok = Tokenizer(train_sentencepiece(text, TokenizerConfig(vocab_size=60, model_type="bpe", threads=1), seed=1,
+                                        what="joint", log=lambda m: None, symbols=list(PLACEHOLDERS)))
+    check_targets(Glossary([Entry("perro", "dog")]), tok, 64)
+    for entry, problem in [(Entry("perro", "<ph_3>"), "holds <ph_3>, a placeholder symbol"),
+                           (Entry("perro", "the <ph_0> dog"), "holds <ph_0>"),
+                           (Entry("\u200b", "dog"), "the source term '\\u200b' has no token for this model")]:
+        with pytest.raises(UserError, match=re.escape(problem)):
+            check_targets(Glossary([entry]), tok, 64)
+    with pytest.raises(UserError, match="holds <ph_3>"):
+        term_tokens(["<ph_3>"], tok)
 
 
 def test_importable_without_torch():

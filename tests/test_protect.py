@@ -215,3 +215,32 @@ def test_protect_pattern_without_protect_is_refused(ckpt, tmp_path):
     assert "'decode.protect_pattern'" in err
     raw["decode"]["protect"] = True
     config_from_dict(raw)
+
+
+def test_an_empty_match_protects_nothing_and_patterns_that_make_one_or_hold_a_global_flag_are_refused(tmp_path):
+    """`--protect-pattern '\\b'` took all 16 placeholders for empty spans, so `%s` and `{0}` were not protected (exit 0);
+    `(?i)dios` passed the check and failed with a traceback (the pattern is joined into a group)."""
+    from helpers import tiny_config_dict
+
+    assert mask("uno %s {0}", r"(?=D)") == ("uno <ph_0> <ph_1>", ["%s", "{0}"])
+    assert mask_pair("uno %s", "one %s", r"(?=D)")[0].count("<ph_") == 1
+    raw = tiny_config_dict(str(tmp_path))
+    raw["decode"]["protect"] = True
+    for given, problem in [(r"\b", "it matches the empty string"), ("(?<= )", "it matches the empty string"),
+                           ("(?i)dios", "write a flag as a group, e.g. (?i:word)")]:
+        raw["decode"]["protect_pattern"] = given
+        (err,) = config_errors(raw, check_files=False)
+        assert problem in err, err
+    raw["decode"]["protect_pattern"] = "(?i:dios)"
+    config_from_dict(raw, check_files=False)
+
+
+def test_a_glossary_term_is_looked_for_with_the_spans_put_back():
+    """`--glossary-constrain missing --protect` with the target `>`: the free output's `<ph_0>` counted as holding it,
+    so the line was not searched again and came out without `>` (exit 0)."""
+    from nmt.translation.line_terms import LineTerms
+
+    def terms(spans):
+        return LineTerms([[[1]]], [[False]], [], [[">"]], False, "missing", None, None, spans)
+    assert not terms([["%s"]]).held(0, "mayor <ph_0>") and terms([["%s"]]).held(0, "> <ph_0>")
+    assert terms([[]]).held(0, "mayor <ph_0>")  # (no spans: the text as it is)

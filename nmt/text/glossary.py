@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 
 from nmt import textio
 from nmt.errors import UserError
+from nmt.text.protect import placeholder_in
 
 MAX_ENTRIES = 1000  # entries in one request's glossary (nmt serve: 413 beyond)
 # Scripts written without spaces between words: each character is a unit (a term matches inside a run).
@@ -156,6 +157,9 @@ def joining_tokens(tokenizer) -> list[bool]:
 
 def _unwritable(term: str, ids: list[int], written: str, tokenizer) -> str | None:
     """Why the model cannot write `term` exactly as given (its tokens `ids`, decoded `written`), or None."""
+    symbol = placeholder_in(term)
+    if symbol:  # (with --protect the search writes only the placeholders of the line's own spans)
+        return f"holds {symbol}, a placeholder symbol nmt keeps for protected spans (--protect)"
     if not ids or tokenizer.specials.unk in ids:
         return "cannot be written by this model (its vocabulary has no token for some of its characters)"
     if units(written)[:2] != units(term)[:2]:  # its units (NFC, case kept) and where whitespace separates them
@@ -249,11 +253,17 @@ def check_targets(glossary: Glossary, tokenizer, max_positions: int) -> None:
     """UserError naming the first entry whose target term the model (its tokenizer, its output positions)
     cannot write exactly as given: no token or the unknown token for some character, a tokenizer that
     normalises it into other text (NFKC: `™` -> `TM`, `ﬁ` -> `fi`, full-width letters; a zero-width space
-    dropped), or more tokens than the positions hold with an EOS. Every entry, matched or not, when a
-    glossary is loaded; checked once per glossary and tokenizer."""
+    dropped), a placeholder symbol (`<ph_K>`), or more tokens than the positions hold with an EOS; and the first
+    source term the tokenizer drops whole (no token). Every entry, matched or not, when a glossary is loaded;
+    checked once per glossary and tokenizer."""
     done = _CHECKED.setdefault(glossary, weakref.WeakSet())
     if tokenizer in done:
         return
+    sources = list(dict.fromkeys(e.source for e in glossary.entries))
+    for source, ids in zip(sources, tokenizer.encode_src(sources)):
+        if not ids:  # (a line of it alone has no tokens: it is translated as an empty line, without its term)
+            raise UserError(f"glossary: the source term {source!r} has no token for this model (its tokenizer drops "
+                            "every character of it)")
     targets = list(dict.fromkeys(e.target for e in glossary.entries))
     encoded = tokenizer.encode_tgt(targets)
     written = dict(zip(targets, zip(encoded, tokenizer.decode_tgt(encoded))))

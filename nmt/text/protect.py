@@ -49,7 +49,7 @@ def mask(text: str, extra: str | None = None, numbers: Sequence[int] | None = No
     found: list[tuple[int, str]] = []
 
     def sub(m: re.Match) -> str:
-        if len(found) >= MAX_SPANS:
+        if not m.group(0) or len(found) >= MAX_SPANS:  # (an empty match protects nothing)
             return m.group(0)
         k = numbers[len(found)] if numbers is not None else len(found)
         found.append((k, m.group(0)))
@@ -83,7 +83,7 @@ def mask_pair(src: str, tgt: str, extra: str | None = None, inject: float = 0.0)
     the model must copy the number it sees, not count spans, and every placeholder gets trained.
     inject: the share of pairs without spans that get placeholders at aligned positions instead
     (`inject_placeholders`), so that a corpus without spans still teaches copying them."""
-    n = min(len(pattern(extra).findall(src)), MAX_SPANS)
+    n = min(sum(1 for m in pattern(extra).finditer(src) if m.group(0)), MAX_SPANS)
     rng = random.Random(zlib.crc32(src.encode("utf-8")))
     numbers = rng.sample(range(MAX_SPANS), n)
     if n == 0 and inject > 0 and rng.random() < inject:
@@ -136,6 +136,12 @@ def restore(text: str, spans: list[str]) -> Restored:
     if unknown:
         out = " ".join(out.split())  # a dropped placeholder leaves no double space
     return Restored(out, not unknown and all(c == 1 for c, span in zip(counts, spans) if span))
+
+
+def placeholder_in(text: str) -> str | None:
+    """The first placeholder symbol (`<ph_K>`) written in `text`, if any."""
+    m = _PLACEHOLDER.search(text)
+    return m.group(0) if m else None
 
 
 def known_by(tokenizer) -> bool:

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from nmt.config import DecodeConfig
 from nmt.errors import UserError
 from nmt.text.glossary import appearing, joining_tokens, term_tokens
+from nmt.text.protect import restore
 from nmt.schema import max_finished
 
 
@@ -55,8 +56,10 @@ class LineTerms:
     and `term_options`, the free and the constrained search's settings."""
 
     def __init__(self, seqs: list[list[list[int]]], ends: list[list[bool]], joins: list[bool],
-                 targets: list[list[str]], ignore_case: bool, constrain: str, options, term_options):
+                 targets: list[list[str]], ignore_case: bool, constrain: str, options, term_options,
+                 spans: Sequence[list[str]] = ()):
         self.seqs, self.ends, self.joins = seqs, ends, joins
+        self.spans = spans  # per line its protected spans (decode.protect), put back before `held` looks
         self.targets, self.ignore_case, self.constrain = targets, ignore_case, constrain
         self.options, self.term_options = options, term_options
 
@@ -96,10 +99,13 @@ class LineTerms:
         same = (beam, alpha) == (options.beam_size, options.length_penalty)
         term_options = options if same else dataclasses.replace(options, beam_size=beam, length_penalty=alpha)
         return cls(seqs, ends, joining_tokens(engine.tokenizer), targets, glossary.ignore_case,
-                   decode.glossary.constrain, options, term_options)
+                   decode.glossary.constrain, options, term_options, spans)
 
     def held(self, i: int, text: str) -> bool:
-        """Whether `text` holds every target term of line i, as `nmt evaluate --glossary` counts term use."""
+        """Whether `text` (a decoded output of line i, its placeholders not yet replaced) holds every target term
+        of line i, as `nmt evaluate --glossary` counts term use in the output."""
+        if i < len(self.spans) and self.spans[i]:
+            text = restore(text, self.spans[i]).text  # ("<ph_0>" is no `>`)
         return all(appearing(self.targets[i], text, self.ignore_case))
 
     def batch(self, rows: Sequence[int]):
