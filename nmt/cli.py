@@ -254,7 +254,7 @@ def _serve_parser(sub) -> None:
         "arrive together share batches; each answer equals what `nmt translate` gives for the same lines and "
         "options. Needs `pip install -e \".[serve]\"`.",
         epilog="SIGTERM or Ctrl-C: new requests get 503, accepted ones are answered, then exit 0 (a second signal "
-        "stops at once). The search settings below are the server's defaults; a request may change them except "
+        "stops at once). The search settings above are the server's defaults; a request may change them except "
         "--batch-tokens, --batch-size, --workers and --protect-pattern.")
     _add_model_options(p, "to translate with")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only; "

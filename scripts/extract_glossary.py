@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.min_count} --min-share {args.min_share:g} --stopwords {args.stopwords} --max-lines "
                   f"{args.max_lines}{' --no-identical' if args.no_identical else ''})")
         textio.write_lines(args.out, [header] + [f"{e.source}\t{e.target}" for e in entries])
-        print(f"{len(entries)} entries written to {textio.display_name(args.out)}", file=sys.stderr)
+        print(f"{len(entries)} entries written to {'standard output' if textio.is_stdin(args.out) else args.out}",
+              file=sys.stderr)
         if args.apply:
             glossary = Glossary(entries)
             matched = [glossary.match(line) for line in textio.iter_lines(args.apply)]

@@ -13,8 +13,9 @@ whose `generate()` searches as `nmt translate` does.
 - generation_config.json from the decode section: num_beams; length_penalty (average: alpha; none:
   0; gnmt: alpha, noted); early_stopping "never" for the exact stop, false for `stopping: hf`, true
   for patience 1 (other values noted); bad_words_ids = the ids nmt never generates; max_length from
-  max_len_b when max_len_a is 0, else max_positions (noted); no_repeat_ngram_size, min_length;
-  forced_bos_token_id = a multilingual model's default target language.
+  max_len_b when max_len_a is 0, else max_positions (noted); no_repeat_ngram_size, min_length, and with
+  either renormalize_logits (nmt renormalises over what they allow); forced_bos_token_id = a multilingual
+  model's default target language.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def generation_config(decode, tokenizer, ids: dict, max_positions: int) -> tuple
         gen["no_repeat_ngram_size"] = decode.no_repeat_ngram
     if decode.min_len:
         gen["min_length"] = decode.min_len + 1  # counts the decoder start
+    if decode.no_repeat_ngram or decode.min_len:  # nmt removes what they forbid before the softmax (renormalised)
+        gen["renormalize_logits"] = True
     languages = target_languages(tokenizer)
     if languages.multilingual and languages.default:
         gen["forced_bos_token_id"] = languages.tokens[languages.default]
