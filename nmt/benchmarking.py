@@ -4,10 +4,59 @@
   Transformer over pairs of these lengths: the MFU formula of scripts/bench_train.py and scripts/bench_gpu.py.
 - `eos_statistics(engine, src_lines, ref_lines, batch=)`: where a model puts EOS along the references,
   teacher-forced (scripts/length_report.py, scripts/length_sweep.py; the keys are described there).
+- `run_script(name, body)`, `paired_lines(src, ref, lines)`, `write_json(path, value)`: what the report scripts
+  share with the commands: one-line errors, line counts checked, outputs written atomically.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from typing import Callable
+
+
+
+def run_script(name: str, body: Callable[[], int]) -> int:
+    """A script's `main`: `body()`, with a UserError or ConfigError as one line on stderr (exit 2), an OSError as one
+    line (exit 1) and Ctrl-C as "interrupted" (130), as the `nmt` commands do."""
+    from nmt.errors import UserError
+    from nmt.schema import ConfigError
+
+    try:
+        return body()
+    except (UserError, ConfigError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"{name}: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+
+
+def paired_lines(src: str, ref: str, lines: int = 0) -> tuple[list[str], list[str]]:
+    """The lines of `src` and `ref` (the first `lines`, 0: all); UserError when their counts differ or none is left."""
+    from nmt import textio
+    from nmt.errors import UserError
+
+    if lines < 0:
+        raise UserError(f"--lines must be at least 0 (0: every line), got {lines}")
+    a, b = textio.read_lines(src), textio.read_lines(ref)
+    if len(a) != len(b):
+        raise UserError(f"line counts differ: {len(a)} lines in {src} but {len(b)} in {ref}")
+    a, b = (a[:lines], b[:lines]) if lines else (a, b)
+    if not a:
+        raise UserError(f"{src} has no lines")
+    return a, b
+
+
+def write_json(path: str | None, value) -> None:
+    """`value` as indented JSON into `path` (atomically: nmt/textio.py), when a path is given."""
+    if path:
+        from nmt import textio
+
+        textio.write_file(path, (json.dumps(value, indent=2) + "\n").encode("utf-8"))
 
 def forward_flops(src_len, tgt_len, d: int, f: int, V: int, Le: int, Ld: int) -> float:
     """Matmul FLOPs of one forward pass over pairs with these real lengths (numpy arrays)."""

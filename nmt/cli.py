@@ -345,6 +345,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError("--compare does not count off-target outputs: give it without --langid")
         if opts.glossary is not None:
             raise UserError("--compare does not report term use: evaluate each file with --hyp FILE --glossary")
+        if opts.save_hyps is not None:
+            raise UserError("--compare scores existing files, it translates nothing: give it without --save-hyps")
         return compare_command(opts)
     if opts.hyp is None and opts.checkpoint is None:  # (the rest: evaluate_command)
         raise UserError("evaluate needs either --hyp FILE, or --checkpoint CKPT (or --model DIR) with --src FILE")

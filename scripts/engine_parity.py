@@ -12,8 +12,9 @@ Reported: lines with identical outputs, and the seconds each engine took.
 from __future__ import annotations
 
 import argparse
-import json
 import time
+
+from nmt.benchmarking import run_script, write_json
 
 
 CONTROLS = {
@@ -31,8 +32,14 @@ CONTROLS = {
 
 
 def parse_control(text: str) -> tuple[str, dict]:
+    """`NAME=KEY:VALUE,...` -> (NAME, {KEY: VALUE}); UserError for another form."""
+    from nmt.errors import UserError
+
     name, _, opts = text.partition("=")
-    return name, dict(kv.split(":", 1) for kv in opts.split(",") if kv)
+    pairs = [kv.split(":", 1) for kv in opts.split(",") if kv]
+    if not name or any(len(kv) != 2 or not kv[0] for kv in pairs):
+        raise UserError(f"--control {text!r}: expected NAME=KEY:VALUE,... (e.g. g=beam_size:1)")
+    return name, dict(pairs)
 
 
 def main() -> int:
@@ -44,11 +51,22 @@ def main() -> int:
     ap.add_argument("--control", nargs="*", help="NAME=KEY:VALUE,... instead of the default set")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
-    from nmt import Translator
-    from nmt.textio import read_lines
+    return run_script("engine_parity.py", lambda: compare(args))
 
-    src = read_lines(args.src)
+
+def compare(args) -> int:
+    from nmt import Translator
+    from nmt import textio
+    from nmt.errors import UserError
+
+    textio.check_paths({"--src": args.src, "--checkpoint": args.checkpoint, "--export": args.export},
+                       {"--json": args.json} if args.json else {}, input_dirs=("--export",))
+    if args.lines < 0:
+        raise UserError(f"--lines must be at least 0 (0: every line), got {args.lines}")
+    src = textio.read_lines(args.src)
     src = src[: args.lines] if args.lines else src
+    if not src:
+        raise UserError(f"{args.src} has no lines")
     controls = dict(parse_control(c) for c in args.control) if args.control else CONTROLS
     torch_tr = Translator(args.checkpoint, engine="torch", device="cpu", workers=1)
     ct2_tr = Translator(args.export, engine="ctranslate2", device="cpu", workers=1)
@@ -70,9 +88,7 @@ def main() -> int:
         results[name] = {"options": options, "same": same, "lines": len(src), "torch_s": t1 - t0, "ct2_s": t2 - t1}
         print(f"{name:<34} {same}/{len(src)} lines the same ({100 * same / len(src):.2f}%); torch {t1 - t0:.0f} s, "
               f"ctranslate2 {t2 - t1:.0f} s", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
     return 0
 
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
+import math
 import sys
 import time
 from pathlib import Path
 
+from nmt.benchmarking import run_script
 from nmt.text.langid import LanguageIdentifier, ngrams, off_target
 
 BUCKETS = ("<10", "10-19", "20+")
@@ -117,10 +119,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margins", default="0,2,5,10,20")
     parser.add_argument("--compare-ct", action="store_true")
     args = parser.parse_args(argv)
-    langs = args.langs.split(",")
-    if not (args.data / f"train.en-{langs[0]}.{langs[0]}").is_file():
-        print(f"error: no gettext corpus in {args.data}; build it with scripts/prepare_gettext.py", file=sys.stderr)
-        return 2
+    return run_script("langid_report.py", lambda: report(args))
+
+
+def report(args) -> int:
+    from nmt.errors import UserError
+
+    langs = [lang for lang in args.langs.split(",") if lang]
+    if len(langs) < 2:
+        raise UserError(f"--langs {args.langs!r}: give at least two languages (off-target counts the others)")
+    if args.max_lines < 1:
+        raise UserError(f"--max-lines must be at least 1, got {args.max_lines}")
+    try:
+        margins = [float(m) for m in args.margins.split(",")]
+    except ValueError:
+        raise UserError(f"--margins {args.margins!r}: expected numbers, e.g. 0,2,5") from None
+    if not all(math.isfinite(m) and m >= 0 for m in margins):
+        raise UserError(f"--margins {args.margins!r}: each must be a finite number >= 0")
+    missing = [lang for lang in langs for split in ("train", "dev", "test")
+               if not (args.data / f"{split}.en-{lang}.{lang}").is_file()]
+    if missing:
+        raise UserError(f"no gettext corpus for {', '.join(dict.fromkeys(missing))} in {args.data}; build it with "
+                        "scripts/prepare_gettext.py")
     train = {lang: [t for t, _ in items] for lang, items in load(args.data, "train", langs).items()}
     dev = load(args.data, "dev", langs)
     start = time.perf_counter()
@@ -129,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
           f"trained in {time.perf_counter() - start:.1f} s, {len(ident.index)} n-grams")
     print(accuracy_table(ident.predict, dev))
     print("\noff_target on test: references flagged / English lines flagged / other-language lines flagged")
-    print(off_target_table(ident, args.data, langs, [float(m) for m in args.margins.split(",")]))
+    print(off_target_table(ident, args.data, langs, margins))
     if args.compare_ct:
         for top in (400, 2000):
             ct = RankProfiles(train, top, max_lines=args.max_lines)

@@ -17,9 +17,8 @@ every position t = 0 .. len(y). Reported:
 from __future__ import annotations
 
 import argparse
-import json
 
-from nmt.benchmarking import eos_statistics
+from nmt.benchmarking import eos_statistics, paired_lines, run_script, write_json
 
 
 def main() -> int:
@@ -29,18 +28,22 @@ def main() -> int:
     ap.add_argument("--ref", required=True)
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
-    from nmt.translation.torch_engine import TorchEngine
-    from nmt.textio import read_lines
+    return run_script("length_report.py", lambda: report(args))
 
-    src, ref = read_lines(args.src), read_lines(args.ref)
+
+def report(args) -> int:
+    from nmt.translation.torch_engine import TorchEngine
+    from nmt import textio
+
+    checkpoints = {f"--checkpoint {i + 1}": p for i, p in enumerate(args.checkpoint)}
+    textio.check_paths({"--src": args.src, "--ref": args.ref, **checkpoints}, {"--json": args.json} if args.json else {})
+    src, ref = paired_lines(args.src, args.ref)
     out = {}
     for path in args.checkpoint:
         stats = eos_statistics(TorchEngine.load(path, "cpu", fast=False), src, ref)
         out[path] = stats
         print(f"{path}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 

@@ -13,7 +13,8 @@ references). The first `--lines` lines of the dev set (all with 0).
 from __future__ import annotations
 
 import argparse
-import json
+
+from nmt.benchmarking import paired_lines, run_script, write_json
 
 
 SETTINGS = [("greedy", 1, "none", 0.0), ("beam 5 none", 5, "none", 0.0), ("beam 5 gnmt 1.0", 5, "gnmt", 1.0),
@@ -49,12 +50,16 @@ def main() -> int:
     ap.add_argument("--lines", type=int, default=0)
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
-    from nmt.model.checkpoint import load_record
-    from nmt.textio import read_lines
+    return run_script("length_sweep.py", lambda: report(args))
 
-    src, ref = read_lines(args.src), read_lines(args.ref)
-    if args.lines:
-        src, ref = src[: args.lines], ref[: args.lines]
+
+def report(args) -> int:
+    from nmt.model.checkpoint import load_record
+    from nmt import textio
+
+    checkpoints = {f"--checkpoint {i + 1}": p for i, p in enumerate(args.checkpoint)}
+    textio.check_paths({"--src": args.src, "--ref": args.ref, **checkpoints}, {"--json": args.json} if args.json else {})
+    src, ref = paired_lines(args.src, args.ref, args.lines)
     results = {}
     for path in args.checkpoint:
         res = sweep(path, src, ref)
@@ -66,9 +71,7 @@ def main() -> int:
                 print(f"  {key:<32} BLEU {v['bleu']:6.2f}  BP {v['bp']:.3f}  ratio {v['ratio']:.3f}  "
                       f"loops {100 * v['loops']:4.1f}%", flush=True)
         print("  EOS: " + ", ".join(f"{k} {v:.4g}" for k, v in res["eos"].items()), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
     return 0
 
 

@@ -334,3 +334,25 @@ def test_bench_joined_times_steps_by_rows_and_pairs_apart_and_joined(tmp_path):
     assert [r["rows"] for r in res["rows"]] == [1, 4] and all(r["ms_per_step"] > 0 for r in res["rows"])
     assert [p["rows"] for p in res["pairs"]] == [[1, 2], [3, 3]]
     assert all(p["apart_ms"] > 0 and p["joined_ms"] > 0 for p in res["pairs"])
+
+
+@pytest.mark.slow
+def test_the_report_scripts_check_their_inputs_before_any_work(tmp_path):
+    """length_report.py and length_sweep.py scored mismatched files pair by pair (zip), took --lines -8 for a slice,
+    wrote --json over an input and showed tracebacks; engine_parity.py and langid_report.py showed tracebacks."""
+    from helpers import ENV, one_line_error, write
+
+    src, ref = write(tmp_path / "s.txt", ["a", "b", "c"]), write(tmp_path / "r.txt", ["x", "y"])
+    ckpt = write(tmp_path / "c.pt", ["not read"])
+    for args, problem in [(["length_report.py", "--checkpoint", ckpt, "--src", src, "--ref", ref], "line counts differ"),
+                          (["length_report.py", "--checkpoint", ckpt, "--src", src, "--ref", src, "--json", src],
+                           "is the same file as the input --src"),
+                          (["length_sweep.py", "--checkpoint", ckpt, "--src", src, "--ref", src, "--lines", "-8"],
+                           "--lines must be at least 0"),
+                          (["engine_parity.py", "--checkpoint", ckpt, "--export", str(tmp_path), "--src", src,
+                            "--control", "g=beam_size"], "expected NAME=KEY:VALUE"),
+                          (["langid_report.py", "--data", str(tmp_path), "--langs", "es"], "at least two languages")]:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", args[0]), *args[1:]], capture_output=True,
+                              text=True, env=ENV, timeout=120)
+        one_line_error(proc, 2, f"{args[0]}: error: ", problem)
+    assert open(src).read() == "a\nb\nc\n"

@@ -236,6 +236,19 @@ def test_compare_with_langid_is_an_error(tmp_path):
     assert r.stderr == "nmt evaluate: error: --compare does not count off-target outputs: give it without --langid\n"
 
 
+def test_compare_with_save_hyps_and_an_empty_glossary_say_what_they_do(tmp_path, capsys):
+    """`--compare A B --save-hyps F` wrote no F without a word; `--glossary EMPTY` dropped the terms report (an empty
+    Glossary is falsy) where a glossary that matches nothing reports "no glossary entry matches"."""
+    from nmt.cli import main
+
+    ref, hyp = _write(tmp_path, "ref.txt", REF), _write(tmp_path, "hyp.txt", HYP)
+    assert main(["evaluate", "--ref", ref, "--compare", hyp, ref, "--save-hyps", str(tmp_path / "s.txt")]) == 2
+    assert "give it without --save-hyps" in capsys.readouterr().err and not (tmp_path / "s.txt").exists()
+    empty = _write(tmp_path, "empty.tsv", "")
+    assert main(["evaluate", "--ref", ref, "--hyp", hyp, "--src", ref, "--glossary", empty, "--json"]) == 0
+    assert "term_use" in json.loads(capsys.readouterr().out)
+
+
 # --------------------------------------------------------------------------- nmt evaluate: output paths and options
 
 @pytest.mark.slow

@@ -49,3 +49,7 @@ def test_errors_are_one_line(tmp_path):
         done = run(*args)
         assert done.returncode == 2 and problem in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert run("--src", s, "--tgt", t, "--min-share", 0).returncode == 2
+    bad = tmp_path / "apply.txt"
+    bad.write_bytes(b"caf\xe9\n")  # read before the output is written: an invalid --apply file leaves no output
+    done = run("--src", s, "--tgt", s, "--out", tmp_path / "g.tsv", "--apply", bad)
+    assert done.returncode == 2 and "invalid UTF-8" in done.stderr and not (tmp_path / "g.tsv").exists()

@@ -246,7 +246,8 @@ def evaluate_command(opts: EvaluateOptions, *, stdin: IO[bytes] | None = None, s
     header = {"hyp": hyp_name if checkpoint is None else save_hyps, "ref": ref, "n_sentences": len(refs), "tgt_lang": lang,
               **({"src": src, "checkpoint": checkpoint} if checkpoint is not None else {}),
               **({"glossary": glossary} if terms is not None else {})}
-    term_use = term_report(hyps, refs, lines, terms, names, tokenize=tokenize, lowercase=lowercase) if terms else None
+    term_use = term_report(hyps, refs, lines, terms, names, tokenize=tokenize, lowercase=lowercase) \
+        if terms is not None else None  # (an empty glossary too: a report of no term)
     _write_report(results, report, opts.json_out, header, stdout, term_use)
     return 0
 
