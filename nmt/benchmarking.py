@@ -4,8 +4,8 @@
   Transformer over pairs of these lengths: the MFU formula of scripts/bench_train.py and scripts/bench_gpu.py.
 - `eos_statistics(engine, src_lines, ref_lines, batch=)`: where a model puts EOS along the references,
   teacher-forced (scripts/length_report.py, scripts/length_sweep.py; the keys are described there).
-- `run_script(name, body)`, `paired_lines(src, ref, lines)`, `write_json(path, value)`: what the report scripts
-  share with the commands: one-line errors, line counts checked, outputs written atomically.
+- `run_script(name, body)`, `paired_lines(src, ref, lines)`, `first_lines`, `write_json(path, value)`: what the
+  scripts share with the commands: one-line errors, line counts checked, outputs written atomically.
 """
 
 from __future__ import annotations
@@ -36,19 +36,26 @@ def run_script(name: str, body: Callable[[], int]) -> int:
 
 
 def paired_lines(src: str, ref: str, lines: int = 0) -> tuple[list[str], list[str]]:
-    """The lines of `src` and `ref` (the first `lines`, 0: all); UserError when their counts differ or none is left."""
+    """The lines of `src` and `ref` (`first_lines`); UserError when their counts differ."""
     from nmt import textio
+    from nmt.errors import UserError
+
+    a, b = textio.read_lines(src), textio.read_lines(ref)
+    if len(a) != len(b):
+        raise UserError(f"line counts differ: {len(a)} lines in {src} but {len(b)} in {ref}")
+    return first_lines(a, src, lines), first_lines(b, ref, lines)
+
+
+def first_lines(texts: list[str], name: str, lines: int = 0) -> list[str]:
+    """The first `lines` of the file `name`'s `texts` (0: all); UserError for a negative count or none left."""
     from nmt.errors import UserError
 
     if lines < 0:
         raise UserError(f"--lines must be at least 0 (0: every line), got {lines}")
-    a, b = textio.read_lines(src), textio.read_lines(ref)
-    if len(a) != len(b):
-        raise UserError(f"line counts differ: {len(a)} lines in {src} but {len(b)} in {ref}")
-    a, b = (a[:lines], b[:lines]) if lines else (a, b)
-    if not a:
-        raise UserError(f"{src} has no lines")
-    return a, b
+    texts = texts[:lines] if lines else texts
+    if not texts:
+        raise UserError(f"{name} has no lines")
+    return texts
 
 
 def write_json(path: str | None, value) -> None:

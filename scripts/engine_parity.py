@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from nmt.benchmarking import run_script, write_json
+from nmt.benchmarking import first_lines, run_script, write_json
 
 
 CONTROLS = {
@@ -57,16 +57,10 @@ def main() -> int:
 def compare(args) -> int:
     from nmt import Translator
     from nmt import textio
-    from nmt.errors import UserError
 
     textio.check_paths({"--src": args.src, "--checkpoint": args.checkpoint, "--export": args.export},
                        {"--json": args.json} if args.json else {}, input_dirs=("--export",))
-    if args.lines < 0:
-        raise UserError(f"--lines must be at least 0 (0: every line), got {args.lines}")
-    src = textio.read_lines(args.src)
-    src = src[: args.lines] if args.lines else src
-    if not src:
-        raise UserError(f"{args.src} has no lines")
+    src = first_lines(textio.read_lines(args.src), args.src, args.lines)
     controls = dict(parse_control(c) for c in args.control) if args.control else CONTROLS
     torch_tr = Translator(args.checkpoint, engine="torch", device="cpu", workers=1)
     ct2_tr = Translator(args.export, engine="ctranslate2", device="cpu", workers=1)

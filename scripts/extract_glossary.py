@@ -21,6 +21,7 @@ import itertools
 import sys
 
 from nmt import textio
+from nmt.benchmarking import run_script
 from nmt.errors import UserError
 from nmt.text.glossary import Glossary
 from nmt.text.terms import extract_dictionary
@@ -59,34 +60,30 @@ def pairs(src: str, tgt: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        inputs = {"--src": args.src, "--tgt": args.tgt} | ({"--apply": args.apply} if args.apply else {})
-        textio.check_paths(inputs, {"--out": args.out})
-        entries = extract_dictionary(pairs(args.src, args.tgt), min_count=args.min_count, min_share=args.min_share,
-                                     stopwords=args.stopwords, max_lines=args.max_lines,
-                                     identical=not args.no_identical)
-        entries = entries[:args.max_entries or None]
-        applied = textio.read_lines(args.apply) if args.apply else None  # (read, and checked, before any output)
-        header = (f"# {len(entries)} entries from {args.src} / {args.tgt} (scripts/extract_glossary.py --min-count "
-                  f"{args.min_count} --min-share {args.min_share:g} --stopwords {args.stopwords} --max-lines "
-                  f"{args.max_lines}{' --no-identical' if args.no_identical else ''})")
-        textio.write_lines(args.out, [header] + [f"{e.source}\t{e.target}" for e in entries])
-        print(f"{len(entries)} entries written to {'standard output' if textio.is_stdin(args.out) else args.out}",
-              file=sys.stderr)
-        if applied is not None:
-            glossary = Glossary(entries)
-            matched = [glossary.match(line) for line in applied]
-            used = {m.entry for ms in matched for m in ms}
-            print(f"{args.apply}: {sum(map(bool, matched))} of {len(matched)} lines hold a term "
-                  f"({sum(map(len, matched))} matches of {len(used)} entries)", file=sys.stderr)
-    except UserError as e:
-        print(f"extract_glossary.py: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("extract_glossary.py: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return run_script("extract_glossary.py", lambda: extract(args))
 
+
+def extract(args) -> int:
+    inputs = {"--src": args.src, "--tgt": args.tgt} | ({"--apply": args.apply} if args.apply else {})
+    textio.check_paths(inputs, {"--out": args.out})
+    entries = extract_dictionary(pairs(args.src, args.tgt), min_count=args.min_count, min_share=args.min_share,
+                                 stopwords=args.stopwords, max_lines=args.max_lines,
+                                 identical=not args.no_identical)
+    entries = entries[:args.max_entries or None]
+    applied = textio.read_lines(args.apply) if args.apply else None  # (read, and checked, before any output)
+    header = (f"# {len(entries)} entries from {args.src} / {args.tgt} (scripts/extract_glossary.py --min-count "
+              f"{args.min_count} --min-share {args.min_share:g} --stopwords {args.stopwords} --max-lines "
+              f"{args.max_lines}{' --no-identical' if args.no_identical else ''})")
+    textio.write_lines(args.out, [header] + [f"{e.source}\t{e.target}" for e in entries])
+    print(f"{len(entries)} entries written to {'standard output' if textio.is_stdin(args.out) else args.out}",
+          file=sys.stderr)
+    if applied is not None:
+        glossary = Glossary(entries)
+        matched = [glossary.match(line) for line in applied]
+        used = {m.entry for ms in matched for m in ms}
+        print(f"{args.apply}: {sum(map(bool, matched))} of {len(matched)} lines hold a term "
+              f"({sum(map(len, matched))} matches of {len(used)} entries)", file=sys.stderr)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
