@@ -106,10 +106,7 @@ def train(cfg: Config, *, resume: bool = False, device: str | None = None, quiet
         with dist.rank_errors(env), dist.process_group(env, resolve_torch_device(device or cfg.train.device)) as dev, \
                 contextlib.ExitStack() as held:
             def prepare() -> str:  # rank 0: the run directory, locked for the whole run
-                if resume and not os.path.isdir(cfg.run_dir):  # (a mistyped name leaves no directory behind)
-                    raise UserError(f"cannot resume: {cfg.run_dir} does not exist (check output_dir and name, or "
-                                    "start without --resume)")
-                run_dir = rundir.create(cfg.run_dir)
+                run_dir = rundir.create(cfg.run_dir, resume=resume)
                 held.enter_context(rundir.RunLock(run_dir))
                 rundir.check_start(run_dir, resume)
                 return run_dir

@@ -24,8 +24,12 @@ LOCK_FILE = ".lock"
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
-def create(run_dir: str) -> str:
-    """Make `run_dir` and its checkpoints/ directory; UserError when a path on the way is a file."""
+def create(run_dir: str, *, resume: bool = False) -> str:
+    """Make `run_dir` and its checkpoints/ directory; UserError when a path on the way is a file, or when resuming
+    a run whose directory does not exist (a mistyped name leaves no directory behind)."""
+    if resume and not os.path.isdir(run_dir):
+        raise UserError(f"cannot resume: {run_dir} does not exist (check output_dir and name, or start without "
+                        "--resume)")
     try:
         os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
     except (FileExistsError, NotADirectoryError):
